@@ -1,0 +1,272 @@
+//! Typed, validated configuration: flags over an optional TOML file over defaults.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::Parser;
+use serde::Deserialize;
+
+/// Default socket kubelet talks to.
+pub const DEFAULT_LISTEN: &str = "/run/tessera/runtime-proxy.sock";
+/// Default runtime socket.
+pub const DEFAULT_RUNTIME_ENDPOINT: &str = "/run/containerd/containerd.sock";
+const DEFAULT_DRAIN_SECS: u64 = 30;
+const DEFAULT_MAX_MESSAGE_BYTES: usize = 16 << 20;
+
+/// Command-line flags of `tessera-runtime-proxy`.
+#[derive(Debug, Clone, Default, Parser)]
+#[command(
+    name = "tessera-runtime-proxy",
+    version,
+    about = "CRI proxy between kubelet and the container runtime.",
+    long_about = "CRI proxy between kubelet and the container runtime (containerd).\n\n\
+        Kubelet is pointed at --listen. Every CRI call is forwarded to --runtime-endpoint \
+        unchanged, frame by frame; the lifecycle calls (RunPodSandbox, StopPodSandbox, \
+        RemovePodSandbox, CreateContainer, StartContainer, StopContainer, RemoveContainer, \
+        UpdateContainerResources) also run the configured hooks.\n\n\
+        Settings come from flags, then from --config, then from defaults. When started by \
+        systemd socket activation, the passed socket is used and --listen is ignored.\n\n\
+        Logging follows RUST_LOG (default: info)."
+)]
+pub struct Cli {
+    /// TOML file with any of the settings below (keys as the flags, with '_' for '-').
+    #[arg(long, value_name = "FILE", env = "TESSERA_PROXY_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Unix socket to serve kubelet on; created 0660, its directory created if missing
+    /// [default: /run/tessera/runtime-proxy.sock].
+    #[arg(long, value_name = "PATH")]
+    pub listen: Option<PathBuf>,
+    /// Runtime service socket to forward to; a `unix://` prefix is accepted
+    /// [default: /run/containerd/containerd.sock].
+    #[arg(long, value_name = "PATH")]
+    pub runtime_endpoint: Option<PathBuf>,
+    /// Image service socket to forward image calls to [default: the runtime endpoint].
+    #[arg(long, value_name = "PATH")]
+    pub image_endpoint: Option<PathBuf>,
+    /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464) [default: off].
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_addr: Option<SocketAddr>,
+    /// Seconds to let in-flight calls finish after SIGTERM or SIGINT [default: 30].
+    #[arg(long, value_name = "SECS")]
+    pub drain_timeout: Option<u64>,
+    /// Largest intercepted message, in bytes, the proxy holds to run hooks [default: 16777216].
+    #[arg(long, value_name = "BYTES")]
+    pub max_message_bytes: Option<usize>,
+}
+
+/// The settings a config file may hold.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    listen: Option<PathBuf>,
+    runtime_endpoint: Option<PathBuf>,
+    image_endpoint: Option<PathBuf>,
+    metrics_addr: Option<SocketAddr>,
+    drain_timeout: Option<u64>,
+    max_message_bytes: Option<usize>,
+}
+
+/// A setting that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The config file could not be read.
+    #[error("config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The config file is not valid TOML of the expected shape.
+    #[error("config file {path}: {source}")]
+    Parse {
+        path: PathBuf,
+        #[source]
+        source: Box<toml::de::Error>,
+    },
+    /// A setting holds a value the proxy cannot use.
+    #[error("setting {setting}: {problem}")]
+    Invalid {
+        setting: &'static str,
+        problem: String,
+    },
+}
+
+/// The proxy's resolved settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// Socket served to kubelet.
+    pub listen: PathBuf,
+    /// Runtime service socket.
+    pub runtime_endpoint: PathBuf,
+    /// Image service socket.
+    pub image_endpoint: PathBuf,
+    /// Metrics endpoint, if any.
+    pub metrics_addr: Option<SocketAddr>,
+    /// How long SIGTERM waits for in-flight calls.
+    pub drain_timeout: Duration,
+    /// Largest intercepted message.
+    pub max_message_bytes: usize,
+}
+
+fn endpoint(setting: &'static str, path: PathBuf) -> Result<PathBuf, ConfigError> {
+    let text = path.to_string_lossy();
+    let path = match text.strip_prefix("unix://") {
+        Some(rest) => PathBuf::from(rest),
+        None if text.contains("://") => {
+            return Err(ConfigError::Invalid {
+                setting,
+                problem: format!("{text:?}: only unix sockets are supported"),
+            });
+        }
+        None => path,
+    };
+    if !path.is_absolute() {
+        return Err(ConfigError::Invalid {
+            setting,
+            problem: format!("{}: must be an absolute path", path.display()),
+        });
+    }
+    Ok(path)
+}
+
+impl Config {
+    /// Resolves flags over the file they name over defaults, and validates the result.
+    pub fn resolve(cli: Cli) -> Result<Self, ConfigError> {
+        let file = match &cli.config {
+            Some(path) => Self::read_file(path)?,
+            None => FileConfig::default(),
+        };
+        let listen = endpoint(
+            "listen",
+            cli.listen
+                .or(file.listen)
+                .unwrap_or_else(|| DEFAULT_LISTEN.into()),
+        )?;
+        let runtime_endpoint = endpoint(
+            "runtime-endpoint",
+            cli.runtime_endpoint
+                .or(file.runtime_endpoint)
+                .unwrap_or_else(|| DEFAULT_RUNTIME_ENDPOINT.into()),
+        )?;
+        let image_endpoint = match cli.image_endpoint.or(file.image_endpoint) {
+            Some(path) => endpoint("image-endpoint", path)?,
+            None => runtime_endpoint.clone(),
+        };
+        if listen == runtime_endpoint || listen == image_endpoint {
+            return Err(ConfigError::Invalid {
+                setting: "listen",
+                problem: format!(
+                    "{} is also the runtime endpoint; the proxy would call itself",
+                    listen.display()
+                ),
+            });
+        }
+        let max_message_bytes = cli
+            .max_message_bytes
+            .or(file.max_message_bytes)
+            .unwrap_or(DEFAULT_MAX_MESSAGE_BYTES);
+        if max_message_bytes < 1024 {
+            return Err(ConfigError::Invalid {
+                setting: "max-message-bytes",
+                problem: format!("{max_message_bytes} is too small; at least 1024"),
+            });
+        }
+        Ok(Self {
+            listen,
+            runtime_endpoint,
+            image_endpoint,
+            metrics_addr: cli.metrics_addr.or(file.metrics_addr),
+            drain_timeout: Duration::from_secs(
+                cli.drain_timeout
+                    .or(file.drain_timeout)
+                    .unwrap_or(DEFAULT_DRAIN_SECS),
+            ),
+            max_message_bytes,
+        })
+    }
+
+    fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.into(),
+            source,
+        })?;
+        toml::from_str(&text).map_err(|source| ConfigError::Parse {
+            path: path.into(),
+            source: Box::new(source),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults() {
+        let config = Config::resolve(Cli::default()).expect("valid");
+        assert_eq!(config.listen, PathBuf::from(DEFAULT_LISTEN));
+        assert_eq!(
+            config.runtime_endpoint,
+            PathBuf::from(DEFAULT_RUNTIME_ENDPOINT)
+        );
+        assert_eq!(config.image_endpoint, config.runtime_endpoint);
+        assert_eq!(config.drain_timeout, Duration::from_secs(30));
+        assert_eq!(config.metrics_addr, None);
+    }
+
+    #[test]
+    fn flags_override_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("proxy.toml");
+        std::fs::write(&file, "runtime_endpoint = \"unix:///x/c.sock\"\nmetrics_addr = \"127.0.0.1:9\"\nlisten = \"/a.sock\"\n")
+            .expect("write");
+        let cli = Cli {
+            config: Some(file),
+            listen: Some("/b.sock".into()),
+            ..Cli::default()
+        };
+        let config = Config::resolve(cli).expect("valid");
+        assert_eq!(config.listen, PathBuf::from("/b.sock"));
+        assert_eq!(config.runtime_endpoint, PathBuf::from("/x/c.sock"));
+        assert_eq!(
+            config.metrics_addr,
+            Some("127.0.0.1:9".parse().expect("addr"))
+        );
+    }
+
+    #[test]
+    fn bad_settings_are_named() {
+        let err = Config::resolve(Cli {
+            runtime_endpoint: Some("tcp://1.2.3.4:5".into()),
+            ..Cli::default()
+        })
+        .expect_err("tcp refused");
+        assert!(
+            err.to_string().starts_with("setting runtime-endpoint:"),
+            "{err}"
+        );
+        let err = Config::resolve(Cli {
+            listen: Some("relative.sock".into()),
+            ..Cli::default()
+        })
+        .expect_err("relative");
+        assert!(err.to_string().starts_with("setting listen:"), "{err}");
+        let err = Config::resolve(Cli {
+            listen: Some(DEFAULT_RUNTIME_ENDPOINT.into()),
+            ..Cli::default()
+        })
+        .expect_err("loop");
+        assert!(err.to_string().contains("call itself"), "{err}");
+
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("proxy.toml");
+        std::fs::write(&file, "listn = \"/a.sock\"\n").expect("write");
+        let err = Config::resolve(Cli {
+            config: Some(file),
+            ..Cli::default()
+        })
+        .expect_err("unknown key");
+        assert!(err.to_string().contains("listn"), "{err}");
+    }
+}

@@ -1,0 +1,70 @@
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::Parser;
+use tessera_runtime_proxy::hook::{Hook, NoopHook};
+use tessera_runtime_proxy::metrics::Metrics;
+use tessera_runtime_proxy::{Cli, Config, Proxy, ProxyOptions, resync_until_ready, server};
+use tokio::signal::unix::{SignalKind, signal};
+
+fn main() -> std::process::ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+    let config = match Config::resolve(Cli::parse()) {
+        Ok(config) => config,
+        Err(error) => {
+            eprintln!("tessera-runtime-proxy: {error}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("tessera-runtime-proxy: starting the async runtime: {error}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(config)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("tessera-runtime-proxy: {error:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(config: Config) -> anyhow::Result<()> {
+    let metrics = Arc::new(Metrics::default());
+    let options = ProxyOptions {
+        runtime_endpoint: config.runtime_endpoint.clone(),
+        image_endpoint: config.image_endpoint.clone(),
+        max_message_bytes: config.max_message_bytes,
+    };
+    let hooks: Vec<Arc<dyn Hook>> = vec![Arc::new(NoopHook)];
+    let proxy = Arc::new(Proxy::new(&options, hooks, Arc::clone(&metrics)));
+    let (listener, source) = server::listen(&config.listen)
+        .with_context(|| format!("listening on {}", config.listen.display()))?;
+    tracing::info!(listen = %config.listen.display(), ?source, runtime = %config.runtime_endpoint.display(), "serving CRI");
+    if let Some(addr) = config.metrics_addr {
+        let metrics = Arc::clone(&metrics);
+        tokio::spawn(async move {
+            if let Err(error) = tessera_runtime_proxy::metrics::serve(addr, metrics).await {
+                tracing::error!(%addr, %error, "metrics endpoint failed");
+            }
+        });
+    }
+    tokio::spawn(resync_until_ready(Arc::clone(&proxy)));
+    let mut terminate = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
+    let mut interrupt = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
+    let shutdown = async move {
+        tokio::select! {
+            _ = terminate.recv() => {},
+            _ = interrupt.recv() => {},
+        }
+    };
+    server::serve(listener, proxy, shutdown, config.drain_timeout).await;
+    Ok(())
+}

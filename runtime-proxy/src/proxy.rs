@@ -1,0 +1,606 @@
+//! The proxy service: every HTTP/2 request from kubelet lands in [`Proxy::handle`].
+//! Lifecycle calls are decoded and run through hooks; every other call is
+//! forwarded frame by frame without decoding.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use k8s_cri::v1 as cri;
+use tonic::Code;
+use tracing::{Instrument, Span, field};
+
+use crate::backend::{Backend, BackendError};
+use crate::body::{BoxError, ProxyBody, full_body};
+use crate::grpc;
+use crate::hook::{CallOutcome, Hook, HookContext, LifecycleRequest, LifecycleResponse, Method};
+use crate::metrics::{HookLabels, Metrics};
+use crate::store::{ContainerInfo, PodInfo, PodStore, container_info};
+use crate::wire;
+
+const LIST_PODS: &str = "/runtime.v1.RuntimeService/ListPodSandbox";
+const LIST_CONTAINERS: &str = "/runtime.v1.RuntimeService/ListContainers";
+
+/// The CRI proxy: backends, hooks, store and metrics.
+#[derive(Debug)]
+pub struct Proxy {
+    runtime: Backend,
+    image: Backend,
+    hooks: Vec<Arc<dyn Hook>>,
+    store: Arc<PodStore>,
+    metrics: Arc<Metrics>,
+    max_message_bytes: usize,
+}
+
+/// How to build a [`Proxy`].
+#[derive(Debug, Clone)]
+pub struct ProxyOptions {
+    /// The runtime service socket.
+    pub runtime_endpoint: std::path::PathBuf,
+    /// The image service socket (usually the same as the runtime's).
+    pub image_endpoint: std::path::PathBuf,
+    /// Largest intercepted request or response the proxy will hold.
+    pub max_message_bytes: usize,
+}
+
+impl Proxy {
+    /// A proxy running `hooks`, in order, around lifecycle calls.
+    pub fn new(options: &ProxyOptions, hooks: Vec<Arc<dyn Hook>>, metrics: Arc<Metrics>) -> Self {
+        let runtime = Backend::new(&options.runtime_endpoint, Arc::clone(&metrics));
+        let image = if options.image_endpoint == options.runtime_endpoint {
+            runtime.clone()
+        } else {
+            Backend::new(&options.image_endpoint, Arc::clone(&metrics))
+        };
+        Self {
+            runtime,
+            image,
+            hooks,
+            store: Arc::new(PodStore::default()),
+            metrics,
+            max_message_bytes: options.max_message_bytes,
+        }
+    }
+
+    /// The pod/container store.
+    pub fn store(&self) -> &Arc<PodStore> {
+        &self.store
+    }
+
+    /// The runtime backend.
+    pub fn runtime(&self) -> &Backend {
+        &self.runtime
+    }
+
+    /// Loads every sandbox and container the runtime knows into the store.
+    pub async fn resync(&self) -> Result<(usize, usize), BackendError> {
+        let pods: cri::ListPodSandboxResponse = self
+            .runtime
+            .unary(LIST_PODS, &cri::ListPodSandboxRequest::default())
+            .await?;
+        let containers: cri::ListContainersResponse = self
+            .runtime
+            .unary(LIST_CONTAINERS, &cri::ListContainersRequest::default())
+            .await?;
+        self.store.load(&pods.items, &containers.containers);
+        Ok((pods.items.len(), containers.containers.len()))
+    }
+
+    /// Serves one request from kubelet. Never fails: errors become gRPC statuses.
+    pub async fn handle(self: Arc<Self>, request: Request<Incoming>) -> Response<ProxyBody> {
+        let path = request.uri().path();
+        let method_name = path.rsplit('/').next().unwrap_or(path).to_owned();
+        let span = tracing::info_span!(
+            "cri",
+            method = %method_name,
+            pod = field::Empty,
+            container = field::Empty,
+            code = field::Empty,
+            duration_us = field::Empty,
+        );
+        let record = CallRecord {
+            metrics: Arc::clone(&self.metrics),
+            method: method_name,
+            start: Instant::now(),
+            span: span.clone(),
+            finished: false,
+        };
+        let deadline = request
+            .headers()
+            .get("grpc-timeout")
+            .and_then(|v| v.to_str().ok())
+            .map(grpc::parse_timeout);
+        let deadline = match deadline {
+            Some(Ok(deadline)) => Some(deadline),
+            // A bad header goes to the runtime as it is: its answer is the one kubelet would get.
+            Some(Err(_)) | None => None,
+        };
+        match Method::from_path(request.uri().path()) {
+            Some(method) => {
+                let future = self.intercept(method, request, deadline, record);
+                future.instrument(span).await
+            }
+            None => {
+                self.passthrough(request, deadline, record)
+                    .instrument(span)
+                    .await
+            }
+        }
+    }
+
+    fn backend_for(&self, path: &str) -> &Backend {
+        if path.contains(".ImageService/") {
+            &self.image
+        } else {
+            &self.runtime
+        }
+    }
+
+    async fn passthrough(
+        &self,
+        request: Request<Incoming>,
+        deadline: Option<Duration>,
+        record: CallRecord,
+    ) -> Response<ProxyBody> {
+        let backend = self.backend_for(request.uri().path()).clone();
+        let (parts, body) = request.into_parts();
+        let request = Request::from_parts(parts, body.map_err(BoxError::from).boxed_unsync());
+        match with_deadline(deadline, backend.send(request)).await {
+            Ok(response) => {
+                let (parts, body) = response.into_parts();
+                match grpc::status_code(&parts.headers) {
+                    // Trailers-only: the status is already here.
+                    Some(code) => {
+                        record.finish(code);
+                        Response::from_parts(parts, body.map_err(BoxError::from).boxed_unsync())
+                    }
+                    None => Response::from_parts(
+                        parts,
+                        ObservedBody {
+                            inner: body,
+                            record: Some(record),
+                        }
+                        .boxed_unsync(),
+                    ),
+                }
+            }
+            Err(error) => {
+                record.finish(error.code);
+                grpc::status_response(error.code, &error.message)
+            }
+        }
+    }
+
+    async fn intercept(
+        &self,
+        method: Method,
+        request: Request<Incoming>,
+        deadline: Option<Duration>,
+        record: CallRecord,
+    ) -> Response<ProxyBody> {
+        let (mut parts, body) = request.into_parts();
+        let body = match Limited::new(body, self.max_message_bytes).collect().await {
+            Ok(collected) => collected.to_bytes(),
+            Err(error) => {
+                let (code, message) = if error.is::<http_body_util::LengthLimitError>() {
+                    (
+                        Code::ResourceExhausted,
+                        format!(
+                            "{}: request larger than {} bytes",
+                            method.name(),
+                            self.max_message_bytes
+                        ),
+                    )
+                } else {
+                    (
+                        Code::Cancelled,
+                        format!("{}: reading request: {error}", method.name()),
+                    )
+                };
+                return record.fail(code, &message);
+            }
+        };
+        let message = match grpc::decode_frame(&body) {
+            Ok(message) => message,
+            Err(error) => {
+                return record.fail(Code::Internal, &format!("{}: {error}", method.name()));
+            }
+        };
+        let original = match method.decode_request(message) {
+            Ok(request) => request,
+            Err(error) => {
+                let text = format!(
+                    "grpc: error unmarshalling {} request: {error}",
+                    method.name()
+                );
+                return record.fail(Code::Internal, &text);
+            }
+        };
+
+        let ctx = self.context(&original).await;
+        if let Some(pod) = &ctx.pod {
+            record.span.record("pod", pod.display_name());
+        }
+        if let Some(container) = &ctx.container {
+            record.span.record("container", container.name.as_str());
+        }
+
+        let mut rewritten = original.clone();
+        for hook in &self.hooks {
+            let started = Instant::now();
+            let result = hook.pre(&ctx, &mut rewritten).await;
+            self.observe_hook(hook.name(), "pre", started, result.is_err());
+            if let Err(rejection) = result {
+                tracing::warn!(hook = hook.name(), code = ?rejection.code, reason = %rejection.message, "hook refused call");
+                return record.fail(
+                    rejection.code,
+                    &format!("tessera hook {:?}: {}", hook.name(), rejection.message),
+                );
+            }
+        }
+
+        let forwarded = if rewritten == original {
+            body
+        } else {
+            match wire::merge(
+                message,
+                &original.encode_to_vec(),
+                &rewritten.encode_to_vec(),
+            ) {
+                Ok(merged) => grpc::encode_frame(&merged),
+                Err(error) => {
+                    return record.fail(
+                        Code::Internal,
+                        &format!("{}: rewriting request: {error}", method.name()),
+                    );
+                }
+            }
+        };
+        parts.headers.remove(http::header::CONTENT_LENGTH);
+        let request = Request::from_parts(parts, full_body(forwarded, None));
+
+        let call = async {
+            let response = self.runtime.send(request).await?;
+            let (parts, body) = response.into_parts();
+            let collected = body.collect().await.map_err(|e| BackendError {
+                code: Code::Unavailable,
+                message: format!(
+                    "runtime {}: reading response: {e}",
+                    self.runtime.path().display()
+                ),
+            })?;
+            Ok((parts, collected))
+        };
+        let (parts, collected) = match with_deadline(deadline, call).await {
+            Ok(answer) => answer,
+            Err(error) => {
+                self.run_post(
+                    &ctx,
+                    &rewritten,
+                    &CallOutcome::Failed {
+                        code: error.code,
+                        message: error.message.clone(),
+                    },
+                )
+                .await;
+                return record.fail(error.code, &error.message);
+            }
+        };
+        let trailers = collected.trailers().cloned();
+        let code = trailers
+            .as_ref()
+            .and_then(grpc::status_code)
+            .or_else(|| grpc::status_code(&parts.headers))
+            .unwrap_or(Code::Unknown);
+        let data = collected.to_bytes();
+        let outcome = if code == Code::Ok {
+            match grpc::decode_frame(&data)
+                .map_err(|e| e.to_string())
+                .and_then(|m| method.decode_response(m).map_err(|e| e.to_string()))
+            {
+                Ok(response) => CallOutcome::Ok(response),
+                Err(error) => {
+                    tracing::warn!(%error, "could not decode the runtime's response; passing it on unchanged");
+                    CallOutcome::Failed {
+                        code: Code::Internal,
+                        message: error,
+                    }
+                }
+            }
+        } else {
+            let message = trailers
+                .as_ref()
+                .and_then(grpc::status_message)
+                .or_else(|| grpc::status_message(&parts.headers));
+            CallOutcome::Failed {
+                code,
+                message: message.unwrap_or_default(),
+            }
+        };
+        self.update_store(&rewritten, &ctx, &outcome);
+        self.run_post(&ctx, &rewritten, &outcome).await;
+        record.finish(code);
+        Response::from_parts(parts, full_body(data, trailers))
+    }
+
+    fn observe_hook(&self, hook: &str, stage: &str, started: Instant, failed: bool) {
+        let labels = HookLabels {
+            hook: hook.to_owned(),
+            stage: stage.to_owned(),
+        };
+        self.metrics
+            .hook_duration
+            .get_or_create(&labels)
+            .observe(started.elapsed().as_secs_f64());
+        if failed {
+            self.metrics.hook_failures.get_or_create(&labels).inc();
+        }
+    }
+
+    async fn run_post(&self, ctx: &HookContext, request: &LifecycleRequest, outcome: &CallOutcome) {
+        for hook in &self.hooks {
+            let started = Instant::now();
+            hook.post(ctx, request, outcome).await;
+            self.observe_hook(hook.name(), "post", started, false);
+        }
+    }
+
+    /// The pod and container a lifecycle call concerns.
+    async fn context(&self, request: &LifecycleRequest) -> HookContext {
+        match request {
+            LifecycleRequest::RunPodSandbox(req) => HookContext {
+                pod: req
+                    .config
+                    .as_ref()
+                    .map(|config| Arc::new(PodInfo::from_config("", config))),
+                container: None,
+            },
+            LifecycleRequest::StopPodSandbox(cri::StopPodSandboxRequest { pod_sandbox_id })
+            | LifecycleRequest::RemovePodSandbox(cri::RemovePodSandboxRequest { pod_sandbox_id }) => {
+                HookContext {
+                    pod: self.lookup_pod(pod_sandbox_id).await,
+                    container: None,
+                }
+            }
+            LifecycleRequest::CreateContainer(req) => {
+                // kubelet sends the pod's config with every CreateContainer: it is the freshest view.
+                let pod = match &req.sandbox_config {
+                    Some(config) => {
+                        Some(Arc::new(PodInfo::from_config(&req.pod_sandbox_id, config)))
+                    }
+                    None => self.lookup_pod(&req.pod_sandbox_id).await,
+                };
+                let name = req
+                    .config
+                    .as_ref()
+                    .and_then(|c| c.metadata.as_ref())
+                    .map(|m| m.name.clone())
+                    .unwrap_or_default();
+                let container = ContainerInfo {
+                    id: String::new(),
+                    name,
+                    sandbox_id: req.pod_sandbox_id.clone(),
+                };
+                HookContext {
+                    pod,
+                    container: Some(container),
+                }
+            }
+            LifecycleRequest::StartContainer(cri::StartContainerRequest { container_id })
+            | LifecycleRequest::StopContainer(cri::StopContainerRequest { container_id, .. })
+            | LifecycleRequest::RemoveContainer(cri::RemoveContainerRequest { container_id })
+            | LifecycleRequest::UpdateContainerResources(cri::UpdateContainerResourcesRequest {
+                container_id,
+                ..
+            }) => match self.lookup_container(container_id).await {
+                Some((container, pod)) => HookContext {
+                    pod,
+                    container: Some(container),
+                },
+                None => HookContext::default(),
+            },
+        }
+    }
+
+    async fn lookup_pod(&self, sandbox_id: &str) -> Option<Arc<PodInfo>> {
+        if let Some(pod) = self.store.pod(sandbox_id) {
+            return Some(pod);
+        }
+        let filter = cri::PodSandboxFilter {
+            id: sandbox_id.to_owned(),
+            ..Default::default()
+        };
+        let request = cri::ListPodSandboxRequest {
+            filter: Some(filter),
+        };
+        let response: cri::ListPodSandboxResponse =
+            self.runtime.unary(LIST_PODS, &request).await.ok()?;
+        let sandbox = response.items.into_iter().find(|s| s.id == sandbox_id)?;
+        Some(self.store.insert_pod(PodInfo::from_sandbox(&sandbox)))
+    }
+
+    async fn lookup_container(
+        &self,
+        container_id: &str,
+    ) -> Option<(ContainerInfo, Option<Arc<PodInfo>>)> {
+        if let Some(found) = self.store.container(container_id) {
+            if found.1.is_some() {
+                return Some(found);
+            }
+            let pod = self.lookup_pod(&found.0.sandbox_id).await;
+            return Some((found.0, pod));
+        }
+        let filter = cri::ContainerFilter {
+            id: container_id.to_owned(),
+            ..Default::default()
+        };
+        let request = cri::ListContainersRequest {
+            filter: Some(filter),
+        };
+        let response: cri::ListContainersResponse =
+            self.runtime.unary(LIST_CONTAINERS, &request).await.ok()?;
+        let container = response
+            .containers
+            .iter()
+            .find(|c| c.id == container_id)
+            .map(container_info)?;
+        self.store.insert_container(container.clone());
+        let pod = self.lookup_pod(&container.sandbox_id).await;
+        Some((container, pod))
+    }
+
+    fn update_store(&self, request: &LifecycleRequest, ctx: &HookContext, outcome: &CallOutcome) {
+        let CallOutcome::Ok(response) = outcome else {
+            return;
+        };
+        match (request, response) {
+            (LifecycleRequest::RunPodSandbox(req), LifecycleResponse::RunPodSandbox(resp)) => {
+                if let Some(config) = &req.config {
+                    self.store
+                        .insert_pod(PodInfo::from_config(&resp.pod_sandbox_id, config));
+                }
+            }
+            (LifecycleRequest::CreateContainer(req), LifecycleResponse::CreateContainer(resp)) => {
+                if self.store.pod(&req.pod_sandbox_id).is_none() {
+                    if let Some(pod) = &ctx.pod {
+                        self.store.insert_pod(PodInfo::clone(pod));
+                    }
+                }
+                let name = ctx
+                    .container
+                    .as_ref()
+                    .map(|c| c.name.clone())
+                    .unwrap_or_default();
+                self.store.insert_container(ContainerInfo {
+                    id: resp.container_id.clone(),
+                    name,
+                    sandbox_id: req.pod_sandbox_id.clone(),
+                });
+            }
+            (LifecycleRequest::RemovePodSandbox(req), _) => {
+                self.store.remove_pod(&req.pod_sandbox_id)
+            }
+            (LifecycleRequest::RemoveContainer(req), _) => {
+                self.store.remove_container(&req.container_id)
+            }
+            _ => {}
+        }
+    }
+}
+
+async fn with_deadline<T>(
+    deadline: Option<Duration>,
+    call: impl std::future::Future<Output = Result<T, BackendError>>,
+) -> Result<T, BackendError> {
+    match deadline {
+        None => call.await,
+        Some(deadline) => tokio::time::timeout(deadline, call)
+            .await
+            .unwrap_or_else(|_| {
+                Err(BackendError {
+                    code: Code::DeadlineExceeded,
+                    message: "context deadline exceeded".to_owned(),
+                })
+            }),
+    }
+}
+
+// === impl CallRecord ===
+
+/// Metrics and span fields of one call, recorded once when it ends.
+struct CallRecord {
+    metrics: Arc<Metrics>,
+    method: String,
+    start: Instant,
+    span: Span,
+    finished: bool,
+}
+
+impl CallRecord {
+    fn finish(mut self, code: Code) {
+        self.complete(code);
+    }
+
+    fn fail(self, code: Code, message: &str) -> Response<ProxyBody> {
+        if code != Code::Unavailable {
+            tracing::warn!(parent: &self.span, ?code, message, "call failed");
+        }
+        self.finish(code);
+        grpc::status_response(code, message)
+    }
+
+    fn complete(&mut self, code: Code) {
+        if std::mem::replace(&mut self.finished, true) {
+            return;
+        }
+        let elapsed = self.start.elapsed();
+        self.metrics
+            .record_call(&self.method, code, elapsed.as_secs_f64());
+        self.span.record("code", format_args!("{code:?}"));
+        self.span.record("duration_us", elapsed.as_micros() as u64);
+        tracing::debug!(parent: &self.span, "call finished");
+    }
+}
+
+impl Drop for CallRecord {
+    fn drop(&mut self) {
+        // The caller went away before the call ended.
+        self.complete(Code::Cancelled);
+    }
+}
+
+// === impl ObservedBody ===
+
+/// A streamed response body that records the call's status when its trailers pass.
+struct ObservedBody {
+    inner: Incoming,
+    record: Option<CallRecord>,
+}
+
+impl Body for ObservedBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        match &polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(trailers) = frame.trailers_ref() {
+                    let code = grpc::status_code(trailers).unwrap_or(Code::Unknown);
+                    if let Some(record) = self.record.take() {
+                        record.finish(code);
+                    }
+                }
+            }
+            Poll::Ready(Some(Err(_))) => {
+                if let Some(record) = self.record.take() {
+                    record.finish(Code::Unavailable);
+                }
+            }
+            Poll::Ready(None) => {
+                if let Some(record) = self.record.take() {
+                    record.finish(Code::Unknown);
+                }
+            }
+            Poll::Pending => {}
+        }
+        polled.map_err(BoxError::from)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}

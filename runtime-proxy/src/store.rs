@@ -1,0 +1,230 @@
+//! The pod/container store: which pod a container ID belongs to, for calls that
+//! carry only IDs.
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
+use k8s_cri::v1 as cri;
+
+/// What the proxy knows of a pod sandbox.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PodInfo {
+    /// The runtime's sandbox ID.
+    pub sandbox_id: String,
+    /// The Kubernetes pod UID.
+    pub uid: String,
+    /// The pod name.
+    pub name: String,
+    /// The pod namespace.
+    pub namespace: String,
+    /// The pod labels, as kubelet passed them to the runtime.
+    pub labels: HashMap<String, String>,
+    /// The pod annotations, as kubelet passed them to the runtime.
+    pub annotations: HashMap<String, String>,
+}
+
+impl PodInfo {
+    /// Builds the pod from the config kubelet sends with RunPodSandbox and CreateContainer.
+    pub fn from_config(sandbox_id: &str, config: &cri::PodSandboxConfig) -> Self {
+        let metadata = config.metadata.clone().unwrap_or_default();
+        Self {
+            sandbox_id: sandbox_id.to_owned(),
+            uid: metadata.uid,
+            name: metadata.name,
+            namespace: metadata.namespace,
+            labels: config.labels.clone(),
+            annotations: config.annotations.clone(),
+        }
+    }
+
+    /// Builds the pod from a ListPodSandbox entry.
+    pub fn from_sandbox(sandbox: &cri::PodSandbox) -> Self {
+        let metadata = sandbox.metadata.clone().unwrap_or_default();
+        Self {
+            sandbox_id: sandbox.id.clone(),
+            uid: metadata.uid,
+            name: metadata.name,
+            namespace: metadata.namespace,
+            labels: sandbox.labels.clone(),
+            annotations: sandbox.annotations.clone(),
+        }
+    }
+
+    /// `namespace/name`, for messages.
+    pub fn display_name(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+}
+
+/// What the proxy knows of a container.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ContainerInfo {
+    /// The runtime's container ID.
+    pub id: String,
+    /// The container name within its pod.
+    pub name: String,
+    /// The sandbox the container runs in.
+    pub sandbox_id: String,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    pods: HashMap<String, Arc<PodInfo>>,
+    containers: HashMap<String, ContainerInfo>,
+}
+
+/// Maps sandbox IDs to pods and container IDs to containers.
+///
+/// The lock is a std `RwLock` held only for map operations, never across an await.
+#[derive(Debug, Default)]
+pub struct PodStore {
+    inner: RwLock<Inner>,
+}
+
+impl PodStore {
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Inner> {
+        self.inner
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Inner> {
+        self.inner
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Records a pod.
+    pub fn insert_pod(&self, pod: PodInfo) -> Arc<PodInfo> {
+        let pod = Arc::new(pod);
+        self.write()
+            .pods
+            .insert(pod.sandbox_id.clone(), Arc::clone(&pod));
+        pod
+    }
+
+    /// Records a container.
+    pub fn insert_container(&self, container: ContainerInfo) {
+        self.write()
+            .containers
+            .insert(container.id.clone(), container);
+    }
+
+    /// The pod of a sandbox.
+    pub fn pod(&self, sandbox_id: &str) -> Option<Arc<PodInfo>> {
+        self.read().pods.get(sandbox_id).cloned()
+    }
+
+    /// The container with this ID and its pod, when both are known.
+    pub fn container(&self, container_id: &str) -> Option<(ContainerInfo, Option<Arc<PodInfo>>)> {
+        let inner = self.read();
+        let container = inner.containers.get(container_id)?.clone();
+        let pod = inner.pods.get(&container.sandbox_id).cloned();
+        Some((container, pod))
+    }
+
+    /// Forgets a sandbox and every container in it.
+    pub fn remove_pod(&self, sandbox_id: &str) {
+        let mut inner = self.write();
+        inner.pods.remove(sandbox_id);
+        inner
+            .containers
+            .retain(|_, container| container.sandbox_id != sandbox_id);
+    }
+
+    /// Forgets a container.
+    pub fn remove_container(&self, container_id: &str) {
+        self.write().containers.remove(container_id);
+    }
+
+    /// Adds what the runtime lists. Entries are added, never cleared, so a call
+    /// recorded while the listing was in flight is not lost.
+    pub fn load(&self, sandboxes: &[cri::PodSandbox], containers: &[cri::Container]) {
+        let mut inner = self.write();
+        for sandbox in sandboxes {
+            inner
+                .pods
+                .insert(sandbox.id.clone(), Arc::new(PodInfo::from_sandbox(sandbox)));
+        }
+        for container in containers {
+            inner
+                .containers
+                .insert(container.id.clone(), container_info(container));
+        }
+    }
+
+    /// Numbers of pods and containers known.
+    pub fn len(&self) -> (usize, usize) {
+        let inner = self.read();
+        (inner.pods.len(), inner.containers.len())
+    }
+
+    /// Whether the store knows nothing.
+    pub fn is_empty(&self) -> bool {
+        self.len() == (0, 0)
+    }
+}
+
+/// The store's view of a ListContainers entry.
+pub fn container_info(container: &cri::Container) -> ContainerInfo {
+    ContainerInfo {
+        id: container.id.clone(),
+        name: container
+            .metadata
+            .as_ref()
+            .map(|m| m.name.clone())
+            .unwrap_or_default(),
+        sandbox_id: container.pod_sandbox_id.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sandbox(id: &str, name: &str) -> cri::PodSandbox {
+        cri::PodSandbox {
+            id: id.into(),
+            metadata: Some(cri::PodSandboxMetadata {
+                name: name.into(),
+                uid: format!("uid-{name}"),
+                namespace: "default".into(),
+                attempt: 0,
+            }),
+            annotations: [("a".to_owned(), "b".to_owned())].into(),
+            ..Default::default()
+        }
+    }
+
+    fn container(id: &str, sandbox: &str) -> cri::Container {
+        cri::Container {
+            id: id.into(),
+            pod_sandbox_id: sandbox.into(),
+            metadata: Some(cri::ContainerMetadata {
+                name: format!("c-{id}"),
+                attempt: 0,
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn load_then_lookup_and_remove() {
+        let store = PodStore::default();
+        store.load(
+            &[sandbox("s1", "p1"), sandbox("s2", "p2")],
+            &[container("c1", "s1"), container("c2", "s2")],
+        );
+        let (info, pod) = store.container("c1").expect("known");
+        assert_eq!(info.name, "c-c1");
+        let pod = pod.expect("pod known");
+        assert_eq!(pod.display_name(), "default/p1");
+        assert_eq!(pod.annotations.get("a").map(String::as_str), Some("b"));
+
+        store.remove_container("c1");
+        assert!(store.container("c1").is_none());
+        store.remove_pod("s2");
+        assert!(store.container("c2").is_none());
+        assert_eq!(store.len(), (1, 0));
+    }
+}
