@@ -1,0 +1,221 @@
+//! A private containerd (Debian's `containerd` and `runc`) with its own root,
+//! state and socket, configured as this machine needs (see ARCHITECTURE.md).
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use tokio::process::{Child, Command};
+
+use crate::image;
+
+/// A running private containerd. Dropping it kills it, its shims and their
+/// containers, unmounts what they left and removes its directory.
+#[derive(Debug)]
+pub struct Containerd {
+    dir: tempfile::TempDir,
+    child: Option<Child>,
+}
+
+impl Containerd {
+    /// Starts containerd and imports the pause image. Needs root, `containerd`,
+    /// `runc`, `ctr` and `cc`; says which is missing.
+    pub async fn start() -> anyhow::Result<Self> {
+        if !nix::unistd::Uid::effective().is_root() {
+            bail!("the containerd harness needs root (it runs containerd and runc)");
+        }
+        for tool in ["containerd", "runc", "ctr", "cc"] {
+            which(tool).with_context(|| {
+                format!(
+                    "{tool} not found on PATH: run the README's test command, which installs it"
+                )
+            })?;
+        }
+        // Short path: unix socket paths are limited to 108 bytes.
+        let dir = tempfile::Builder::new()
+            .prefix("tctd-")
+            .tempdir_in("/tmp")?;
+        std::fs::write(dir.path().join("config.toml"), config_toml(dir.path()))?;
+        let mut containerd = Self { dir, child: None };
+        containerd.launch().await?;
+        let archive = image::pause_archive(containerd.dir.path())?;
+        containerd.import(&archive).await?;
+        Ok(containerd)
+    }
+
+    /// The CRI socket.
+    pub fn socket(&self) -> PathBuf {
+        self.dir.path().join("containerd.sock")
+    }
+
+    /// The harness directory (config, root, state, logs).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Imports an image archive into the `k8s.io` namespace.
+    pub async fn import(&self, archive: &Path) -> anyhow::Result<()> {
+        let output = Command::new("ctr")
+            .arg("-a")
+            .arg(self.socket())
+            .args(["-n", "k8s.io", "images", "import"])
+            .arg(archive)
+            .output()
+            .await?;
+        if !output.status.success() {
+            bail!(
+                "ctr images import {}: {}",
+                archive.display(),
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        Ok(())
+    }
+
+    async fn launch(&mut self) -> anyhow::Result<()> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("containerd.log"))?;
+        let child = Command::new("containerd")
+            .arg("--config")
+            .arg(self.dir.path().join("config.toml"))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .context("spawning containerd")?;
+        self.child = Some(child);
+        let started = Instant::now();
+        loop {
+            if let Ok(mut driver) = crate::kubelet::KubeletDriver::connect(&self.socket()).await {
+                if driver.version().await.is_ok() {
+                    return Ok(());
+                }
+            }
+            if started.elapsed() > Duration::from_secs(30) {
+                bail!(
+                    "containerd did not answer within 30 s; see {}",
+                    self.dir.path().join("containerd.log").display()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Stops containerd (SIGTERM) and waits for it; containers keep running under their shims.
+    pub async fn stop(&mut self) -> anyhow::Result<()> {
+        if let Some(mut child) = self.child.take() {
+            if let Some(pid) = child.id() {
+                let pid = nix::unistd::Pid::from_raw(i32::try_from(pid)?);
+                nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM)?;
+            }
+            child.wait().await?;
+        }
+        Ok(())
+    }
+
+    /// Starts containerd again on the same root, state and socket.
+    pub async fn restart(&mut self) -> anyhow::Result<()> {
+        self.stop().await?;
+        self.launch().await
+    }
+
+    /// The tail of containerd's log, for failure messages.
+    pub fn log_tail(&self) -> String {
+        let log =
+            std::fs::read_to_string(self.dir.path().join("containerd.log")).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    }
+}
+
+impl Drop for Containerd {
+    fn drop(&mut self) {
+        if let Some(child) = self.child.as_mut() {
+            let _ = child.start_kill();
+        }
+        let dir = self.dir.path().to_string_lossy().into_owned();
+        kill_processes_mentioning(&dir);
+        unmount_under(&dir);
+    }
+}
+
+fn which(tool: &str) -> anyhow::Result<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(tool))
+        .find(|candidate| candidate.is_file())
+        .with_context(|| format!("{tool} is not installed"))
+}
+
+/// Kills shims (and so their containers) started for this containerd: their
+/// command lines name its socket.
+fn kill_processes_mentioning(needle: &str) {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        if String::from_utf8_lossy(&cmdline).contains(needle) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
+
+/// Lazily unmounts every mount under `dir`, deepest first.
+fn unmount_under(dir: &str) {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let mut points: Vec<&str> = mountinfo
+        .lines()
+        .filter_map(|line| line.split(' ').nth(4))
+        .filter(|point| point.starts_with(dir))
+        .collect();
+    points.sort_by_key(|point| std::cmp::Reverse(point.len()));
+    for point in points {
+        let _ = nix::mount::umount2(point, nix::mount::MntFlags::MNT_DETACH);
+    }
+}
+
+fn config_toml(dir: &Path) -> String {
+    let dir = dir.display();
+    format!(
+        r#"version = 2
+root = "{dir}/root"
+state = "{dir}/state"
+
+[grpc]
+  address = "{dir}/containerd.sock"
+
+[ttrpc]
+  address = "{dir}/containerd.sock.ttrpc"
+
+[debug]
+  level = "info"
+
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{pause}"
+  # negative oom_score_adj is refused on these machines
+  restrict_oom_score_adj = true
+  disable_apparmor = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "native"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "{dir}/cni/bin"
+    conf_dir = "{dir}/cni/conf"
+"#,
+        pause = image::PAUSE_IMAGE,
+    )
+}

@@ -1,0 +1,79 @@
+//! The runtime proxy, run in-process on a socket of its own.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tessera_runtime_proxy::hook::Hook;
+use tessera_runtime_proxy::metrics::Metrics;
+use tessera_runtime_proxy::{Proxy, ProxyOptions, server};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+/// A proxy serving on `socket`, forwarding to a runtime socket.
+#[derive(Debug)]
+pub struct RunningProxy {
+    /// The socket kubelet (the driver) talks to.
+    pub socket: PathBuf,
+    /// The proxy itself, for its store and metrics.
+    pub proxy: Arc<Proxy>,
+    /// Its metrics.
+    pub metrics: Arc<Metrics>,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl RunningProxy {
+    /// Starts a proxy on `socket` in front of `runtime`, with `hooks`; loads its store first.
+    pub async fn start(
+        socket: &Path,
+        runtime: &Path,
+        hooks: Vec<Arc<dyn Hook>>,
+    ) -> anyhow::Result<Self> {
+        let metrics = Arc::new(Metrics::default());
+        let options = ProxyOptions {
+            runtime_endpoint: runtime.to_path_buf(),
+            image_endpoint: runtime.to_path_buf(),
+            max_message_bytes: 16 << 20,
+        };
+        let proxy = Arc::new(Proxy::new(&options, hooks, Arc::clone(&metrics)));
+        if let Err(error) = proxy.resync().await {
+            tracing::warn!(%error, "runtime not reachable at proxy start");
+        }
+        let (listener, _) = server::listen(socket)?;
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(server::serve(
+            listener,
+            Arc::clone(&proxy),
+            async move {
+                let _ = stopped.await;
+            },
+            Duration::from_secs(5),
+        ));
+        Ok(Self {
+            socket: socket.to_path_buf(),
+            proxy,
+            metrics,
+            stop: Some(stop),
+            task: Some(task),
+        })
+    }
+
+    /// Stops accepting, drains and waits for the proxy to end.
+    pub async fn shutdown(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for RunningProxy {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
