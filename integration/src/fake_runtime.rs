@@ -121,6 +121,16 @@ impl FakeRuntime {
         &self.socket
     }
 
+    /// Requests received so far, less the proxy's own store lookups (ListPodSandbox, ListContainers).
+    pub fn forwarded(&self) -> Vec<Recorded> {
+        self.recorded()
+            .into_iter()
+            .filter(|r| {
+                !r.path.ends_with("/ListPodSandbox") && !r.path.ends_with("/ListContainers")
+            })
+            .collect()
+    }
+
     /// Every request received so far.
     pub fn recorded(&self) -> Vec<Recorded> {
         self.recorded

@@ -20,6 +20,9 @@ use crate::body::{ProxyBody, full_body};
 use crate::grpc;
 use crate::metrics::Metrics;
 
+/// How long the proxy's own lookups (store rebuild, pod of a container) may take.
+pub const LOOKUP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Connects to a unix socket; the one connector every Tessera client uses.
 pub async fn connect_unix(path: &Path) -> io::Result<TokioIo<UnixStream>> {
     UnixStream::connect(path).await.map(TokioIo::new)
@@ -135,8 +138,27 @@ impl Backend {
         }
     }
 
-    /// Makes one unary gRPC call with typed messages; the proxy's own lookups use it.
+    /// Makes one unary gRPC call with typed messages; the proxy's own lookups use
+    /// it. Bounded by [`LOOKUP_TIMEOUT`] so a hung runtime cannot hold a call forever.
     pub async fn unary<Req: Message, Resp: Message + Default>(
+        &self,
+        path: &str,
+        request: &Req,
+    ) -> Result<Resp, BackendError> {
+        tokio::time::timeout(LOOKUP_TIMEOUT, self.unary_unbounded(path, request))
+            .await
+            .unwrap_or_else(|_| {
+                Err(BackendError {
+                    code: Code::DeadlineExceeded,
+                    message: format!(
+                        "runtime {}: {path} took longer than {LOOKUP_TIMEOUT:?}",
+                        self.path.display()
+                    ),
+                })
+            })
+    }
+
+    async fn unary_unbounded<Req: Message, Resp: Message + Default>(
         &self,
         path: &str,
         request: &Req,

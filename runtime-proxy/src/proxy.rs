@@ -123,8 +123,25 @@ impl Proxy {
         };
         match Method::from_path(request.uri().path()) {
             Some(method) => {
-                let future = self.intercept(method, request, deadline, record);
-                future.instrument(span).await
+                // The caller's deadline bounds the whole call: lookups, hooks and the runtime.
+                let call = self
+                    .intercept(method, request, &record.span)
+                    .instrument(span);
+                let (response, code) =
+                    match deadline {
+                        Some(deadline) => tokio::time::timeout(deadline, call)
+                            .await
+                            .unwrap_or_else(|_| {
+                                let message = "context deadline exceeded";
+                                (
+                                    grpc::status_response(Code::DeadlineExceeded, message),
+                                    Code::DeadlineExceeded,
+                                )
+                            }),
+                        None => call.await,
+                    };
+                record.finish(code);
+                response
             }
             None => {
                 self.passthrough(request, deadline, record)
@@ -181,9 +198,8 @@ impl Proxy {
         &self,
         method: Method,
         request: Request<Incoming>,
-        deadline: Option<Duration>,
-        record: CallRecord,
-    ) -> Response<ProxyBody> {
+        span: &Span,
+    ) -> (Response<ProxyBody>, Code) {
         let (mut parts, body) = request.into_parts();
         let body = match Limited::new(body, self.max_message_bytes).collect().await {
             Ok(collected) => collected.to_bytes(),
@@ -203,13 +219,13 @@ impl Proxy {
                         format!("{}: reading request: {error}", method.name()),
                     )
                 };
-                return record.fail(code, &message);
+                return fail(code, &message);
             }
         };
         let message = match grpc::decode_frame(&body) {
             Ok(message) => message,
             Err(error) => {
-                return record.fail(Code::Internal, &format!("{}: {error}", method.name()));
+                return fail(Code::Internal, &format!("{}: {error}", method.name()));
             }
         };
         let original = match method.decode_request(message) {
@@ -219,16 +235,16 @@ impl Proxy {
                     "grpc: error unmarshalling {} request: {error}",
                     method.name()
                 );
-                return record.fail(Code::Internal, &text);
+                return fail(Code::Internal, &text);
             }
         };
 
         let ctx = self.context(&original).await;
         if let Some(pod) = &ctx.pod {
-            record.span.record("pod", pod.display_name());
+            span.record("pod", pod.display_name());
         }
         if let Some(container) = &ctx.container {
-            record.span.record("container", container.name.as_str());
+            span.record("container", container.name.as_str());
         }
 
         let mut rewritten = original.clone();
@@ -238,7 +254,7 @@ impl Proxy {
             self.observe_hook(hook.name(), "pre", started, result.is_err());
             if let Err(rejection) = result {
                 tracing::warn!(hook = hook.name(), code = ?rejection.code, reason = %rejection.message, "hook refused call");
-                return record.fail(
+                return fail(
                     rejection.code,
                     &format!("tessera hook {:?}: {}", hook.name(), rejection.message),
                 );
@@ -255,7 +271,7 @@ impl Proxy {
             ) {
                 Ok(merged) => grpc::encode_frame(&merged),
                 Err(error) => {
-                    return record.fail(
+                    return fail(
                         Code::Internal,
                         &format!("{}: rewriting request: {error}", method.name()),
                     );
@@ -275,9 +291,9 @@ impl Proxy {
                     self.runtime.path().display()
                 ),
             })?;
-            Ok((parts, collected))
+            Ok::<_, BackendError>((parts, collected))
         };
-        let (parts, collected) = match with_deadline(deadline, call).await {
+        let (parts, collected) = match call.await {
             Ok(answer) => answer,
             Err(error) => {
                 self.run_post(
@@ -289,7 +305,7 @@ impl Proxy {
                     },
                 )
                 .await;
-                return record.fail(error.code, &error.message);
+                return fail(error.code, &error.message);
             }
         };
         let trailers = collected.trailers().cloned();
@@ -325,8 +341,7 @@ impl Proxy {
         };
         self.update_store(&rewritten, &ctx, &outcome);
         self.run_post(&ctx, &rewritten, &outcome).await;
-        record.finish(code);
-        Response::from_parts(parts, full_body(data, trailers))
+        (Response::from_parts(parts, full_body(data, trailers)), code)
     }
 
     fn observe_hook(&self, hook: &str, stage: &str, started: Instant, failed: bool) {
@@ -511,6 +526,14 @@ async fn with_deadline<T>(
     }
 }
 
+/// A call the proxy fails itself, as a gRPC status and its code.
+fn fail(code: Code, message: &str) -> (Response<ProxyBody>, Code) {
+    if code != Code::Unavailable {
+        tracing::warn!(?code, message, "call failed");
+    }
+    (grpc::status_response(code, message), code)
+}
+
 // === impl CallRecord ===
 
 /// Metrics and span fields of one call, recorded once when it ends.
@@ -525,14 +548,6 @@ struct CallRecord {
 impl CallRecord {
     fn finish(mut self, code: Code) {
         self.complete(code);
-    }
-
-    fn fail(self, code: Code, message: &str) -> Response<ProxyBody> {
-        if code != Code::Unavailable {
-            tracing::warn!(parent: &self.span, ?code, message, "call failed");
-        }
-        self.finish(code);
-        grpc::status_response(code, message)
     }
 
     fn complete(&mut self, code: Code) {
