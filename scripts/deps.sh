@@ -1,0 +1,22 @@
+# Sourced by scripts/*.sh: installs what the build and the tests need on Debian, when missing.
+# containerd + runc: the real runtime the proxy is tested against; protobuf-compiler:
+# protoc for k8s-cri; gcc + libc6-dev: static test-image binaries; systemd:
+# systemd-socket-activate for the socket-activation test.
+install_deps() {
+    if [ "$(id -u)" != 0 ]; then
+        echo "error: run as root: the tests start a private containerd and runc containers" >&2
+        exit 1
+    fi
+    local missing=()
+    command -v containerd >/dev/null || missing+=(containerd)
+    command -v runc >/dev/null || missing+=(runc)
+    command -v protoc >/dev/null || missing+=(protobuf-compiler)
+    command -v cc >/dev/null || missing+=(gcc)
+    [ -e /usr/lib/x86_64-linux-gnu/libc.a ] || [ -e /usr/lib/aarch64-linux-gnu/libc.a ] || missing+=(libc6-dev)
+    command -v systemd-socket-activate >/dev/null || missing+=(systemd)
+    if [ ${#missing[@]} -gt 0 ]; then
+        echo "installing: ${missing[*]}"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    fi
+}
