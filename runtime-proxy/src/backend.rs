@@ -1,16 +1,13 @@
-//! The way to the runtime: one HTTP/2 client per unix socket, reconnecting by itself.
+//! The way to the runtime: one HTTP/2 connection per unix socket, redialed by itself.
 
-use std::future::Future;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
-use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::sync::{Arc, Mutex};
 
-use http::{Request, Response, Uri};
+use http::{Request, Response};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use hyper_util::client::legacy::Client;
+use hyper::client::conn::http2::SendRequest;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use prost::Message;
 use tokio::net::UnixStream;
@@ -28,34 +25,6 @@ pub async fn connect_unix(path: &Path) -> io::Result<TokioIo<UnixStream>> {
     UnixStream::connect(path).await.map(TokioIo::new)
 }
 
-/// A `tower::Service<Uri>` that ignores the URI and dials a fixed unix socket.
-#[derive(Debug, Clone)]
-pub struct UnixConnector {
-    path: Arc<PathBuf>,
-    metrics: Arc<Metrics>,
-}
-
-impl tower::Service<Uri> for UnixConnector {
-    type Response = TokioIo<UnixStream>;
-    type Error = io::Error;
-    type Future = Pin<Box<dyn Future<Output = io::Result<Self::Response>> + Send>>;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, _uri: Uri) -> Self::Future {
-        let path = Arc::clone(&self.path);
-        let metrics = Arc::clone(&self.metrics);
-        Box::pin(async move {
-            let stream = connect_unix(&path).await?;
-            metrics.backend_connects.inc();
-            tracing::debug!(socket = %path.display(), "connected to runtime");
-            Ok(stream)
-        })
-    }
-}
-
 /// Why a call could not reach the runtime or come back from it.
 #[derive(Debug, thiserror::Error)]
 #[error("{message}")]
@@ -66,25 +35,24 @@ pub struct BackendError {
     pub message: String,
 }
 
-/// The runtime's HTTP/2 endpoint.
+/// The runtime's HTTP/2 endpoint: one multiplexed connection, dialed lazily and
+/// redialed when it closes (containerd restarted).
 #[derive(Debug, Clone)]
 pub struct Backend {
-    client: Client<UnixConnector, ProxyBody>,
     path: Arc<PathBuf>,
+    metrics: Arc<Metrics>,
+    // Held only to clone or replace the sender, never across an await.
+    sender: Arc<Mutex<Option<SendRequest<ProxyBody>>>>,
 }
 
 impl Backend {
-    /// A client for the runtime at `path`; it dials lazily and redials after failures.
+    /// A client for the runtime at `path`; it dials on first use.
     pub fn new(path: impl Into<PathBuf>, metrics: Arc<Metrics>) -> Self {
-        let path = Arc::new(path.into());
-        let connector = UnixConnector {
-            path: Arc::clone(&path),
+        Self {
+            path: Arc::new(path.into()),
             metrics,
-        };
-        let client = Client::builder(TokioExecutor::new())
-            .http2_only(true)
-            .build(connector);
-        Self { client, path }
+            sender: Arc::new(Mutex::new(None)),
+        }
     }
 
     /// The socket this backend dials.
@@ -92,29 +60,65 @@ impl Backend {
         &self.path
     }
 
-    /// Sends one HTTP/2 request; the URI's path is kept, the socket is fixed.
+    fn cached(&self) -> Option<SendRequest<ProxyBody>> {
+        let guard = self
+            .sender
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        guard.as_ref().filter(|sender| !sender.is_closed()).cloned()
+    }
+
+    async fn dial(&self) -> Result<SendRequest<ProxyBody>, BackendError> {
+        let unavailable = |error: &dyn std::fmt::Display| BackendError {
+            code: Code::Unavailable,
+            message: format!(
+                "connection error: dial unix {}: {error}",
+                self.path.display()
+            ),
+        };
+        let io = connect_unix(&self.path)
+            .await
+            .map_err(|e| unavailable(&e))?;
+        let (sender, connection) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+            .handshake(io)
+            .await
+            .map_err(|e| unavailable(&e))?;
+        let path = Arc::clone(&self.path);
+        tokio::spawn(async move {
+            if let Err(error) = connection.await {
+                tracing::debug!(socket = %path.display(), %error, "runtime connection ended");
+            }
+        });
+        self.metrics.backend_connects.inc();
+        tracing::debug!(socket = %self.path.display(), "connected to runtime");
+        *self
+            .sender
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(sender.clone());
+        Ok(sender)
+    }
+
+    /// Sends one HTTP/2 request to the runtime; headers and body pass as they are.
     pub async fn send(
         &self,
-        mut request: Request<ProxyBody>,
+        request: Request<ProxyBody>,
     ) -> Result<Response<Incoming>, BackendError> {
-        // The pooled client wants an absolute URI; keep the caller's authority.
-        let uri = request.uri();
-        let authority = uri.authority().map_or("localhost", |a| a.as_str());
-        let path = uri.path_and_query().map_or("/", |p| p.as_str());
-        *request.uri_mut() =
-            format!("http://{authority}{path}")
-                .parse()
-                .map_err(|e| BackendError {
-                    code: Code::Internal,
-                    message: format!("bad request URI: {e}"),
-                })?;
-        self.client
-            .request(request)
+        let mut sender = match self.cached() {
+            Some(sender) => sender,
+            None => self.dial().await?,
+        };
+        if sender.ready().await.is_err() {
+            // The connection died since it was cached: one fresh dial.
+            sender = self.dial().await?;
+            sender.ready().await.map_err(|error| self.error(&error))?;
+        }
+        sender
+            .send_request(request)
             .await
             .map_err(|error| self.error(&error))
     }
 
-    fn error(&self, error: &hyper_util::client::legacy::Error) -> BackendError {
+    fn error(&self, error: &hyper::Error) -> BackendError {
         let mut message = String::new();
         let mut source: Option<&dyn std::error::Error> = Some(error);
         while let Some(cause) = source {
@@ -124,17 +128,9 @@ impl Backend {
             message.push_str(&cause.to_string());
             source = cause.source();
         }
-        let message = if error.is_connect() {
-            format!(
-                "connection error: dial unix {}: {message}",
-                self.path.display()
-            )
-        } else {
-            format!("runtime {}: {message}", self.path.display())
-        };
         BackendError {
             code: Code::Unavailable,
-            message,
+            message: format!("runtime {}: {message}", self.path.display()),
         }
     }
 

@@ -22,7 +22,10 @@ fn main() -> std::process::ExitCode {
     };
     // One thread: kubelet's call rate is low, and a single thread saves the
     // cross-thread wake-ups that dominate a proxied call's added latency.
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(runtime) => runtime,
         Err(error) => {
             eprintln!("tessera-runtime-proxy: starting the async runtime: {error}");

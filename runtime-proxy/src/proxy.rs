@@ -96,14 +96,21 @@ impl Proxy {
     pub async fn handle(self: Arc<Self>, request: Request<Incoming>) -> Response<ProxyBody> {
         let path = request.uri().path();
         let method_name = path.rsplit('/').next().unwrap_or(path).to_owned();
-        let span = tracing::info_span!(
-            "cri",
-            method = %method_name,
-            pod = field::Empty,
-            container = field::Empty,
-            code = field::Empty,
-            duration_us = field::Empty,
-        );
+        let intercepted = Method::from_path(path);
+        // Lifecycle calls are rare and matter: info. Kubelet polls the rest many
+        // times a second: their spans exist at debug, off the default hot path.
+        let span = if intercepted.is_some() {
+            tracing::info_span!(
+                "cri",
+                method = %method_name,
+                pod = field::Empty,
+                container = field::Empty,
+                code = field::Empty,
+                duration_us = field::Empty,
+            )
+        } else {
+            tracing::debug_span!("cri", method = %method_name, code = field::Empty, duration_us = field::Empty)
+        };
         let record = CallRecord {
             metrics: Arc::clone(&self.metrics),
             method: method_name,
@@ -121,7 +128,7 @@ impl Proxy {
             // A bad header goes to the runtime as it is: its answer is the one kubelet would get.
             Some(Err(_)) | None => None,
         };
-        match Method::from_path(request.uri().path()) {
+        match intercepted {
             Some(method) => {
                 // The caller's deadline bounds the whole call: lookups, hooks and the runtime.
                 let call = self

@@ -12,19 +12,39 @@ const BINARY: &str = env!("CARGO_BIN_EXE_tessera-runtime-proxy");
 
 #[test]
 fn help_explains_every_flag() {
-    let output = std::process::Command::new(BINARY).arg("--help").output().expect("runs");
+    let output = std::process::Command::new(BINARY)
+        .arg("--help")
+        .output()
+        .expect("runs");
     assert!(output.status.success());
     let help = String::from_utf8_lossy(&output.stdout);
-    for flag in ["--listen", "--runtime-endpoint", "--image-endpoint", "--metrics-addr", "--drain-timeout", "--config", "--max-message-bytes"] {
+    for flag in [
+        "--listen",
+        "--runtime-endpoint",
+        "--image-endpoint",
+        "--metrics-addr",
+        "--drain-timeout",
+        "--config",
+        "--max-message-bytes",
+    ] {
         assert!(help.contains(flag), "--help lacks {flag}:\n{help}");
     }
-    assert!(help.contains("/run/tessera/runtime-proxy.sock"), "default socket not documented");
-    assert!(help.contains("socket activation"), "socket activation not documented");
+    assert!(
+        help.contains("/run/tessera/runtime-proxy.sock"),
+        "default socket not documented"
+    );
+    assert!(
+        help.contains("socket activation"),
+        "socket activation not documented"
+    );
 }
 
 #[test]
 fn bad_setting_exits_2_naming_it() {
-    let output = std::process::Command::new(BINARY).args(["--runtime-endpoint", "tcp://10.0.0.1:1"]).output().expect("runs");
+    let output = std::process::Command::new(BINARY)
+        .args(["--runtime-endpoint", "tcp://10.0.0.1:1"])
+        .output()
+        .expect("runs");
     assert_eq!(output.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("setting runtime-endpoint"), "{stderr}");
@@ -33,7 +53,11 @@ fn bad_setting_exits_2_naming_it() {
 async fn wait_for(path: &Path) {
     let started = Instant::now();
     while !path.exists() {
-        assert!(started.elapsed() < Duration::from_secs(10), "{} never appeared", path.display());
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{} never appeared",
+            path.display()
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -41,7 +65,10 @@ async fn wait_for(path: &Path) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn socket_activation_and_sigterm_drain() {
     let containerd = Containerd::start().await.expect("containerd");
-    let dir = tempfile::Builder::new().prefix("tbin-").tempdir_in("/tmp").expect("tempdir");
+    let dir = tempfile::Builder::new()
+        .prefix("tbin-")
+        .tempdir_in("/tmp")
+        .expect("tempdir");
     let activated = dir.path().join("activated.sock");
     let unused = dir.path().join("never-bound.sock");
     // systemd-socket-activate binds the socket and passes it as fd 3 with LISTEN_FDS=1.
@@ -58,28 +85,56 @@ async fn socket_activation_and_sigterm_drain() {
         .spawn()
         .expect("systemd-socket-activate (Debian's systemd package)");
     wait_for(&activated).await;
-    let mut kubelet = KubeletDriver::connect(&activated).await.expect("connect to activated socket");
-    let version = kubelet.version().await.expect("Version through the activated proxy");
+    let mut kubelet = KubeletDriver::connect(&activated)
+        .await
+        .expect("connect to activated socket");
+    let version = kubelet
+        .version()
+        .await
+        .expect("Version through the activated proxy");
     assert_eq!(version.runtime_name, "containerd");
-    assert!(!unused.exists(), "the proxy bound --listen although systemd passed a socket");
+    assert!(
+        !unused.exists(),
+        "the proxy bound --listen although systemd passed a socket"
+    );
 
-    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id().expect("pid")).expect("pid fits"));
+    let pid =
+        nix::unistd::Pid::from_raw(i32::try_from(child.id().expect("pid")).expect("pid fits"));
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
-    let status = tokio::time::timeout(Duration::from_secs(20), child.wait()).await.expect("exits after SIGTERM").expect("status");
-    assert!(status.success(), "SIGTERM should drain and exit 0, got {status}");
+    let status = tokio::time::timeout(Duration::from_secs(20), child.wait())
+        .await
+        .expect("exits after SIGTERM")
+        .expect("status");
+    assert!(
+        status.success(),
+        "SIGTERM should drain and exit 0, got {status}"
+    );
 }
 
 #[test]
 fn systemd_units_order_the_proxy_between_containerd_and_kubelet() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../systemd");
-    let service = std::fs::read_to_string(root.join("tessera-runtime-proxy.service")).expect("service unit");
-    for line in ["After=containerd.service tessera-runtime-proxy.socket", "Before=kubelet.service", "Restart=always", "Requires=tessera-runtime-proxy.socket"] {
+    let service =
+        std::fs::read_to_string(root.join("tessera-runtime-proxy.service")).expect("service unit");
+    for line in [
+        "After=containerd.service tessera-runtime-proxy.socket",
+        "Before=kubelet.service",
+        "Restart=always",
+        "Requires=tessera-runtime-proxy.socket",
+    ] {
         assert!(service.lines().any(|l| l == line), "service lacks {line}");
     }
-    let socket = std::fs::read_to_string(root.join("tessera-runtime-proxy.socket")).expect("socket unit");
-    assert!(socket.lines().any(|l| l == "ListenStream=/run/tessera/runtime-proxy.sock"));
+    let socket =
+        std::fs::read_to_string(root.join("tessera-runtime-proxy.socket")).expect("socket unit");
+    assert!(
+        socket
+            .lines()
+            .any(|l| l == "ListenStream=/run/tessera/runtime-proxy.sock")
+    );
     assert!(socket.lines().any(|l| l == "SocketMode=0660"));
-    let dropin = std::fs::read_to_string(root.join("kubelet.service.d/20-tessera-runtime-proxy.conf")).expect("drop-in");
+    let dropin =
+        std::fs::read_to_string(root.join("kubelet.service.d/20-tessera-runtime-proxy.conf"))
+            .expect("drop-in");
     assert!(dropin.contains("--container-runtime-endpoint=unix:///run/tessera/runtime-proxy.sock"));
     assert!(dropin.contains("--image-service-endpoint=unix:///run/tessera/runtime-proxy.sock"));
 }

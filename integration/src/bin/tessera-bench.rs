@@ -11,7 +11,10 @@ use tessera_integration::image::PAUSE_IMAGE;
 use tessera_integration::kubelet::{KubeletDriver, PodSpec};
 
 #[derive(Debug, Parser)]
-#[command(name = "tessera-bench", about = "Tessera benchmarks; each prints figures and ratios.")]
+#[command(
+    name = "tessera-bench",
+    about = "Tessera benchmarks; each prints figures and ratios."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -40,7 +43,12 @@ enum Command {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
-        Command::Proxy { iterations, containers, cycles, proxy_bin } => {
+        Command::Proxy {
+            iterations,
+            containers,
+            cycles,
+            proxy_bin,
+        } => {
             let proxy_bin = match proxy_bin {
                 Some(path) => path,
                 None => std::env::current_exe()?.with_file_name("tessera-runtime-proxy"),
@@ -70,10 +78,19 @@ async fn spawn_proxy(binary: &Path, socket: &Path, runtime: &Path) -> anyhow::Re
         .env("RUST_LOG", "warn")
         .kill_on_drop(true)
         .spawn()
-        .with_context(|| format!("starting {} (build it with cargo build --release)", binary.display()))?;
+        .with_context(|| {
+            format!(
+                "starting {} (build it with cargo build --release)",
+                binary.display()
+            )
+        })?;
     let started = Instant::now();
     while !socket.exists() {
-        anyhow::ensure!(started.elapsed() < Duration::from_secs(10), "proxy did not create {}", socket.display());
+        anyhow::ensure!(
+            started.elapsed() < Duration::from_secs(10),
+            "proxy did not create {}",
+            socket.display()
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     Ok(ProxyProcess(child))
@@ -92,7 +109,11 @@ impl Samples {
 }
 
 /// Times `call` `n` times on each driver, interleaved in rounds so drift hits both alike.
-async fn measure<F, Fut>(drivers: [&mut KubeletDriver; 2], n: usize, mut call: F) -> anyhow::Result<[Samples; 2]>
+async fn measure<F, Fut>(
+    drivers: [&mut KubeletDriver; 2],
+    n: usize,
+    mut call: F,
+) -> anyhow::Result<[Samples; 2]>
 where
     F: FnMut(KubeletDriver) -> Fut,
     Fut: std::future::Future<Output = anyhow::Result<()>>,
@@ -130,9 +151,16 @@ struct Row {
     proxied: Samples,
 }
 
-async fn proxy_bench(binary: &Path, iterations: usize, containers: usize, cycles: usize) -> anyhow::Result<()> {
+async fn proxy_bench(
+    binary: &Path,
+    iterations: usize,
+    containers: usize,
+    cycles: usize,
+) -> anyhow::Result<()> {
     let containerd = Containerd::start().await?;
-    let dir = tempfile::Builder::new().prefix("tbench-").tempdir_in("/tmp")?;
+    let dir = tempfile::Builder::new()
+        .prefix("tbench-")
+        .tempdir_in("/tmp")?;
     let socket = dir.path().join("proxy.sock");
     let proxy = spawn_proxy(binary, &socket, &containerd.socket()).await?;
     let mut direct = KubeletDriver::connect(&containerd.socket()).await?;
@@ -144,38 +172,82 @@ async fn proxy_bench(binary: &Path, iterations: usize, containers: usize, cycles
     let population = direct.start_pod(&pod, &[]).await?;
     let mut first = String::new();
     for i in 0..containers {
-        let id = direct.create(&population.sandbox_id, &config, pod.container_config(&format!("c{i}"), PAUSE_IMAGE, &[])).await?;
+        let id = direct
+            .create(
+                &population.sandbox_id,
+                &config,
+                pod.container_config(&format!("c{i}"), PAUSE_IMAGE, &[]),
+            )
+            .await?;
         if first.is_empty() {
             first = id;
         }
     }
 
     let mut rows = Vec::new();
-    let [d, p] = measure([&mut direct, &mut proxied], iterations, |mut driver| async move {
-        driver.version().await?;
-        Ok(())
-    })
+    let [d, p] = measure(
+        [&mut direct, &mut proxied],
+        iterations,
+        |mut driver| async move {
+            driver.version().await?;
+            Ok(())
+        },
+    )
     .await?;
-    rows.push(Row { name: "Version".into(), direct: d, proxied: p });
+    rows.push(Row {
+        name: "Version".into(),
+        direct: d,
+        proxied: p,
+    });
 
-    let [d, p] = measure([&mut direct, &mut proxied], iterations / 4, |mut driver| async move {
-        let listed = driver.runtime.list_containers(cri::ListContainersRequest::default()).await?.into_inner();
-        anyhow::ensure!(listed.containers.len() >= containers, "listed {}", listed.containers.len());
-        Ok(())
-    })
+    let [d, p] = measure(
+        [&mut direct, &mut proxied],
+        iterations / 4,
+        |mut driver| async move {
+            let listed = driver
+                .runtime
+                .list_containers(cri::ListContainersRequest::default())
+                .await?
+                .into_inner();
+            anyhow::ensure!(
+                listed.containers.len() >= containers,
+                "listed {}",
+                listed.containers.len()
+            );
+            Ok(())
+        },
+    )
     .await?;
-    rows.push(Row { name: format!("ListContainers ({containers})"), direct: d, proxied: p });
+    rows.push(Row {
+        name: format!("ListContainers ({containers})"),
+        direct: d,
+        proxied: p,
+    });
 
     let status_id = first.clone();
-    let [d, p] = measure([&mut direct, &mut proxied], iterations, move |mut driver| {
-        let id = status_id.clone();
-        async move {
-            driver.runtime.container_status(cri::ContainerStatusRequest { container_id: id, verbose: false }).await?;
-            Ok(())
-        }
-    })
+    let [d, p] = measure(
+        [&mut direct, &mut proxied],
+        iterations,
+        move |mut driver| {
+            let id = status_id.clone();
+            async move {
+                driver
+                    .runtime
+                    .container_status(cri::ContainerStatusRequest {
+                        container_id: id,
+                        verbose: false,
+                    })
+                    .await?;
+                Ok(())
+            }
+        },
+    )
     .await?;
-    rows.push(Row { name: "ContainerStatus".into(), direct: d, proxied: p });
+    rows.push(Row {
+        name: "ContainerStatus".into(),
+        direct: d,
+        proxied: p,
+    });
 
     let lifecycle_pod = PodSpec::new("bench", "lifecycle");
     let lifecycle_config = lifecycle_pod.sandbox_config();
@@ -184,20 +256,51 @@ async fn proxy_bench(binary: &Path, iterations: usize, containers: usize, cycles
     let [d, p] = measure([&mut direct, &mut proxied], cycles, |mut driver| {
         let sandbox = sandbox.clone();
         let config = lifecycle_config.clone();
-        let name = format!("cycle{}", counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+        let name = format!(
+            "cycle{}",
+            counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        );
         let container = lifecycle_pod.container_config(&name, PAUSE_IMAGE, &[]);
         async move {
-            let id = driver.create_and_start(&sandbox, &config, container).await?;
-            driver.runtime.stop_container(cri::StopContainerRequest { container_id: id.clone(), timeout: 10 }).await?;
-            driver.runtime.remove_container(cri::RemoveContainerRequest { container_id: id }).await?;
+            let id = driver
+                .create_and_start(&sandbox, &config, container)
+                .await?;
+            driver
+                .runtime
+                .stop_container(cri::StopContainerRequest {
+                    container_id: id.clone(),
+                    timeout: 10,
+                })
+                .await?;
+            driver
+                .runtime
+                .remove_container(cri::RemoveContainerRequest { container_id: id })
+                .await?;
             Ok(())
         }
     })
     .await?;
-    rows.push(Row { name: "create→start→stop→remove".into(), direct: d, proxied: p });
+    rows.push(Row {
+        name: "create→start→stop→remove".into(),
+        direct: d,
+        proxied: p,
+    });
 
-    println!("tessera-bench proxy: {iterations} calls per method ({} for ListContainers), {cycles} lifecycle cycles", iterations / 4);
-    println!("{:<28} {:>12} {:>12} {:>12} {:>12} {:>9} {:>12} {:>9}", "method", "direct p50", "proxy p50", "direct p99", "proxy p99", "p50 ratio", "p50 added", "p99 ratio");
+    println!(
+        "tessera-bench proxy: {iterations} calls per method ({} for ListContainers), {cycles} lifecycle cycles",
+        iterations / 4
+    );
+    println!(
+        "{:<28} {:>12} {:>12} {:>12} {:>12} {:>9} {:>12} {:>9}",
+        "method",
+        "direct p50",
+        "proxy p50",
+        "direct p99",
+        "proxy p99",
+        "p50 ratio",
+        "p50 added",
+        "p99 ratio"
+    );
     for row in &rows {
         let (d50, p50) = (row.direct.quantile(0.5), row.proxied.quantile(0.5));
         let (d99, p99) = (row.direct.quantile(0.99), row.proxied.quantile(0.99));
