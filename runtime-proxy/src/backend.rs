@@ -20,6 +20,9 @@ use crate::metrics::Metrics;
 /// How long the proxy's own lookups (store rebuild, pod of a container) may take.
 pub const LOOKUP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// HTTP/2 receive window per stream, both towards kubelet and towards the runtime.
+pub const RECEIVE_WINDOW: u32 = 4 << 20;
+
 /// Connects to a unix socket; the one connector every Tessera client uses.
 pub async fn connect_unix(path: &Path) -> io::Result<TokioIo<UnixStream>> {
     UnixStream::connect(path).await.map(TokioIo::new)
@@ -80,6 +83,9 @@ impl Backend {
             .await
             .map_err(|e| unavailable(&e))?;
         let (sender, connection) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+            // Large receive windows: a big ListContainers answer never waits on WINDOW_UPDATE.
+            .initial_stream_window_size(RECEIVE_WINDOW)
+            .initial_connection_window_size(RECEIVE_WINDOW * 4)
             .handshake(io)
             .await
             .map_err(|e| unavailable(&e))?;

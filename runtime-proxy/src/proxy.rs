@@ -17,7 +17,7 @@ use tonic::Code;
 use tracing::{Instrument, Span, field};
 
 use crate::backend::{Backend, BackendError};
-use crate::body::{BoxError, ProxyBody, full_body};
+use crate::body::{BoxError, Prefetched, ProxyBody, full_body};
 use crate::grpc;
 use crate::hook::{CallOutcome, Hook, HookContext, LifecycleRequest, LifecycleResponse, Method};
 use crate::metrics::{HookLabels, Metrics};
@@ -174,7 +174,7 @@ impl Proxy {
     ) -> Response<ProxyBody> {
         let backend = self.backend_for(request.uri().path()).clone();
         let (parts, body) = request.into_parts();
-        let request = Request::from_parts(parts, body.map_err(BoxError::from).boxed_unsync());
+        let request = Request::from_parts(parts, Prefetched::new(body).boxed_unsync());
         match with_deadline(deadline, backend.send(request)).await {
             Ok(response) => {
                 let (parts, body) = response.into_parts();
@@ -182,12 +182,12 @@ impl Proxy {
                     // Trailers-only: the status is already here.
                     Some(code) => {
                         record.finish(code);
-                        Response::from_parts(parts, body.map_err(BoxError::from).boxed_unsync())
+                        Response::from_parts(parts, Prefetched::new(body).boxed_unsync())
                     }
                     None => Response::from_parts(
                         parts,
                         ObservedBody {
-                            inner: body,
+                            inner: Prefetched::new(body),
                             record: Some(record),
                         }
                         .boxed_unsync(),
@@ -581,7 +581,7 @@ impl Drop for CallRecord {
 
 /// A streamed response body that records the call's status when its trailers pass.
 struct ObservedBody {
-    inner: Incoming,
+    inner: Prefetched<Incoming>,
     record: Option<CallRecord>,
 }
 

@@ -64,6 +64,8 @@ pub async fn serve(
     let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
     // Kubelet multiplexes every CRI call on one connection.
     builder.max_concurrent_streams(Some(1000));
+    builder.initial_stream_window_size(crate::backend::RECEIVE_WINDOW);
+    builder.initial_connection_window_size(crate::backend::RECEIVE_WINDOW * 4);
     tokio::pin!(shutdown);
     loop {
         tokio::select! {

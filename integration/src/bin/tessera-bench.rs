@@ -32,7 +32,7 @@ enum Command {
         #[arg(long, default_value_t = 100)]
         containers: usize,
         /// Lifecycle cycles per path.
-        #[arg(long, default_value_t = 40)]
+        #[arg(long, default_value_t = 60)]
         cycles: usize,
         /// The proxy binary [default: tessera-runtime-proxy beside this binary].
         #[arg(long)]
@@ -108,37 +108,58 @@ impl Samples {
     }
 }
 
-/// Times `call` `n` times on each driver, interleaved in rounds so drift hits both alike.
-async fn measure<F, Fut>(
-    drivers: [&mut KubeletDriver; 2],
+/// Times `call` `n` times on each driver, alternating call by call so drift and
+/// noise from the rest of the machine hit every path alike.
+async fn measure<const N: usize, F, Fut>(
+    drivers: [&mut KubeletDriver; N],
     n: usize,
     mut call: F,
-) -> anyhow::Result<[Samples; 2]>
+) -> anyhow::Result<[Samples; N]>
 where
     F: FnMut(KubeletDriver) -> Fut,
     Fut: std::future::Future<Output = anyhow::Result<()>>,
 {
-    let mut samples = [Samples::default(), Samples::default()];
-    let round = 50.min(n.max(1));
-    // Warm-up: connections, pools, caches.
+    let mut samples: [Samples; N] = std::array::from_fn(|_| Samples::default());
+    // Warm-up: connections, caches.
     for driver in drivers.iter() {
-        for _ in 0..round.min(10) {
+        for _ in 0..n.min(10) {
             call((*driver).clone()).await?;
         }
     }
-    let mut done = 0;
-    while done < n {
-        let batch = round.min(n - done);
+    for _ in 0..n {
         for (index, driver) in drivers.iter().enumerate() {
-            for _ in 0..batch {
-                let started = Instant::now();
-                call((*driver).clone()).await?;
-                samples[index].0.push(started.elapsed());
-            }
+            let started = Instant::now();
+            call((*driver).clone()).await?;
+            samples[index].0.push(started.elapsed());
         }
-        done += batch;
     }
     Ok(samples)
+}
+
+/// The floor of any extra hop: a byte relay (no HTTP/2 parsing) between two unix
+/// sockets, on its own thread and single-threaded runtime like the proxy.
+fn spawn_relay(listen: &Path, target: &Path) -> anyhow::Result<()> {
+    let listener = std::os::unix::net::UnixListener::bind(listen)?;
+    listener.set_nonblocking(true)?;
+    let target = target.to_path_buf();
+    std::thread::spawn(move || -> std::io::Result<()> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        runtime.block_on(async move {
+            let listener = tokio::net::UnixListener::from_std(listener)?;
+            loop {
+                let (mut inbound, _) = listener.accept().await?;
+                let target = target.clone();
+                tokio::spawn(async move {
+                    if let Ok(mut outbound) = tokio::net::UnixStream::connect(&target).await {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    }
+                });
+            }
+        })
+    });
+    Ok(())
 }
 
 fn us(duration: Duration) -> f64 {
@@ -185,8 +206,11 @@ async fn proxy_bench(
     }
 
     let mut rows = Vec::new();
-    let [d, p] = measure(
-        [&mut direct, &mut proxied],
+    let relay_socket = dir.path().join("relay.sock");
+    spawn_relay(&relay_socket, &containerd.socket())?;
+    let mut relayed = KubeletDriver::connect(&relay_socket).await?;
+    let [d, p, r] = measure(
+        [&mut direct, &mut proxied, &mut relayed],
         iterations,
         |mut driver| async move {
             driver.version().await?;
@@ -194,6 +218,11 @@ async fn proxy_bench(
         },
     )
     .await?;
+    let relay_floor = Row {
+        name: "Version via byte relay".into(),
+        direct: Samples(d.0.clone()),
+        proxied: r,
+    };
     rows.push(Row {
         name: "Version".into(),
         direct: d,
@@ -301,7 +330,7 @@ async fn proxy_bench(
         "p50 added",
         "p99 ratio"
     );
-    for row in &rows {
+    for row in rows.iter().chain([&relay_floor]) {
         let (d50, p50) = (row.direct.quantile(0.5), row.proxied.quantile(0.5));
         let (d99, p99) = (row.direct.quantile(0.99), row.proxied.quantile(0.99));
         println!(
@@ -316,6 +345,9 @@ async fn proxy_bench(
             us(p99) / us(d99)
         );
     }
+    println!(
+        "(the byte relay row is the floor of any extra process hop on this machine: no HTTP/2, no gRPC)"
+    );
     match proxy.peak_rss_kib() {
         Some(kib) => println!("proxy peak RSS (VmHWM): {:.1} MiB", kib as f64 / 1024.0),
         None => println!("proxy peak RSS: unavailable"),
