@@ -1,0 +1,11 @@
+//! Tessera's shared contract, with no I/O: the cluster-level names (kept exactly as
+//! the Koordinator "Fine-grained Device Scheduling" design has them), Kubernetes
+//! quantities, and the one codec of the `scheduling.koordinator.sh/device-allocated`
+//! pod annotation, used by the scheduler that writes it and the hook that reads it.
+
+pub mod allocation;
+pub mod quantity;
+pub mod resources;
+
+pub use allocation::{AllocationError, DeviceAllocation, DeviceAllocations};
+pub use quantity::{Quantity, QuantityError};
