@@ -1,0 +1,54 @@
+//! The GPU hook's command-line settings, shared by `tessera-gpu-hook` and the
+//! runtime proxy that embeds the hook.
+
+use std::path::PathBuf;
+
+use crate::gpu::{GpuHookConfig, GpuMode};
+use crate::probe::ProbePaths;
+
+/// GPU hook flags.
+#[derive(Debug, Clone, clap::Args)]
+pub struct GpuHookArgs {
+    /// Host directory holding the nvidia* device nodes.
+    #[arg(long, value_name = "DIR", default_value = "/dev")]
+    pub device_root: PathBuf,
+    /// Directory of the driver's per-GPU information files (UUID → minor), used
+    /// when present; otherwise the annotation's minors are trusted.
+    #[arg(long, value_name = "DIR", default_value = "/proc/driver/nvidia/gpus")]
+    pub driver_gpus: PathBuf,
+    /// How GPUs reach containers: env (NVIDIA_VISIBLE_DEVICES + /dev/nvidia* nodes) or
+    /// cdi (nvidia.com/gpu=<UUID> CDI devices).
+    #[arg(long, value_enum, default_value_t = GpuMode::Env)]
+    pub gpu_mode: GpuMode,
+    /// Do not set CUDA_DEVICE_MEMORY_LIMIT_<i> / CUDA_DEVICE_SM_LIMIT for fractional GPUs.
+    #[arg(long)]
+    pub no_limiter_env: bool,
+    /// NVIDIA_VISIBLE_DEVICES for containers of pods with no allocation.
+    #[arg(long, value_name = "VALUE", default_value = "void")]
+    pub unallocated_visible_devices: String,
+    /// Leave containers of pods with no allocation untouched.
+    #[arg(long)]
+    pub keep_unallocated: bool,
+}
+
+impl GpuHookArgs {
+    /// The hook settings these flags describe.
+    pub fn config(&self) -> GpuHookConfig {
+        GpuHookConfig {
+            device_root: self.device_root.clone(),
+            mode: self.gpu_mode,
+            limiter_env: !self.no_limiter_env,
+            unallocated_visible_devices: (!self.keep_unallocated)
+                .then(|| self.unallocated_visible_devices.clone()),
+            ..GpuHookConfig::default()
+        }
+    }
+
+    /// Where the probe reads the node.
+    pub fn probe_paths(&self) -> ProbePaths {
+        ProbePaths {
+            device_root: self.device_root.clone(),
+            driver_gpus: self.driver_gpus.clone(),
+        }
+    }
+}

@@ -1,0 +1,62 @@
+//! `tessera-gpu-hook`: the GPU hook as an external `tessera.hook.v1` server, for
+//! setups that run it outside the runtime proxy.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::Parser;
+use tessera_hooks::args::GpuHookArgs;
+use tessera_hooks::probe::HostProbe;
+use tessera_hooks::server::{GpuHook, HookServer};
+use tessera_protos::hook::v1::hook_server::HookServer as GeneratedServer;
+use tokio::net::UnixListener;
+use tokio_stream::wrappers::UnixListenerStream;
+
+/// Serves the GPU hook over tessera.hook.v1 on a unix socket. Register it with the
+/// runtime proxy by a file in /etc/tessera/hooks.d/ (and run the proxy with --no-gpu-hook).
+#[derive(Debug, Parser)]
+#[command(name = "tessera-gpu-hook", version)]
+struct Cli {
+    /// Unix socket to serve on; its directory is created.
+    #[arg(
+        long,
+        value_name = "PATH",
+        default_value = "/run/tessera/hooks/gpu.sock"
+    )]
+    socket: PathBuf,
+    #[command(flatten)]
+    gpu: GpuHookArgs,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+    let cli = Cli::parse();
+    if let Some(parent) = cli.socket.parent() {
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("creating {}", parent.display()))?;
+    }
+    if cli.socket.exists() {
+        std::fs::remove_file(&cli.socket)
+            .with_context(|| format!("removing stale {}", cli.socket.display()))?;
+    }
+    let listener = UnixListener::bind(&cli.socket)
+        .with_context(|| format!("binding {}", cli.socket.display()))?;
+    let hook = GpuHook::new(
+        cli.gpu.config(),
+        Arc::new(HostProbe::new(cli.gpu.probe_paths())),
+    );
+    tracing::info!(socket = %cli.socket.display(), config = ?hook.config(), "serving tessera.hook.v1");
+    tonic::transport::Server::builder()
+        .add_service(GeneratedServer::new(HookServer::new(hook)))
+        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,419 @@
+//! The GPU rewrite: from the scheduler's allocation to the container's env, device
+//! nodes and CDI devices. Pure: the node's devices come in as a [`NodeDevices`] value.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+
+use tessera_api::resources::DEVICE_ALLOCATED;
+use tessera_api::{AllocationError, DeviceAllocation, DeviceAllocations};
+use tessera_protos::hook::v1::{
+    CdiDevice, ContainerHookRequest, ContainerHookResponse, DeviceNode, Event, KeyValue,
+};
+
+/// The env the NVIDIA container runtime reads to pick GPUs.
+pub const VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
+/// Per visible GPU memory limit for an in-container limiter (HAMi-core's `<MiB>m` form).
+pub const MEMORY_LIMIT_PREFIX: &str = "CUDA_DEVICE_MEMORY_LIMIT_";
+/// Compute limit in percent for an in-container limiter.
+pub const SM_LIMIT: &str = "CUDA_DEVICE_SM_LIMIT";
+/// Control nodes a GPU container needs, added when the host has them.
+pub const CONTROL_NODES: &[&str] = &[
+    "nvidiactl",
+    "nvidia-uvm",
+    "nvidia-uvm-tools",
+    "nvidia-modeset",
+];
+/// RDMA connection-manager node, added with any RDMA allocation when present.
+pub const RDMA_CM: &str = "infiniband/rdma_cm";
+
+/// How GPUs reach the container.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum GpuMode {
+    /// `NVIDIA_VISIBLE_DEVICES` and `/dev/nvidia*` device nodes.
+    #[default]
+    Env,
+    /// CDI device names (`nvidia.com/gpu=<UUID>`) in the CRI CDI field.
+    Cdi,
+}
+
+/// Settings of the GPU hook.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuHookConfig {
+    /// Where the host's device nodes are (`/dev`; a test directory in tests).
+    pub device_root: PathBuf,
+    /// Env and device nodes, or CDI.
+    pub mode: GpuMode,
+    /// CDI kind prefix of GPU devices.
+    pub cdi_kind: String,
+    /// Whether fractional allocations get limiter env.
+    pub limiter_env: bool,
+    /// `NVIDIA_VISIBLE_DEVICES` for containers of pods with no allocation; `None` leaves them alone.
+    pub unallocated_visible_devices: Option<String>,
+}
+
+impl Default for GpuHookConfig {
+    fn default() -> Self {
+        Self {
+            device_root: PathBuf::from("/dev"),
+            mode: GpuMode::Env,
+            cdi_kind: "nvidia.com/gpu".into(),
+            limiter_env: true,
+            unallocated_visible_devices: Some("void".into()),
+        }
+    }
+}
+
+/// One GPU the node has.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuDevice {
+    /// `GPU-…`.
+    pub uuid: String,
+    /// Device minor (`/dev/nvidia<minor>`).
+    pub minor: u32,
+    /// Total memory in bytes, when known.
+    pub memory_bytes: Option<u64>,
+}
+
+/// What the node has, read by [`crate::probe`].
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct NodeDevices {
+    /// The node's GPUs, from NVML or `/proc/driver/nvidia`; `None` when neither could
+    /// be read, and then the annotation's minors are trusted.
+    pub gpus: Option<Vec<GpuDevice>>,
+    /// Device node names present under the device root (`nvidia0`, `nvidiactl`,
+    /// `infiniband/uverbs0`, …).
+    pub nodes: BTreeSet<String>,
+}
+
+/// Why a container cannot be given its GPUs. The message names the pod, the
+/// annotation and the problem; kubelet shows it as the container's error.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GpuHookError {
+    /// The annotation is malformed.
+    #[error("pod {pod}: annotation {DEVICE_ALLOCATED}: {source}")]
+    Annotation {
+        /// `namespace/name`.
+        pod: String,
+        /// What is wrong with it.
+        #[source]
+        source: AllocationError,
+    },
+    /// The annotation names a device this node cannot provide.
+    #[error("pod {pod}: annotation {DEVICE_ALLOCATED}: {path}: {problem}")]
+    Device {
+        /// `namespace/name`.
+        pod: String,
+        /// Where in the annotation, e.g. `gpu[0].id`.
+        path: String,
+        /// What is wrong.
+        problem: String,
+    },
+}
+
+fn kv(key: &str, value: impl Into<String>) -> KeyValue {
+    KeyValue {
+        key: key.to_owned(),
+        value: value.into(),
+    }
+}
+
+fn is_gpu_node(container_path: &str) -> bool {
+    container_path
+        .strip_prefix("/dev/nvidia")
+        .is_some_and(|rest| !rest.is_empty() && rest.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// A device value the device plugin would set (UUIDs or indices), as opposed to
+/// an image or user asking for everything.
+fn is_plugin_grant(value: &str) -> bool {
+    !matches!(value.trim(), "" | "all" | "void" | "none")
+}
+
+/// A GPU resolved against the node: its UUID, minor and share.
+struct ResolvedGpu<'a> {
+    uuid: String,
+    minor: u32,
+    allocation: &'a DeviceAllocation,
+    memory_total: Option<u64>,
+}
+
+/// Computes the edits that give the container exactly the GPUs (and RDMA devices)
+/// its pod was allocated. Only `CreateContainer` is rewritten.
+pub fn rewrite(
+    container: &ContainerHookRequest,
+    node: &NodeDevices,
+    config: &GpuHookConfig,
+) -> Result<ContainerHookResponse, GpuHookError> {
+    if container.event != Event::CreateContainer as i32 {
+        return Ok(ContainerHookResponse::default());
+    }
+    let pod = container
+        .pod
+        .as_ref()
+        .map(|p| format!("{}/{}", p.namespace, p.name))
+        .unwrap_or_default();
+    let annotation = container
+        .pod
+        .as_ref()
+        .and_then(|p| p.annotations.get(DEVICE_ALLOCATED));
+    let Some(annotation) = annotation else {
+        return Ok(unallocated(container, config));
+    };
+    let allocations =
+        DeviceAllocations::parse(annotation).map_err(|source| GpuHookError::Annotation {
+            pod: pod.clone(),
+            source,
+        })?;
+    let gpus = resolve_gpus(&allocations, node, &pod)?;
+    let mut edit = ContainerHookResponse::default();
+    if gpus.is_empty() {
+        edit = unallocated(container, config);
+    } else {
+        match config.mode {
+            GpuMode::Env => {
+                for (index, gpu) in gpus.iter().enumerate() {
+                    if !node.nodes.contains(&format!("nvidia{}", gpu.minor)) {
+                        return Err(GpuHookError::Device {
+                            pod,
+                            path: format!("gpu[{index}]"),
+                            problem: format!(
+                                "device node {} for GPU {} does not exist on this node",
+                                config
+                                    .device_root
+                                    .join(format!("nvidia{}", gpu.minor))
+                                    .display(),
+                                gpu.uuid
+                            ),
+                        });
+                    }
+                }
+                env_mode(container, &gpus, node, config, &mut edit);
+            }
+            GpuMode::Cdi => cdi_mode(container, &gpus, config, &mut edit),
+        }
+        if config.limiter_env {
+            limiter_env(container, &gpus, &mut edit);
+        }
+    }
+    rdma(&allocations, node, config, &pod, &mut edit)?;
+    Ok(edit)
+}
+
+/// No allocation: hide every GPU, unless the device plugin already granted some
+/// (a legacy `nvidia.com/gpu` pod, tracked through kubelet's checkpoint).
+fn unallocated(container: &ContainerHookRequest, config: &GpuHookConfig) -> ContainerHookResponse {
+    let mut edit = ContainerHookResponse::default();
+    let granted = container
+        .envs
+        .iter()
+        .rev()
+        .find(|e| e.key == VISIBLE_DEVICES)
+        .is_some_and(|e| is_plugin_grant(&e.value));
+    if let (Some(value), false) = (&config.unallocated_visible_devices, granted) {
+        edit.set_envs.push(kv(VISIBLE_DEVICES, value.clone()));
+    }
+    edit
+}
+
+fn resolve_gpus<'a>(
+    allocations: &'a DeviceAllocations,
+    node: &NodeDevices,
+    pod: &str,
+) -> Result<Vec<ResolvedGpu<'a>>, GpuHookError> {
+    let error = |path: String, problem: String| GpuHookError::Device {
+        pod: pod.to_owned(),
+        path,
+        problem,
+    };
+    allocations
+        .gpus()
+        .iter()
+        .enumerate()
+        .map(|(index, allocation)| {
+            let path = format!("gpu[{index}]");
+            let Some(inventory) = &node.gpus else {
+                if allocation.id.is_empty() {
+                    return Err(error(
+                        format!("{path}.id"),
+                        format!("missing, and the node's GPU inventory is unavailable to map minor {} to a UUID", allocation.minor),
+                    ));
+                }
+                return Ok(ResolvedGpu { uuid: allocation.id.clone(), minor: allocation.minor, allocation, memory_total: None });
+            };
+            let found = if allocation.id.is_empty() {
+                inventory.iter().find(|gpu| gpu.minor == allocation.minor)
+            } else {
+                inventory.iter().find(|gpu| gpu.uuid.eq_ignore_ascii_case(&allocation.id))
+            };
+            // The UUID is the truth: never fall back to another GPU.
+            let gpu = found.ok_or_else(|| {
+                let have: Vec<String> = inventory.iter().map(|g| format!("{} (minor {})", g.uuid, g.minor)).collect();
+                let wanted = if allocation.id.is_empty() { format!("minor {}", allocation.minor) } else { allocation.id.clone() };
+                error(path.clone(), format!("GPU {wanted} is not on this node; it has {}", if have.is_empty() { "none".into() } else { have.join(", ") }))
+            })?;
+            Ok(ResolvedGpu { uuid: gpu.uuid.clone(), minor: gpu.minor, allocation, memory_total: gpu.memory_bytes })
+        })
+        .collect()
+}
+
+fn device(config: &GpuHookConfig, name: &str) -> DeviceNode {
+    DeviceNode {
+        container_path: format!("/dev/{name}"),
+        host_path: config.device_root.join(name).to_string_lossy().into_owned(),
+        permissions: "rwm".into(),
+    }
+}
+
+fn env_mode(
+    container: &ContainerHookRequest,
+    gpus: &[ResolvedGpu<'_>],
+    node: &NodeDevices,
+    config: &GpuHookConfig,
+    edit: &mut ContainerHookResponse,
+) {
+    let uuids: Vec<&str> = gpus.iter().map(|g| g.uuid.as_str()).collect();
+    edit.set_envs.push(kv(VISIBLE_DEVICES, uuids.join(",")));
+    let allocated: BTreeSet<String> = gpus
+        .iter()
+        .map(|g| format!("/dev/nvidia{}", g.minor))
+        .collect();
+    // GPU nodes a device plugin (or the user) put there that are not this pod's.
+    edit.remove_devices.extend(
+        container
+            .devices
+            .iter()
+            .filter(|d| is_gpu_node(&d.container_path) && !allocated.contains(&d.container_path))
+            .map(|d| d.container_path.clone()),
+    );
+    edit.add_devices.extend(
+        gpus.iter()
+            .map(|g| device(config, &format!("nvidia{}", g.minor))),
+    );
+    edit.add_devices.extend(
+        CONTROL_NODES
+            .iter()
+            .filter(|name| node.nodes.contains(**name))
+            .map(|name| device(config, name)),
+    );
+}
+
+fn cdi_mode(
+    container: &ContainerHookRequest,
+    gpus: &[ResolvedGpu<'_>],
+    config: &GpuHookConfig,
+    edit: &mut ContainerHookResponse,
+) {
+    let prefix = format!("{}=", config.cdi_kind);
+    let wanted: Vec<String> = gpus.iter().map(|g| format!("{prefix}{}", g.uuid)).collect();
+    edit.remove_cdi_devices.extend(
+        container
+            .cdi_devices
+            .iter()
+            .filter(|c| c.name.starts_with(&prefix) && !wanted.contains(&c.name))
+            .map(|c| c.name.clone()),
+    );
+    edit.add_cdi_devices
+        .extend(wanted.into_iter().map(|name| CdiDevice { name }));
+    edit.remove_devices.extend(
+        container
+            .devices
+            .iter()
+            .filter(|d| is_gpu_node(&d.container_path))
+            .map(|d| d.container_path.clone()),
+    );
+    // CDI injects the devices; keep the legacy runtime hook from adding any.
+    edit.set_envs.push(kv(VISIBLE_DEVICES, "void"));
+}
+
+fn limiter_env(
+    container: &ContainerHookRequest,
+    gpus: &[ResolvedGpu<'_>],
+    edit: &mut ContainerHookResponse,
+) {
+    // Limits the user or image set are never trusted.
+    edit.remove_envs.extend(
+        container
+            .envs
+            .iter()
+            .filter(|e| e.key.starts_with(MEMORY_LIMIT_PREFIX) || e.key == SM_LIMIT)
+            .map(|e| e.key.clone()),
+    );
+    if !gpus.iter().any(|g| g.allocation.is_fractional()) {
+        return;
+    }
+    for (index, gpu) in gpus.iter().enumerate() {
+        let bytes = gpu.allocation.gpu_memory().or_else(|| {
+            let ratio = gpu.allocation.gpu_memory_ratio()?;
+            let total = gpu.memory_total?;
+            u64::try_from(u128::from(total) * u128::from(ratio) / 100).ok()
+        });
+        if let Some(bytes) = bytes {
+            edit.set_envs.push(kv(
+                &format!("{MEMORY_LIMIT_PREFIX}{index}"),
+                format!("{}m", bytes >> 20),
+            ));
+        }
+    }
+    if let Some(core) = gpus.iter().filter_map(|g| g.allocation.gpu_core()).max() {
+        edit.set_envs.push(kv(SM_LIMIT, core.to_string()));
+    }
+    // A limit env removed above and set again is a replacement, not a removal.
+    let set: BTreeMap<&str, ()> = edit.set_envs.iter().map(|e| (e.key.as_str(), ())).collect();
+    edit.remove_envs
+        .retain(|key| !set.contains_key(key.as_str()));
+}
+
+fn rdma(
+    allocations: &DeviceAllocations,
+    node: &NodeDevices,
+    config: &GpuHookConfig,
+    pod: &str,
+    edit: &mut ContainerHookResponse,
+) -> Result<(), GpuHookError> {
+    if allocations.rdma().is_empty() {
+        return Ok(());
+    }
+    for (index, allocation) in allocations.rdma().iter().enumerate() {
+        let mut minors = vec![(format!("rdma[{index}].minor"), allocation.minor)];
+        let vfs = allocation
+            .extension
+            .as_ref()
+            .and_then(|e| e.get("vfs"))
+            .and_then(|v| v.as_array());
+        for (vf_index, vf) in vfs.into_iter().flatten().enumerate() {
+            let path = format!("rdma[{index}].extension.vfs[{vf_index}].minor");
+            let minor = vf
+                .get("minor")
+                .and_then(serde_json::Value::as_u64)
+                .and_then(|m| u32::try_from(m).ok());
+            let minor = minor.ok_or_else(|| GpuHookError::Device {
+                pod: pod.to_owned(),
+                path: path.clone(),
+                problem: format!(
+                    "expected a device minor number, got {}",
+                    vf.get("minor").cloned().unwrap_or_default()
+                ),
+            })?;
+            minors.push((path, minor));
+        }
+        for (path, minor) in minors {
+            let name = format!("infiniband/uverbs{minor}");
+            if !node.nodes.contains(&name) {
+                return Err(GpuHookError::Device {
+                    pod: pod.to_owned(),
+                    path,
+                    problem: format!("RDMA device /dev/{name} does not exist on this node"),
+                });
+            }
+            edit.add_devices.push(device(config, &name));
+        }
+    }
+    if node.nodes.contains(RDMA_CM) {
+        edit.add_devices.push(device(config, RDMA_CM));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,121 @@
+//! Serving a container hook over `tessera.hook.v1`: a domain trait and a thin
+//! wrapper implementing the generated server trait.
+
+use std::sync::Arc;
+
+use tessera_protos::hook::v1::hook_server;
+use tessera_protos::hook::v1::{
+    ContainerHookRequest, ContainerHookResponse, PodSandboxHookRequest, PodSandboxHookResponse,
+    PostHookResponse,
+};
+use tonic::{Request, Response, Status};
+
+use crate::gpu::{GpuHookConfig, GpuHookError, rewrite};
+use crate::probe::DeviceProbe;
+
+/// A hook that edits containers before they are created.
+pub trait ContainerHook: Send + Sync + 'static {
+    /// The hook's failures, as the gRPC status the proxy receives.
+    type Error: Into<Status>;
+
+    /// Edits for the container at a Pre stage.
+    fn pre_container(
+        &self,
+        request: &ContainerHookRequest,
+    ) -> Result<ContainerHookResponse, Self::Error>;
+}
+
+/// The GPU hook: probes the node and rewrites the container.
+#[derive(Debug, Clone)]
+pub struct GpuHook {
+    config: GpuHookConfig,
+    probe: Arc<dyn DeviceProbe>,
+}
+
+impl GpuHook {
+    /// A GPU hook with `config`, reading the node through `probe`.
+    pub fn new(config: GpuHookConfig, probe: Arc<dyn DeviceProbe>) -> Self {
+        Self { config, probe }
+    }
+
+    /// Its settings.
+    pub fn config(&self) -> &GpuHookConfig {
+        &self.config
+    }
+}
+
+impl ContainerHook for GpuHook {
+    type Error = GpuHookError;
+
+    fn pre_container(
+        &self,
+        request: &ContainerHookRequest,
+    ) -> Result<ContainerHookResponse, GpuHookError> {
+        if request.event != tessera_protos::hook::v1::Event::CreateContainer as i32 {
+            return Ok(ContainerHookResponse::default());
+        }
+        rewrite(request, &self.probe.probe(), &self.config)
+    }
+}
+
+impl From<GpuHookError> for Status {
+    fn from(error: GpuHookError) -> Self {
+        match error {
+            GpuHookError::Annotation { .. } => Status::invalid_argument(error.to_string()),
+            GpuHookError::Device { .. } => Status::failed_precondition(error.to_string()),
+        }
+    }
+}
+
+/// The generated `tessera.hook.v1.Hook` service over a [`ContainerHook`].
+#[derive(Debug)]
+pub struct HookServer<H> {
+    hook: Arc<H>,
+}
+
+impl<H> HookServer<H> {
+    /// Serves `hook`.
+    pub fn new(hook: H) -> Self {
+        Self {
+            hook: Arc::new(hook),
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl<H: ContainerHook> hook_server::Hook for HookServer<H> {
+    async fn pre_pod_sandbox(
+        &self,
+        _request: Request<PodSandboxHookRequest>,
+    ) -> Result<Response<PodSandboxHookResponse>, Status> {
+        Ok(Response::new(PodSandboxHookResponse::default()))
+    }
+
+    async fn post_pod_sandbox(
+        &self,
+        _request: Request<PodSandboxHookRequest>,
+    ) -> Result<Response<PostHookResponse>, Status> {
+        Ok(Response::new(PostHookResponse {}))
+    }
+
+    async fn pre_container(
+        &self,
+        request: Request<ContainerHookRequest>,
+    ) -> Result<Response<ContainerHookResponse>, Status> {
+        let hook = Arc::clone(&self.hook);
+        let request = request.into_inner();
+        // The probe reads /dev and /proc: off the async threads.
+        let edit =
+            tokio::task::spawn_blocking(move || hook.pre_container(&request).map_err(Into::into))
+                .await
+                .map_err(|e| Status::internal(format!("hook task failed: {e}")))??;
+        Ok(Response::new(edit))
+    }
+
+    async fn post_container(
+        &self,
+        _request: Request<ContainerHookRequest>,
+    ) -> Result<Response<PostHookResponse>, Status> {
+        Ok(Response::new(PostHookResponse {}))
+    }
+}
