@@ -312,7 +312,7 @@ fn rdma_functions_and_rdma_cm() {
     assert!(paths(&c).contains(&"/dev/infiniband/rdma_cm"));
     let missing = r#"{"rdma":[{"minor":3,"extension":{"vfs":[{"minor":9}]}}]}"#;
     let error = rewrite(
-        &container(Some(&missing)),
+        &container(Some(missing)),
         &node(),
         &GpuHookConfig::default(),
     )
