@@ -31,6 +31,19 @@ pub struct GpuHookArgs {
     pub keep_unallocated: bool,
 }
 
+impl Default for GpuHookArgs {
+    fn default() -> Self {
+        Self {
+            device_root: "/dev".into(),
+            driver_gpus: "/proc/driver/nvidia/gpus".into(),
+            gpu_mode: GpuMode::Env,
+            no_limiter_env: false,
+            unallocated_visible_devices: "void".into(),
+            keep_unallocated: false,
+        }
+    }
+}
+
 impl GpuHookArgs {
     /// The hook settings these flags describe.
     pub fn config(&self) -> GpuHookConfig {

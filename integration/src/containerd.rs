@@ -39,8 +39,12 @@ impl Containerd {
         std::fs::write(dir.path().join("config.toml"), config_toml(dir.path()))?;
         let mut containerd = Self { dir, child: None };
         containerd.launch().await?;
-        let archive = image::pause_archive(containerd.dir.path())?;
-        containerd.import(&archive).await?;
+        for archive in [
+            image::pause_archive(containerd.dir.path())?,
+            image::probe_archive(containerd.dir.path())?,
+        ] {
+            containerd.import(&archive).await?;
+        }
         Ok(containerd)
     }
 

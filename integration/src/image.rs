@@ -9,6 +9,8 @@ use sha2::{Digest, Sha256};
 
 /// The sandbox image every harness containerd uses.
 pub const PAUSE_IMAGE: &str = "tessera.local/pause:1";
+/// A test image whose entrypoint prints the GPU device nodes it sees, then sleeps.
+pub const PROBE_IMAGE: &str = "tessera.local/probe:1";
 
 /// Compiles `integration/images/<name>.c` into a static binary under `out`.
 pub fn compile_static(name: &str, out: &Path) -> anyhow::Result<PathBuf> {
@@ -106,6 +108,19 @@ pub fn pause_archive(dir: &Path) -> anyhow::Result<PathBuf> {
         PAUSE_IMAGE,
         &[("pause", std::fs::read(binary)?, 0o755)],
         &["/pause"],
+        &archive,
+    )?;
+    Ok(archive)
+}
+
+/// Builds the probe image archive under `dir`; returns its path.
+pub fn probe_archive(dir: &Path) -> anyhow::Result<PathBuf> {
+    let binary = compile_static("probe", dir)?;
+    let archive = dir.join("probe.tar");
+    write_oci_archive(
+        PROBE_IMAGE,
+        &[("probe", std::fs::read(binary)?, 0o755)],
+        &["/probe"],
         &archive,
     )?;
     Ok(archive)

@@ -40,6 +40,8 @@ pub struct PodSpec {
     pub annotations: HashMap<String, String>,
     /// Pod labels.
     pub labels: HashMap<String, String>,
+    /// Where container logs go [default: /tmp/tessera-pod-logs/<ns>_<name>_<uid>; kubelet's is /var/log/pods/…].
+    pub log_directory: Option<PathBuf>,
 }
 
 impl PodSpec {
@@ -55,7 +57,28 @@ impl PodSpec {
             ),
             annotations: HashMap::new(),
             labels: HashMap::new(),
+            log_directory: None,
         }
+    }
+
+    /// The pod's log directory.
+    pub fn log_directory(&self) -> PathBuf {
+        self.log_directory
+            .clone()
+            // kubelet's is /var/log/pods/…; the driver keeps the host's own untouched.
+            .unwrap_or_else(|| {
+                format!(
+                    "/tmp/tessera-pod-logs/{}_{}_{}",
+                    self.namespace, self.name, self.uid
+                )
+                .into()
+            })
+    }
+
+    /// The CRI log of a container of this pod (first attempt), as containerd writes it.
+    pub fn container_log(&self, container: &str) -> String {
+        std::fs::read_to_string(self.log_directory().join(format!("{container}/0.log")))
+            .unwrap_or_default()
     }
 
     /// The RunPodSandbox config kubelet builds for a host-network pod (generatePodSandboxConfig).
@@ -74,10 +97,7 @@ impl PodSpec {
                 attempt: 0,
             }),
             hostname: String::new(),
-            log_directory: format!(
-                "/var/log/pods/{}_{}_{}",
-                self.namespace, self.name, self.uid
-            ),
+            log_directory: self.log_directory().to_string_lossy().into_owned(),
             dns_config: Some(cri::DnsConfig::default()),
             port_mappings: vec![],
             labels,
@@ -242,6 +262,8 @@ impl KubeletDriver {
         containers: &[cri::ContainerConfig],
     ) -> Result<RunningPod, tonic::Status> {
         let config = pod.sandbox_config();
+        // kubelet creates the pod's log directory before RunPodSandbox.
+        let _ = std::fs::create_dir_all(pod.log_directory());
         let sandbox_id = self
             .runtime
             .run_pod_sandbox(cri::RunPodSandboxRequest {
@@ -305,6 +327,13 @@ impl KubeletDriver {
                 verbose: false,
             })
             .await?;
+        // kubelet creates each container's log directory (<pod log dir>/<name>/).
+        if let Some(parent) = Path::new(&sandbox_config.log_directory)
+            .join(&container.log_path)
+            .parent()
+        {
+            let _ = std::fs::create_dir_all(parent);
+        }
         let request = cri::CreateContainerRequest {
             pod_sandbox_id: sandbox_id.to_owned(),
             config: Some(container),

@@ -9,6 +9,7 @@
 
 pub mod containerd;
 pub mod fake_runtime;
+pub mod gpu_node;
 pub mod hooks;
 pub mod image;
 pub mod kubelet;

@@ -6,11 +6,14 @@ use std::time::Duration;
 
 use clap::Parser;
 use serde::Deserialize;
+use tessera_hooks::args::GpuHookArgs;
 
 /// Default socket kubelet talks to.
 pub const DEFAULT_LISTEN: &str = "/run/tessera/runtime-proxy.sock";
 /// Default runtime socket.
 pub const DEFAULT_RUNTIME_ENDPOINT: &str = "/run/containerd/containerd.sock";
+/// Default directory of external hook registrations.
+pub const DEFAULT_HOOKS_DIR: &str = "/etc/tessera/hooks.d";
 const DEFAULT_DRAIN_SECS: u64 = 30;
 const DEFAULT_MAX_MESSAGE_BYTES: usize = 16 << 20;
 
@@ -53,6 +56,16 @@ pub struct Cli {
     /// Largest intercepted message, in bytes, the proxy holds to run hooks [default: 16777216].
     #[arg(long, value_name = "BYTES")]
     pub max_message_bytes: Option<usize>,
+    /// Directory of external hook registrations (*.toml), reloaded when it changes
+    /// [default: /etc/tessera/hooks.d].
+    #[arg(long, value_name = "DIR")]
+    pub hooks_dir: Option<PathBuf>,
+    /// Turn the embedded GPU hook off (e.g. when tessera-gpu-hook runs as an external hook).
+    #[arg(long)]
+    pub no_gpu_hook: bool,
+    /// Embedded GPU hook settings (flags only).
+    #[command(flatten, next_help_heading = "GPU hook")]
+    pub gpu: GpuHookArgs,
 }
 
 /// The settings a config file may hold.
@@ -65,6 +78,8 @@ pub struct FileConfig {
     metrics_addr: Option<SocketAddr>,
     drain_timeout: Option<u64>,
     max_message_bytes: Option<usize>,
+    hooks_dir: Option<PathBuf>,
+    gpu_hook: Option<bool>,
 }
 
 /// A setting that cannot be used.
@@ -93,7 +108,7 @@ pub enum ConfigError {
 }
 
 /// The proxy's resolved settings.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Config {
     /// Socket served to kubelet.
     pub listen: PathBuf,
@@ -107,6 +122,10 @@ pub struct Config {
     pub drain_timeout: Duration,
     /// Largest intercepted message.
     pub max_message_bytes: usize,
+    /// External hook registrations.
+    pub hooks_dir: PathBuf,
+    /// The embedded GPU hook's settings; `None` when it is off.
+    pub gpu_hook: Option<GpuHookArgs>,
 }
 
 fn endpoint(setting: &'static str, path: PathBuf) -> Result<PathBuf, ConfigError> {
@@ -183,6 +202,11 @@ impl Config {
                     .unwrap_or(DEFAULT_DRAIN_SECS),
             ),
             max_message_bytes,
+            hooks_dir: cli
+                .hooks_dir
+                .or(file.hooks_dir)
+                .unwrap_or_else(|| DEFAULT_HOOKS_DIR.into()),
+            gpu_hook: (!cli.no_gpu_hook && file.gpu_hook.unwrap_or(true)).then_some(cli.gpu),
         })
     }
 

@@ -7,6 +7,8 @@
 pub mod backend;
 pub mod body;
 pub mod config;
+pub mod convert;
+pub mod gpu;
 pub mod grpc;
 pub mod hook;
 pub mod metrics;

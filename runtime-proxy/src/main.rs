@@ -2,7 +2,10 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
-use tessera_runtime_proxy::hook::{Hook, NoopHook};
+use tessera_hooks::probe::HostProbe;
+use tessera_hooks::server::GpuHook;
+use tessera_runtime_proxy::gpu::EmbeddedGpuHook;
+use tessera_runtime_proxy::hook::Hook;
 use tessera_runtime_proxy::metrics::Metrics;
 use tessera_runtime_proxy::{Cli, Config, Proxy, ProxyOptions, resync_until_ready, server};
 use tokio::signal::unix::{SignalKind, signal};
@@ -48,7 +51,15 @@ async fn run(config: Config) -> anyhow::Result<()> {
         image_endpoint: config.image_endpoint.clone(),
         max_message_bytes: config.max_message_bytes,
     };
-    let hooks: Vec<Arc<dyn Hook>> = vec![Arc::new(NoopHook)];
+    let mut hooks: Vec<Arc<dyn Hook>> = Vec::new();
+    if let Some(gpu) = &config.gpu_hook {
+        let probe = Arc::new(HostProbe::new(gpu.probe_paths()));
+        tracing::info!(config = ?gpu.config(), "embedded GPU hook on");
+        hooks.push(Arc::new(EmbeddedGpuHook::new(GpuHook::new(
+            gpu.config(),
+            probe,
+        ))));
+    }
     let proxy = Arc::new(Proxy::new(&options, hooks, Arc::clone(&metrics)));
     let (listener, source) = server::listen(&config.listen)
         .with_context(|| format!("listening on {}", config.listen.display()))?;

@@ -1,0 +1,38 @@
+/* Test-container entrypoint: prints the GPU-related device nodes the container
+ * sees under /dev (and /dev/infiniband) with their major:minor, then sleeps
+ * until SIGTERM/SIGINT. */
+#include <dirent.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
+
+static void stop(int sig) { (void)sig; _exit(0); }
+
+static void list(const char *dir, const char *prefix) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (strncmp(e->d_name, prefix, strlen(prefix)) != 0) continue;
+        char path[512];
+        struct stat st;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        if (stat(path, &st) == 0 && S_ISCHR(st.st_mode))
+            printf(" %s=%u:%u", path, major(st.st_rdev), minor(st.st_rdev));
+    }
+    closedir(d);
+}
+
+int main(void) {
+    signal(SIGTERM, stop);
+    signal(SIGINT, stop);
+    printf("devices:");
+    list("/dev", "nvidia");
+    list("/dev/infiniband", "");
+    printf("\n");
+    fflush(stdout);
+    for (;;) pause();
+}
