@@ -10,6 +10,7 @@
 pub mod containerd;
 pub mod fake_runtime;
 pub mod gpu_node;
+pub mod hook_server;
 pub mod hooks;
 pub mod image;
 pub mod kubelet;

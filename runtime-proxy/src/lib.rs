@@ -8,6 +8,7 @@ pub mod backend;
 pub mod body;
 pub mod config;
 pub mod convert;
+pub mod dispatch;
 pub mod gpu;
 pub mod grpc;
 pub mod hook;

@@ -4,6 +4,7 @@ use anyhow::Context;
 use clap::Parser;
 use tessera_hooks::probe::HostProbe;
 use tessera_hooks::server::GpuHook;
+use tessera_runtime_proxy::dispatch::HookRegistry;
 use tessera_runtime_proxy::gpu::EmbeddedGpuHook;
 use tessera_runtime_proxy::hook::Hook;
 use tessera_runtime_proxy::metrics::Metrics;
@@ -60,6 +61,11 @@ async fn run(config: Config) -> anyhow::Result<()> {
             probe,
         ))));
     }
+    // External hooks run after the embedded GPU hook, in file-name order.
+    let registry = HookRegistry::new(&config.hooks_dir);
+    registry.watch(std::time::Duration::from_secs(2));
+    tracing::info!(dir = %config.hooks_dir.display(), hooks = registry.hooks().len(), "watching hook registrations");
+    hooks.push(registry);
     let proxy = Arc::new(Proxy::new(&options, hooks, Arc::clone(&metrics)));
     let (listener, source) = server::listen(&config.listen)
         .with_context(|| format!("listening on {}", config.listen.display()))?;
