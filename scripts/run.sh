@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The main job for now: starts a private containerd, puts tessera-runtime-proxy
 # (release build, as a separate process) in front of it, drives kubelet's calls
-# through both, and prints direct vs proxied latency and the proxy's peak RSS.
-# Needs root. Extra arguments go to `tessera-bench proxy` (see --help).
+# through both, and prints direct vs proxied latency and the proxy's peak RSS;
+# then CreateContainer of a half-GPU pod on a fake 4-GPU node with the embedded
+# GPU hook and with tessera-gpu-hook as an external hook server. Needs root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/deps.sh
 install_deps
-cargo build --release --locked -p tessera-runtime-proxy -p tessera-integration
-exec ./target/release/tessera-bench proxy "$@"
+cargo build --release --locked -p tessera-runtime-proxy -p tessera-hooks -p tessera-integration
+./target/release/tessera-bench proxy
+./target/release/tessera-bench gpu-hook

@@ -26,6 +26,13 @@ fn help_explains_every_flag() {
         "--drain-timeout",
         "--config",
         "--max-message-bytes",
+        "--hooks-dir",
+        "--no-gpu-hook",
+        "--gpu-mode",
+        "--device-root",
+        "--driver-gpus",
+        "--no-limiter-env",
+        "--keep-unallocated",
     ] {
         assert!(help.contains(flag), "--help lacks {flag}:\n{help}");
     }

@@ -38,6 +38,14 @@ enum Command {
         #[arg(long)]
         proxy_bin: Option<PathBuf>,
     },
+    /// CreateContainer of a half-GPU pod on a fake 4-GPU node: direct vs through the
+    /// proxy with the embedded GPU hook vs through the proxy calling tessera-gpu-hook
+    /// as an external hook server. Needs root.
+    GpuHook {
+        /// CreateContainer calls per path.
+        #[arg(long, default_value_t = 60)]
+        iterations: usize,
+    },
 }
 
 #[tokio::main]
@@ -55,6 +63,7 @@ async fn main() -> anyhow::Result<()> {
             };
             proxy_bench(&proxy_bin, iterations, containers, cycles).await
         }
+        Command::GpuHook { iterations } => gpu_hook_bench(iterations).await,
     }
 }
 
@@ -70,11 +79,21 @@ impl ProxyProcess {
 }
 
 async fn spawn_proxy(binary: &Path, socket: &Path, runtime: &Path) -> anyhow::Result<ProxyProcess> {
+    spawn_proxy_with(binary, socket, runtime, &[]).await
+}
+
+async fn spawn_proxy_with(
+    binary: &Path,
+    socket: &Path,
+    runtime: &Path,
+    extra: &[std::ffi::OsString],
+) -> anyhow::Result<ProxyProcess> {
     let child = tokio::process::Command::new(binary)
         .arg("--listen")
         .arg(socket)
         .arg("--runtime-endpoint")
         .arg(runtime)
+        .args(extra)
         .env("RUST_LOG", "warn")
         .kill_on_drop(true)
         .spawn()
@@ -84,15 +103,7 @@ async fn spawn_proxy(binary: &Path, socket: &Path, runtime: &Path) -> anyhow::Re
                 binary.display()
             )
         })?;
-    let started = Instant::now();
-    while !socket.exists() {
-        anyhow::ensure!(
-            started.elapsed() < Duration::from_secs(10),
-            "proxy did not create {}",
-            socket.display()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_for(socket).await?;
     Ok(ProxyProcess(child))
 }
 
@@ -319,22 +330,43 @@ async fn proxy_bench(
         "tessera-bench proxy: {iterations} calls per method ({} for ListContainers), {cycles} lifecycle cycles",
         iterations / 4
     );
+    let all: Vec<Row> = rows.into_iter().chain([relay_floor]).collect();
+    print_rows(&all);
     println!(
-        "{:<28} {:>12} {:>12} {:>12} {:>12} {:>9} {:>12} {:>9}",
-        "method",
-        "direct p50",
-        "proxy p50",
-        "direct p99",
-        "proxy p99",
-        "p50 ratio",
-        "p50 added",
-        "p99 ratio"
+        "(the byte relay row is the floor of any extra process hop on this machine: no HTTP/2, no gRPC)"
     );
-    for row in rows.iter().chain([&relay_floor]) {
+    match proxy.peak_rss_kib() {
+        Some(kib) => println!("proxy peak RSS (VmHWM): {:.1} MiB", kib as f64 / 1024.0),
+        None => println!("proxy peak RSS: unavailable"),
+    }
+    direct.stop_and_remove_pod(&population).await.ok();
+    drop(proxy);
+    Ok(())
+}
+
+async fn wait_for(socket: &Path) -> anyhow::Result<()> {
+    let started = Instant::now();
+    while !socket.exists() {
+        anyhow::ensure!(
+            started.elapsed() < Duration::from_secs(10),
+            "{} did not appear",
+            socket.display()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
+fn print_rows(rows: &[Row]) {
+    println!(
+        "{:<36} {:>12} {:>12} {:>12} {:>12} {:>9} {:>12} {:>9}",
+        "path", "direct p50", "p50", "direct p99", "p99", "p50 ratio", "p50 added", "p99 ratio"
+    );
+    for row in rows {
         let (d50, p50) = (row.direct.quantile(0.5), row.proxied.quantile(0.5));
         let (d99, p99) = (row.direct.quantile(0.99), row.proxied.quantile(0.99));
         println!(
-            "{:<28} {:>10.0}µs {:>10.0}µs {:>10.0}µs {:>10.0}µs {:>9.3} {:>10.0}µs {:>9.3}",
+            "{:<36} {:>10.0}µs {:>10.0}µs {:>10.0}µs {:>10.0}µs {:>9.3} {:>10.0}µs {:>9.3}",
             row.name,
             us(d50),
             us(p50),
@@ -345,14 +377,144 @@ async fn proxy_bench(
             us(p99) / us(d99)
         );
     }
-    println!(
-        "(the byte relay row is the floor of any extra process hop on this machine: no HTTP/2, no gRPC)"
+}
+
+async fn gpu_hook_bench(iterations: usize) -> anyhow::Result<()> {
+    let here = std::env::current_exe()?;
+    let proxy_bin = here.with_file_name("tessera-runtime-proxy");
+    let hook_bin = here.with_file_name("tessera-gpu-hook");
+    let containerd = Containerd::start().await?;
+    let dir = tempfile::Builder::new()
+        .prefix("tbench-")
+        .tempdir_in("/tmp")?;
+    let gpus = tessera_integration::gpu_node::FakeGpuNode::create(dir.path(), 4)?;
+    let gpu_flags: Vec<std::ffi::OsString> = vec![
+        "--device-root".into(),
+        gpus.device_root.clone().into(),
+        "--driver-gpus".into(),
+        gpus.driver_gpus.clone().into(),
+    ];
+
+    // Proxy with the embedded GPU hook.
+    let empty_hooks = dir.path().join("no-hooks.d");
+    std::fs::create_dir_all(&empty_hooks)?;
+    let mut embedded_flags = gpu_flags.clone();
+    embedded_flags.extend(["--hooks-dir".into(), empty_hooks.into()]);
+    let embedded_socket = dir.path().join("embedded.sock");
+    let _embedded = spawn_proxy_with(
+        &proxy_bin,
+        &embedded_socket,
+        &containerd.socket(),
+        &embedded_flags,
+    )
+    .await?;
+
+    // Proxy without it, calling tessera-gpu-hook through hooks.d.
+    let hook_socket = dir.path().join("gpu-hook.sock");
+    let _hook_server = tokio::process::Command::new(&hook_bin)
+        .arg("--socket")
+        .arg(&hook_socket)
+        .args(&gpu_flags)
+        .env("RUST_LOG", "warn")
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| {
+            format!(
+                "starting {} (cargo build --release -p tessera-hooks)",
+                hook_bin.display()
+            )
+        })?;
+    wait_for(&hook_socket).await?;
+    let hooks_dir = dir.path().join("hooks.d");
+    std::fs::create_dir_all(&hooks_dir)?;
+    std::fs::write(
+        hooks_dir.join("10-gpu.toml"),
+        format!(
+            "endpoint = \"{}\"\nstages = [\"PreCreateContainer\"]\n",
+            hook_socket.display()
+        ),
+    )?;
+    let external_socket = dir.path().join("external.sock");
+    let external_flags: Vec<std::ffi::OsString> = vec![
+        "--no-gpu-hook".into(),
+        "--hooks-dir".into(),
+        hooks_dir.into(),
+    ];
+    let _external = spawn_proxy_with(
+        &proxy_bin,
+        &external_socket,
+        &containerd.socket(),
+        &external_flags,
+    )
+    .await?;
+
+    let mut direct = KubeletDriver::connect(&containerd.socket()).await?;
+    let mut embedded = KubeletDriver::connect(&embedded_socket).await?;
+    let mut external = KubeletDriver::connect(&external_socket).await?;
+
+    let mut pod = PodSpec::new("bench", "half-gpu");
+    pod.log_directory = Some(dir.path().join("logs"));
+    pod.annotations.insert(
+        tessera_api::resources::DEVICE_ALLOCATED.into(),
+        format!(
+            r#"{{"gpu":[{{"minor":1,"id":"{}","resources":{{"koordinator.sh/gpu-core":50,"koordinator.sh/gpu-memory-ratio":50,"koordinator.sh/gpu-memory":"8Gi"}}}}]}}"#,
+            gpus.gpus[1].uuid
+        ),
     );
-    match proxy.peak_rss_kib() {
-        Some(kib) => println!("proxy peak RSS (VmHWM): {:.1} MiB", kib as f64 / 1024.0),
-        None => println!("proxy peak RSS: unavailable"),
+    let config = pod.sandbox_config();
+    let sandbox = direct.start_pod(&pod, &[]).await?.sandbox_id;
+    let mut samples: [Samples; 3] = std::array::from_fn(|_| Samples::default());
+    let mut counter = 0usize;
+    for round in 0..iterations + 5 {
+        for (index, driver) in [&mut direct, &mut embedded, &mut external]
+            .into_iter()
+            .enumerate()
+        {
+            counter += 1;
+            let container = pod.container_config(
+                &format!("c{counter}"),
+                tessera_integration::image::PAUSE_IMAGE,
+                &[],
+            );
+            let request = cri::CreateContainerRequest {
+                pod_sandbox_id: sandbox.clone(),
+                config: Some(container),
+                sandbox_config: Some(config.clone()),
+            };
+            let started = Instant::now();
+            let id = driver
+                .runtime
+                .create_container(request)
+                .await?
+                .into_inner()
+                .container_id;
+            let elapsed = started.elapsed();
+            // The first rounds warm connections and caches.
+            if round >= 5 {
+                samples[index].0.push(elapsed);
+            }
+            driver
+                .runtime
+                .remove_container(cri::RemoveContainerRequest { container_id: id })
+                .await?;
+        }
     }
-    direct.stop_and_remove_pod(&population).await.ok();
-    drop(proxy);
+    let [d, e, x] = samples;
+    println!(
+        "tessera-bench gpu-hook: {iterations} CreateContainer calls per path (half-GPU pod, fake 4-GPU node)"
+    );
+    let rows = [
+        Row {
+            name: "proxy + embedded GPU hook".into(),
+            direct: Samples(d.0.clone()),
+            proxied: e,
+        },
+        Row {
+            name: "proxy + external tessera-gpu-hook".into(),
+            direct: d,
+            proxied: x,
+        },
+    ];
+    print_rows(&rows);
     Ok(())
 }
