@@ -100,28 +100,27 @@ pub fn write_oci_archive(
     Ok(())
 }
 
-/// Builds the pause image archive under `dir`; returns its path.
-pub fn pause_archive(dir: &Path) -> anyhow::Result<PathBuf> {
-    let binary = compile_static("pause", dir)?;
-    let archive = dir.join("pause.tar");
+/// Builds the archive of an image named `reference` holding only the static
+/// binary compiled from `images/<name>.c`, as `/<name>`, its entrypoint.
+pub fn static_image_archive(name: &str, reference: &str, dir: &Path) -> anyhow::Result<PathBuf> {
+    let binary = compile_static(name, dir)?;
+    let archive = dir.join(format!("{name}.tar"));
+    let entrypoint = format!("/{name}");
     write_oci_archive(
-        PAUSE_IMAGE,
-        &[("pause", std::fs::read(binary)?, 0o755)],
-        &["/pause"],
+        reference,
+        &[(name, std::fs::read(binary)?, 0o755)],
+        &[&entrypoint],
         &archive,
     )?;
     Ok(archive)
 }
 
+/// Builds the pause image archive under `dir`; returns its path.
+pub fn pause_archive(dir: &Path) -> anyhow::Result<PathBuf> {
+    static_image_archive("pause", PAUSE_IMAGE, dir)
+}
+
 /// Builds the probe image archive under `dir`; returns its path.
 pub fn probe_archive(dir: &Path) -> anyhow::Result<PathBuf> {
-    let binary = compile_static("probe", dir)?;
-    let archive = dir.join("probe.tar");
-    write_oci_archive(
-        PROBE_IMAGE,
-        &[("probe", std::fs::read(binary)?, 0o755)],
-        &["/probe"],
-        &archive,
-    )?;
-    Ok(archive)
+    static_image_archive("probe", PROBE_IMAGE, dir)
 }
