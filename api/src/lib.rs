@@ -4,8 +4,10 @@
 //! pod annotation, used by the scheduler that writes it and the hook that reads it.
 
 pub mod allocation;
+pub mod device;
 pub mod quantity;
 pub mod resources;
 
 pub use allocation::{AllocationError, DeviceAllocation, DeviceAllocations};
+pub use device::{Device, DeviceInfo, DeviceSpec, DeviceTopology, LegacyDeviceEntry};
 pub use quantity::{Quantity, QuantityError};
