@@ -11,7 +11,12 @@ use serde::{Deserialize, Serialize};
 
 /// The node's devices.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
-#[kube(group = "scheduling.koordinator.sh", version = "v1alpha1", kind = "Device", plural = "devices")]
+#[kube(
+    group = "scheduling.koordinator.sh",
+    version = "v1alpha1",
+    kind = "Device",
+    plural = "devices"
+)]
 pub struct DeviceSpec {
     /// One entry per device.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -83,7 +88,10 @@ mod tests {
 
     #[test]
     fn names_match_the_design() {
-        assert_eq!(Device::api_version(&()), "scheduling.koordinator.sh/v1alpha1");
+        assert_eq!(
+            Device::api_version(&()),
+            "scheduling.koordinator.sh/v1alpha1"
+        );
         assert_eq!(Device::kind(&()), "Device");
         let crd = Device::crd();
         assert_eq!(crd.spec.scope, "Cluster");
@@ -98,7 +106,12 @@ mod tests {
             minor: Some(0),
             health: true,
             resources: [("koordinator.sh/gpu-core".to_owned(), Quantity("100".into()))].into(),
-            topology: Some(DeviceTopology { socket_id: 0, node_id: 1, pcie_id: "0000:00:01.0".into(), bus_id: "0000:19:00.0".into() }),
+            topology: Some(DeviceTopology {
+                socket_id: 0,
+                node_id: 1,
+                pcie_id: "0000:00:01.0".into(),
+                bus_id: "0000:19:00.0".into(),
+            }),
         };
         let json = serde_json::to_value(&info).expect("serializes");
         assert_eq!(
@@ -107,7 +120,12 @@ mod tests {
                 "resources":{"koordinator.sh/gpu-core":"100"},
                 "topology":{"socketID":0,"nodeID":1,"pcieID":"0000:00:01.0","busID":"0000:19:00.0"}})
         );
-        let entry = LegacyDeviceEntry { pod_uid: "u".into(), container_name: "c".into(), resource_name: "nvidia.com/gpu".into(), device_ids: vec!["GPU-1".into()] };
+        let entry = LegacyDeviceEntry {
+            pod_uid: "u".into(),
+            container_name: "c".into(),
+            resource_name: "nvidia.com/gpu".into(),
+            device_ids: vec!["GPU-1".into()],
+        };
         assert_eq!(
             serde_json::to_value(&entry).expect("serializes"),
             serde_json::json!({"podUID":"u","containerName":"c","resourceName":"nvidia.com/gpu","deviceIDs":["GPU-1"]})

@@ -7,7 +7,9 @@
 //! - [`fake_runtime`]: a recording HTTP/2 runtime for byte-exact checks.
 //! - [`proxy`]: the runtime proxy run in-process over a socket in a temp dir.
 
+pub mod apiserver;
 pub mod containerd;
+pub mod fake_nvml;
 pub mod fake_runtime;
 pub mod gpu_node;
 pub mod hook_server;

@@ -19,17 +19,17 @@ use serde::Deserialize;
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
     /// Not JSON of the checkpoint's shape (truncated, corrupt, another file).
-    #[error("not a kubelet device checkpoint: {0}")]
+    #[error("not a kubelet device checkpoint")]
     Json(#[source] serde_json::Error),
     /// An entry's `AllocResp` is not base64.
-    #[error("PodDeviceEntries[{index}].AllocResp: not base64: {source}")]
+    #[error("PodDeviceEntries[{index}].AllocResp: not base64")]
     Base64 {
         index: usize,
         #[source]
         source: base64::DecodeError,
     },
     /// An entry's `AllocResp` is not a ContainerAllocateResponse.
-    #[error("PodDeviceEntries[{index}].AllocResp: not a ContainerAllocateResponse: {source}")]
+    #[error("PodDeviceEntries[{index}].AllocResp: not a ContainerAllocateResponse")]
     Protobuf {
         index: usize,
         #[source]
@@ -126,7 +126,11 @@ impl CheckpointEntry {
     /// names them, else kubelet's device IDs; replica suffixes (`GPU-…::1`, from
     /// time-slicing) stripped, duplicates dropped.
     pub fn gpu_ids(&self) -> Vec<String> {
-        let source = if self.visible_devices.is_empty() { &self.device_ids } else { &self.visible_devices };
+        let source = if self.visible_devices.is_empty() {
+            &self.device_ids
+        } else {
+            &self.visible_devices
+        };
         let mut ids: Vec<String> = Vec::new();
         for id in source {
             let id = id.split("::").next().unwrap_or(id).to_owned();
@@ -154,13 +158,22 @@ pub struct Checkpoint {
 pub fn parse_checkpoint(bytes: &[u8]) -> Result<Checkpoint, CheckpointError> {
     let file: File = serde_json::from_slice(bytes).map_err(CheckpointError::Json)?;
     let mut entries = Vec::new();
-    for (index, raw) in file.data.pod_device_entries.unwrap_or_default().into_iter().enumerate() {
+    for (index, raw) in file
+        .data
+        .pod_device_entries
+        .unwrap_or_default()
+        .into_iter()
+        .enumerate()
+    {
         let (device_ids, numa_nodes) = match raw.device_ids {
             DeviceIds::Plain(ids) => (ids, Vec::new()),
             DeviceIds::ByNuma(map) => {
                 let mut by_node = Vec::new();
                 for (key, ids) in map {
-                    let node: i64 = key.parse().map_err(|_| CheckpointError::NumaKey { index, key: key.clone() })?;
+                    let node: i64 = key.parse().map_err(|_| CheckpointError::NumaKey {
+                        index,
+                        key: key.clone(),
+                    })?;
                     by_node.push((node, ids));
                 }
                 by_node.sort_by_key(|(node, _)| *node);
@@ -168,22 +181,32 @@ pub fn parse_checkpoint(bytes: &[u8]) -> Result<Checkpoint, CheckpointError> {
                 (by_node.into_iter().flat_map(|(_, ids)| ids).collect(), numa)
             }
         };
-        let (visible_devices, device_nodes) = match raw.alloc_resp.as_deref().filter(|s| !s.is_empty()) {
-            None => (Vec::new(), Vec::new()),
-            Some(encoded) => {
-                let bytes = base64::engine::general_purpose::STANDARD
-                    .decode(encoded)
-                    .map_err(|source| CheckpointError::Base64 { index, source })?;
-                let response = ContainerAllocateResponse::decode(bytes.as_slice())
-                    .map_err(|source| CheckpointError::Protobuf { index, source })?;
-                let visible = response
-                    .envs
-                    .get("NVIDIA_VISIBLE_DEVICES")
-                    .map(|v| v.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_owned).collect())
-                    .unwrap_or_default();
-                (visible, response.devices.into_iter().map(|d| d.host_path).collect())
-            }
-        };
+        let (visible_devices, device_nodes) =
+            match raw.alloc_resp.as_deref().filter(|s| !s.is_empty()) {
+                None => (Vec::new(), Vec::new()),
+                Some(encoded) => {
+                    let bytes = base64::engine::general_purpose::STANDARD
+                        .decode(encoded)
+                        .map_err(|source| CheckpointError::Base64 { index, source })?;
+                    let response = ContainerAllocateResponse::decode(bytes.as_slice())
+                        .map_err(|source| CheckpointError::Protobuf { index, source })?;
+                    let visible = response
+                        .envs
+                        .get("NVIDIA_VISIBLE_DEVICES")
+                        .map(|v| {
+                            v.split(',')
+                                .map(str::trim)
+                                .filter(|s| !s.is_empty())
+                                .map(str::to_owned)
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                    (
+                        visible,
+                        response.devices.into_iter().map(|d| d.host_path).collect(),
+                    )
+                }
+            };
         entries.push(CheckpointEntry {
             pod_uid: raw.pod_uid,
             container_name: raw.container_name,
@@ -194,7 +217,11 @@ pub fn parse_checkpoint(bytes: &[u8]) -> Result<Checkpoint, CheckpointError> {
             device_nodes,
         });
     }
-    Ok(Checkpoint { entries, registered_devices: file.data.registered_devices.unwrap_or_default(), checksum: file.checksum })
+    Ok(Checkpoint {
+        entries,
+        registered_devices: file.data.registered_devices.unwrap_or_default(),
+        checksum: file.checksum,
+    })
 }
 
 #[cfg(test)]
@@ -216,14 +243,34 @@ mod tests {
         let full = r#"{"Data":{"PodDeviceEntries":[{"PodUID":"u1","ContainerName":"c","ResourceName":"r","DeviceIDs":{"0":["a"]}}]}}"#;
         for cut in [0, 1, 10, full.len() - 1] {
             let error = parse_checkpoint(&full.as_bytes()[..cut]).expect_err("truncated");
-            assert!(error.to_string().starts_with("not a kubelet device checkpoint"), "{error}");
+            assert!(
+                error
+                    .to_string()
+                    .starts_with("not a kubelet device checkpoint"),
+                "{error}"
+            );
         }
         let bad_numa = full.replace(r#"{"0":"#, r#"{"zero":"#);
-        assert!(parse_checkpoint(bad_numa.as_bytes()).expect_err("numa").to_string().contains("\"zero\" is not a number"));
+        assert!(
+            parse_checkpoint(bad_numa.as_bytes())
+                .expect_err("numa")
+                .to_string()
+                .contains("\"zero\" is not a number")
+        );
         let bad_b64 = full.replace(r#""DeviceIDs""#, r#""AllocResp":"!!!","DeviceIDs""#);
-        assert!(parse_checkpoint(bad_b64.as_bytes()).expect_err("b64").to_string().contains("AllocResp: not base64"));
+        assert!(
+            parse_checkpoint(bad_b64.as_bytes())
+                .expect_err("b64")
+                .to_string()
+                .contains("AllocResp: not base64")
+        );
         let bad_pb = full.replace(r#""DeviceIDs""#, r#""AllocResp":"/////w==","DeviceIDs""#);
-        assert!(parse_checkpoint(bad_pb.as_bytes()).expect_err("pb").to_string().contains("not a ContainerAllocateResponse"));
+        assert!(
+            parse_checkpoint(bad_pb.as_bytes())
+                .expect_err("pb")
+                .to_string()
+                .contains("not a ContainerAllocateResponse")
+        );
     }
 
     proptest::proptest! {

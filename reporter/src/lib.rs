@@ -1,5 +1,25 @@
 //! `tessera-reporter`: what a GPU node has and who holds it.
 //!
-//! - [`checkpoint`]: kubelet's device checkpoint → legacy pods' GPUs.
+//! - [`gpu`]: NVML discovery (and [`health`]: XID events) behind small traits;
+//! - [`checkpoint`]: kubelet's device checkpoint → legacy pods' GPUs;
+//! - [`report`]: the pure step from those to the Device CR and node capacity;
+//! - [`publish`]: writing them to the API server, only on change.
 
 pub mod checkpoint;
+pub mod gpu;
+pub mod health;
+pub mod publish;
+pub mod report;
+pub mod run;
+
+/// An error and its causes on one line, for logs: `a: b: c`.
+pub fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}

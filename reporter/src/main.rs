@@ -1,1 +1,206 @@
-fn main() {}
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use kube::CustomResourceExt;
+use kube::api::ObjectMeta;
+use tessera_api::{Device, LegacyDeviceEntry};
+use tessera_reporter::checkpoint::parse_checkpoint;
+use tessera_reporter::gpu::{GpuSource, NvmlSource, library_path};
+use tessera_reporter::publish::Publisher;
+use tessera_reporter::report::{CapacityOptions, device_spec};
+use tessera_reporter::run::{LoopConfig, run};
+
+const DEFAULT_CHECKPOINT: &str = "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint";
+
+/// Publishes a GPU node's devices (the Device CR), its extended-resource capacity,
+/// and the GPUs held by pods allocated by the NVIDIA device plugin (from kubelet's
+/// checkpoint), so the Tessera scheduler never hands a GPU out twice.
+#[derive(Debug, Parser)]
+#[command(name = "tessera-reporter", version)]
+struct Cli {
+    /// The NVML library: a file name the loader finds, or a path [default: libnvidia-ml.so.1].
+    #[arg(long, global = true, value_name = "PATH", env = "TESSERA_NVML_LIBRARY")]
+    nvml_library: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Print the Device CR this node would publish (YAML).
+    Discover {
+        /// The node's name [default: the host name].
+        #[arg(long, env = "NODE_NAME")]
+        node_name: Option<String>,
+    },
+    /// Print the device-plugin allocations in kubelet's checkpoint (JSON), as the
+    /// Device annotation node.koordinator.sh/devices-checkpoints lists them
+    /// (before dropping pods that are gone or placed by Tessera).
+    Checkpoint {
+        /// The checkpoint file.
+        #[arg(long, value_name = "PATH", default_value = DEFAULT_CHECKPOINT)]
+        file: PathBuf,
+    },
+    /// Print the Device CustomResourceDefinition (YAML), as deploy/crd-device.yaml holds it.
+    Crd,
+    /// Publish the Device CR and node capacity, and keep them current.
+    Run {
+        /// The node this reporter runs on.
+        #[arg(long, env = "NODE_NAME")]
+        node_name: String,
+        /// kubeconfig file [default: $KUBECONFIG, ~/.kube/config, or in-cluster].
+        #[arg(long, value_name = "PATH")]
+        kubeconfig: Option<PathBuf>,
+        /// kubelet's device checkpoint.
+        #[arg(long, value_name = "PATH", default_value = DEFAULT_CHECKPOINT)]
+        checkpoint: PathBuf,
+        /// Extended resources whose checkpoint entries are published (repeatable).
+        #[arg(
+            long = "legacy-resource",
+            value_name = "NAME",
+            default_value = "nvidia.com/gpu"
+        )]
+        legacy_resources: Vec<String>,
+        /// Seconds between full resyncs.
+        #[arg(long, value_name = "SECS", default_value_t = 30)]
+        interval: u64,
+        /// Do not advertise aliyun.com/gpu-mem, nvidia.com/gpumem, nvidia.com/gpucores, volcano.sh/gpu-memory.
+        #[arg(long)]
+        no_alias_resources: bool,
+        /// Advertise nvidia.com/gpu (only where no NVIDIA device plugin serves it).
+        #[arg(long)]
+        advertise_nvidia_gpu: bool,
+        /// Seconds after its last critical XID before a GPU counts as healthy again.
+        #[arg(long, value_name = "SECS", default_value_t = 300)]
+        recovery_after: u64,
+    },
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_else(|_| "localhost".into())
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match real_main(Cli::parse()).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("tessera-reporter: {error:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn real_main(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Crd => {
+            print!("{}", serde_yaml::to_string(&Device::crd())?);
+        }
+        Command::Checkpoint { file } => {
+            let bytes =
+                std::fs::read(&file).with_context(|| format!("reading {}", file.display()))?;
+            let checkpoint =
+                parse_checkpoint(&bytes).with_context(|| file.display().to_string())?;
+            let entries: Vec<LegacyDeviceEntry> = checkpoint
+                .entries
+                .iter()
+                .map(|e| LegacyDeviceEntry {
+                    pod_uid: e.pod_uid.clone(),
+                    container_name: e.container_name.clone(),
+                    resource_name: e.resource_name.clone(),
+                    device_ids: e.gpu_ids(),
+                })
+                .collect();
+            println!("{}", serde_json::to_string_pretty(&entries)?);
+        }
+        Command::Discover { node_name } => {
+            let source = NvmlSource::open(&library_path(cli.nvml_library))?;
+            let gpus = source.discover()?;
+            let device = Device {
+                metadata: ObjectMeta {
+                    name: Some(node_name.unwrap_or_else(hostname)),
+                    ..ObjectMeta::default()
+                },
+                spec: device_spec(&gpus, &BTreeSet::new()),
+            };
+            print!("{}", serde_yaml::to_string(&device)?);
+            eprintln!(
+                "# driver {}, {} GPU(s)",
+                gpus.driver_version,
+                gpus.gpus.len()
+            );
+        }
+        Command::Run {
+            node_name,
+            kubeconfig,
+            checkpoint,
+            legacy_resources,
+            interval,
+            no_alias_resources,
+            advertise_nvidia_gpu,
+            recovery_after,
+        } => {
+            let source = NvmlSource::open(&library_path(cli.nvml_library))?;
+            let client = match kubeconfig {
+                Some(path) => {
+                    let kubeconfig = kube::config::Kubeconfig::read_from(&path)
+                        .with_context(|| format!("reading {}", path.display()))?;
+                    let config = kube::Config::from_custom_kubeconfig(
+                        kubeconfig,
+                        &kube::config::KubeConfigOptions::default(),
+                    )
+                    .await?;
+                    kube::Client::try_from(config)?
+                }
+                None => kube::Client::try_default()
+                    .await
+                    .context("no kubeconfig and not in a cluster")?,
+            };
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            let stop = Arc::new(AtomicBool::new(false));
+            if let Err(error) =
+                tessera_reporter::health::watch_xids(source.nvml(), tx, Arc::clone(&stop))
+            {
+                tracing::error!(%error, "cannot watch XID events; GPU health is not tracked");
+            }
+            let config = LoopConfig {
+                checkpoint,
+                legacy_resources,
+                interval: Duration::from_secs(interval.max(1)),
+                checkpoint_poll: Duration::from_secs(2),
+                capacity: CapacityOptions {
+                    aliases: !no_alias_resources,
+                    nvidia_gpu: advertise_nvidia_gpu,
+                },
+                recovery_after: Duration::from_secs(recovery_after),
+            };
+            tracing::info!(node = %node_name, "reporting");
+            let shutdown = async {
+                let _ = tokio::signal::ctrl_c().await;
+            };
+            run(
+                Arc::new(source),
+                Publisher::new(client, node_name),
+                config,
+                rx,
+                shutdown,
+            )
+            .await;
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+    Ok(())
+}

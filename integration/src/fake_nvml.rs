@@ -1,0 +1,52 @@
+//! The fake `libnvidia-ml.so` (integration/fake-nvml): where it is built, and
+//! JSON descriptions of fake GPU nodes for it.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{Value, json};
+
+/// The fake library built beside the running test or binary (cargo builds it as
+/// a dependency of this crate, in the same target directory).
+pub fn library() -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let name = "libtessera_fake_nvml.so";
+    exe.ancestors()
+        .skip(1)
+        .take(3)
+        .flat_map(|dir| [dir.join(name), dir.join("deps").join(name)])
+        .find(|candidate| candidate.exists())
+        .ok_or_else(|| {
+            anyhow::anyhow!(
+                "{name} not found near {}: build with cargo build -p tessera-fake-nvml",
+                exe.display()
+            )
+        })
+}
+
+/// A 4-GPU node: GPUs 0-1 and 2-3 share a PCIe switch and an NVLink, NUMA 0 and 1.
+pub fn four_gpu_node() -> Value {
+    let gpu = |i: u32, peer: u32| {
+        json!({
+            "uuid": format!("GPU-fa4e0000-0000-4000-8000-00000000000{i}"),
+            "minor": i,
+            "name": "NVIDIA H100 80GB HBM3",
+            "memoryBytes": 85_899_345_920u64,
+            "busId": format!("00000000:{:02X}:00.0", 0x18 + i * 0x10),
+            "numaNode": i / 2,
+            "pcieSwitch": format!("sw{}", i / 2),
+            "nvlinks": [{"link": 0, "peerBusId": format!("00000000:{:02X}:00.0", 0x18 + peer * 0x10)}],
+        })
+    };
+    json!({"driverVersion": "550.54.15", "gpus": [gpu(0, 1), gpu(1, 0), gpu(2, 3), gpu(3, 2)], "xidEvents": []})
+}
+
+/// Installs a fake driver for `node` in `dir`: a copy of the library as
+/// `libnvidia-ml.so.1` (its own instance when loaded) and `fake-nvml.json` beside
+/// it. Returns the library path to give nvml-wrapper.
+pub fn install(dir: &Path, node: &Value) -> anyhow::Result<PathBuf> {
+    std::fs::create_dir_all(dir)?;
+    let library_copy = dir.join("libnvidia-ml.so.1");
+    std::fs::copy(library()?, &library_copy)?;
+    std::fs::write(dir.join("fake-nvml.json"), serde_json::to_vec_pretty(node)?)?;
+    Ok(library_copy)
+}
