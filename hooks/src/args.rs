@@ -29,6 +29,10 @@ pub struct GpuHookArgs {
     /// Leave containers of pods with no allocation untouched.
     #[arg(long)]
     pub keep_unallocated: bool,
+    /// NVML library for the UUID → minor inventory (first choice; --driver-gpus is
+    /// the fallback when it does not load).
+    #[arg(long, value_name = "PATH", default_value = "libnvidia-ml.so.1")]
+    pub nvml_library: PathBuf,
 }
 
 impl Default for GpuHookArgs {
@@ -40,6 +44,7 @@ impl Default for GpuHookArgs {
             no_limiter_env: false,
             unallocated_visible_devices: "void".into(),
             keep_unallocated: false,
+            nvml_library: "libnvidia-ml.so.1".into(),
         }
     }
 }
@@ -55,6 +60,11 @@ impl GpuHookArgs {
                 .then(|| self.unallocated_visible_devices.clone()),
             ..GpuHookConfig::default()
         }
+    }
+
+    /// The node probe these flags describe (NVML first, then /proc).
+    pub fn probe(&self) -> crate::probe::HostProbe {
+        crate::probe::HostProbe::with_nvml(self.probe_paths(), &self.nvml_library)
     }
 
     /// Where the probe reads the node.

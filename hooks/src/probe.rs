@@ -1,8 +1,12 @@
 //! Reads what the node has: device nodes under the device root, and the GPUs'
-//! UUID → minor mapping from `/proc/driver/nvidia/gpus/*/information`.
+//! UUID → minor mapping from NVML when it loads, else from
+//! `/proc/driver/nvidia/gpus/*/information`.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use nvml_wrapper::Nvml;
 
 use crate::gpu::{GpuDevice, NodeDevices};
 
@@ -32,25 +36,79 @@ pub trait DeviceProbe: Send + Sync + std::fmt::Debug {
 }
 
 /// The probe of the real host (or of a test directory laid out like it).
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct HostProbe {
     paths: ProbePaths,
+    nvml: Option<Arc<Nvml>>,
+}
+
+impl std::fmt::Debug for HostProbe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostProbe")
+            .field("paths", &self.paths)
+            .field("nvml", &self.nvml.is_some())
+            .finish()
+    }
 }
 
 impl HostProbe {
-    /// A probe of `paths`.
+    /// A probe of `paths`, without NVML.
     pub fn new(paths: ProbePaths) -> Self {
-        Self { paths }
+        Self { paths, nvml: None }
+    }
+
+    /// A probe that asks NVML (loaded from `library`) first. A library that does not
+    /// load is logged and the probe falls back to the driver's /proc files.
+    pub fn with_nvml(paths: ProbePaths, library: &Path) -> Self {
+        let nvml = match Nvml::builder().lib_path(library.as_os_str()).init() {
+            Ok(nvml) => Some(Arc::new(nvml)),
+            Err(error) => {
+                tracing::info!(library = %library.display(), %error, "NVML not available; GPU inventory from /proc/driver/nvidia");
+                None
+            }
+        };
+        Self { paths, nvml }
+    }
+
+    /// Whether NVML is in use.
+    pub fn has_nvml(&self) -> bool {
+        self.nvml.is_some()
     }
 }
 
 impl DeviceProbe for HostProbe {
     fn probe(&self) -> NodeDevices {
+        let gpus = self
+            .nvml
+            .as_deref()
+            .and_then(read_nvml_gpus)
+            .or_else(|| read_driver_gpus(&self.paths.driver_gpus));
         NodeDevices {
-            gpus: read_driver_gpus(&self.paths.driver_gpus),
+            gpus,
             nodes: device_nodes(&self.paths.device_root),
         }
     }
+}
+
+/// The GPUs NVML lists (UUID, minor, memory), or `None` if a query fails.
+pub fn read_nvml_gpus(nvml: &Nvml) -> Option<Vec<GpuDevice>> {
+    let result = (|| -> Result<Vec<GpuDevice>, nvml_wrapper::error::NvmlError> {
+        let mut gpus = Vec::new();
+        for index in 0..nvml.device_count()? {
+            let device = nvml.device_by_index(index)?;
+            gpus.push(GpuDevice {
+                uuid: device.uuid()?,
+                minor: device.minor_number()?,
+                memory_bytes: device.memory_info().ok().map(|m| m.total),
+            });
+        }
+        Ok(gpus)
+    })();
+    result
+        .inspect_err(
+            |error| tracing::warn!(%error, "NVML inventory failed; trying /proc/driver/nvidia"),
+        )
+        .ok()
 }
 
 /// Names of `nvidia*` nodes under `root` and of `infiniband/*` nodes.

@@ -2,6 +2,7 @@
 //! Regenerate with: cargo run -p tessera-reporter -- crd > deploy/crd-device.yaml
 
 use kube::CustomResourceExt;
+use serde::Deserialize;
 use tessera_api::Device;
 
 #[test]
@@ -14,4 +15,49 @@ fn deployed_crd_matches_the_rust_type() {
         "{} is stale: run `cargo run -p tessera-reporter -- crd > deploy/crd-device.yaml`",
         path.display()
     );
+}
+
+#[test]
+fn reporter_rbac_covers_what_it_calls() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/reporter.yaml");
+    let text = std::fs::read_to_string(&path).expect("deploy/reporter.yaml");
+    let documents: Vec<serde_json::Value> = serde_yaml::Deserializer::from_str(&text)
+        .map(|doc| serde_json::Value::deserialize(doc).expect("YAML"))
+        .collect();
+    let role = documents
+        .iter()
+        .find(|d| d["kind"] == "ClusterRole")
+        .expect("ClusterRole");
+    let allows = |resource: &str, verb: &str| {
+        role["rules"].as_array().into_iter().flatten().any(|rule| {
+            rule["resources"]
+                .as_array()
+                .is_some_and(|r| r.iter().any(|x| x == resource))
+                && rule["verbs"]
+                    .as_array()
+                    .is_some_and(|v| v.iter().any(|x| x == verb))
+        })
+    };
+    for (resource, verb) in [
+        ("nodes", "get"),
+        ("nodes", "patch"),
+        ("nodes/status", "patch"),
+        ("pods", "list"),
+        ("devices", "get"),
+        ("devices", "create"),
+        ("devices", "patch"),
+    ] {
+        assert!(
+            allows(resource, verb),
+            "ClusterRole lacks {verb} {resource}"
+        );
+    }
+    let daemonset = documents
+        .iter()
+        .find(|d| d["kind"] == "DaemonSet")
+        .expect("DaemonSet");
+    let args = daemonset["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_array()
+        .expect("args");
+    assert_eq!(args[0], "run");
 }

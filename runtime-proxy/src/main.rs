@@ -2,7 +2,6 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
-use tessera_hooks::probe::HostProbe;
 use tessera_hooks::server::GpuHook;
 use tessera_runtime_proxy::dispatch::HookRegistry;
 use tessera_runtime_proxy::gpu::EmbeddedGpuHook;
@@ -54,7 +53,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
     };
     let mut hooks: Vec<Arc<dyn Hook>> = Vec::new();
     if let Some(gpu) = &config.gpu_hook {
-        let probe = Arc::new(HostProbe::new(gpu.probe_paths()));
+        let probe = Arc::new(gpu.probe());
         tracing::info!(config = ?gpu.config(), "embedded GPU hook on");
         hooks.push(Arc::new(EmbeddedGpuHook::new(GpuHook::new(
             gpu.config(),

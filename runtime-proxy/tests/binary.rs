@@ -33,6 +33,7 @@ fn help_explains_every_flag() {
         "--driver-gpus",
         "--no-limiter-env",
         "--keep-unallocated",
+        "--nvml-library",
     ] {
         assert!(help.contains(flag), "--help lacks {flag}:\n{help}");
     }

@@ -7,7 +7,6 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Parser;
 use tessera_hooks::args::GpuHookArgs;
-use tessera_hooks::probe::HostProbe;
 use tessera_hooks::server::{GpuHook, HookServer};
 use tessera_protos::hook::v1::hook_server::HookServer as GeneratedServer;
 use tokio::net::UnixListener;
