@@ -46,10 +46,7 @@ async fn main() -> anyhow::Result<()> {
     }
     let listener = UnixListener::bind(&cli.socket)
         .with_context(|| format!("binding {}", cli.socket.display()))?;
-    let hook = GpuHook::new(
-        cli.gpu.config(),
-        Arc::new(HostProbe::new(cli.gpu.probe_paths())),
-    );
+    let hook = GpuHook::new(cli.gpu.config(), Arc::new(cli.gpu.probe()));
     tracing::info!(socket = %cli.socket.display(), config = ?hook.config(), "serving tessera.hook.v1");
     tonic::transport::Server::builder()
         .add_service(GeneratedServer::new(HookServer::new(hook)))
