@@ -6,6 +6,7 @@
 pub mod allocation;
 pub mod device;
 pub mod quantity;
+pub mod request;
 pub mod resources;
 
 pub use allocation::{AllocationError, DeviceAllocation, DeviceAllocations};

@@ -1,0 +1,8 @@
+//! `tessera-scheduler`: a kube-scheduler extender that places GPU shares per GPU,
+//! by UUID, and writes the allocation on the pod before binding it.
+//!
+//! - [`core`]: the pure allocator (accounting, binpack/spread, topology);
+//! - [`ledger`]: GPU use derived from Device CRs, pods and in-flight allocations;
+
+pub mod core;
+pub mod ledger;
