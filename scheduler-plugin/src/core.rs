@@ -54,7 +54,17 @@ pub struct NodeState {
 }
 
 /// Where to put work.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize, clap::ValueEnum)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    serde::Deserialize,
+    serde::Serialize,
+    clap::ValueEnum,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Policy {
     /// Fill the fullest GPU (and node) that fits: keeps whole GPUs free.
@@ -93,14 +103,25 @@ fn share(gpu: &GpuState, request: &GpuRequest) -> Option<GpuShare> {
     }
     let (memory, ratio) = match request.memory {
         GpuMemory::None => (0, 0),
-        GpuMemory::Bytes(bytes) => (bytes, (u128::from(bytes) * 100).div_ceil(u128::from(gpu.memory_total)) as u64),
-        GpuMemory::Ratio(ratio) => ((u128::from(gpu.memory_total) * u128::from(ratio) / 100) as u64, ratio),
+        GpuMemory::Bytes(bytes) => (
+            bytes,
+            (u128::from(bytes) * 100).div_ceil(u128::from(gpu.memory_total)) as u64,
+        ),
+        GpuMemory::Ratio(ratio) => (
+            (u128::from(gpu.memory_total) * u128::from(ratio) / 100) as u64,
+            ratio,
+        ),
     };
     if request.is_whole() && (gpu.core_used > 0 || gpu.memory_used > 0) {
         return None;
     }
-    (request.core <= gpu.free_core() && memory <= gpu.free_memory())
-        .then(|| GpuShare { uuid: gpu.uuid.clone(), minor: gpu.minor, core: request.core, memory, ratio })
+    (request.core <= gpu.free_core() && memory <= gpu.free_memory()).then(|| GpuShare {
+        uuid: gpu.uuid.clone(),
+        minor: gpu.minor,
+        core: request.core,
+        memory,
+        ratio,
+    })
 }
 
 /// How full the GPU would be after taking `share`, 0..=2 (compute + memory fractions).
@@ -128,7 +149,11 @@ pub fn unfit_reason(node: &NodeState, request: &GpuRequest) -> String {
     if node.gpus.is_empty() {
         return "no GPUs reported (no Device CR)".into();
     }
-    let fitting = node.gpus.iter().filter(|g| share(g, request).is_some()).count();
+    let fitting = node
+        .gpus
+        .iter()
+        .filter(|g| share(g, request).is_some())
+        .count();
     let memory = match request.memory {
         GpuMemory::None => String::new(),
         GpuMemory::Bytes(bytes) => format!(" and {} MiB", bytes >> 20),
@@ -143,7 +168,11 @@ pub fn unfit_reason(node: &NodeState, request: &GpuRequest) -> String {
 }
 
 /// Chooses GPUs for `request` on `node`, or says why it does not fit.
-pub fn allocate(node: &NodeState, request: &GpuRequest, policy: Policy) -> Result<Placement, String> {
+pub fn allocate(
+    node: &NodeState,
+    request: &GpuRequest,
+    policy: Policy,
+) -> Result<Placement, String> {
     let mut candidates: Vec<(usize, GpuShare, f64)> = node
         .gpus
         .iter()
@@ -164,7 +193,9 @@ pub fn allocate(node: &NodeState, request: &GpuRequest, policy: Policy) -> Resul
         order.then(a.1.minor.cmp(&b.1.minor))
     });
     if count == 1 {
-        return Ok(Placement { gpus: vec![candidates[0].1.clone()] });
+        return Ok(Placement {
+            gpus: vec![candidates[0].1.clone()],
+        });
     }
     // Multi-GPU: for each anchor, grow a group by affinity (NVLink > PCIe switch >
     // NUMA), keep the group with the most affinity, then the best by policy.
@@ -176,7 +207,15 @@ pub fn allocate(node: &NodeState, request: &GpuRequest, policy: Policy) -> Resul
                 .filter(|rank| !group.contains(rank))
                 .max_by(|&x, &y| {
                     let score = |rank: usize| -> u32 {
-                        group.iter().map(|&g| affinity(&node.gpus[candidates[g].0], &node.gpus[candidates[rank].0])).sum()
+                        group
+                            .iter()
+                            .map(|&g| {
+                                affinity(
+                                    &node.gpus[candidates[g].0],
+                                    &node.gpus[candidates[rank].0],
+                                )
+                            })
+                            .sum()
                     };
                     score(x).cmp(&score(y)).then(y.cmp(&x))
                 });
@@ -194,7 +233,9 @@ pub fn allocate(node: &NodeState, request: &GpuRequest, policy: Policy) -> Resul
         let rank_sum: usize = group.iter().sum();
         let better = match &best {
             None => true,
-            Some((best_total, best_ranks, _)) => total > *best_total || (total == *best_total && rank_sum < *best_ranks),
+            Some((best_total, best_ranks, _)) => {
+                total > *best_total || (total == *best_total && rank_sum < *best_ranks)
+            }
         };
         if better {
             best = Some((total, rank_sum, group));
@@ -203,7 +244,12 @@ pub fn allocate(node: &NodeState, request: &GpuRequest, policy: Policy) -> Resul
     }
     let (_, _, mut group) = best.ok_or_else(|| unfit_reason(node, request))?;
     group.sort_by_key(|&rank| candidates[rank].1.minor);
-    Ok(Placement { gpus: group.into_iter().map(|rank| candidates[rank].1.clone()).collect() })
+    Ok(Placement {
+        gpus: group
+            .into_iter()
+            .map(|rank| candidates[rank].1.clone())
+            .collect(),
+    })
 }
 
 /// The extender score 0..=10 of placing `request` on `node`: binpack favours the
@@ -219,7 +265,9 @@ pub fn score(node: &NodeState, placement: &Placement, policy: Policy) -> i64 {
     let memory_total: u64 = usable.iter().map(|g| g.memory_total).sum();
     let core_used: u64 = usable.iter().map(|g| g.core_used).sum::<u64>() + added_core;
     let memory_used: u64 = usable.iter().map(|g| g.memory_used).sum::<u64>() + added_memory;
-    let fullness = (core_used as f64 / core_total as f64 + memory_used as f64 / memory_total.max(1) as f64) / 2.0;
+    let fullness = (core_used as f64 / core_total as f64
+        + memory_used as f64 / memory_total.max(1) as f64)
+        / 2.0;
     let fullness = fullness.clamp(0.0, 1.0);
     let value = match policy {
         Policy::Binpack => fullness,
@@ -230,7 +278,11 @@ pub fn score(node: &NodeState, placement: &Placement, policy: Policy) -> i64 {
 
 /// Adds (`sign` = 1) or removes (-1) a placement's use on the node.
 pub fn account(node: &mut NodeState, placement: &Placement, add: bool) {
-    let shares: BTreeMap<&str, &GpuShare> = placement.gpus.iter().map(|s| (s.uuid.as_str(), s)).collect();
+    let shares: BTreeMap<&str, &GpuShare> = placement
+        .gpus
+        .iter()
+        .map(|s| (s.uuid.as_str(), s))
+        .collect();
     for gpu in &mut node.gpus {
         if let Some(share) = shares.get(gpu.uuid.as_str()) {
             if add {

@@ -6,7 +6,9 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use k8s_openapi::api::core::v1::Pod;
-use tessera_api::resources::{DEVICE_ALLOCATED, DEVICE_TYPE_GPU, DEVICES_CHECKPOINTS, GPU_CORE, GPU_MEMORY, GPU_MEMORY_RATIO};
+use tessera_api::resources::{
+    DEVICE_ALLOCATED, DEVICE_TYPE_GPU, DEVICES_CHECKPOINTS, GPU_CORE, GPU_MEMORY, GPU_MEMORY_RATIO,
+};
 use tessera_api::{Device, DeviceAllocation, DeviceAllocations, LegacyDeviceEntry, Quantity};
 
 use crate::core::{GpuShare, GpuState, NodeState, Placement, account};
@@ -39,8 +41,14 @@ pub struct Ledger {
     reservations: HashMap<String, Reservation>,
 }
 
-fn quantity(resources: &BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>, key: &str) -> u64 {
-    resources.get(key).and_then(|q| Quantity::parse(&q.0).ok()).map_or(0, |q| q.value())
+fn quantity(
+    resources: &BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
+    key: &str,
+) -> u64 {
+    resources
+        .get(key)
+        .and_then(|q| Quantity::parse(&q.0).ok())
+        .map_or(0, |q| q.value())
 }
 
 /// The node's GPUs from its Device CR, with nothing in use.
@@ -62,12 +70,19 @@ pub fn device_gpus(device: &Device) -> Vec<GpuState> {
         .filter(|d| d.device_type == DEVICE_TYPE_GPU && !d.id.is_empty())
         .map(|d| GpuState {
             uuid: d.id.clone(),
-            minor: d.minor.and_then(|m| u32::try_from(m).ok()).unwrap_or_default(),
+            minor: d
+                .minor
+                .and_then(|m| u32::try_from(m).ok())
+                .unwrap_or_default(),
             healthy: d.health,
             legacy: legacy.contains(&d.id),
             memory_total: quantity(&d.resources, GPU_MEMORY),
             numa: d.topology.as_ref().map_or(-1, |t| t.node_id),
-            pcie: d.topology.as_ref().map(|t| t.pcie_id.clone()).unwrap_or_default(),
+            pcie: d
+                .topology
+                .as_ref()
+                .map(|t| t.pcie_id.clone())
+                .unwrap_or_default(),
             ..GpuState::default()
         })
         .collect()
@@ -75,7 +90,12 @@ pub fn device_gpus(device: &Device) -> Vec<GpuState> {
 
 /// Whether a pod still holds its devices: assigned and not finished.
 fn holds_devices(pod: &Pod) -> Option<&str> {
-    let node = pod.spec.as_ref()?.node_name.as_deref().filter(|n| !n.is_empty())?;
+    let node = pod
+        .spec
+        .as_ref()?
+        .node_name
+        .as_deref()
+        .filter(|n| !n.is_empty())?;
     let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
     (!matches!(phase, Some("Succeeded" | "Failed"))).then_some(node)
 }
@@ -83,8 +103,14 @@ fn holds_devices(pod: &Pod) -> Option<&str> {
 /// The placement an allocation annotation describes, resolved against the node's GPUs.
 pub fn placement_of(allocations: &DeviceAllocations, gpus: &[GpuState]) -> Placement {
     let share = |a: &DeviceAllocation| {
-        let total = gpus.iter().find(|g| g.uuid == a.id).map_or(0, |g| g.memory_total);
-        let memory = a.gpu_memory().unwrap_or_else(|| a.gpu_memory_ratio().map_or(0, |r| (u128::from(total) * u128::from(r) / 100) as u64));
+        let total = gpus
+            .iter()
+            .find(|g| g.uuid == a.id)
+            .map_or(0, |g| g.memory_total);
+        let memory = a.gpu_memory().unwrap_or_else(|| {
+            a.gpu_memory_ratio()
+                .map_or(0, |r| (u128::from(total) * u128::from(r) / 100) as u64)
+        });
         GpuShare {
             uuid: a.id.clone(),
             minor: a.minor,
@@ -93,7 +119,9 @@ pub fn placement_of(allocations: &DeviceAllocations, gpus: &[GpuState]) -> Place
             ratio: a.gpu_memory_ratio().unwrap_or(0),
         }
     };
-    Placement { gpus: allocations.gpus().iter().map(share).collect() }
+    Placement {
+        gpus: allocations.gpus().iter().map(share).collect(),
+    }
 }
 
 /// The annotation value for a placement.
@@ -112,7 +140,10 @@ pub fn annotation_of(placement: &Placement) -> String {
             extension: None,
         })
         .collect();
-    DeviceAllocations { devices: BTreeMap::from([(DEVICE_TYPE_GPU.to_owned(), gpus)]) }.to_annotation()
+    DeviceAllocations {
+        devices: BTreeMap::from([(DEVICE_TYPE_GPU.to_owned(), gpus)]),
+    }
+    .to_annotation()
 }
 
 impl Ledger {
@@ -137,8 +168,13 @@ impl Ledger {
 
     /// A Device CR was added or changed: its node's GPUs, then every use re-applied.
     pub fn apply_device(&mut self, device: &Device) {
-        let Some(name) = device.metadata.name.clone() else { return };
-        let mut node = NodeState { name: name.clone(), gpus: device_gpus(device) };
+        let Some(name) = device.metadata.name.clone() else {
+            return;
+        };
+        let mut node = NodeState {
+            name: name.clone(),
+            gpus: device_gpus(device),
+        };
         for uid in self.by_node.get(&name).into_iter().flatten() {
             if let Some(used) = self.pods.get(uid) {
                 account(&mut node, &used.placement, true);
@@ -157,26 +193,53 @@ impl Ledger {
 
     /// A pod was added or changed.
     pub fn apply_pod(&mut self, pod: &Pod) {
-        let Some(uid) = pod.metadata.uid.clone() else { return };
+        let Some(uid) = pod.metadata.uid.clone() else {
+            return;
+        };
         self.remove_use(&uid);
         let Some(node_name) = holds_devices(pod) else {
             // Finished pods give their GPUs back; an unassigned pod may still have a reservation.
-            if pod.status.as_ref().and_then(|s| s.phase.as_deref()).is_some_and(|p| p == "Succeeded" || p == "Failed") {
+            if pod
+                .status
+                .as_ref()
+                .and_then(|s| s.phase.as_deref())
+                .is_some_and(|p| p == "Succeeded" || p == "Failed")
+            {
                 self.remove_reservation(&uid);
             }
             return;
         };
-        let annotation = pod.metadata.annotations.as_ref().and_then(|a| a.get(DEVICE_ALLOCATED));
-        let Some(allocations) = annotation.and_then(|text| DeviceAllocations::parse(text).ok()) else { return };
+        let annotation = pod
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(DEVICE_ALLOCATED));
+        let Some(allocations) = annotation.and_then(|text| DeviceAllocations::parse(text).ok())
+        else {
+            return;
+        };
         // Seen back: the pod's own annotation now counts, not the reservation.
         self.remove_reservation(&uid);
-        let gpus = self.nodes.get(node_name).map(|n| n.gpus.clone()).unwrap_or_default();
+        let gpus = self
+            .nodes
+            .get(node_name)
+            .map(|n| n.gpus.clone())
+            .unwrap_or_default();
         let placement = placement_of(&allocations, &gpus);
         if let Some(node) = self.nodes.get_mut(node_name) {
             account(node, &placement, true);
         }
-        self.by_node.entry(node_name.to_owned()).or_default().insert(uid.clone());
-        self.pods.insert(uid, PodUse { node: node_name.to_owned(), placement });
+        self.by_node
+            .entry(node_name.to_owned())
+            .or_default()
+            .insert(uid.clone());
+        self.pods.insert(
+            uid,
+            PodUse {
+                node: node_name.to_owned(),
+                placement,
+            },
+        );
     }
 
     /// A pod was deleted.
@@ -201,7 +264,14 @@ impl Ledger {
         if let Some(state) = self.nodes.get_mut(node) {
             account(state, &placement, true);
         }
-        self.reservations.insert(uid.to_owned(), Reservation { node: node.to_owned(), placement, expires_at });
+        self.reservations.insert(
+            uid.to_owned(),
+            Reservation {
+                node: node.to_owned(),
+                placement,
+                expires_at,
+            },
+        );
     }
 
     /// Gives back pod `uid`'s in-flight allocation (bind failed).
@@ -211,7 +281,12 @@ impl Ledger {
 
     /// Gives back reservations that expired at `now`; returns how many.
     pub fn expire(&mut self, now: u64) -> usize {
-        let expired: Vec<String> = self.reservations.iter().filter(|(_, r)| r.expires_at <= now).map(|(uid, _)| uid.clone()).collect();
+        let expired: Vec<String> = self
+            .reservations
+            .iter()
+            .filter(|(_, r)| r.expires_at <= now)
+            .map(|(uid, _)| uid.clone())
+            .collect();
         for uid in &expired {
             self.remove_reservation(uid);
         }
@@ -223,10 +298,15 @@ impl Ledger {
         self.reservations.len()
     }
 
-    /// Drops every Device-derived node and pod use (before a relist).
-    pub fn clear_pods(&mut self) {
-        let uids: Vec<String> = self.pods.keys().cloned().collect();
-        for uid in uids {
+    /// Forgets the use of pods not in `uids` (after a relist: they are gone).
+    pub fn retain_pods(&mut self, uids: &std::collections::HashSet<String>) {
+        let gone: Vec<String> = self
+            .pods
+            .keys()
+            .filter(|uid| !uids.contains(*uid))
+            .cloned()
+            .collect();
+        for uid in gone {
             self.remove_use(&uid);
         }
     }
@@ -248,18 +328,29 @@ mod tests {
                 id: format!("GPU-{i}"),
                 minor: Some(i as i32),
                 health: true,
-                resources: BTreeMap::from([(GPU_MEMORY.to_owned(), K8sQuantity((16u64 << 30).to_string()))]),
+                resources: BTreeMap::from([(
+                    GPU_MEMORY.to_owned(),
+                    K8sQuantity((16u64 << 30).to_string()),
+                )]),
                 topology: None,
             })
             .collect();
         let entries: Vec<LegacyDeviceEntry> = legacy
             .iter()
-            .map(|id| LegacyDeviceEntry { pod_uid: "old".into(), container_name: "c".into(), resource_name: "nvidia.com/gpu".into(), device_ids: vec![(*id).into()] })
+            .map(|id| LegacyDeviceEntry {
+                pod_uid: "old".into(),
+                container_name: "c".into(),
+                resource_name: "nvidia.com/gpu".into(),
+                device_ids: vec![(*id).into()],
+            })
             .collect();
         Device {
             metadata: ObjectMeta {
                 name: Some(name.into()),
-                annotations: Some(BTreeMap::from([(DEVICES_CHECKPOINTS.to_owned(), serde_json::to_string(&entries).expect("json"))])),
+                annotations: Some(BTreeMap::from([(
+                    DEVICES_CHECKPOINTS.to_owned(),
+                    serde_json::to_string(&entries).expect("json"),
+                )])),
                 ..ObjectMeta::default()
             },
             spec: DeviceSpec { devices },
@@ -270,11 +361,18 @@ mod tests {
         Pod {
             metadata: ObjectMeta {
                 uid: Some(uid.into()),
-                annotations: annotation.map(|a| BTreeMap::from([(DEVICE_ALLOCATED.to_owned(), a.to_owned())])),
+                annotations: annotation
+                    .map(|a| BTreeMap::from([(DEVICE_ALLOCATED.to_owned(), a.to_owned())])),
                 ..ObjectMeta::default()
             },
-            spec: Some(PodSpec { node_name: node.map(str::to_owned), ..PodSpec::default() }),
-            status: Some(PodStatus { phase: Some(phase.into()), ..PodStatus::default() }),
+            spec: Some(PodSpec {
+                node_name: node.map(str::to_owned),
+                ..PodSpec::default()
+            }),
+            status: Some(PodStatus {
+                phase: Some(phase.into()),
+                ..PodStatus::default()
+            }),
         }
     }
 
@@ -302,7 +400,10 @@ mod tests {
     fn reservations_hold_until_seen_back_or_expired() {
         let mut ledger = Ledger::default();
         ledger.apply_device(&device("n1", 1, &[]));
-        let placement = placement_of(&DeviceAllocations::parse(HALF_0).expect("valid"), &ledger.node("n1").expect("node").gpus);
+        let placement = placement_of(
+            &DeviceAllocations::parse(HALF_0).expect("valid"),
+            &ledger.node("n1").expect("node").gpus,
+        );
         ledger.reserve("p1", "n1", placement.clone(), 100);
         assert_eq!(ledger.node("n1").expect("node").gpus[0].core_used, 50);
         // The annotated pod arrives: the reservation turns into the pod's own use.
@@ -323,7 +424,15 @@ mod tests {
 
     #[test]
     fn annotation_roundtrip() {
-        let placement = Placement { gpus: vec![GpuShare { uuid: "GPU-0".into(), minor: 0, core: 50, memory: 8 << 30, ratio: 50 }] };
+        let placement = Placement {
+            gpus: vec![GpuShare {
+                uuid: "GPU-0".into(),
+                minor: 0,
+                core: 50,
+                memory: 8 << 30,
+                ratio: 50,
+            }],
+        };
         let text = annotation_of(&placement);
         assert_eq!(
             text,

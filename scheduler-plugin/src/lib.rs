@@ -4,5 +4,9 @@
 //! - [`core`]: the pure allocator (accounting, binpack/spread, topology);
 //! - [`ledger`]: GPU use derived from Device CRs, pods and in-flight allocations;
 
+pub mod cluster;
 pub mod core;
+pub mod extender;
+pub mod leader;
 pub mod ledger;
+pub mod simulate;

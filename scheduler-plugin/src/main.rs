@@ -1,1 +1,283 @@
-fn main() {}
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+use tessera_api::request::RequestOptions;
+use tessera_scheduler::core::Policy;
+use tessera_scheduler::extender::{Extender, ExtenderConfig, serve};
+use tessera_scheduler::leader::{self, LeaseConfig};
+use tessera_scheduler::ledger::Ledger;
+use tessera_scheduler::simulate::{self, SimulateOptions, Snapshot};
+
+/// A kube-scheduler extender that shares GPUs: it picks GPUs per node by UUID and
+/// writes scheduling.koordinator.sh/device-allocated on the pod before binding it.
+#[derive(Debug, Parser)]
+#[command(name = "tessera-scheduler", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Args, Clone, Copy)]
+struct PolicyArgs {
+    /// Which GPU on a node: binpack (fullest that fits) or spread (emptiest).
+    #[arg(long, value_enum, default_value_t = Policy::Binpack)]
+    gpu_policy: Policy,
+    /// Which node (prioritize scores): binpack or spread.
+    #[arg(long, value_enum, default_value_t = Policy::Binpack)]
+    node_policy: Policy,
+    /// Bytes in one unit of volcano.sh/gpu-memory.
+    #[arg(long, value_name = "BYTES", default_value_t = 1 << 20)]
+    volcano_memory_unit: u64,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Serve the extender API (POST /filter, /prioritize, /bind; GET /healthz, /readyz).
+    Serve {
+        /// Address to listen on.
+        #[arg(long, default_value = "0.0.0.0:8888")]
+        listen: SocketAddr,
+        /// kubeconfig file [default: $KUBECONFIG, ~/.kube/config, or in-cluster].
+        #[arg(long, value_name = "PATH")]
+        kubeconfig: Option<PathBuf>,
+        #[command(flatten)]
+        policy: PolicyArgs,
+        /// Seconds an allocation stays reserved while its pod update has not been seen.
+        #[arg(long, value_name = "SECS", default_value_t = 30)]
+        reservation_ttl: u64,
+        /// Namespace of the leader-election Lease.
+        #[arg(long, default_value = "tessera-system")]
+        lease_namespace: String,
+        /// This replica's identity in the Lease [default: the host name].
+        #[arg(long, env = "POD_NAME")]
+        identity: Option<String>,
+    },
+    /// Place pending pods on a cluster snapshot and print each pod's node and
+    /// annotation, or why it fits nowhere.
+    Simulate {
+        /// Nodes, Device CRs and running Pods (kubectl get -o yaml|json output, a List or documents).
+        #[arg(long, value_name = "FILE", required_unless_present = "synthetic_nodes")]
+        cluster: Option<PathBuf>,
+        /// Pending pods, placed in file order.
+        #[arg(long, value_name = "FILE", required_unless_present = "synthetic_nodes")]
+        pods: Option<PathBuf>,
+        /// Instead of files: a synthetic cluster of this many nodes (for benchmarks).
+        #[arg(long, value_name = "N")]
+        synthetic_nodes: Option<usize>,
+        /// GPUs per synthetic node.
+        #[arg(long, default_value_t = 8)]
+        synthetic_gpus: u32,
+        /// Running quarter-GPU pods in the synthetic cluster.
+        #[arg(long, default_value_t = 40_000)]
+        synthetic_running: usize,
+        /// Pending pods to place in the synthetic cluster.
+        #[arg(long, default_value_t = 20_000)]
+        synthetic_pending: usize,
+        /// Nodes scored per pod [default: kube-scheduler's adaptive percentage].
+        #[arg(long, default_value_t = 0)]
+        nodes_to_score: usize,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        policy: PolicyArgs,
+    },
+}
+
+fn rss_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kib: f64 = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
+    Some(kib / 1024.0)
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match real_main(Cli::parse()).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("tessera-scheduler: {error:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn client(kubeconfig: Option<PathBuf>) -> anyhow::Result<kube::Client> {
+    Ok(match kubeconfig {
+        Some(path) => {
+            let kubeconfig = kube::config::Kubeconfig::read_from(&path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            kube::Client::try_from(
+                kube::Config::from_custom_kubeconfig(
+                    kubeconfig,
+                    &kube::config::KubeConfigOptions::default(),
+                )
+                .await?,
+            )?
+        }
+        None => kube::Client::try_default()
+            .await
+            .context("no kubeconfig and not in a cluster")?,
+    })
+}
+
+async fn real_main(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Serve {
+            listen,
+            kubeconfig,
+            policy,
+            reservation_ttl,
+            lease_namespace,
+            identity,
+        } => {
+            let client = client(kubeconfig).await?;
+            let ledger = Arc::new(Mutex::new(Ledger::default()));
+            let view = tessera_scheduler::cluster::watch(client.clone(), Arc::clone(&ledger));
+            let leader = Arc::new(AtomicBool::new(false));
+            let identity = identity.unwrap_or_else(|| {
+                std::fs::read_to_string("/proc/sys/kernel/hostname")
+                    .map(|h| h.trim().to_owned())
+                    .unwrap_or_else(|_| "tessera-scheduler".into())
+            });
+            leader::run(
+                client.clone(),
+                LeaseConfig {
+                    namespace: lease_namespace,
+                    name: "tessera-scheduler".into(),
+                    identity,
+                    duration: Duration::from_secs(15),
+                },
+                Arc::clone(&leader),
+            );
+            let config = ExtenderConfig {
+                gpu_policy: policy.gpu_policy,
+                node_policy: policy.node_policy,
+                request: RequestOptions {
+                    volcano_memory_unit: policy.volcano_memory_unit,
+                },
+                reservation_ttl: Duration::from_secs(reservation_ttl),
+            };
+            let extender = Extender::new(
+                ledger,
+                Some(client),
+                Some(view.pods),
+                config,
+                view.ready,
+                leader,
+            );
+            let expiring = extender.clone();
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    let expired = expiring.expire_reservations();
+                    if expired > 0 {
+                        tracing::warn!(
+                            expired,
+                            "allocations released: their pods were not seen bound in time"
+                        );
+                    }
+                }
+            });
+            let listener = tokio::net::TcpListener::bind(listen)
+                .await
+                .with_context(|| format!("listening on {listen}"))?;
+            tracing::info!(%listen, "serving the extender");
+            tokio::select! {
+                () = serve(listener, extender) => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Command::Simulate {
+            cluster,
+            pods,
+            synthetic_nodes,
+            synthetic_gpus,
+            synthetic_running,
+            synthetic_pending,
+            nodes_to_score,
+            json,
+            policy,
+        } => {
+            let started = Instant::now();
+            let (snapshot, pending) = match synthetic_nodes {
+                Some(nodes) => (
+                    simulate::synthetic_cluster(nodes, synthetic_gpus, synthetic_running),
+                    simulate::synthetic_pending(synthetic_pending),
+                ),
+                None => {
+                    let read = |path: &PathBuf| -> anyhow::Result<Snapshot> {
+                        let text = std::fs::read_to_string(path)
+                            .with_context(|| format!("reading {}", path.display()))?;
+                        Ok(simulate::parse_snapshot(
+                            &text,
+                            &path.display().to_string(),
+                        )?)
+                    };
+                    let cluster = read(cluster.as_ref().context("--cluster is required")?)?;
+                    let pending = read(pods.as_ref().context("--pods is required")?)?.pods;
+                    (cluster, pending)
+                }
+            };
+            let mut ledger = simulate::ledger_of(&snapshot);
+            let loaded = started.elapsed();
+            let options = SimulateOptions {
+                gpu_policy: policy.gpu_policy,
+                node_policy: policy.node_policy,
+                request: RequestOptions {
+                    volcano_memory_unit: policy.volcano_memory_unit,
+                },
+                nodes_to_score,
+            };
+            let placing = Instant::now();
+            let outcomes = simulate::simulate(&mut ledger, &pending, &options);
+            let took = placing.elapsed();
+            if synthetic_nodes.is_none() {
+                if json {
+                    println!("{}", serde_json::to_string_pretty(&outcomes)?);
+                } else {
+                    for outcome in &outcomes {
+                        match (&outcome.node, &outcome.annotation) {
+                            (Some(node), Some(annotation)) => {
+                                println!("{}\t-> {node}\t{annotation}", outcome.pod)
+                            }
+                            _ => println!(
+                                "{}\t-> (none)\t{}",
+                                outcome.pod,
+                                outcome.reason.as_deref().unwrap_or("")
+                            ),
+                        }
+                    }
+                }
+            }
+            let placed = outcomes.iter().filter(|o| o.node.is_some()).count();
+            eprintln!(
+                "simulate: {} nodes with Device CRs, {} running pods loaded in {:.2?}; placed {placed} of {} pending pods in {:.2?} ({:.0} placements/s); RSS {:.1} MiB",
+                snapshot.devices.len(),
+                snapshot.pods.len(),
+                loaded,
+                pending.len(),
+                took,
+                pending.len() as f64 / took.as_secs_f64().max(1e-9),
+                rss_mib().unwrap_or(0.0)
+            );
+        }
+    }
+    Ok(())
+}

@@ -17,11 +17,18 @@ fn gpu(i: u32, total_mib: u64, free_mib: u64) -> GpuState {
 }
 
 fn node(name: &str, gpus: Vec<GpuState>) -> NodeState {
-    NodeState { name: name.into(), gpus }
+    NodeState {
+        name: name.into(),
+        gpus,
+    }
 }
 
 fn mib(n: u64) -> GpuRequest {
-    GpuRequest { count: 1, core: 0, memory: GpuMemory::Bytes(n * MIB) }
+    GpuRequest {
+        count: 1,
+        core: 0,
+        memory: GpuMemory::Bytes(n * MIB),
+    }
 }
 
 #[test]
@@ -31,7 +38,10 @@ fn gpushare_seed_only_n3_fits_8138() {
     let n3 = node("n3", vec![gpu(0, 16276, 8138), gpu(1, 16276, 0)]);
     let request = mib(8138);
     assert!(allocate(&n1, &request, Policy::Binpack).is_err());
-    assert!(allocate(&n2, &request, Policy::Binpack).is_err(), "8138 MiB free across two GPUs is not 8138 on one");
+    assert!(
+        allocate(&n2, &request, Policy::Binpack).is_err(),
+        "8138 MiB free across two GPUs is not 8138 on one"
+    );
     let placement = allocate(&n3, &request, Policy::Binpack).expect("fits");
     assert_eq!(placement.gpus[0].uuid, "GPU-0");
     let reason = allocate(&n2, &request, Policy::Binpack).expect_err("unfit");
@@ -40,7 +50,15 @@ fn gpushare_seed_only_n3_fits_8138() {
 
 #[test]
 fn gpushare_seed_binpack_picks_the_tightest() {
-    let n = node("n", vec![gpu(0, 16276, 12207), gpu(1, 16276, 8138), gpu(2, 16276, 4069), gpu(3, 16276, 16276)]);
+    let n = node(
+        "n",
+        vec![
+            gpu(0, 16276, 12207),
+            gpu(1, 16276, 8138),
+            gpu(2, 16276, 4069),
+            gpu(3, 16276, 16276),
+        ],
+    );
     let placement = allocate(&n, &mib(8138), Policy::Binpack).expect("fits");
     assert_eq!(placement.gpus[0].uuid, "GPU-1");
     let spread = allocate(&n, &mib(8138), Policy::Spread).expect("fits");
@@ -50,18 +68,40 @@ fn gpushare_seed_binpack_picks_the_tightest() {
 #[test]
 fn whole_and_shared_conflict() {
     let mut n = node("n", vec![gpu(0, 16384, 16384), gpu(1, 16384, 16384)]);
-    let half = GpuRequest { count: 1, core: 50, memory: GpuMemory::Ratio(50) };
-    let whole = GpuRequest { count: 1, core: 100, memory: GpuMemory::Ratio(100) };
+    let half = GpuRequest {
+        count: 1,
+        core: 50,
+        memory: GpuMemory::Ratio(50),
+    };
+    let whole = GpuRequest {
+        count: 1,
+        core: 100,
+        memory: GpuMemory::Ratio(100),
+    };
     let first = allocate(&n, &half, Policy::Binpack).expect("fits");
     account(&mut n, &first, true);
     let second = allocate(&n, &whole, Policy::Binpack).expect("the other GPU");
     assert_ne!(second.gpus[0].uuid, first.gpus[0].uuid);
     account(&mut n, &second, true);
-    assert!(allocate(&n, &whole, Policy::Binpack).is_err(), "no whole GPU left");
+    assert!(
+        allocate(&n, &whole, Policy::Binpack).is_err(),
+        "no whole GPU left"
+    );
     let again = allocate(&n, &half, Policy::Binpack).expect("the shared GPU's other half");
     assert_eq!(again.gpus[0].uuid, first.gpus[0].uuid);
     account(&mut n, &again, true);
-    assert!(allocate(&n, &GpuRequest { count: 1, core: 1, memory: GpuMemory::None }, Policy::Binpack).is_err());
+    assert!(
+        allocate(
+            &n,
+            &GpuRequest {
+                count: 1,
+                core: 1,
+                memory: GpuMemory::None
+            },
+            Policy::Binpack
+        )
+        .is_err()
+    );
     account(&mut n, &again, false);
     assert!(allocate(&n, &half, Policy::Binpack).is_ok(), "released");
 }
@@ -76,8 +116,17 @@ fn multi_gpu_prefers_nvlink_then_pcie_then_numa() {
     gpus[1].nvlink_peers = vec!["GPU-6".into()];
     gpus[6].nvlink_peers = vec!["GPU-1".into()];
     let n = node("n", gpus.clone());
-    let two = GpuRequest { count: 2, core: 100, memory: GpuMemory::Ratio(100) };
-    let chosen: Vec<String> = allocate(&n, &two, Policy::Binpack).expect("fits").gpus.into_iter().map(|s| s.uuid).collect();
+    let two = GpuRequest {
+        count: 2,
+        core: 100,
+        memory: GpuMemory::Ratio(100),
+    };
+    let chosen: Vec<String> = allocate(&n, &two, Policy::Binpack)
+        .expect("fits")
+        .gpus
+        .into_iter()
+        .map(|s| s.uuid)
+        .collect();
     assert_eq!(chosen, ["GPU-1", "GPU-6"], "NVLink pair");
 
     let mut no_link = gpus.clone();
@@ -86,12 +135,30 @@ fn multi_gpu_prefers_nvlink_then_pcie_then_numa() {
     }
     no_link[0].core_used = 10; // GPU 0 is not whole-free: its switch partner GPU 1 is alone
     let n = node("n", no_link.clone());
-    let chosen: Vec<String> = allocate(&n, &two, Policy::Binpack).expect("fits").gpus.into_iter().map(|s| s.uuid).collect();
+    let chosen: Vec<String> = allocate(&n, &two, Policy::Binpack)
+        .expect("fits")
+        .gpus
+        .into_iter()
+        .map(|s| s.uuid)
+        .collect();
     assert_eq!(chosen, ["GPU-2", "GPU-3"], "same PCIe switch");
 
-    let four = GpuRequest { count: 4, core: 100, memory: GpuMemory::Ratio(100) };
-    let chosen: Vec<u32> = allocate(&n, &four, Policy::Binpack).expect("fits").gpus.iter().map(|s| s.minor).collect();
-    assert_eq!(chosen, [4, 5, 6, 7], "a whole NUMA node rather than spanning both");
+    let four = GpuRequest {
+        count: 4,
+        core: 100,
+        memory: GpuMemory::Ratio(100),
+    };
+    let chosen: Vec<u32> = allocate(&n, &four, Policy::Binpack)
+        .expect("fits")
+        .gpus
+        .iter()
+        .map(|s| s.minor)
+        .collect();
+    assert_eq!(
+        chosen,
+        [4, 5, 6, 7],
+        "a whole NUMA node rather than spanning both"
+    );
 }
 
 #[test]
@@ -101,19 +168,39 @@ fn unhealthy_and_legacy_gpus_are_never_used() {
     n.gpus[1].legacy = true;
     assert!(allocate(&n, &mib(1), Policy::Binpack).is_err());
     n.gpus[1].legacy = false;
-    assert_eq!(allocate(&n, &mib(1), Policy::Binpack).expect("GPU 1").gpus[0].uuid, "GPU-1");
+    assert_eq!(
+        allocate(&n, &mib(1), Policy::Binpack).expect("GPU 1").gpus[0].uuid,
+        "GPU-1"
+    );
 }
 
 #[test]
 fn ratio_translates_per_gpu() {
     let n = node("n", vec![gpu(0, 16384, 16384), gpu(1, 81920, 81920)]);
-    let quarter = GpuRequest { count: 1, core: 25, memory: GpuMemory::Ratio(25) };
-    let on_small = allocate(&node("n", vec![n.gpus[0].clone()]), &quarter, Policy::Binpack).expect("fits");
+    let quarter = GpuRequest {
+        count: 1,
+        core: 25,
+        memory: GpuMemory::Ratio(25),
+    };
+    let on_small = allocate(
+        &node("n", vec![n.gpus[0].clone()]),
+        &quarter,
+        Policy::Binpack,
+    )
+    .expect("fits");
     assert_eq!(on_small.gpus[0].memory, 4096 * MIB);
-    let on_big = allocate(&node("n", vec![n.gpus[1].clone()]), &quarter, Policy::Binpack).expect("fits");
+    let on_big = allocate(
+        &node("n", vec![n.gpus[1].clone()]),
+        &quarter,
+        Policy::Binpack,
+    )
+    .expect("fits");
     assert_eq!(on_big.gpus[0].memory, 20480 * MIB);
     let bytes = allocate(&n, &mib(8192), Policy::Spread).expect("fits");
-    assert_eq!((bytes.gpus[0].uuid.as_str(), bytes.gpus[0].ratio), ("GPU-1", 10));
+    assert_eq!(
+        (bytes.gpus[0].uuid.as_str(), bytes.gpus[0].ratio),
+        ("GPU-1", 10)
+    );
 }
 
 #[test]
@@ -121,7 +208,11 @@ fn scores_follow_the_policy() {
     let empty = node("a", vec![gpu(0, 16384, 16384)]);
     let mut busy = node("b", vec![gpu(0, 16384, 8192)]);
     busy.gpus[0].core_used = 50;
-    let request = GpuRequest { count: 1, core: 25, memory: GpuMemory::Ratio(25) };
+    let request = GpuRequest {
+        count: 1,
+        core: 25,
+        memory: GpuMemory::Ratio(25),
+    };
     let p_empty = allocate(&empty, &request, Policy::Binpack).expect("fits");
     let p_busy = allocate(&busy, &request, Policy::Binpack).expect("fits");
     assert!(score(&busy, &p_busy, Policy::Binpack) > score(&empty, &p_empty, Policy::Binpack));

@@ -1,0 +1,470 @@
+//! The extender HTTP API as kube-scheduler calls it (k8s.io/kube-scheduler/extender/v1,
+//! PascalCase JSON): filter, prioritize, bind; plus health and readiness.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use k8s_openapi::api::core::v1::{Binding, Node, ObjectReference, Pod};
+use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Api, Client};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use tessera_api::request::{GpuRequest, RequestOptions, pod_gpu_request};
+use tessera_api::resources::DEVICE_ALLOCATED;
+
+use crate::core::{Policy, allocate, score};
+use crate::ledger::{Ledger, annotation_of};
+
+/// `ExtenderArgs`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct ExtenderArgs {
+    /// The pod being scheduled.
+    pub pod: Pod,
+    /// Candidate nodes (when the extender is not nodeCacheCapable).
+    #[serde(default)]
+    pub nodes: Option<NodeList>,
+    /// Candidate node names (nodeCacheCapable).
+    #[serde(default)]
+    pub node_names: Option<Vec<String>>,
+}
+
+/// A `v1.NodeList` as kube-scheduler sends it.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+pub struct NodeList {
+    /// The nodes.
+    #[serde(default)]
+    pub items: Vec<Node>,
+}
+
+/// `ExtenderFilterResult`.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "PascalCase")]
+pub struct ExtenderFilterResult {
+    /// Nodes that fit (not nodeCacheCapable).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nodes: Option<serde_json::Value>,
+    /// Names of nodes that fit.
+    #[serde(default)]
+    pub node_names: Option<Vec<String>>,
+    /// Node → why it does not fit (preemption may help).
+    #[serde(default)]
+    pub failed_nodes: BTreeMap<String, String>,
+    /// Node → why it can never fit.
+    #[serde(default)]
+    pub failed_and_unresolvable_nodes: BTreeMap<String, String>,
+    /// An error that fails the whole call.
+    #[serde(default)]
+    pub error: String,
+}
+
+/// `HostPriority`.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "PascalCase")]
+pub struct HostPriority {
+    /// Node name.
+    pub host: String,
+    /// 0..=10.
+    pub score: i64,
+}
+
+/// `ExtenderBindingArgs`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct ExtenderBindingArgs {
+    /// Pod name.
+    pub pod_name: String,
+    /// Pod namespace.
+    pub pod_namespace: String,
+    /// Pod UID.
+    #[serde(rename = "PodUID")]
+    pub pod_uid: String,
+    /// The chosen node.
+    pub node: String,
+}
+
+/// `ExtenderBindingResult`.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "PascalCase")]
+pub struct ExtenderBindingResult {
+    /// Empty on success.
+    #[serde(default)]
+    pub error: String,
+}
+
+/// Extender settings.
+#[derive(Debug, Clone, Copy)]
+pub struct ExtenderConfig {
+    /// Which GPU on a node.
+    pub gpu_policy: Policy,
+    /// Which node (prioritize).
+    pub node_policy: Policy,
+    /// Request parsing.
+    pub request: RequestOptions,
+    /// How long an allocation stays reserved without its pod update.
+    pub reservation_ttl: Duration,
+}
+
+impl Default for ExtenderConfig {
+    fn default() -> Self {
+        Self {
+            gpu_policy: Policy::Binpack,
+            node_policy: Policy::Binpack,
+            request: RequestOptions::default(),
+            reservation_ttl: Duration::from_secs(30),
+        }
+    }
+}
+
+/// The extender: the ledger, the way to the API server, and who leads.
+#[derive(Clone)]
+pub struct Extender {
+    ledger: Arc<Mutex<Ledger>>,
+    client: Option<Client>,
+    pods: Option<Store<Pod>>,
+    config: ExtenderConfig,
+    ready: Arc<AtomicBool>,
+    leader: Arc<AtomicBool>,
+    started: Instant,
+}
+
+impl std::fmt::Debug for Extender {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Extender")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+fn pod_name(pod: &Pod) -> String {
+    format!(
+        "{}/{}",
+        pod.metadata.namespace.as_deref().unwrap_or("default"),
+        pod.metadata.name.as_deref().unwrap_or("")
+    )
+}
+
+impl Extender {
+    /// An extender over `ledger`; `client` is needed to bind.
+    pub fn new(
+        ledger: Arc<Mutex<Ledger>>,
+        client: Option<Client>,
+        pods: Option<Store<Pod>>,
+        config: ExtenderConfig,
+        ready: Arc<AtomicBool>,
+        leader: Arc<AtomicBool>,
+    ) -> Self {
+        Self {
+            ledger,
+            client,
+            pods,
+            config,
+            ready,
+            leader,
+            started: Instant::now(),
+        }
+    }
+
+    fn ledger(&self) -> std::sync::MutexGuard<'_, Ledger> {
+        self.ledger
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn now(&self) -> u64 {
+        self.started.elapsed().as_secs()
+    }
+
+    /// Gives back expired reservations; call periodically.
+    pub fn expire_reservations(&self) -> usize {
+        let now = self.now();
+        self.ledger().expire(now)
+    }
+
+    /// `filter`.
+    pub fn filter(&self, args: &ExtenderArgs) -> ExtenderFilterResult {
+        let names = candidate_names(args);
+        let request = match pod_gpu_request(&args.pod, &self.config.request) {
+            Ok(Some(request)) => request,
+            Ok(None) => {
+                return ExtenderFilterResult {
+                    node_names: Some(names),
+                    nodes: args.nodes.as_ref().map(|n| json!(n)),
+                    ..Default::default()
+                };
+            }
+            Err(error) => {
+                return ExtenderFilterResult {
+                    error: format!("pod {}: {error}", pod_name(&args.pod)),
+                    ..Default::default()
+                };
+            }
+        };
+        let mut result = ExtenderFilterResult::default();
+        let mut fit = Vec::new();
+        {
+            let ledger = self.ledger();
+            for name in names {
+                match ledger.node(&name) {
+                    None => {
+                        result
+                            .failed_and_unresolvable_nodes
+                            .insert(name, "no Device CR: the node reports no GPUs".into());
+                    }
+                    Some(node) => match allocate(node, &request, self.config.gpu_policy) {
+                        Ok(_) => fit.push(name),
+                        Err(reason) => {
+                            result.failed_nodes.insert(name, reason);
+                        }
+                    },
+                }
+            }
+        }
+        if let Some(list) = &args.nodes {
+            let items: Vec<&Node> = list
+                .items
+                .iter()
+                .filter(|n| n.metadata.name.as_ref().is_some_and(|m| fit.contains(m)))
+                .collect();
+            result.nodes = Some(json!({"items": items}));
+        }
+        result.node_names = Some(fit);
+        result
+    }
+
+    /// `prioritize`.
+    pub fn prioritize(&self, args: &ExtenderArgs) -> Vec<HostPriority> {
+        let names = candidate_names(args);
+        let request = pod_gpu_request(&args.pod, &self.config.request)
+            .ok()
+            .flatten();
+        let ledger = self.ledger();
+        names
+            .into_iter()
+            .map(|host| {
+                let score = match (&request, ledger.node(&host)) {
+                    (Some(request), Some(node)) => allocate(node, request, self.config.gpu_policy)
+                        .map_or(0, |p| score(node, &p, self.config.node_policy)),
+                    _ => 0,
+                };
+                HostPriority { host, score }
+            })
+            .collect()
+    }
+
+    /// `bind`: choose GPUs under the ledger's lock (reserving them), write the
+    /// annotation, create the Binding; on any failure roll back both.
+    pub async fn bind(&self, args: &ExtenderBindingArgs) -> ExtenderBindingResult {
+        let error = |message: String| ExtenderBindingResult { error: message };
+        if !self.leader.load(Ordering::SeqCst) {
+            return error("this tessera-scheduler replica is not the leader; retry".into());
+        }
+        let Some(client) = self.client.clone() else {
+            return error("no API server client".into());
+        };
+        let who = format!("pod {}/{}", args.pod_namespace, args.pod_name);
+        let pods: Api<Pod> = Api::namespaced(client.clone(), &args.pod_namespace);
+        let cached = self.pods.as_ref().and_then(|store| {
+            store.get(&ObjectRef::new(&args.pod_name).within(&args.pod_namespace))
+        });
+        let pod = match cached {
+            Some(pod) if pod.metadata.uid.as_deref() == Some(args.pod_uid.as_str()) => {
+                Pod::clone(&pod)
+            }
+            _ => match pods.get(&args.pod_name).await {
+                Ok(pod) => pod,
+                Err(e) => return error(format!("{who}: reading it: {e}")),
+            },
+        };
+        if pod.metadata.uid.as_deref() != Some(args.pod_uid.as_str()) {
+            return error(format!(
+                "{who}: UID {} is not the one scheduled ({})",
+                pod.metadata.uid.unwrap_or_default(),
+                args.pod_uid
+            ));
+        }
+        let request: Option<GpuRequest> = match pod_gpu_request(&pod, &self.config.request) {
+            Ok(request) => request,
+            Err(e) => return error(format!("{who}: {e}")),
+        };
+        let mut annotated = false;
+        if let Some(request) = request {
+            // Choose and reserve atomically: parallel binds to one node see each other.
+            let placement = {
+                let mut ledger = self.ledger();
+                let Some(node) = ledger.node(&args.node) else {
+                    return error(format!("{who}: node {} has no Device CR", args.node));
+                };
+                let placement = match allocate(node, &request, self.config.gpu_policy) {
+                    Ok(placement) => placement,
+                    Err(reason) => return error(format!("{who}: node {}: {reason}", args.node)),
+                };
+                let expires = self.now() + self.config.reservation_ttl.as_secs();
+                ledger.reserve(&args.pod_uid, &args.node, placement.clone(), expires);
+                placement
+            };
+            let patch =
+                json!({"metadata": {"annotations": {DEVICE_ALLOCATED: annotation_of(&placement)}}});
+            if let Err(e) = pods
+                .patch(
+                    &args.pod_name,
+                    &PatchParams::default(),
+                    &Patch::Merge(&patch),
+                )
+                .await
+            {
+                self.ledger().release(&args.pod_uid);
+                return error(format!("{who}: writing {DEVICE_ALLOCATED}: {e}"));
+            }
+            annotated = true;
+        }
+        let binding = Binding {
+            metadata: ObjectMeta {
+                name: Some(args.pod_name.clone()),
+                namespace: Some(args.pod_namespace.clone()),
+                uid: None,
+                ..ObjectMeta::default()
+            },
+            target: ObjectReference {
+                kind: Some("Node".into()),
+                api_version: Some("v1".into()),
+                name: Some(args.node.clone()),
+                ..ObjectReference::default()
+            },
+        };
+        let created = pods
+            .create_subresource::<Binding, serde_json::Value>(
+                "binding",
+                &args.pod_name,
+                &PostParams::default(),
+                &binding,
+            )
+            .await;
+        if let Err(e) = created {
+            if annotated {
+                // Roll the annotation back and give the GPUs back.
+                let undo = json!({"metadata": {"annotations": {DEVICE_ALLOCATED: null}}});
+                if let Err(undo_error) = pods
+                    .patch(
+                        &args.pod_name,
+                        &PatchParams::default(),
+                        &Patch::Merge(&undo),
+                    )
+                    .await
+                {
+                    tracing::error!(pod = %who, error = %undo_error, "rolling back the allocation annotation failed");
+                }
+                self.ledger().release(&args.pod_uid);
+            }
+            return error(format!("{who}: binding to {}: {e}", args.node));
+        }
+        tracing::info!(pod = %who, node = %args.node, gpus = annotated, "bound");
+        ExtenderBindingResult::default()
+    }
+
+    /// Serves one HTTP request.
+    pub async fn handle(&self, request: Request<Incoming>) -> Response<Full<Bytes>> {
+        let (method, path) = (request.method().clone(), request.uri().path().to_owned());
+        let span = tracing::debug_span!("extender", %method, %path);
+        let _entered = span.enter();
+        let respond = |status: StatusCode, body: Vec<u8>| {
+            let mut response = Response::new(Full::new(Bytes::from(body)));
+            *response.status_mut() = status;
+            response.headers_mut().insert(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static("application/json"),
+            );
+            response
+        };
+        match (&method, path.trim_end_matches('/')) {
+            (&Method::GET, "/healthz") => return respond(StatusCode::OK, b"ok".to_vec()),
+            (&Method::GET, "/readyz") => {
+                return if self.ready.load(Ordering::SeqCst) {
+                    respond(StatusCode::OK, b"ok".to_vec())
+                } else {
+                    respond(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        b"cache not synced".to_vec(),
+                    )
+                };
+            }
+            (&Method::POST, _) => {}
+            _ => return respond(StatusCode::NOT_FOUND, b"not found".to_vec()),
+        }
+        drop(_entered);
+        let body = match request.into_body().collect().await {
+            Ok(body) => body.to_bytes(),
+            Err(e) => {
+                return respond(
+                    StatusCode::BAD_REQUEST,
+                    format!("reading body: {e}").into_bytes(),
+                );
+            }
+        };
+        let bad = |e: serde_json::Error| {
+            respond(
+                StatusCode::BAD_REQUEST,
+                format!("{path}: invalid JSON: {e}").into_bytes(),
+            )
+        };
+        let encoded = match path.trim_end_matches('/').rsplit('/').next().unwrap_or("") {
+            "filter" => serde_json::from_slice::<ExtenderArgs>(&body)
+                .map(|args| serde_json::to_vec(&self.filter(&args))),
+            "prioritize" => serde_json::from_slice::<ExtenderArgs>(&body)
+                .map(|args| serde_json::to_vec(&self.prioritize(&args))),
+            "bind" => match serde_json::from_slice::<ExtenderBindingArgs>(&body) {
+                Ok(args) => Ok(serde_json::to_vec(&self.bind(&args).await)),
+                Err(e) => Err(e),
+            },
+            _ => return respond(StatusCode::NOT_FOUND, b"not found".to_vec()),
+        };
+        match encoded {
+            Ok(Ok(bytes)) => respond(StatusCode::OK, bytes),
+            Ok(Err(e)) | Err(e) => bad(e),
+        }
+    }
+}
+
+fn candidate_names(args: &ExtenderArgs) -> Vec<String> {
+    match (&args.node_names, &args.nodes) {
+        (Some(names), _) => names.clone(),
+        (None, Some(list)) => list
+            .items
+            .iter()
+            .filter_map(|n| n.metadata.name.clone())
+            .collect(),
+        (None, None) => Vec::new(),
+    }
+}
+
+/// Serves the extender on `listener` until the task is dropped.
+pub async fn serve(listener: tokio::net::TcpListener, extender: Extender) {
+    loop {
+        let (stream, _) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                tracing::warn!(%error, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let extender = extender.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |request| {
+                let extender = extender.clone();
+                async move { Ok::<_, Infallible>(extender.handle(request).await) }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
