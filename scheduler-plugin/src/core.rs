@@ -96,8 +96,17 @@ pub struct Placement {
     pub gpus: Vec<GpuShare>,
 }
 
-/// The share `request` takes of `gpu`, when it fits.
-fn share(gpu: &GpuState, request: &GpuRequest) -> Option<GpuShare> {
+/// What `request` takes of one GPU: compute, memory bytes, memory percent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Take {
+    core: u64,
+    memory: u64,
+    ratio: u64,
+}
+
+/// What `request` takes of `gpu`, when it fits. No allocation: this runs for
+/// every GPU of every candidate node.
+fn take(gpu: &GpuState, request: &GpuRequest) -> Option<Take> {
     if !gpu.usable() || gpu.memory_total == 0 {
         return None;
     }
@@ -115,19 +124,45 @@ fn share(gpu: &GpuState, request: &GpuRequest) -> Option<GpuShare> {
     if request.is_whole() && (gpu.core_used > 0 || gpu.memory_used > 0) {
         return None;
     }
-    (request.core <= gpu.free_core() && memory <= gpu.free_memory()).then(|| GpuShare {
-        uuid: gpu.uuid.clone(),
-        minor: gpu.minor,
+    (request.core <= gpu.free_core() && memory <= gpu.free_memory()).then_some(Take {
         core: request.core,
         memory,
         ratio,
     })
 }
 
-/// How full the GPU would be after taking `share`, 0..=2 (compute + memory fractions).
-fn fullness_after(gpu: &GpuState, share: &GpuShare) -> f64 {
-    let core = (gpu.core_used + share.core) as f64 / 100.0;
-    let memory = (gpu.memory_used + share.memory) as f64 / gpu.memory_total.max(1) as f64;
+fn share(gpu: &GpuState, request: &GpuRequest) -> Option<GpuShare> {
+    take(gpu, request).map(|t| to_share(gpu, t))
+}
+
+fn to_share(gpu: &GpuState, take: Take) -> GpuShare {
+    GpuShare {
+        uuid: gpu.uuid.clone(),
+        minor: gpu.minor,
+        core: take.core,
+        memory: take.memory,
+        ratio: take.ratio,
+    }
+}
+
+/// Whether `request` fits on `node` (cheaper than [`allocate`]: a group of
+/// `count` fitting GPUs always exists once `count` GPUs fit).
+pub fn fits(node: &NodeState, request: &GpuRequest) -> bool {
+    let needed = request.count as usize;
+    needed > 0
+        && node
+            .gpus
+            .iter()
+            .filter(|g| take(g, request).is_some())
+            .take(needed)
+            .count()
+            == needed
+}
+
+/// How full the GPU would be after `take`, 0..=2 (compute + memory fractions).
+fn fullness_after(gpu: &GpuState, take: Take) -> f64 {
+    let core = (gpu.core_used + take.core) as f64 / 100.0;
+    let memory = (gpu.memory_used + take.memory) as f64 / gpu.memory_total.max(1) as f64;
     core + memory
 }
 
@@ -173,14 +208,35 @@ pub fn allocate(
     request: &GpuRequest,
     policy: Policy,
 ) -> Result<Placement, String> {
-    let mut candidates: Vec<(usize, GpuShare, f64)> = node
+    let better = |a: f64, b: f64| match policy {
+        Policy::Binpack => a > b,
+        Policy::Spread => a < b,
+    };
+    let count = request.count as usize;
+    if count == 1 {
+        // One GPU: a single pass, no sorting.
+        let mut best: Option<(usize, Take, f64)> = None;
+        for (index, gpu) in node.gpus.iter().enumerate() {
+            if let Some(t) = take(gpu, request) {
+                let full = fullness_after(gpu, t);
+                if best.as_ref().is_none_or(|(_, _, b)| better(full, *b)) {
+                    best = Some((index, t, full));
+                }
+            }
+        }
+        return match best {
+            Some((index, t, _)) => Ok(Placement {
+                gpus: vec![to_share(&node.gpus[index], t)],
+            }),
+            None => Err(unfit_reason(node, request)),
+        };
+    }
+    let mut candidates: Vec<(usize, Take, f64)> = node
         .gpus
         .iter()
         .enumerate()
-        .filter_map(|(index, gpu)| share(gpu, request).map(|s| (index, fullness_after(gpu, &s), s)))
-        .map(|(index, full, s)| (index, s, full))
+        .filter_map(|(index, gpu)| take(gpu, request).map(|t| (index, t, fullness_after(gpu, t))))
         .collect();
-    let count = request.count as usize;
     if candidates.len() < count || count == 0 {
         return Err(unfit_reason(node, request));
     }
@@ -190,18 +246,14 @@ pub fn allocate(
             Policy::Binpack => b.2.total_cmp(&a.2),
             Policy::Spread => a.2.total_cmp(&b.2),
         };
-        order.then(a.1.minor.cmp(&b.1.minor))
+        order.then(node.gpus[a.0].minor.cmp(&node.gpus[b.0].minor))
     });
-    if count == 1 {
-        return Ok(Placement {
-            gpus: vec![candidates[0].1.clone()],
-        });
-    }
     // Multi-GPU: for each anchor, grow a group by affinity (NVLink > PCIe switch >
     // NUMA), keep the group with the most affinity, then the best by policy.
+    let gpu_of = |rank: usize| &node.gpus[candidates[rank].0];
     let mut best: Option<(u32, usize, Vec<usize>)> = None;
-    for (anchor_rank, anchor) in candidates.iter().enumerate() {
-        let mut group = vec![anchor_rank];
+    for anchor in 0..candidates.len() {
+        let mut group = vec![anchor];
         while group.len() < count {
             let next = (0..candidates.len())
                 .filter(|rank| !group.contains(rank))
@@ -209,12 +261,7 @@ pub fn allocate(
                     let score = |rank: usize| -> u32 {
                         group
                             .iter()
-                            .map(|&g| {
-                                affinity(
-                                    &node.gpus[candidates[g].0],
-                                    &node.gpus[candidates[rank].0],
-                                )
-                            })
+                            .map(|&g| affinity(gpu_of(g), gpu_of(rank)))
                             .sum()
                     };
                     score(x).cmp(&score(y)).then(y.cmp(&x))
@@ -228,43 +275,79 @@ pub fn allocate(
             .iter()
             .enumerate()
             .flat_map(|(i, &a)| group[i + 1..].iter().map(move |&b| (a, b)))
-            .map(|(a, b)| affinity(&node.gpus[candidates[a].0], &node.gpus[candidates[b].0]))
+            .map(|(a, b)| affinity(gpu_of(a), gpu_of(b)))
             .sum();
         let rank_sum: usize = group.iter().sum();
-        let better = match &best {
+        let wins = match &best {
             None => true,
             Some((best_total, best_ranks, _)) => {
                 total > *best_total || (total == *best_total && rank_sum < *best_ranks)
             }
         };
-        if better {
+        if wins {
             best = Some((total, rank_sum, group));
         }
-        let _ = anchor;
     }
     let (_, _, mut group) = best.ok_or_else(|| unfit_reason(node, request))?;
-    group.sort_by_key(|&rank| candidates[rank].1.minor);
+    group.sort_by_key(|&rank| gpu_of(rank).minor);
     Ok(Placement {
         gpus: group
             .into_iter()
-            .map(|rank| candidates[rank].1.clone())
+            .map(|rank| to_share(gpu_of(rank), candidates[rank].1))
             .collect(),
     })
+}
+
+/// The extender score 0..=10 of placing `request` on `node`, or `None` when it
+/// does not fit. Same choice as [`allocate`], without building the placement.
+pub fn score_request(
+    node: &NodeState,
+    request: &GpuRequest,
+    gpu_policy: Policy,
+    node_policy: Policy,
+) -> Option<i64> {
+    if request.count == 1 {
+        let better = |a: f64, b: f64| match gpu_policy {
+            Policy::Binpack => a > b,
+            Policy::Spread => a < b,
+        };
+        let mut best: Option<(Take, f64)> = None;
+        for gpu in &node.gpus {
+            if let Some(t) = take(gpu, request) {
+                let full = fullness_after(gpu, t);
+                if best.as_ref().is_none_or(|(_, b)| better(full, *b)) {
+                    best = Some((t, full));
+                }
+            }
+        }
+        return best.map(|(t, _)| score_added(node, t.core, t.memory, node_policy));
+    }
+    allocate(node, request, gpu_policy)
+        .ok()
+        .map(|placement| score(node, &placement, node_policy))
 }
 
 /// The extender score 0..=10 of placing `request` on `node`: binpack favours the
 /// node that is fullest afterwards, spread the emptiest.
 pub fn score(node: &NodeState, placement: &Placement, policy: Policy) -> i64 {
-    let usable: Vec<&GpuState> = node.gpus.iter().filter(|g| g.usable()).collect();
-    if usable.is_empty() {
-        return 0;
-    }
     let added_core: u64 = placement.gpus.iter().map(|s| s.core).sum();
     let added_memory: u64 = placement.gpus.iter().map(|s| s.memory).sum();
-    let core_total = 100 * usable.len() as u64;
-    let memory_total: u64 = usable.iter().map(|g| g.memory_total).sum();
-    let core_used: u64 = usable.iter().map(|g| g.core_used).sum::<u64>() + added_core;
-    let memory_used: u64 = usable.iter().map(|g| g.memory_used).sum::<u64>() + added_memory;
+    score_added(node, added_core, added_memory, policy)
+}
+
+fn score_added(node: &NodeState, added_core: u64, added_memory: u64, policy: Policy) -> i64 {
+    let (mut usable, mut memory_total, mut core_used, mut memory_used) =
+        (0u64, 0u64, added_core, added_memory);
+    for gpu in node.gpus.iter().filter(|g| g.usable()) {
+        usable += 1;
+        memory_total += gpu.memory_total;
+        core_used += gpu.core_used;
+        memory_used += gpu.memory_used;
+    }
+    if usable == 0 {
+        return 0;
+    }
+    let core_total = 100 * usable;
     let fullness = (core_used as f64 / core_total as f64
         + memory_used as f64 / memory_total.max(1) as f64)
         / 2.0;

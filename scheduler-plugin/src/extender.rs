@@ -20,7 +20,7 @@ use serde_json::json;
 use tessera_api::request::{GpuRequest, RequestOptions, pod_gpu_request};
 use tessera_api::resources::DEVICE_ALLOCATED;
 
-use crate::core::{Policy, allocate, score};
+use crate::core::{Policy, allocate, fits, score_request, unfit_reason};
 use crate::ledger::{Ledger, annotation_of};
 
 /// `ExtenderArgs`.
@@ -219,12 +219,12 @@ impl Extender {
                             .failed_and_unresolvable_nodes
                             .insert(name, "no Device CR: the node reports no GPUs".into());
                     }
-                    Some(node) => match allocate(node, &request, self.config.gpu_policy) {
-                        Ok(_) => fit.push(name),
-                        Err(reason) => {
-                            result.failed_nodes.insert(name, reason);
-                        }
-                    },
+                    Some(node) if fits(node, &request) => fit.push(name),
+                    Some(node) => {
+                        result
+                            .failed_nodes
+                            .insert(name, unfit_reason(node, &request));
+                    }
                 }
             }
         }
@@ -251,8 +251,13 @@ impl Extender {
             .into_iter()
             .map(|host| {
                 let score = match (&request, ledger.node(&host)) {
-                    (Some(request), Some(node)) => allocate(node, request, self.config.gpu_policy)
-                        .map_or(0, |p| score(node, &p, self.config.node_policy)),
+                    (Some(request), Some(node)) => score_request(
+                        node,
+                        request,
+                        self.config.gpu_policy,
+                        self.config.node_policy,
+                    )
+                    .unwrap_or(0),
                     _ => 0,
                 };
                 HostPriority { host, score }

@@ -46,6 +46,16 @@ enum Command {
         #[arg(long, default_value_t = 60)]
         iterations: usize,
     },
+    /// tessera-scheduler's extender over HTTP: filter + prioritize latency for one
+    /// pod on a synthetic cluster (8 GPUs per node, one running shared pod per GPU).
+    Extender {
+        /// filter+prioritize pairs per NodeNames size.
+        #[arg(long, default_value_t = 1000)]
+        iterations: usize,
+        /// Nodes in the cluster.
+        #[arg(long, default_value_t = 5000)]
+        nodes: usize,
+    },
 }
 
 #[tokio::main]
@@ -64,6 +74,11 @@ async fn main() -> anyhow::Result<()> {
             proxy_bench(&proxy_bin, iterations, containers, cycles).await
         }
         Command::GpuHook { iterations } => gpu_hook_bench(iterations).await,
+        // kube-scheduler sends the nodes its own filters passed: with 5,000 nodes its
+        // adaptive percentageOfNodesToScore stops at 500 feasible ones; all is the worst case.
+        Command::Extender { iterations, nodes } => {
+            extender_bench(iterations, nodes, &[500, nodes]).await
+        }
     }
 }
 
@@ -516,5 +531,89 @@ async fn gpu_hook_bench(iterations: usize) -> anyhow::Result<()> {
         },
     ];
     print_rows(&rows);
+    Ok(())
+}
+
+async fn extender_bench(
+    iterations: usize,
+    nodes: usize,
+    names_per_call: &[usize],
+) -> anyhow::Result<()> {
+    use http_body_util::{BodyExt, Full};
+    use tessera_scheduler::extender::{Extender, ExtenderConfig, serve};
+
+    let started = Instant::now();
+    let snapshot = tessera_scheduler::simulate::synthetic_cluster(nodes, 8, nodes * 8);
+    let ledger = tessera_scheduler::simulate::ledger_of(&snapshot);
+    let pods = snapshot.pods.len();
+    drop(snapshot);
+    let built = started.elapsed();
+    let ready = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let leader = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let extender = Extender::new(
+        std::sync::Arc::new(std::sync::Mutex::new(ledger)),
+        None,
+        None,
+        ExtenderConfig::default(),
+        ready,
+        leader,
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}", listener.local_addr()?);
+    let server = tokio::spawn(serve(listener, extender));
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<Full<bytes::Bytes>>();
+    let pod = serde_json::json!({"apiVersion":"v1","kind":"Pod","metadata":{"name":"bench","namespace":"default","uid":"u"},
+        "spec":{"containers":[{"name":"main","image":"x","resources":{"limits":{"koordinator.sh/gpu-core":"50","koordinator.sh/gpu-memory-ratio":"50"}}}]}});
+    let rss = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+        })
+        .unwrap_or(0.0)
+        / 1024.0;
+    println!(
+        "tessera-bench extender: {nodes} nodes × 8 GPUs, {pods} running shared pods (ledger built in {built:.2?}); RSS {rss:.1} MiB"
+    );
+    println!(
+        "{:<28} {:>10} {:>10} {:>10}",
+        "NodeNames per call", "p50", "p99", "max"
+    );
+    for &count in names_per_call {
+        let names: Vec<String> = (0..count.min(nodes))
+            .map(|i| format!("node-{:05}", (i * 7919) % nodes))
+            .collect();
+        let body = serde_json::to_vec(&serde_json::json!({"Pod": pod, "NodeNames": names}))?;
+        let mut samples = Vec::with_capacity(iterations);
+        for round in 0..iterations + 20 {
+            let begun = Instant::now();
+            for path in ["filter", "prioritize"] {
+                let request = http::Request::post(format!("{url}/{path}"))
+                    .header("content-type", "application/json")
+                    .body(Full::new(bytes::Bytes::from(body.clone())))?;
+                let response = client.request(request).await?;
+                anyhow::ensure!(
+                    response.status().is_success(),
+                    "{path}: {}",
+                    response.status()
+                );
+                response.into_body().collect().await?;
+            }
+            if round >= 20 {
+                samples.push(begun.elapsed());
+            }
+        }
+        let samples = Samples(samples);
+        println!(
+            "{:<28} {:>8.0}µs {:>8.0}µs {:>8.0}µs",
+            format!("{} (filter+prioritize)", names.len()),
+            us(samples.quantile(0.5)),
+            us(samples.quantile(0.99)),
+            us(samples.quantile(1.0))
+        );
+    }
+    server.abort();
     Ok(())
 }

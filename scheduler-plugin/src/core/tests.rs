@@ -218,6 +218,21 @@ fn scores_follow_the_policy() {
     assert!(score(&busy, &p_busy, Policy::Binpack) > score(&empty, &p_empty, Policy::Binpack));
     assert!(score(&busy, &p_busy, Policy::Spread) < score(&empty, &p_empty, Policy::Spread));
     assert!((0..=10).contains(&score(&busy, &p_busy, Policy::Binpack)));
+    for policy in [Policy::Binpack, Policy::Spread] {
+        assert_eq!(
+            score_request(&busy, &request, Policy::Binpack, policy),
+            Some(score(&busy, &p_busy, policy))
+        );
+    }
+    let whole = GpuRequest {
+        count: 1,
+        core: 100,
+        memory: GpuMemory::Ratio(100),
+    };
+    assert_eq!(
+        score_request(&busy, &whole, Policy::Binpack, Policy::Binpack),
+        None
+    );
 }
 
 proptest! {
