@@ -1,18 +1,14 @@
 #!/usr/bin/env bash
-# The main job for now: starts a private containerd, puts tessera-runtime-proxy
-# (release build, as a separate process) in front of it, drives kubelet's calls
-# through both, and prints direct vs proxied latency and the proxy's peak RSS;
-# then CreateContainer of a half-GPU pod on a fake 4-GPU node with the embedded
-# GPU hook and with tessera-gpu-hook as an external hook server; the scheduler's
-# simulate (a small "what if" and 5,000 synthetic nodes) and its extender API
-# latency. Needs root.
+# The main job: Tessera on one machine, no cluster and no GPU needed. Starts a
+# private containerd with tessera-runtime-proxy (embedded GPU hook) in front, a fake
+# 4-GPU node published by tessera-reporter to an API server double, a legacy pod
+# holding a GPU through kubelet's checkpoint, tessera-scheduler placing sample pods
+# through its extender API, and creates them through the proxy; prints `tessera
+# inspect` and what each container really got. Cleans up after itself, also on
+# Ctrl-C. Needs root (containerd, runc, mknod).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/deps.sh
 install_deps
-cargo build --release --locked -p tessera-runtime-proxy -p tessera-hooks -p tessera-scheduler -p tessera-integration
-./target/release/tessera-bench proxy
-./target/release/tessera-bench gpu-hook
-./target/release/tessera-scheduler simulate --cluster docs/examples/cluster.yaml --pods docs/examples/pods.yaml
-./target/release/tessera-scheduler simulate --synthetic-nodes 5000
-./target/release/tessera-bench extender
+cargo build --release --locked -p tessera-integration --bin tessera-demo
+exec ./target/release/tessera-demo

@@ -355,7 +355,13 @@ fn limiter_env(
             ));
         }
     }
-    if let Some(core) = gpus.iter().filter_map(|g| g.allocation.gpu_core()).max() {
+    // No compute share (a memory-only request) means no compute limit.
+    if let Some(core) = gpus
+        .iter()
+        .filter_map(|g| g.allocation.gpu_core())
+        .max()
+        .filter(|core| *core > 0)
+    {
         edit.set_envs.push(kv(SM_LIMIT, core.to_string()));
     }
     // A limit env removed above and set again is a replacement, not a removal.

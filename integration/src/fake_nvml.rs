@@ -13,7 +13,8 @@ pub fn library() -> anyhow::Result<PathBuf> {
     exe.ancestors()
         .skip(1)
         .take(3)
-        .flat_map(|dir| [dir.join(name), dir.join("deps").join(name)])
+        // deps/ first: cargo updates it whenever the crate builds, as a dependency or not.
+        .flat_map(|dir| [dir.join("deps").join(name), dir.join(name)])
         .find(|candidate| candidate.exists())
         .ok_or_else(|| {
             anyhow::anyhow!(
@@ -49,4 +50,24 @@ pub fn install(dir: &Path, node: &Value) -> anyhow::Result<PathBuf> {
     std::fs::copy(library()?, &library_copy)?;
     std::fs::write(dir.join("fake-nvml.json"), serde_json::to_vec_pretty(node)?)?;
     Ok(library_copy)
+}
+
+/// A fake NVML description matching a [`crate::gpu_node::FakeGpuNode`]: the same
+/// UUIDs and minors, 80 GiB each, GPU pairs on a PCIe switch with an NVLink.
+pub fn describe(node: &crate::gpu_node::FakeGpuNode) -> Value {
+    let gpus: Vec<Value> = node
+        .gpus
+        .iter()
+        .map(|gpu| {
+            let peer = gpu.minor ^ 1;
+            let bus = |minor: u32| format!("0000{}", node.gpus.get(minor as usize).map_or(String::new(), |g| g.bus_id.clone()));
+            json!({
+                "uuid": gpu.uuid, "minor": gpu.minor, "name": "NVIDIA H100 80GB HBM3",
+                "memoryBytes": 85_899_345_920u64, "busId": bus(gpu.minor),
+                "numaNode": gpu.minor / 2, "pcieSwitch": format!("sw{}", gpu.minor / 2),
+                "nvlinks": if (peer as usize) < node.gpus.len() { json!([{"link": 0, "peerBusId": bus(peer)}]) } else { json!([]) },
+            })
+        })
+        .collect();
+    json!({"driverVersion": "550.54.15", "gpus": gpus, "xidEvents": []})
 }

@@ -9,6 +9,7 @@
 
 pub mod apiserver;
 pub mod containerd;
+pub mod demo;
 pub mod fake_nvml;
 pub mod fake_runtime;
 pub mod gpu_node;

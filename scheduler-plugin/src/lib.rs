@@ -7,6 +7,7 @@
 pub mod cluster;
 pub mod core;
 pub mod extender;
+pub mod inspect;
 pub mod leader;
 pub mod ledger;
 pub mod simulate;

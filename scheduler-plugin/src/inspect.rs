@@ -1,0 +1,259 @@
+//! `tessera inspect`: per node and GPU, what is allocated to whom — from the same
+//! Device CRs and pod annotations the scheduler reads.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use serde::Serialize;
+use tessera_api::resources::{DEVICE_ALLOCATED, DEVICES_CHECKPOINTS};
+use tessera_api::{Device, DeviceAllocations, LegacyDeviceEntry};
+
+use crate::ledger::{device_gpus, placement_of};
+
+/// A pod's share of a GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuTenant {
+    /// `namespace/name` (or the UID for a legacy pod not found).
+    pub pod: String,
+    /// Compute percent.
+    pub core: u64,
+    /// Memory bytes.
+    pub memory: u64,
+    /// Allocated by the NVIDIA device plugin (kubelet checkpoint), not by Tessera.
+    pub legacy: bool,
+}
+
+/// One GPU's row.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuRow {
+    /// Device minor.
+    pub minor: u32,
+    /// `GPU-…`.
+    pub uuid: String,
+    /// Health from the reporter.
+    pub healthy: bool,
+    /// Compute percent allocated.
+    pub core_allocated: u64,
+    /// Memory bytes allocated.
+    pub memory_allocated: u64,
+    /// Memory bytes in total.
+    pub memory_total: u64,
+    /// Who holds it.
+    pub pods: Vec<GpuTenant>,
+}
+
+/// One node's table.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeReport {
+    /// Node name.
+    pub name: String,
+    /// GPU model (node label), when known.
+    pub model: String,
+    /// The GPUs.
+    pub gpus: Vec<GpuRow>,
+}
+
+fn pod_name(pod: &Pod) -> String {
+    format!(
+        "{}/{}",
+        pod.metadata.namespace.as_deref().unwrap_or("default"),
+        pod.metadata.name.as_deref().unwrap_or("")
+    )
+}
+
+/// Builds the report from the cluster's objects.
+pub fn report(nodes: &[Node], devices: &[Device], pods: &[Pod]) -> Vec<NodeReport> {
+    let by_uid: BTreeMap<&str, &Pod> = pods
+        .iter()
+        .filter_map(|p| Some((p.metadata.uid.as_deref()?, p)))
+        .collect();
+    let mut reports: Vec<NodeReport> = devices
+        .iter()
+        .filter_map(|device| {
+            let name = device.metadata.name.clone()?;
+            let gpus = device_gpus(device);
+            let model = nodes
+                .iter()
+                .find(|n| n.metadata.name.as_deref() == Some(name.as_str()))
+                .and_then(|n| {
+                    n.metadata
+                        .labels
+                        .as_ref()?
+                        .get("node.koordinator.sh/gpu-model")
+                        .cloned()
+                })
+                .unwrap_or_default();
+            let mut rows: Vec<GpuRow> = gpus
+                .iter()
+                .map(|g| GpuRow {
+                    minor: g.minor,
+                    uuid: g.uuid.clone(),
+                    healthy: g.healthy,
+                    core_allocated: 0,
+                    memory_allocated: 0,
+                    memory_total: g.memory_total,
+                    pods: Vec::new(),
+                })
+                .collect();
+            for pod in pods {
+                let on_node =
+                    pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(name.as_str());
+                let running = !matches!(
+                    pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+                    Some("Succeeded" | "Failed")
+                );
+                let annotation = pod
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(DEVICE_ALLOCATED));
+                let Some(allocations) = annotation
+                    .and_then(|a| DeviceAllocations::parse(a).ok())
+                    .filter(|_| on_node && running)
+                else {
+                    continue;
+                };
+                for share in placement_of(&allocations, &gpus).gpus {
+                    if let Some(row) = rows.iter_mut().find(|r| r.uuid == share.uuid) {
+                        row.core_allocated += share.core;
+                        row.memory_allocated += share.memory;
+                        row.pods.push(GpuTenant {
+                            pod: pod_name(pod),
+                            core: share.core,
+                            memory: share.memory,
+                            legacy: false,
+                        });
+                    }
+                }
+            }
+            let legacy: Vec<LegacyDeviceEntry> = device
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(DEVICES_CHECKPOINTS))
+                .and_then(|text| serde_json::from_str(text).ok())
+                .unwrap_or_default();
+            for entry in legacy {
+                for id in &entry.device_ids {
+                    if let Some(row) = rows.iter_mut().find(|r| &r.uuid == id) {
+                        let who = by_uid
+                            .get(entry.pod_uid.as_str())
+                            .map_or_else(|| entry.pod_uid.clone(), |p| pod_name(p));
+                        row.core_allocated = 100;
+                        row.memory_allocated = row.memory_total;
+                        row.pods.push(GpuTenant {
+                            pod: who,
+                            core: 100,
+                            memory: row.memory_total,
+                            legacy: true,
+                        });
+                    }
+                }
+            }
+            rows.sort_by_key(|r| r.minor);
+            Some(NodeReport {
+                name,
+                model,
+                gpus: rows,
+            })
+        })
+        .collect();
+    reports.sort_by(|a, b| a.name.cmp(&b.name));
+    reports
+}
+
+fn bar(fraction: f64) -> String {
+    let filled = (fraction.clamp(0.0, 1.0) * 10.0).round() as usize;
+    format!("[{}{}]", "#".repeat(filled), ".".repeat(10 - filled))
+}
+
+fn gib(bytes: u64) -> f64 {
+    bytes as f64 / f64::from(1u32 << 30)
+}
+
+/// The report as a text table.
+pub fn render(reports: &[NodeReport]) -> String {
+    let mut out = String::new();
+    for node in reports {
+        let _ = writeln!(
+            out,
+            "NODE {}{}",
+            node.name,
+            if node.model.is_empty() {
+                String::new()
+            } else {
+                format!("  ({})", node.model)
+            }
+        );
+        let _ = writeln!(
+            out,
+            "  {:<5} {:<42} {:<9} {:<18} {:<28} PODS",
+            "GPU", "UUID", "HEALTH", "CORE", "MEMORY (GiB)"
+        );
+        for gpu in &node.gpus {
+            let core = format!(
+                "{} {:>3}%",
+                bar(gpu.core_allocated as f64 / 100.0),
+                gpu.core_allocated
+            );
+            let memory = format!(
+                "{} {:>5.1}/{:<5.1}",
+                bar(gpu.memory_allocated as f64 / gpu.memory_total.max(1) as f64),
+                gib(gpu.memory_allocated),
+                gib(gpu.memory_total)
+            );
+            let pods: Vec<String> = gpu
+                .pods
+                .iter()
+                .map(|p| {
+                    if p.legacy {
+                        format!("{} (legacy)", p.pod)
+                    } else {
+                        format!("{} ({}%, {:.1}G)", p.pod, p.core, gib(p.memory))
+                    }
+                })
+                .collect();
+            let _ = writeln!(
+                out,
+                "  {:<5} {:<42} {:<9} {:<18} {:<28} {}",
+                gpu.minor,
+                gpu.uuid,
+                if gpu.healthy { "ok" } else { "UNHEALTHY" },
+                core,
+                memory,
+                if pods.is_empty() {
+                    "-".into()
+                } else {
+                    pods.join(", ")
+                }
+            );
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_shares_and_legacy_pods() {
+        let snapshot = crate::simulate::parse_snapshot(
+            include_str!("../../docs/examples/cluster.yaml"),
+            "cluster",
+        )
+        .expect("parses");
+        let reports = report(&[], &snapshot.devices, &snapshot.pods);
+        assert_eq!(reports.len(), 3);
+        let n3 = &reports[2];
+        assert_eq!(n3.gpus[0].memory_allocated, 8138 << 20);
+        assert_eq!(n3.gpus[0].pods[0].pod, "default/n3-a");
+        let text = render(&reports);
+        assert!(text.contains("NODE n3"), "{text}");
+        assert!(text.contains("default/n3-a (0%, 7.9G)"), "{text}");
+    }
+}
