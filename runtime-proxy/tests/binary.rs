@@ -9,6 +9,8 @@ use tessera_integration::containerd::Containerd;
 use tessera_integration::kubelet::KubeletDriver;
 
 const BINARY: &str = env!("CARGO_BIN_EXE_tessera-runtime-proxy");
+/// A fixed loopback port for the metrics endpoint of the socket-activation test.
+const METRICS: &str = "127.0.0.1:39464";
 
 #[test]
 fn help_explains_every_flag() {
@@ -88,6 +90,7 @@ async fn socket_activation_and_sigterm_drain() {
         .arg(&unused)
         .arg("--runtime-endpoint")
         .arg(containerd.socket())
+        .args(["--metrics-addr", METRICS])
         .stdout(Stdio::null())
         .kill_on_drop(true)
         .spawn()
@@ -104,6 +107,29 @@ async fn socket_activation_and_sigterm_drain() {
     assert!(
         !unused.exists(),
         "the proxy bound --listen although systemd passed a socket"
+    );
+
+    // The Prometheus endpoint counts that call.
+    let mut stream = tokio::net::TcpStream::connect(METRICS)
+        .await
+        .expect("metrics endpoint");
+    tokio::io::AsyncWriteExt::write_all(
+        &mut stream,
+        b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .await
+    .expect("send");
+    let mut text = String::new();
+    tokio::io::AsyncReadExt::read_to_string(&mut stream, &mut text)
+        .await
+        .expect("read");
+    assert!(
+        text.contains("tessera_proxy_requests_total{method=\"Version\",code=\"Ok\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("tessera_proxy_backend_connects_total"),
+        "{text}"
     );
 
     let pid =
