@@ -226,10 +226,10 @@ pub async fn run(out: &mut (dyn Write + Send)) -> anyhow::Result<DemoSummary> {
         let pod = api.insert("v1", "pods", json!({"apiVersion":"v1","kind":"Pod","metadata":{"name":name,"namespace":"default"},
             "spec":{"containers":[{"name":"main","image":PROBE_IMAGE,"resources":{"limits":limits}}]},"status":{"phase":"Pending"}}));
         let args: ExtenderArgs = serde_json::from_value(json!({"Pod": pod, "NodeNames": [NODE]}))?;
-        let filtered = extender.filter(&args);
+        let filtered = extender.filter(args.clone());
         let fits = filtered.node_names.as_ref().is_some_and(|n| !n.is_empty());
         let placement = if fits {
-            let _ = extender.prioritize(&args);
+            let _ = extender.prioritize(args);
             let uid = pod["metadata"]["uid"]
                 .as_str()
                 .unwrap_or_default()
