@@ -3,7 +3,7 @@
 //! what the list holds, so a restarted scheduler starts from the pods' annotations.
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use futures_util::StreamExt;
@@ -32,101 +32,114 @@ fn lock(ledger: &Mutex<Ledger>) -> std::sync::MutexGuard<'_, Ledger> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// How one kind of object feeds the ledger.
+trait Feed:
+    kube::Resource + Clone + std::fmt::Debug + Send + Sync + serde::de::DeserializeOwned + 'static
+{
+    /// The ledger's key of an object (node name, pod UID).
+    fn key(&self) -> Option<String>;
+    /// Added or changed.
+    fn apply(&self, ledger: &mut Ledger);
+    /// Deleted.
+    fn delete(key: &str, ledger: &mut Ledger);
+    /// After a relist: forget what was not listed.
+    fn retain(seen: &HashSet<String>, ledger: &mut Ledger);
+}
+
+impl Feed for Device {
+    fn key(&self) -> Option<String> {
+        self.metadata.name.clone()
+    }
+    fn apply(&self, ledger: &mut Ledger) {
+        ledger.apply_device(self);
+    }
+    fn delete(key: &str, ledger: &mut Ledger) {
+        ledger.delete_device(key);
+    }
+    fn retain(seen: &HashSet<String>, ledger: &mut Ledger) {
+        ledger.retain_devices(seen);
+    }
+}
+
+impl Feed for Pod {
+    fn key(&self) -> Option<String> {
+        self.metadata.uid.clone()
+    }
+    fn apply(&self, ledger: &mut Ledger) {
+        ledger.apply_pod(self);
+    }
+    fn delete(key: &str, ledger: &mut Ledger) {
+        ledger.delete_pod(key);
+    }
+    fn retain(seen: &HashSet<String>, ledger: &mut Ledger) {
+        ledger.retain_pods(seen);
+    }
+}
+
+/// How many watches must list once before the view is ready.
+const WATCHES: usize = 2;
+
+/// Runs a reflector over every `K` and applies its events to the ledger; returns its store.
+fn follow<K>(
+    client: Client,
+    ledger: Arc<Mutex<Ledger>>,
+    synced: Arc<AtomicUsize>,
+    ready: Arc<AtomicBool>,
+) -> Store<K>
+where
+    K: Feed<DynamicType = ()>,
+{
+    let (reader, writer) = reflector::store::<K>();
+    let stream = reflector::reflector(
+        writer,
+        watcher(Api::<K>::all(client), watcher::Config::default()),
+    )
+    .default_backoff();
+    tokio::spawn(async move {
+        let mut seen = HashSet::new();
+        let mut listed_once = false;
+        let mut stream = std::pin::pin!(stream);
+        while let Some(event) = stream.next().await {
+            match event {
+                Ok(watcher::Event::Init) => seen.clear(),
+                Ok(watcher::Event::InitApply(object) | watcher::Event::Apply(object)) => {
+                    seen.extend(object.key());
+                    object.apply(&mut lock(&ledger));
+                }
+                Ok(watcher::Event::Delete(object)) => {
+                    if let Some(key) = object.key() {
+                        K::delete(&key, &mut lock(&ledger));
+                    }
+                }
+                Ok(watcher::Event::InitDone) => {
+                    K::retain(&seen, &mut lock(&ledger));
+                    if !std::mem::replace(&mut listed_once, true)
+                        && synced.fetch_add(1, Ordering::SeqCst) + 1 == WATCHES
+                    {
+                        ready.store(true, Ordering::SeqCst);
+                    }
+                }
+                Err(error) => tracing::warn!(kind = %K::kind(&()), %error, "watch error; retrying"),
+            }
+        }
+    });
+    reader
+}
+
 /// Starts the watches; they run until the process ends, retrying with backoff.
 pub fn watch(client: Client, ledger: Arc<Mutex<Ledger>>) -> ClusterView {
     let ready = Arc::new(AtomicBool::new(false));
-    let devices_ready = Arc::new(AtomicBool::new(false));
-    let pods_ready = Arc::new(AtomicBool::new(false));
-
-    let (device_reader, device_writer) = reflector::store::<Device>();
-    let device_stream = reflector::reflector(
-        device_writer,
-        watcher(
-            Api::<Device>::all(client.clone()),
-            watcher::Config::default(),
-        ),
-    )
-    .default_backoff();
-    {
-        let ledger = Arc::clone(&ledger);
-        let (mine, all) = (
-            Arc::clone(&devices_ready),
-            (Arc::clone(&pods_ready), Arc::clone(&ready)),
-        );
-        tokio::spawn(async move {
-            let mut seen = HashSet::new();
-            let mut stream = std::pin::pin!(device_stream);
-            while let Some(event) = stream.next().await {
-                match event {
-                    Ok(watcher::Event::Init) => seen.clear(),
-                    Ok(watcher::Event::InitApply(device) | watcher::Event::Apply(device)) => {
-                        seen.extend(device.metadata.name.clone());
-                        lock(&ledger).apply_device(&device);
-                    }
-                    Ok(watcher::Event::Delete(device)) => {
-                        if let Some(name) = &device.metadata.name {
-                            lock(&ledger).delete_device(name);
-                        }
-                    }
-                    Ok(watcher::Event::InitDone) => {
-                        let mut ledger = lock(&ledger);
-                        let gone: Vec<String> = ledger
-                            .nodes()
-                            .map(|n| n.name.clone())
-                            .filter(|n| !seen.contains(n))
-                            .collect();
-                        for name in gone {
-                            ledger.delete_device(&name);
-                        }
-                        drop(ledger);
-                        mine.store(true, Ordering::SeqCst);
-                        all.1.store(all.0.load(Ordering::SeqCst), Ordering::SeqCst);
-                    }
-                    Err(error) => tracing::warn!(%error, "Device watch error; retrying"),
-                }
-            }
-        });
-    }
-
-    let (pod_reader, pod_writer) = reflector::store::<Pod>();
-    let pod_stream = reflector::reflector(
-        pod_writer,
-        watcher(Api::<Pod>::all(client), watcher::Config::default()),
-    )
-    .default_backoff();
-    {
-        let (mine, all) = (
-            Arc::clone(&pods_ready),
-            (Arc::clone(&devices_ready), Arc::clone(&ready)),
-        );
-        tokio::spawn(async move {
-            let mut seen = HashSet::new();
-            let mut stream = std::pin::pin!(pod_stream);
-            while let Some(event) = stream.next().await {
-                match event {
-                    Ok(watcher::Event::Init) => seen.clear(),
-                    Ok(watcher::Event::InitApply(pod) | watcher::Event::Apply(pod)) => {
-                        seen.extend(pod.metadata.uid.clone());
-                        lock(&ledger).apply_pod(&pod);
-                    }
-                    Ok(watcher::Event::Delete(pod)) => {
-                        if let Some(uid) = &pod.metadata.uid {
-                            lock(&ledger).delete_pod(uid);
-                        }
-                    }
-                    Ok(watcher::Event::InitDone) => {
-                        lock(&ledger).retain_pods(&seen);
-                        mine.store(true, Ordering::SeqCst);
-                        all.1.store(all.0.load(Ordering::SeqCst), Ordering::SeqCst);
-                    }
-                    Err(error) => tracing::warn!(%error, "Pod watch error; retrying"),
-                }
-            }
-        });
-    }
+    let synced = Arc::new(AtomicUsize::new(0));
+    let devices = follow::<Device>(
+        client.clone(),
+        Arc::clone(&ledger),
+        Arc::clone(&synced),
+        Arc::clone(&ready),
+    );
+    let pods = follow::<Pod>(client, ledger, synced, Arc::clone(&ready));
     ClusterView {
-        pods: pod_reader,
-        devices: device_reader,
+        pods,
+        devices,
         ready,
     }
 }

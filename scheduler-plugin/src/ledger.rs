@@ -298,6 +298,11 @@ impl Ledger {
         self.reservations.len()
     }
 
+    /// Forgets nodes whose Device CR is not in `names` (after a relist: they are gone).
+    pub fn retain_devices(&mut self, names: &std::collections::HashSet<String>) {
+        self.nodes.retain(|name, _| names.contains(name));
+    }
+
     /// Forgets the use of pods not in `uids` (after a relist: they are gone).
     pub fn retain_pods(&mut self, uids: &std::collections::HashSet<String>) {
         let gone: Vec<String> = self
