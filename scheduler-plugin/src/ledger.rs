@@ -17,6 +17,8 @@ use crate::core::{GpuShare, GpuState, NodeState, Placement, account};
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct PodUse {
     node: String,
+    /// The annotation, kept to re-resolve ratios when the node's GPUs change.
+    allocations: DeviceAllocations,
     placement: Placement,
 }
 
@@ -176,7 +178,9 @@ impl Ledger {
             gpus: device_gpus(device),
         };
         for uid in self.by_node.get(&name).into_iter().flatten() {
-            if let Some(used) = self.pods.get(uid) {
+            if let Some(used) = self.pods.get_mut(uid) {
+                // Memory given as a ratio depends on the GPU's size: resolve it again.
+                used.placement = placement_of(&used.allocations, &node.gpus);
                 account(&mut node, &used.placement, true);
             }
         }
@@ -237,6 +241,7 @@ impl Ledger {
             uid,
             PodUse {
                 node: node_name.to_owned(),
+                allocations,
                 placement,
             },
         );
@@ -399,6 +404,15 @@ mod tests {
         assert_eq!(ledger.node("n1").expect("node").gpus[0].core_used, 50);
         ledger.apply_pod(&pod("p1", Some("n1"), Some(HALF_0), "Succeeded"));
         assert_eq!(ledger.node("n1").expect("node").gpus[0].core_used, 0);
+    }
+
+    #[test]
+    fn ratios_resolve_when_the_device_arrives_after_the_pod() {
+        let mut ledger = Ledger::default();
+        ledger.apply_pod(&pod("p1", Some("n1"), Some(HALF_0), "Running"));
+        ledger.apply_device(&device("n1", 1, &[]));
+        let gpu0 = &ledger.node("n1").expect("node").gpus[0];
+        assert_eq!((gpu0.core_used, gpu0.memory_used), (50, 8 << 30));
     }
 
     #[test]
