@@ -172,3 +172,19 @@ fn systemd_units_order_the_proxy_between_containerd_and_kubelet() {
     assert!(dropin.contains("--container-runtime-endpoint=unix:///run/tessera/runtime-proxy.sock"));
     assert!(dropin.contains("--image-service-endpoint=unix:///run/tessera/runtime-proxy.sock"));
 }
+
+#[tokio::test]
+async fn shipped_hook_registration_loads() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let shipped =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../systemd/hooks.d/10-gpu.toml");
+    std::fs::copy(&shipped, dir.path().join("10-gpu.toml")).expect("copy");
+    let registry = tessera_runtime_proxy::dispatch::HookRegistry::new(dir.path());
+    let hooks = registry.hooks();
+    assert_eq!(hooks.len(), 1, "{} does not load", shipped.display());
+    assert_eq!(hooks[0].name, "gpu");
+    assert_eq!(
+        hooks[0].policy,
+        tessera_runtime_proxy::dispatch::FailurePolicy::Fail
+    );
+}
