@@ -4,6 +4,8 @@
 //! pod annotation, used by the scheduler that writes it and the hook that reads it.
 
 pub mod allocation;
+#[cfg(feature = "client")]
+pub mod client;
 pub mod device;
 pub mod quantity;
 pub mod request;

@@ -40,22 +40,7 @@ pub enum Command {
 
 /// A client from `--kubeconfig` or the usual places.
 pub async fn client(kubeconfig: Option<PathBuf>) -> anyhow::Result<Client> {
-    Ok(match kubeconfig {
-        Some(path) => {
-            let config = kube::config::Kubeconfig::read_from(&path)
-                .with_context(|| format!("reading {}", path.display()))?;
-            Client::try_from(
-                kube::Config::from_custom_kubeconfig(
-                    config,
-                    &kube::config::KubeConfigOptions::default(),
-                )
-                .await?,
-            )?
-        }
-        None => Client::try_default()
-            .await
-            .context("no kubeconfig found and not in a cluster")?,
-    })
+    Ok(tessera_api::client::kube_client(kubeconfig.as_deref()).await?)
 }
 
 /// The inspect output for the cluster behind `client`.

@@ -154,21 +154,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
             recovery_after,
         } => {
             let source = NvmlSource::open(&library_path(cli.nvml_library))?;
-            let client = match kubeconfig {
-                Some(path) => {
-                    let kubeconfig = kube::config::Kubeconfig::read_from(&path)
-                        .with_context(|| format!("reading {}", path.display()))?;
-                    let config = kube::Config::from_custom_kubeconfig(
-                        kubeconfig,
-                        &kube::config::KubeConfigOptions::default(),
-                    )
-                    .await?;
-                    kube::Client::try_from(config)?
-                }
-                None => kube::Client::try_default()
-                    .await
-                    .context("no kubeconfig and not in a cluster")?,
-            };
+            let client = tessera_api::client::kube_client(kubeconfig.as_deref()).await?;
             let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
             let stop = Arc::new(AtomicBool::new(false));
             if let Err(error) =

@@ -325,15 +325,8 @@ impl Extender {
                 ledger.reserve(&args.pod_uid, &args.node, placement.clone(), expires);
                 placement
             };
-            let patch =
-                json!({"metadata": {"annotations": {DEVICE_ALLOCATED: annotation_of(&placement)}}});
-            if let Err(e) = pods
-                .patch(
-                    &args.pod_name,
-                    &PatchParams::default(),
-                    &Patch::Merge(&patch),
-                )
-                .await
+            if let Err(e) =
+                set_allocation(&pods, &args.pod_name, json!(annotation_of(&placement))).await
             {
                 self.ledger().release(&args.pod_uid);
                 return error(format!("{who}: writing {DEVICE_ALLOCATED}: {e}"));
@@ -365,14 +358,8 @@ impl Extender {
         if let Err(e) = created {
             if annotated {
                 // Roll the annotation back and give the GPUs back.
-                let undo = json!({"metadata": {"annotations": {DEVICE_ALLOCATED: null}}});
-                if let Err(undo_error) = pods
-                    .patch(
-                        &args.pod_name,
-                        &PatchParams::default(),
-                        &Patch::Merge(&undo),
-                    )
-                    .await
+                if let Err(undo_error) =
+                    set_allocation(&pods, &args.pod_name, serde_json::Value::Null).await
                 {
                     tracing::error!(pod = %who, error = %undo_error, "rolling back the allocation annotation failed");
                 }
@@ -445,6 +432,17 @@ impl Extender {
             Ok(Err(e)) | Err(e) => bad(e),
         }
     }
+}
+
+/// Sets (a string) or removes (null) the pod's allocation annotation.
+async fn set_allocation(
+    pods: &Api<Pod>,
+    name: &str,
+    value: serde_json::Value,
+) -> Result<Pod, kube::Error> {
+    let patch = json!({"metadata": {"annotations": {DEVICE_ALLOCATED: value}}});
+    pods.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
 }
 
 fn names_of(nodes: Option<&NodeList>) -> Vec<String> {

@@ -118,25 +118,6 @@ async fn main() -> std::process::ExitCode {
     }
 }
 
-async fn client(kubeconfig: Option<PathBuf>) -> anyhow::Result<kube::Client> {
-    Ok(match kubeconfig {
-        Some(path) => {
-            let kubeconfig = kube::config::Kubeconfig::read_from(&path)
-                .with_context(|| format!("reading {}", path.display()))?;
-            kube::Client::try_from(
-                kube::Config::from_custom_kubeconfig(
-                    kubeconfig,
-                    &kube::config::KubeConfigOptions::default(),
-                )
-                .await?,
-            )?
-        }
-        None => kube::Client::try_default()
-            .await
-            .context("no kubeconfig and not in a cluster")?,
-    })
-}
-
 async fn real_main(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Serve {
@@ -147,7 +128,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
             lease_namespace,
             identity,
         } => {
-            let client = client(kubeconfig).await?;
+            let client = tessera_api::client::kube_client(kubeconfig.as_deref()).await?;
             let ledger = Arc::new(Mutex::new(Ledger::default()));
             let view = tessera_scheduler::cluster::watch(client.clone(), Arc::clone(&ledger));
             let leader = Arc::new(AtomicBool::new(false));
