@@ -79,5 +79,5 @@ async fn inspect_table_and_json_through_both_binaries() {
         .output()
         .expect("runs");
     assert_eq!(missing.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&missing.stderr).contains("reading /nonexistent"));
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("reading kubeconfig /nonexistent"));
 }
