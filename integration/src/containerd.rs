@@ -155,8 +155,9 @@ fn which(tool: &str) -> anyhow::Result<PathBuf> {
         .with_context(|| format!("{tool} is not installed"))
 }
 
-/// Kills shims (and so their containers) started for this containerd: their
-/// command lines name its socket.
+/// Kills what this containerd started: shims (their command lines name its socket)
+/// and container processes (their `/` is mounted from a snapshot under its
+/// directory, as their mountinfo shows), which a killed shim would leave running.
 fn kill_processes_mentioning(needle: &str) {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return;
@@ -170,7 +171,14 @@ fn kill_processes_mentioning(needle: &str) {
             continue;
         };
         let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-        if String::from_utf8_lossy(&cmdline).contains(needle) {
+        let mounts = std::fs::read_to_string(entry.path().join("mountinfo")).unwrap_or_default();
+        // mountinfo fields: id parent dev root mount-point …; the container's "/" comes from our snapshot.
+        let root_from_us = mounts.lines().any(|line| {
+            let fields: Vec<&str> = line.split(' ').collect();
+            fields.get(4) == Some(&"/")
+                && fields.get(3).is_some_and(|root| root.starts_with(needle))
+        });
+        if String::from_utf8_lossy(&cmdline).contains(needle) || root_from_us {
             let _ = nix::sys::signal::kill(
                 nix::unistd::Pid::from_raw(pid),
                 nix::sys::signal::Signal::SIGKILL,
