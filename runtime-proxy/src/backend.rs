@@ -180,17 +180,9 @@ impl Backend {
             code: Code::Unavailable,
             message: format!("runtime {}: reading response: {e}", self.path.display()),
         })?;
-        let trailers = collected.trailers().cloned().unwrap_or_default();
-        let code = grpc::status_code(&trailers)
-            .or_else(|| grpc::status_code(&parts.headers))
-            .unwrap_or(Code::Unknown);
+        let (code, message) = grpc::call_status(&parts.headers, collected.trailers());
         if code != Code::Ok {
-            let message =
-                grpc::status_message(&trailers).or_else(|| grpc::status_message(&parts.headers));
-            return Err(BackendError {
-                code,
-                message: message.unwrap_or_default(),
-            });
+            return Err(BackendError { code, message });
         }
         let bytes = collected.to_bytes();
         let message = grpc::decode_frame(&bytes).map_err(|e| BackendError {

@@ -93,6 +93,20 @@ pub fn status_message(map: &HeaderMap) -> Option<String> {
     Some(percent_decode_str(value).decode_utf8_lossy().into_owned())
 }
 
+/// The status of a finished call: from the trailers, or from the headers of a
+/// trailers-only response; `Unknown` when neither carries one.
+pub fn call_status(headers: &HeaderMap, trailers: Option<&HeaderMap>) -> (Code, String) {
+    let code = trailers
+        .and_then(status_code)
+        .or_else(|| status_code(headers))
+        .unwrap_or(Code::Unknown);
+    let message = trailers
+        .and_then(status_message)
+        .or_else(|| status_message(headers))
+        .unwrap_or_default();
+    (code, message)
+}
+
 /// Why a `grpc-timeout` header could not be read.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error("invalid grpc-timeout header {0:?}: expected 1-8 digits and a unit of H, M, S, m, u or n")]

@@ -316,11 +316,7 @@ impl Proxy {
             }
         };
         let trailers = collected.trailers().cloned();
-        let code = trailers
-            .as_ref()
-            .and_then(grpc::status_code)
-            .or_else(|| grpc::status_code(&parts.headers))
-            .unwrap_or(Code::Unknown);
+        let (code, message) = grpc::call_status(&parts.headers, trailers.as_ref());
         let data = collected.to_bytes();
         let outcome = if code == Code::Ok {
             match grpc::decode_frame(&data)
@@ -337,14 +333,7 @@ impl Proxy {
                 }
             }
         } else {
-            let message = trailers
-                .as_ref()
-                .and_then(grpc::status_message)
-                .or_else(|| grpc::status_message(&parts.headers));
-            CallOutcome::Failed {
-                code,
-                message: message.unwrap_or_default(),
-            }
+            CallOutcome::Failed { code, message }
         };
         self.update_store(&rewritten, &ctx, &outcome);
         self.run_post(&ctx, &rewritten, &outcome).await;
