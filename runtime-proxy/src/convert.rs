@@ -167,16 +167,14 @@ fn fill_from_config(view: &mut hook::ContainerHookRequest, config: &cri::Contain
 
 /// Applies a hook's container edits to the CRI request: everything for
 /// CreateContainer, resources for UpdateContainerResources, nothing otherwise.
-pub fn apply_container_edit(
-    request: &mut LifecycleRequest,
-    ctx: &HookContext,
-    change: &hook::ContainerHookResponse,
-) {
+pub fn apply_container_edit(request: &mut LifecycleRequest, change: &hook::ContainerHookResponse) {
     match request {
         LifecycleRequest::CreateContainer(req) => {
-            let mut view = container_request(ctx, &LifecycleRequest::CreateContainer(req.clone()));
-            edit::apply(&mut view, change);
+            // Only the config's parts matter for writing back: no pod metadata, no request copy.
             let config = req.config.get_or_insert_with(Default::default);
+            let mut view = hook::ContainerHookRequest::default();
+            fill_from_config(&mut view, config);
+            edit::apply(&mut view, change);
             write_back(config, &view);
         }
         LifecycleRequest::UpdateContainerResources(req) => {
@@ -303,11 +301,7 @@ mod tests {
     fn an_empty_edit_changes_nothing() {
         let original = create();
         let mut request = original.clone();
-        apply_container_edit(
-            &mut request,
-            &HookContext::default(),
-            &hook::ContainerHookResponse::default(),
-        );
+        apply_container_edit(&mut request, &hook::ContainerHookResponse::default());
         assert_eq!(request, original);
     }
 
@@ -333,7 +327,7 @@ mod tests {
             }),
             ..Default::default()
         };
-        apply_container_edit(&mut request, &HookContext::default(), &change);
+        apply_container_edit(&mut request, &change);
         let LifecycleRequest::CreateContainer(req) = request else {
             unreachable!()
         };

@@ -231,7 +231,7 @@ impl ExternalHook {
             } else {
                 let view = convert::container_request(ctx, request);
                 let edit = client.pre_container(view).await?.into_inner();
-                convert::apply_container_edit(request, ctx, &edit);
+                convert::apply_container_edit(request, &edit);
             }
             Ok::<_, tonic::Status>(())
         };

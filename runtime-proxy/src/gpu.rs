@@ -48,7 +48,7 @@ impl Hook for EmbeddedGpuHook {
                 let status: tonic::Status = error.into();
                 HookRejection::new(status.code(), status.message())
             })?;
-        convert::apply_container_edit(request, ctx, &edit);
+        convert::apply_container_edit(request, &edit);
         Ok(())
     }
 }
