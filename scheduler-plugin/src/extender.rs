@@ -21,7 +21,7 @@ use tessera_api::request::{GpuRequest, RequestOptions, pod_gpu_request};
 use tessera_api::resources::DEVICE_ALLOCATED;
 
 use crate::core::{Policy, allocate, fits, score_request, unfit_reason};
-use crate::ledger::{Ledger, annotation_of};
+use crate::ledger::{Ledger, annotation_of, pod_name};
 
 /// `ExtenderArgs`.
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -142,14 +142,6 @@ impl std::fmt::Debug for Extender {
             .field("config", &self.config)
             .finish_non_exhaustive()
     }
-}
-
-fn pod_name(pod: &Pod) -> String {
-    format!(
-        "{}/{}",
-        pod.metadata.namespace.as_deref().unwrap_or("default"),
-        pod.metadata.name.as_deref().unwrap_or("")
-    )
 }
 
 impl Extender {

@@ -9,7 +9,7 @@ use serde::Serialize;
 use tessera_api::resources::{DEVICE_ALLOCATED, DEVICES_CHECKPOINTS};
 use tessera_api::{Device, DeviceAllocations, LegacyDeviceEntry};
 
-use crate::ledger::{device_gpus, placement_of};
+use crate::ledger::{device_gpus, placement_of, pod_name};
 
 /// A pod's share of a GPU.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -55,14 +55,6 @@ pub struct NodeReport {
     pub model: String,
     /// The GPUs.
     pub gpus: Vec<GpuRow>,
-}
-
-fn pod_name(pod: &Pod) -> String {
-    format!(
-        "{}/{}",
-        pod.metadata.namespace.as_deref().unwrap_or("default"),
-        pod.metadata.name.as_deref().unwrap_or("")
-    )
 }
 
 /// Builds the report from the cluster's objects.

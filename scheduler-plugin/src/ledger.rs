@@ -90,6 +90,15 @@ pub fn device_gpus(device: &Device) -> Vec<GpuState> {
         .collect()
 }
 
+/// `namespace/name` of a pod, for messages and reports.
+pub fn pod_name(pod: &Pod) -> String {
+    format!(
+        "{}/{}",
+        pod.metadata.namespace.as_deref().unwrap_or("default"),
+        pod.metadata.name.as_deref().unwrap_or("")
+    )
+}
+
 /// Whether a pod still holds its devices: assigned and not finished.
 fn holds_devices(pod: &Pod) -> Option<&str> {
     let node = pod

@@ -11,7 +11,7 @@ use tessera_api::request::{RequestOptions, pod_gpu_request};
 use tessera_api::{Device, DeviceInfo, DeviceSpec, DeviceTopology};
 
 use crate::core::{Policy, allocate, score};
-use crate::ledger::{Ledger, annotation_of};
+use crate::ledger::{Ledger, annotation_of, pod_name};
 
 /// Why a snapshot cannot be read.
 #[derive(Debug, thiserror::Error)]
@@ -147,11 +147,7 @@ pub fn simulate(ledger: &mut Ledger, pending: &[Pod], options: &SimulateOptions)
     let mut start = 0usize;
     let mut outcomes = Vec::with_capacity(pending.len());
     for (index, pod) in pending.iter().enumerate() {
-        let who = format!(
-            "{}/{}",
-            pod.metadata.namespace.as_deref().unwrap_or("default"),
-            pod.metadata.name.as_deref().unwrap_or("")
-        );
+        let who = pod_name(pod);
         let request = match pod_gpu_request(pod, &options.request) {
             Ok(Some(request)) => request,
             Ok(None) => {
