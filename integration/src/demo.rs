@@ -29,7 +29,7 @@ use crate::apiserver::ApiServer;
 use crate::containerd::Containerd;
 use crate::gpu_node::FakeGpuNode;
 use crate::image::PROBE_IMAGE;
-use crate::kubelet::{KubeletDriver, PodSpec, RunningPod};
+use crate::kubelet::{KubeletDriver, PodSpec, RunningPod, spec_env};
 use crate::proxy::RunningProxy;
 
 const NODE: &str = "demo-node";
@@ -76,17 +76,6 @@ fn sample_pods() -> Vec<(&'static str, Value)> {
         ("memory-20gi", json!({"koordinator.sh/gpu-memory": "20Gi"})),
         ("another-whole-gpu", json!({"nvidia.com/gpu": "1"})),
     ]
-}
-
-fn env(spec: &Value, key: &str) -> Option<String> {
-    spec["process"]["env"]
-        .as_array()?
-        .iter()
-        .rev()
-        .filter_map(Value::as_str)
-        .filter_map(|kv| kv.split_once('='))
-        .find(|(k, _)| *k == key)
-        .map(|(_, v)| v.to_owned())
 }
 
 async fn wait<T>(what: &str, mut probe: impl FnMut() -> Option<T>) -> anyhow::Result<T> {
@@ -293,7 +282,7 @@ pub async fn run(out: &mut (dyn Write + Send)) -> anyhow::Result<DemoSummary> {
                 .await
                 .with_context(|| format!("starting {name}"))?;
             let oci = kubelet.container_spec(&started.containers[0]).await?;
-            result.visible_devices = env(&oci, "NVIDIA_VISIBLE_DEVICES");
+            result.visible_devices = spec_env(&oci, "NVIDIA_VISIBLE_DEVICES");
             result.gpu_devices = oci["linux"]["devices"]
                 .as_array()
                 .into_iter()
@@ -310,7 +299,7 @@ pub async fn run(out: &mut (dyn Write + Send)) -> anyhow::Result<DemoSummary> {
                 "CUDA_DEVICE_MEMORY_LIMIT_1",
                 "CUDA_DEVICE_SM_LIMIT",
             ] {
-                if let Some(value) = env(&oci, key) {
+                if let Some(value) = spec_env(&oci, key) {
                     result.limits.insert(key.into(), value);
                 }
             }

@@ -206,6 +206,18 @@ fn fnv(text: &str) -> u64 {
     })
 }
 
+/// The value of `key` in an OCI spec's process env (the last one wins, as in execve).
+pub fn spec_env(spec: &serde_json::Value, key: &str) -> Option<String> {
+    spec["process"]["env"]
+        .as_array()?
+        .iter()
+        .rev()
+        .filter_map(serde_json::Value::as_str)
+        .filter_map(|kv| kv.split_once('='))
+        .find(|(k, _)| *k == key)
+        .map(|(_, v)| v.to_owned())
+}
+
 /// A running pod: its sandbox and its containers.
 #[derive(Debug, Clone)]
 pub struct RunningPod {

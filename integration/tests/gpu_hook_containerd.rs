@@ -11,7 +11,7 @@ use tessera_hooks::server::GpuHook;
 use tessera_integration::containerd::Containerd;
 use tessera_integration::gpu_node::{FakeGpuNode, NVIDIA_MAJOR};
 use tessera_integration::image::PROBE_IMAGE;
-use tessera_integration::kubelet::{KubeletDriver, PodSpec};
+use tessera_integration::kubelet::{KubeletDriver, PodSpec, spec_env};
 use tessera_integration::proxy::RunningProxy;
 use tessera_runtime_proxy::gpu::EmbeddedGpuHook;
 
@@ -54,17 +54,6 @@ fn share(uuid: &str, minor: u32, core: u32, memory: &str) -> String {
     format!(
         r#"{{"minor":{minor},"id":"{uuid}","resources":{{"koordinator.sh/gpu-core":{core},"koordinator.sh/gpu-memory-ratio":{core},"koordinator.sh/gpu-memory":"{memory}"}}}}"#
     )
-}
-
-fn env(spec: &serde_json::Value, key: &str) -> Option<String> {
-    spec["process"]["env"]
-        .as_array()?
-        .iter()
-        .rev()
-        .filter_map(|v| v.as_str())
-        .filter_map(|kv| kv.split_once('='))
-        .find(|(k, _)| *k == key)
-        .map(|(_, v)| v.to_owned())
 }
 
 /// `(path, major, minor)` of the spec's GPU device nodes.
@@ -171,8 +160,8 @@ async fn gpu_pods_get_exactly_their_gpus() {
         vec![plugin_device],
     )
     .await;
-    assert_eq!(env(&spec, "NVIDIA_VISIBLE_DEVICES"), Some(uuid(1)));
-    assert_eq!(env(&spec, "CUDA_DEVICE_SM_LIMIT"), None);
+    assert_eq!(spec_env(&spec, "NVIDIA_VISIBLE_DEVICES"), Some(uuid(1)));
+    assert_eq!(spec_env(&spec, "CUDA_DEVICE_SM_LIMIT"), None);
     assert_eq!(
         gpu_devices(&spec),
         vec![
@@ -199,12 +188,15 @@ async fn gpu_pods_get_exactly_their_gpus() {
         vec![],
     )
     .await;
-    assert_eq!(env(&spec, "NVIDIA_VISIBLE_DEVICES"), Some(uuid(0)));
+    assert_eq!(spec_env(&spec, "NVIDIA_VISIBLE_DEVICES"), Some(uuid(0)));
     assert_eq!(
-        env(&spec, "CUDA_DEVICE_MEMORY_LIMIT_0").as_deref(),
+        spec_env(&spec, "CUDA_DEVICE_MEMORY_LIMIT_0").as_deref(),
         Some("8192m")
     );
-    assert_eq!(env(&spec, "CUDA_DEVICE_SM_LIMIT").as_deref(), Some("50"));
+    assert_eq!(
+        spec_env(&spec, "CUDA_DEVICE_SM_LIMIT").as_deref(),
+        Some("50")
+    );
     assert_eq!(
         seen_inside(&pod, "main").await,
         [
@@ -222,7 +214,7 @@ async fn gpu_pods_get_exactly_their_gpus() {
     );
     let (pod, spec, _) = run(&node, "multi", Some(annotation), &[], vec![]).await;
     assert_eq!(
-        env(&spec, "NVIDIA_VISIBLE_DEVICES"),
+        spec_env(&spec, "NVIDIA_VISIBLE_DEVICES"),
         Some(format!("{},{}", uuid(2), uuid(3)))
     );
     let devices = gpu_devices(&spec);
@@ -255,7 +247,7 @@ async fn gpu_pods_get_exactly_their_gpus() {
     )
     .await;
     assert_eq!(
-        env(&spec, "NVIDIA_VISIBLE_DEVICES").as_deref(),
+        spec_env(&spec, "NVIDIA_VISIBLE_DEVICES").as_deref(),
         Some("void")
     );
     assert!(gpu_devices(&spec).is_empty());
