@@ -212,6 +212,25 @@ struct Route {
     subresource: Option<String>,
 }
 
+impl Route {
+    /// The store key of object `name` in this route's collection and namespace.
+    fn key(&self, name: &str) -> Key {
+        (
+            self.collection.clone(),
+            self.namespace.clone(),
+            name.to_owned(),
+        )
+    }
+}
+
+fn not_found(route: &Route, name: &str) -> Response<Body> {
+    status(
+        StatusCode::NOT_FOUND,
+        "NotFound",
+        format!("{} \"{name}\" not found", route.collection.1),
+    )
+}
+
 fn route(path: &str) -> Option<Route> {
     let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
     let (group_version, rest) = match parts.as_slice() {
@@ -238,6 +257,12 @@ fn route(path: &str) -> Option<Route> {
 }
 
 impl ApiServer {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Store> {
+        self.store
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     /// Starts on an ephemeral loopback port.
     pub async fn start() -> anyhow::Result<Self> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
@@ -301,10 +326,7 @@ impl ApiServer {
             namespace,
             name,
         );
-        let mut store = self
-            .store
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut store = self.lock();
         self.write(&mut store, key, object, true)
     }
 
@@ -321,20 +343,12 @@ impl ApiServer {
             namespace.to_owned(),
             name.to_owned(),
         );
-        self.store
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .objects
-            .get(&key)
-            .cloned()
+        self.lock().objects.get(&key).cloned()
     }
 
     /// How many writes the server has taken (its resourceVersion).
     pub fn resource_version(&self) -> u64 {
-        self.store
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .rv
+        self.lock().rv
     }
 
     /// Deletes an object directly.
@@ -350,10 +364,7 @@ impl ApiServer {
             namespace.to_owned(),
             name.to_owned(),
         );
-        let mut store = self
-            .store
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut store = self.lock();
         let object = store.objects.remove(&key)?;
         store.rv += 1;
         let event = Event {
@@ -445,15 +456,11 @@ impl ApiServer {
                 name,
             ) {
                 Some(object) => full(StatusCode::OK, &object),
-                None => status(
-                    StatusCode::NOT_FOUND,
-                    "NotFound",
-                    format!("{} \"{name}\" not found", route.collection.1),
-                ),
+                None => not_found(&route, name),
             },
             (&Method::PUT, Some(name), sub) => self.replace(&route, name, sub, parsed),
             (&Method::PATCH, Some(name), sub) => {
-                self.patch(&route, name, sub, &content_type, parsed, &query)
+                self.patch(&route, name, sub, &content_type, parsed)
             }
             (&Method::DELETE, Some(name), _) => match self.remove(
                 &route.collection.0,
@@ -462,11 +469,7 @@ impl ApiServer {
                 name,
             ) {
                 Some(object) => full(StatusCode::OK, &object),
-                None => status(
-                    StatusCode::NOT_FOUND,
-                    "NotFound",
-                    format!("{} \"{name}\" not found", route.collection.1),
-                ),
+                None => not_found(&route, name),
             },
             _ => status(
                 StatusCode::METHOD_NOT_ALLOWED,
@@ -481,10 +484,7 @@ impl ApiServer {
     }
 
     fn list(&self, route: &Route, query: &BTreeMap<String, String>) -> Response<Body> {
-        let store = self
-            .store
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let store = self.lock();
         let items: Vec<Value> = store
             .objects
             .iter()
@@ -512,10 +512,7 @@ impl ApiServer {
         // Subscribe before reading the log, so nothing falls between them.
         let mut live = self.events.subscribe();
         let backlog: Vec<Event> = {
-            let store = self
-                .store
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let store = self.lock();
             store.log.iter().filter(|e| e.rv > since).cloned().collect()
         };
         let query = query.clone();
@@ -582,10 +579,7 @@ impl ApiServer {
             route.namespace.clone(),
             name.clone(),
         );
-        let mut store = self
-            .store
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut store = self.lock();
         if store.objects.contains_key(&key) {
             return status(
                 StatusCode::CONFLICT,
@@ -623,21 +617,10 @@ impl ApiServer {
         let Some(incoming) = body else {
             return status(StatusCode::BAD_REQUEST, "BadRequest", "no body");
         };
-        let key = (
-            route.collection.clone(),
-            route.namespace.clone(),
-            name.to_owned(),
-        );
-        let mut store = self
-            .store
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let key = route.key(name);
+        let mut store = self.lock();
         let Some(existing) = store.objects.get(&key).cloned() else {
-            return status(
-                StatusCode::NOT_FOUND,
-                "NotFound",
-                format!("{} \"{name}\" not found", route.collection.1),
-            );
+            return not_found(route, name);
         };
         if let Some(response) = Self::version_conflict(&existing, &incoming, name) {
             return response;
@@ -669,20 +652,12 @@ impl ApiServer {
         sub: Option<&str>,
         content_type: &str,
         body: Option<Value>,
-        query: &BTreeMap<String, String>,
     ) -> Response<Body> {
         let Some(patch) = body else {
             return status(StatusCode::BAD_REQUEST, "BadRequest", "no body");
         };
-        let key = (
-            route.collection.clone(),
-            route.namespace.clone(),
-            name.to_owned(),
-        );
-        let mut store = self
-            .store
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let key = route.key(name);
+        let mut store = self.lock();
         let apply = content_type.starts_with("application/apply-patch");
         let existing = match store.objects.get(&key).cloned() {
             Some(existing) => existing,
@@ -691,18 +666,13 @@ impl ApiServer {
                 if !route.namespace.is_empty() {
                     object["metadata"]["namespace"] = route.namespace.clone().into();
                 }
-                let _ = query.get("fieldManager");
                 return full(
                     StatusCode::CREATED,
                     &self.write(&mut store, key, object, true),
                 );
             }
             None => {
-                return status(
-                    StatusCode::NOT_FOUND,
-                    "NotFound",
-                    format!("{} \"{name}\" not found", route.collection.1),
-                );
+                return not_found(route, name);
             }
         };
         if let Some(response) = Self::version_conflict(&existing, &patch, name) {
@@ -749,15 +719,8 @@ impl ApiServer {
                 "binding without target.name",
             );
         };
-        let key = (
-            route.collection.clone(),
-            route.namespace.clone(),
-            name.to_owned(),
-        );
-        let mut store = self
-            .store
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let key = route.key(name);
+        let mut store = self.lock();
         let Some(mut pod) = store.objects.get(&key).cloned() else {
             return status(
                 StatusCode::NOT_FOUND,
