@@ -131,10 +131,6 @@ fn take(gpu: &GpuState, request: &GpuRequest) -> Option<Take> {
     })
 }
 
-fn share(gpu: &GpuState, request: &GpuRequest) -> Option<GpuShare> {
-    take(gpu, request).map(|t| to_share(gpu, t))
-}
-
 fn to_share(gpu: &GpuState, take: Take) -> GpuShare {
     GpuShare {
         uuid: gpu.uuid.clone(),
@@ -187,7 +183,7 @@ pub fn unfit_reason(node: &NodeState, request: &GpuRequest) -> String {
     let fitting = node
         .gpus
         .iter()
-        .filter(|g| share(g, request).is_some())
+        .filter(|g| take(g, request).is_some())
         .count();
     let memory = match request.memory {
         GpuMemory::None => String::new(),
