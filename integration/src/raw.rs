@@ -5,7 +5,9 @@ use std::path::Path;
 
 use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, Request};
-use http_body_util::{BodyExt, Full};
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::Frame;
 use hyper::client::conn::http2::SendRequest;
 use hyper_util::rt::TokioExecutor;
 
@@ -20,11 +22,27 @@ pub struct RawResponse {
     pub trailers: Option<HeaderMap>,
 }
 
+impl RawResponse {
+    async fn read(response: http::Response<hyper::body::Incoming>) -> anyhow::Result<Self> {
+        let (parts, body) = response.into_parts();
+        let collected = body.collect().await?;
+        let trailers = collected.trailers().cloned();
+        Ok(Self {
+            headers: parts.headers,
+            body: collected.to_bytes(),
+            trailers,
+        })
+    }
+}
+
 /// An HTTP/2 connection to a unix socket.
 #[derive(Debug, Clone)]
 pub struct RawClient {
-    sender: SendRequest<Full<Bytes>>,
+    sender: SendRequest<RawBody>,
 }
+
+/// A request body: whole, or chunks sent as they are pushed into a channel.
+type RawBody = UnsyncBoxBody<Bytes, std::convert::Infallible>;
 
 impl RawClient {
     /// Connects to `socket`.
@@ -44,14 +62,7 @@ impl RawClient {
         body: Bytes,
     ) -> anyhow::Result<RawResponse> {
         let response = self.send(path, headers, body).await?;
-        let (parts, body) = response.into_parts();
-        let collected = body.collect().await?;
-        let trailers = collected.trailers().cloned();
-        Ok(RawResponse {
-            headers: parts.headers,
-            body: collected.to_bytes(),
-            trailers,
-        })
+        RawResponse::read(response).await
     }
 
     /// Sends a request and returns the response with its body still streaming.
@@ -61,6 +72,33 @@ impl RawClient {
         headers: &[(&str, &str)],
         body: Bytes,
     ) -> anyhow::Result<http::Response<hyper::body::Incoming>> {
+        self.send_body(path, headers, Full::new(body).boxed_unsync())
+            .await
+    }
+
+    /// Sends a request whose body goes out chunk by chunk as `chunks` yields them,
+    /// and ends when the channel closes; returns the whole response.
+    pub async fn call_streaming(
+        &mut self,
+        path: &str,
+        chunks: tokio::sync::mpsc::Receiver<Bytes>,
+    ) -> anyhow::Result<RawResponse> {
+        let stream = futures_util::stream::unfold(chunks, |mut chunks| async move {
+            let chunk = chunks.recv().await?;
+            Some((Ok(Frame::data(chunk)), chunks))
+        });
+        let response = self
+            .send_body(path, &[], StreamBody::new(stream).boxed_unsync())
+            .await?;
+        RawResponse::read(response).await
+    }
+
+    async fn send_body(
+        &mut self,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: RawBody,
+    ) -> anyhow::Result<http::Response<hyper::body::Incoming>> {
         let mut request = Request::post(format!("http://localhost{path}"))
             .header("content-type", "application/grpc")
             .header("te", "trailers");
@@ -68,10 +106,7 @@ impl RawClient {
             request = request.header(*name, *value);
         }
         self.sender.ready().await?;
-        Ok(self
-            .sender
-            .send_request(request.body(Full::new(body))?)
-            .await?)
+        Ok(self.sender.send_request(request.body(body)?).await?)
     }
 }
 

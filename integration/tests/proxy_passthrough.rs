@@ -345,6 +345,71 @@ async fn malformed_intercepted_messages_get_named_errors_and_never_reach_the_run
     );
 }
 
+/// Answers every call with the request's own bytes.
+fn mirror_script() -> Script {
+    Arc::new(|recorded| reply(grpc_headers(), recorded.body.clone(), ok_trailers(&[])))
+}
+
+#[tokio::test]
+async fn bodies_larger_than_every_flow_control_window_pass_intact() {
+    let (_dir, fake, proxy) = setup(mirror_script(), vec![]).await;
+    let mut client = RawClient::connect(&proxy.socket).await.expect("connect");
+    // 4 × 6 MiB each way: past the proxy's 4 MiB stream and 16 MiB connection
+    // windows and hyper's defaults on both ends, so credit must flow back.
+    for round in 0..4u8 {
+        let body: Bytes = (0..6 << 20)
+            .map(|i: u32| (i % 251) as u8 ^ round)
+            .collect::<Vec<u8>>()
+            .into();
+        let path = "/runtime.v1.ImageService/PullImage";
+        let response = tokio::time::timeout(
+            Duration::from_secs(20),
+            client.call(path, &[], body.clone()),
+        )
+        .await
+        .expect("no flow-control stall")
+        .expect("call");
+        assert_eq!(response.body.len(), body.len(), "round {round}");
+        assert!(
+            response.body == body,
+            "round {round}: response bytes changed"
+        );
+        assert_eq!(response.trailers.expect("trailers")["grpc-status"], "0");
+    }
+    let forwarded = fake.forwarded();
+    assert_eq!(forwarded.len(), 4);
+    assert!(forwarded.iter().all(|r| r.body.len() == 6 << 20));
+}
+
+#[tokio::test]
+async fn a_request_body_that_arrives_in_pieces_reaches_the_runtime_whole() {
+    let (_dir, fake, proxy) = setup(mirror_script(), vec![]).await;
+    let mut client = RawClient::connect(&proxy.socket).await.expect("connect");
+    let (tx, rx) = mpsc::channel(1);
+    let pieces = [&b"\0\0\0\0\x0bhello"[..], b" stre", b"am"];
+    let sender = tokio::spawn(async move {
+        for piece in pieces {
+            // Later pieces come after the proxy has already forwarded the headers.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            if tx.send(Bytes::from_static(piece)).await.is_err() {
+                return;
+            }
+        }
+    });
+    let response = tokio::time::timeout(
+        Duration::from_secs(10),
+        client.call_streaming("/runtime.v1.RuntimeService/FutureClientStream", rx),
+    )
+    .await
+    .expect("answered")
+    .expect("call");
+    sender.await.expect("sender");
+    let whole = Bytes::from_static(b"\0\0\0\0\x0bhello stream");
+    assert_eq!(fake.forwarded()[0].body, whole);
+    assert_eq!(response.body, whole);
+    assert_eq!(response.trailers.expect("trailers")["grpc-status"], "0");
+}
+
 #[tokio::test]
 async fn runtime_down_is_unavailable_then_reconnects() {
     tessera_integration::init_tracing();

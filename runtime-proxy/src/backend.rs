@@ -2,18 +2,20 @@
 
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+use bytes::Bytes;
+use h2::client::SendRequest;
 use http::{Request, Response};
+use http_body::Body as _;
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
-use hyper::client::conn::http2::SendRequest;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioIo;
 use prost::Message;
 use tokio::net::UnixStream;
 use tonic::Code;
 
-use crate::body::{ProxyBody, full_body};
+use crate::body::{Prefetched, ProxyBody, RecvBody, full_body};
 use crate::grpc;
 use crate::metrics::Metrics;
 
@@ -45,7 +47,14 @@ pub struct Backend {
     path: Arc<PathBuf>,
     metrics: Arc<Metrics>,
     // Held only to clone or replace the sender, never across an await.
-    sender: Arc<Mutex<Option<SendRequest<ProxyBody>>>>,
+    sender: Arc<Mutex<Option<Connection>>>,
+}
+
+/// One dialed connection: its request handle and whether its driver task ended.
+#[derive(Debug, Clone)]
+struct Connection {
+    sender: SendRequest<Bytes>,
+    closed: Arc<AtomicBool>,
 }
 
 impl Backend {
@@ -63,15 +72,18 @@ impl Backend {
         &self.path
     }
 
-    fn cached(&self) -> Option<SendRequest<ProxyBody>> {
+    fn cached(&self) -> Option<SendRequest<Bytes>> {
         let guard = self
             .sender
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        guard.as_ref().filter(|sender| !sender.is_closed()).cloned()
+        guard
+            .as_ref()
+            .filter(|connection| !connection.closed.load(Ordering::Acquire))
+            .map(|connection| connection.sender.clone())
     }
 
-    async fn dial(&self) -> Result<SendRequest<ProxyBody>, BackendError> {
+    async fn dial(&self) -> Result<SendRequest<Bytes>, BackendError> {
         let unavailable = |error: &dyn std::fmt::Display| BackendError {
             code: Code::Unavailable,
             message: format!(
@@ -79,64 +91,79 @@ impl Backend {
                 self.path.display()
             ),
         };
-        let io = connect_unix(&self.path)
+        let io = UnixStream::connect(&*self.path)
             .await
             .map_err(|e| unavailable(&e))?;
-        let (sender, connection) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+        let (sender, connection) = h2::client::Builder::new()
             // Large receive windows: a big ListContainers answer never waits on WINDOW_UPDATE.
-            .initial_stream_window_size(RECEIVE_WINDOW)
+            .initial_window_size(RECEIVE_WINDOW)
             .initial_connection_window_size(RECEIVE_WINDOW * 4)
-            .handshake(io)
+            .handshake::<_, Bytes>(io)
             .await
             .map_err(|e| unavailable(&e))?;
+        let closed = Arc::new(AtomicBool::new(false));
         let path = Arc::clone(&self.path);
+        let ended = Arc::clone(&closed);
         tokio::spawn(async move {
             if let Err(error) = connection.await {
                 tracing::debug!(socket = %path.display(), %error, "runtime connection ended");
             }
+            ended.store(true, Ordering::Release);
         });
         self.metrics.backend_connects.inc();
         tracing::debug!(socket = %self.path.display(), "connected to runtime");
         *self
             .sender
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(sender.clone());
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Connection {
+            sender: sender.clone(),
+            closed,
+        });
         Ok(sender)
     }
 
     /// Sends one HTTP/2 request to the runtime; headers and body pass as they are.
+    /// Whatever of the body is already here leaves with the headers in one write.
     pub async fn send(
         &self,
         request: Request<ProxyBody>,
-    ) -> Result<Response<Incoming>, BackendError> {
-        let mut sender = match self.cached() {
+    ) -> Result<Response<RecvBody>, BackendError> {
+        let sender = match self.cached() {
             Some(sender) => sender,
             None => self.dial().await?,
         };
-        if sender.ready().await.is_err() {
+        let mut sender = match sender.ready().await {
+            Ok(sender) => sender,
             // The connection died since it was cached: one fresh dial.
-            sender = self.dial().await?;
-            sender.ready().await.map_err(|error| self.error(&error))?;
+            Err(_) => self
+                .dial()
+                .await?
+                .ready()
+                .await
+                .map_err(|error| self.error(&error))?,
+        };
+        let (parts, body) = request.into_parts();
+        let body = Prefetched::new(body);
+        let end_of_stream = body.is_end_stream();
+        let (response, mut stream) = sender
+            .send_request(Request::from_parts(parts, ()), end_of_stream)
+            .map_err(|error| self.error(&error))?;
+        if !end_of_stream {
+            let rest = body
+                .send_ready(&mut stream)
+                .map_err(|error| self.error(&error))?;
+            if let Some(rest) = rest {
+                tokio::spawn(crate::body::pipe(rest, stream));
+            }
         }
-        sender
-            .send_request(request)
-            .await
-            .map_err(|error| self.error(&error))
+        let response = response.await.map_err(|error| self.error(&error))?;
+        Ok(response.map(RecvBody::new))
     }
 
-    fn error(&self, error: &hyper::Error) -> BackendError {
-        let mut message = String::new();
-        let mut source: Option<&dyn std::error::Error> = Some(error);
-        while let Some(cause) = source {
-            if !message.is_empty() {
-                message.push_str(": ");
-            }
-            message.push_str(&cause.to_string());
-            source = cause.source();
-        }
+    fn error(&self, error: &h2::Error) -> BackendError {
         BackendError {
             code: Code::Unavailable,
-            message: format!("runtime {}: {message}", self.path.display()),
+            message: format!("runtime {}: {error}", self.path.display()),
         }
     }
 
@@ -166,7 +193,8 @@ impl Backend {
         request: &Req,
     ) -> Result<Resp, BackendError> {
         let body = full_body(grpc::encode_frame(&request.encode_to_vec()), None);
-        let request = Request::post(path)
+        // HTTP/2 wants :scheme and :authority; "localhost" is what grpc-go sends on unix sockets.
+        let request = Request::post(format!("http://localhost{path}"))
             .header(http::header::CONTENT_TYPE, "application/grpc")
             .header(http::header::TE, "trailers")
             .body(body)

@@ -11,13 +11,12 @@ use bytes::Bytes;
 use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Limited};
-use hyper::body::Incoming;
 use k8s_cri::v1 as cri;
 use tonic::Code;
 use tracing::{Instrument, Span, field};
 
 use crate::backend::{Backend, BackendError};
-use crate::body::{BoxError, Prefetched, ProxyBody, full_body};
+use crate::body::{BoxError, ProxyBody, RecvBody, full_body};
 use crate::grpc;
 use crate::hook::{CallOutcome, Hook, HookContext, LifecycleRequest, LifecycleResponse, Method};
 use crate::metrics::{HookLabels, Metrics};
@@ -93,7 +92,7 @@ impl Proxy {
     }
 
     /// Serves one request from kubelet. Never fails: errors become gRPC statuses.
-    pub async fn handle(self: Arc<Self>, request: Request<Incoming>) -> Response<ProxyBody> {
+    pub async fn handle(self: Arc<Self>, request: Request<RecvBody>) -> Response<ProxyBody> {
         let path = request.uri().path();
         let method_name = path.rsplit('/').next().unwrap_or(path).to_owned();
         let intercepted = Method::from_path(path);
@@ -168,13 +167,13 @@ impl Proxy {
 
     async fn passthrough(
         &self,
-        request: Request<Incoming>,
+        request: Request<RecvBody>,
         deadline: Option<Duration>,
         record: CallRecord,
     ) -> Response<ProxyBody> {
         let backend = self.backend_for(request.uri().path()).clone();
         let (parts, body) = request.into_parts();
-        let request = Request::from_parts(parts, Prefetched::new(body).boxed_unsync());
+        let request = Request::from_parts(parts, body.map_err(BoxError::from).boxed_unsync());
         match with_deadline(deadline, backend.send(request)).await {
             Ok(response) => {
                 let (parts, body) = response.into_parts();
@@ -182,12 +181,12 @@ impl Proxy {
                     // Trailers-only: the status is already here.
                     Some(code) => {
                         record.finish(code);
-                        Response::from_parts(parts, Prefetched::new(body).boxed_unsync())
+                        Response::from_parts(parts, body.map_err(BoxError::from).boxed_unsync())
                     }
                     None => Response::from_parts(
                         parts,
                         ObservedBody {
-                            inner: Prefetched::new(body),
+                            inner: body,
                             record: Some(record),
                         }
                         .boxed_unsync(),
@@ -204,7 +203,7 @@ impl Proxy {
     async fn intercept(
         &self,
         method: Method,
-        request: Request<Incoming>,
+        request: Request<RecvBody>,
         span: &Span,
     ) -> (Response<ProxyBody>, Code) {
         let (mut parts, body) = request.into_parts();
@@ -570,7 +569,7 @@ impl Drop for CallRecord {
 
 /// A streamed response body that records the call's status when its trailers pass.
 struct ObservedBody {
-    inner: Prefetched<Incoming>,
+    inner: RecvBody,
     record: Option<CallRecord>,
 }
 

@@ -7,10 +7,16 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::graceful::GracefulShutdown;
-use tokio::net::UnixListener;
+use bytes::Bytes;
+use h2::RecvStream;
+use h2::server::SendResponse;
+use http::{Request, Response};
+use http_body::Body as _;
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
 
+use crate::body::{Prefetched, RecvBody};
 use crate::proxy::Proxy;
 
 /// Where the listening socket came from.
@@ -60,28 +66,14 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
     drain: Duration,
 ) {
-    let graceful = GracefulShutdown::new();
-    let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
-    // Kubelet multiplexes every CRI call on one connection.
-    builder.max_concurrent_streams(Some(1000));
-    builder.initial_stream_window_size(crate::backend::RECEIVE_WINDOW);
-    builder.initial_connection_window_size(crate::backend::RECEIVE_WINDOW * 4);
+    let (stop, stopping) = watch::channel(false);
+    let mut connections = JoinSet::new();
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
-                    let proxy = Arc::clone(&proxy);
-                    let service = hyper::service::service_fn(move |request| {
-                        let proxy = Arc::clone(&proxy);
-                        async move { Ok::<_, std::convert::Infallible>(proxy.handle(request).await) }
-                    });
-                    let connection = graceful.watch(builder.serve_connection(TokioIo::new(stream), service));
-                    tokio::spawn(async move {
-                        if let Err(error) = connection.await {
-                            tracing::debug!(%error, "kubelet connection ended with an error");
-                        }
-                    });
+                    connections.spawn(serve_connection(stream, Arc::clone(&proxy), stopping.clone()));
                 }
                 Err(error) => {
                     // EMFILE and friends: back off instead of spinning.
@@ -89,6 +81,8 @@ pub async fn serve(
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
             },
+            // Reap ended connections so the set does not grow with kubelet restarts.
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
             () = &mut shutdown => break,
         }
     }
@@ -97,10 +91,89 @@ pub async fn serve(
         drain_secs = drain.as_secs(),
         "shutting down: draining in-flight calls"
     );
-    if tokio::time::timeout(drain, graceful.shutdown())
-        .await
-        .is_err()
-    {
+    let _ = stop.send(true);
+    let drained = async { while connections.join_next().await.is_some() {} };
+    if tokio::time::timeout(drain, drained).await.is_err() {
         tracing::warn!("drain timed out; closing remaining connections");
+    }
+}
+
+/// One kubelet connection: every CRI call is a stream on it, served on its own task.
+async fn serve_connection(
+    stream: UnixStream,
+    proxy: Arc<Proxy>,
+    mut stopping: watch::Receiver<bool>,
+) {
+    let handshake = h2::server::Builder::new()
+        // Kubelet multiplexes every CRI call on one connection.
+        .max_concurrent_streams(1000)
+        .initial_window_size(crate::backend::RECEIVE_WINDOW)
+        .initial_connection_window_size(crate::backend::RECEIVE_WINDOW * 4)
+        .handshake::<_, Bytes>(stream);
+    let mut connection = match handshake.await {
+        Ok(connection) => connection,
+        Err(error) => {
+            tracing::debug!(%error, "kubelet connection failed its HTTP/2 handshake");
+            return;
+        }
+    };
+    let mut draining = *stopping.borrow();
+    if draining {
+        connection.graceful_shutdown();
+    }
+    loop {
+        tokio::select! {
+            next = connection.accept() => match next {
+                Some(Ok((request, respond))) => {
+                    tokio::spawn(serve_call(Arc::clone(&proxy), request, respond));
+                }
+                Some(Err(error)) => {
+                    tracing::debug!(%error, "kubelet connection ended with an error");
+                    return;
+                }
+                // After a graceful shutdown: every call on it has ended.
+                None => return,
+            },
+            changed = stopping.changed(), if !draining => {
+                // GOAWAY: no new calls; the connection stays polled until its calls end.
+                draining = true;
+                if changed.is_ok() {
+                    connection.graceful_shutdown();
+                }
+            }
+        }
+    }
+}
+
+/// One CRI call: the proxy's answer goes back with every part that is ready in one
+/// write. A reset from kubelet (deadline, cancel) drops the call, which cancels
+/// it towards the runtime too.
+async fn serve_call(
+    proxy: Arc<Proxy>,
+    request: Request<RecvStream>,
+    mut respond: SendResponse<Bytes>,
+) {
+    let call = proxy.handle(request.map(RecvBody::new));
+    let response = tokio::select! {
+        response = call => response,
+        _ = std::future::poll_fn(|cx| respond.poll_reset(cx)) => return,
+    };
+    let (parts, body) = response.into_parts();
+    let body = Prefetched::new(body);
+    let end_of_stream = body.is_end_stream();
+    let mut stream = match respond.send_response(Response::from_parts(parts, ()), end_of_stream) {
+        Ok(stream) => stream,
+        Err(error) => {
+            tracing::debug!(%error, "answering kubelet failed");
+            return;
+        }
+    };
+    if end_of_stream {
+        return;
+    }
+    match body.send_ready(&mut stream) {
+        Ok(Some(rest)) => crate::body::pipe(rest, stream).await,
+        Ok(None) => {}
+        Err(error) => tracing::debug!(%error, "answering kubelet failed"),
     }
 }
