@@ -138,6 +138,15 @@ struct ResolvedGpu<'a> {
     memory_total: Option<u64>,
 }
 
+/// The pod's allocation annotation, if the scheduler wrote one. Only a container
+/// of such a pod needs the node's inventory: the rest are voided without it.
+pub fn allocation_of(container: &ContainerHookRequest) -> Option<&String> {
+    container
+        .pod
+        .as_ref()
+        .and_then(|p| p.annotations.get(DEVICE_ALLOCATED))
+}
+
 /// Computes the edits that give the container exactly the GPUs (and RDMA devices)
 /// its pod was allocated. Only `CreateContainer` is rewritten.
 pub fn rewrite(
@@ -153,11 +162,7 @@ pub fn rewrite(
         .as_ref()
         .map(|p| format!("{}/{}", p.namespace, p.name))
         .unwrap_or_default();
-    let annotation = container
-        .pod
-        .as_ref()
-        .and_then(|p| p.annotations.get(DEVICE_ALLOCATED));
-    let Some(annotation) = annotation else {
+    let Some(annotation) = allocation_of(container) else {
         return Ok(unallocated(container, config));
     };
     let allocations =

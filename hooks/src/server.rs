@@ -10,7 +10,7 @@ use tessera_protos::hook::v1::{
 };
 use tonic::{Request, Response, Status};
 
-use crate::gpu::{GpuHookConfig, GpuHookError, rewrite};
+use crate::gpu::{GpuHookConfig, GpuHookError, NodeDevices, rewrite};
 use crate::probe::DeviceProbe;
 
 /// A hook that edits containers before they are created.
@@ -42,6 +42,12 @@ impl GpuHook {
     pub fn config(&self) -> &GpuHookConfig {
         &self.config
     }
+
+    /// Whether the rewrite of `request` reads the node (blocking I/O); when it
+    /// does not, [`ContainerHook::pre_container`] is cheap enough for an async thread.
+    pub fn needs_probe(&self, request: &ContainerHookRequest) -> bool {
+        crate::gpu::allocation_of(request).is_some()
+    }
 }
 
 impl ContainerHook for GpuHook {
@@ -54,7 +60,13 @@ impl ContainerHook for GpuHook {
         if request.event != tessera_protos::hook::v1::Event::CreateContainer as i32 {
             return Ok(ContainerHookResponse::default());
         }
-        rewrite(request, &self.probe.probe(), &self.config)
+        // NVML and /dev are read only for pods that were given GPUs.
+        let node = if self.needs_probe(request) {
+            self.probe.probe()
+        } else {
+            NodeDevices::default()
+        };
+        rewrite(request, &node, &self.config)
     }
 }
 
@@ -117,5 +129,73 @@ impl<H: ContainerHook> hook_server::Hook for HookServer<H> {
         _request: Request<ContainerHookRequest>,
     ) -> Result<Response<PostHookResponse>, Status> {
         Ok(Response::new(PostHookResponse {}))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use tessera_api::resources::DEVICE_ALLOCATED;
+    use tessera_protos::hook::v1::{Event, PodMetadata};
+
+    use super::*;
+    use crate::gpu::GpuDevice;
+
+    /// Counts probes; the node it reports has one GPU.
+    #[derive(Debug, Default)]
+    struct CountingProbe(AtomicUsize);
+
+    impl DeviceProbe for CountingProbe {
+        fn probe(&self) -> NodeDevices {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            NodeDevices {
+                gpus: Some(vec![GpuDevice {
+                    uuid: "GPU-a".into(),
+                    minor: 0,
+                    memory_bytes: Some(16 << 30),
+                }]),
+                nodes: ["nvidia0", "nvidiactl"].map(String::from).into(),
+            }
+        }
+    }
+
+    fn create(annotations: HashMap<String, String>) -> ContainerHookRequest {
+        ContainerHookRequest {
+            event: Event::CreateContainer as i32,
+            pod: Some(PodMetadata {
+                name: "p".into(),
+                namespace: "ns".into(),
+                annotations,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_node_is_probed_only_for_pods_given_gpus() -> Result<(), GpuHookError> {
+        let probe = Arc::new(CountingProbe::default());
+        let hook = GpuHook::new(GpuHookConfig::default(), probe.clone());
+
+        let plain = create(HashMap::new());
+        assert!(!hook.needs_probe(&plain));
+        hook.pre_container(&plain)?;
+        assert_eq!(probe.0.load(Ordering::SeqCst), 0);
+
+        let annotation = r#"{"gpu":[{"minor":0,"id":"GPU-a","resources":{"koordinator.sh/gpu-core":100,"koordinator.sh/gpu-memory-ratio":100}}]}"#;
+        let given = create(HashMap::from([(
+            DEVICE_ALLOCATED.to_owned(),
+            annotation.to_owned(),
+        )]));
+        assert!(hook.needs_probe(&given));
+        let edit = hook.pre_container(&given)?;
+        assert_eq!(probe.0.load(Ordering::SeqCst), 1);
+        assert!(
+            edit.set_envs.iter().any(|kv| kv.value == "GPU-a"),
+            "{edit:?}"
+        );
+        Ok(())
     }
 }

@@ -1,7 +1,9 @@
 //! The way to the runtime: one HTTP/2 connection per unix socket, redialed by itself.
 
+use std::future::Future;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -83,7 +85,15 @@ impl Backend {
             .map(|connection| connection.sender.clone())
     }
 
-    async fn dial(&self) -> Result<SendRequest<Bytes>, BackendError> {
+    /// Boxed: dialing is rare, and its handshake state would otherwise sit in
+    /// every call's future.
+    fn dial(
+        &self,
+    ) -> Pin<Box<dyn Future<Output = Result<SendRequest<Bytes>, BackendError>> + Send + '_>> {
+        Box::pin(self.dial_unboxed())
+    }
+
+    async fn dial_unboxed(&self) -> Result<SendRequest<Bytes>, BackendError> {
         let unavailable = |error: &dyn std::fmt::Display| BackendError {
             code: Code::Unavailable,
             message: format!(

@@ -39,15 +39,21 @@ impl Hook for EmbeddedGpuHook {
             return Ok(());
         }
         let view = convert::container_request(ctx, request);
-        let hook = Arc::clone(&self.hook);
-        // The node probe reads /dev and /proc: off the async threads.
-        let edit = tokio::task::spawn_blocking(move || hook.pre_container(&view))
-            .await
-            .map_err(|e| HookRejection::new(Code::Internal, format!("GPU hook task failed: {e}")))?
-            .map_err(|error| {
-                let status: tonic::Status = error.into();
-                HookRejection::new(status.code(), status.message())
-            })?;
+        let edit = if self.hook.needs_probe(&view) {
+            let hook = Arc::clone(&self.hook);
+            // The node probe reads NVML, /dev and /proc: off the async thread.
+            tokio::task::spawn_blocking(move || hook.pre_container(&view))
+                .await
+                .map_err(|e| {
+                    HookRejection::new(Code::Internal, format!("GPU hook task failed: {e}"))
+                })?
+        } else {
+            self.hook.pre_container(&view)
+        };
+        let edit = edit.map_err(|error| {
+            let status: tonic::Status = error.into();
+            HookRejection::new(status.code(), status.message())
+        })?;
         convert::apply_container_edit(request, &edit);
         Ok(())
     }

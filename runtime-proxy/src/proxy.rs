@@ -130,9 +130,12 @@ impl Proxy {
         match intercepted {
             Some(method) => {
                 // The caller's deadline bounds the whole call: lookups, hooks and the runtime.
-                let call = self
-                    .intercept(method, request, &record.span)
-                    .instrument(span);
+                // Boxed: hooks make this future large, and every call's task would
+                // otherwise carry (and move) it, passthrough calls included.
+                let call = Box::pin(
+                    self.intercept(method, request, &record.span)
+                        .instrument(span),
+                );
                 let (response, code) =
                     match deadline {
                         Some(deadline) => tokio::time::timeout(deadline, call)

@@ -86,6 +86,17 @@ async fn main() -> anyhow::Result<()> {
 struct ProxyProcess(tokio::process::Child);
 
 impl ProxyProcess {
+    /// CPU time the proxy's threads have used so far (scheduler accounting, ns).
+    fn cpu_ns(&self) -> Option<u64> {
+        let tasks = std::fs::read_dir(format!("/proc/{}/task", self.0.id()?)).ok()?;
+        let mut total = 0;
+        for task in tasks.flatten() {
+            let stat = std::fs::read_to_string(task.path().join("schedstat")).ok()?;
+            total += stat.split_whitespace().next()?.parse::<u64>().ok()?;
+        }
+        Some(total)
+    }
+
     fn peak_rss_kib(&self) -> Option<u64> {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.0.id()?)).ok()?;
         let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
@@ -164,11 +175,14 @@ where
 
 /// The floor of any extra hop: a byte relay (no HTTP/2 parsing) between two unix
 /// sockets, on its own thread and single-threaded runtime like the proxy.
-fn spawn_relay(listen: &Path, target: &Path) -> anyhow::Result<()> {
+/// Returns the relay thread's id, for its CPU time.
+fn spawn_relay(listen: &Path, target: &Path) -> anyhow::Result<i32> {
     let listener = std::os::unix::net::UnixListener::bind(listen)?;
     listener.set_nonblocking(true)?;
     let target = target.to_path_buf();
+    let (tid_tx, tid_rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || -> std::io::Result<()> {
+        let _ = tid_tx.send(nix::unistd::gettid().as_raw());
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
@@ -185,7 +199,13 @@ fn spawn_relay(listen: &Path, target: &Path) -> anyhow::Result<()> {
             }
         })
     });
-    Ok(())
+    Ok(tid_rx.recv()?)
+}
+
+/// CPU time a thread of this process has used (scheduler accounting, ns).
+fn thread_cpu_ns(tid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat")).ok()?;
+    stat.split_whitespace().next()?.parse().ok()
 }
 
 fn us(duration: Duration) -> f64 {
@@ -233,8 +253,10 @@ async fn proxy_bench(
 
     let mut rows = Vec::new();
     let relay_socket = dir.path().join("relay.sock");
-    spawn_relay(&relay_socket, &containerd.socket())?;
+    let relay_tid = spawn_relay(&relay_socket, &containerd.socket())?;
     let mut relayed = KubeletDriver::connect(&relay_socket).await?;
+    let cpu_before = proxy.cpu_ns();
+    let relay_cpu_before = thread_cpu_ns(relay_tid);
     let [d, p, r] = measure(
         [&mut direct, &mut proxied, &mut relayed],
         iterations,
@@ -244,6 +266,14 @@ async fn proxy_bench(
         },
     )
     .await?;
+    // Warm-up calls included: measure() makes min(n, 10) of them per path.
+    let calls = (iterations + iterations.min(10)) as f64;
+    let cpu_per_call = cpu_before
+        .zip(proxy.cpu_ns())
+        .map(|(before, after)| after.saturating_sub(before) as f64 / 1e3 / calls);
+    let relay_cpu_per_call = relay_cpu_before
+        .zip(thread_cpu_ns(relay_tid))
+        .map(|(before, after)| after.saturating_sub(before) as f64 / 1e3 / calls);
     let relay_floor = Row {
         name: "Version via byte relay".into(),
         direct: Samples(d.0.clone()),
@@ -350,6 +380,11 @@ async fn proxy_bench(
     println!(
         "(the byte relay row is the floor of any extra process hop on this machine: no HTTP/2, no gRPC)"
     );
+    if let (Some(proxy), Some(relay)) = (cpu_per_call, relay_cpu_per_call) {
+        println!(
+            "CPU per Version call (user + kernel): proxy {proxy:.1}µs, byte relay {relay:.1}µs"
+        );
+    }
     match proxy.peak_rss_kib() {
         Some(kib) => println!("proxy peak RSS (VmHWM): {:.1} MiB", kib as f64 / 1024.0),
         None => println!("proxy peak RSS: unavailable"),
