@@ -145,6 +145,38 @@ async fn error_status_message_and_details_are_unchanged() {
     );
 }
 
+/// Opens GetContainerEvents through a proxy in front of `script` and checks that
+/// the first event ("event-1") arrives on its own; returns the still-open stream.
+async fn watch_events(
+    script: Script,
+) -> (
+    tempfile::TempDir,
+    FakeRuntime,
+    RunningProxy,
+    hyper::body::Incoming,
+) {
+    let (dir, fake, proxy) = setup(script, vec![]).await;
+    let mut client = RawClient::connect(&proxy.socket).await.expect("connect");
+    let response = client
+        .send(
+            "/runtime.v1.RuntimeService/GetContainerEvents",
+            &[],
+            frame(&cri::GetEventsRequest {}.encode_to_vec()),
+        )
+        .await
+        .expect("stream opens");
+    let mut body = response.into_body();
+    let first = tokio::time::timeout(Duration::from_secs(5), body.frame())
+        .await
+        .expect("first event arrives alone")
+        .expect("frame")
+        .expect("ok")
+        .into_data()
+        .expect("data");
+    assert_eq!(first, frame(b"event-1"));
+    (dir, fake, proxy, body)
+}
+
 #[tokio::test]
 async fn server_streaming_is_streamed_not_buffered() {
     let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
@@ -171,26 +203,7 @@ async fn server_streaming_is_streamed_not_buffered() {
         });
         (grpc_headers(), rx)
     });
-    let (_dir, _fake, proxy) = setup(script, vec![]).await;
-    let mut client = RawClient::connect(&proxy.socket).await.expect("connect");
-    let response = client
-        .send(
-            "/runtime.v1.RuntimeService/GetContainerEvents",
-            &[],
-            frame(&cri::GetEventsRequest {}.encode_to_vec()),
-        )
-        .await
-        .expect("stream opens");
-    let mut body = response.into_body();
-    let first = tokio::time::timeout(Duration::from_secs(5), body.frame())
-        .await
-        .expect("first event arrives alone");
-    let first = first
-        .expect("frame")
-        .expect("ok")
-        .into_data()
-        .expect("data");
-    assert_eq!(first, frame(b"event-1"));
+    let (_dir, _fake, _proxy, body) = watch_events(script).await;
     release_tx.send(()).expect("release");
     let rest = body.collect().await.expect("rest");
     let trailers = rest.trailers().cloned().expect("trailers");
@@ -343,6 +356,81 @@ async fn malformed_intercepted_messages_get_named_errors_and_never_reach_the_run
         fake.forwarded().is_empty(),
         "a malformed request reached the runtime"
     );
+}
+
+#[tokio::test]
+async fn a_stream_kubelet_cancels_is_cancelled_at_the_runtime() {
+    let (closed_tx, mut closed_rx) = mpsc::channel::<()>(1);
+    let script: Script = Arc::new(move |recorded| {
+        if !recorded.path.ends_with("/GetContainerEvents") {
+            return echo_script()(recorded);
+        }
+        let (tx, rx) = mpsc::channel(4);
+        let closed_tx = closed_tx.clone();
+        tokio::spawn(async move {
+            let _ = tx.send(Frame::data(frame(b"event-1"))).await;
+            // No more events: only the caller going away ends this stream.
+            tx.closed().await;
+            let _ = closed_tx.send(()).await;
+        });
+        (grpc_headers(), rx)
+    });
+    let (_dir, _fake, _proxy, body) = watch_events(script).await;
+    drop(body);
+    tokio::time::timeout(Duration::from_secs(5), closed_rx.recv())
+        .await
+        .expect("the runtime's stream is cancelled when kubelet cancels");
+}
+
+#[tokio::test]
+async fn shutdown_drains_a_call_in_flight_and_takes_no_new_ones() {
+    let (release_tx, release_rx) = tokio::sync::oneshot::channel::<()>();
+    let release_rx = Arc::new(std::sync::Mutex::new(Some(release_rx)));
+    let script: Script = Arc::new(move |recorded| {
+        if !recorded.path.ends_with("/Version") {
+            return echo_script()(recorded);
+        }
+        let gate = release_rx.lock().ok().and_then(|mut gate| gate.take());
+        let Some(gate) = gate else {
+            return echo_script()(recorded);
+        };
+        // The first call is answered only once the test says so.
+        let (tx, rx) = mpsc::channel(2);
+        tokio::spawn(async move {
+            let _ = gate.await;
+            let _ = tx.send(Frame::data(frame(b"late"))).await;
+            let _ = tx.send(Frame::trailers(ok_trailers(&[]))).await;
+        });
+        (grpc_headers(), rx)
+    });
+    let (_dir, _fake, proxy) = setup(script, vec![]).await;
+    let socket = proxy.socket.clone();
+    let mut client = RawClient::connect(&socket).await.expect("connect");
+    let in_flight = tokio::spawn(async move {
+        client
+            .call("/runtime.v1.RuntimeService/Version", &[], frame(b""))
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let shutdown = tokio::spawn(proxy.shutdown());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!shutdown.is_finished(), "shut down with a call in flight");
+    assert!(
+        RawClient::connect(&socket).await.is_err(),
+        "a new connection was accepted while draining"
+    );
+    release_tx.send(()).expect("release");
+    let response = tokio::time::timeout(Duration::from_secs(5), in_flight)
+        .await
+        .expect("the call in flight ends")
+        .expect("task")
+        .expect("answered");
+    assert_eq!(response.body, frame(b"late"));
+    assert_eq!(response.trailers.expect("trailers")["grpc-status"], "0");
+    tokio::time::timeout(Duration::from_secs(5), shutdown)
+        .await
+        .expect("drained")
+        .expect("task");
 }
 
 /// Answers every call with the request's own bytes.

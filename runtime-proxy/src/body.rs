@@ -158,13 +158,22 @@ where
 }
 
 /// Sends `body` on `stream` to its end, within the peer's flow-control window.
-/// A body error resets the stream, so the peer sees the call fail.
-pub async fn pipe<B>(mut body: B, mut stream: SendStream<Bytes>)
-where
-    B: Body<Data = Bytes> + Unpin,
-{
+/// A body error resets the stream, so the peer sees the call fail; a reset from
+/// the peer drops `body`, which cancels the stream it comes from (a watch kubelet
+/// gave up on does not stay open at containerd).
+pub async fn pipe(mut body: Prefetched<ProxyBody>, mut stream: SendStream<Bytes>) {
     loop {
-        let frame = match body.frame().await {
+        let next = std::future::poll_fn(|cx| {
+            if stream.poll_reset(cx).is_ready() {
+                return Poll::Ready(None);
+            }
+            Pin::new(&mut body).poll_frame(cx).map(Some)
+        })
+        .await;
+        let Some(next) = next else {
+            return;
+        };
+        let frame = match next {
             None => {
                 let _ = stream.send_data(Bytes::new(), true);
                 return;

@@ -285,8 +285,8 @@ async fn proxy_bench(
         proxied: p,
     });
 
-    let [d, p] = measure(
-        [&mut direct, &mut proxied],
+    let [d, p, r] = measure(
+        [&mut direct, &mut proxied, &mut relayed],
         iterations / 4,
         |mut driver| async move {
             let listed = driver
@@ -303,6 +303,11 @@ async fn proxy_bench(
         },
     )
     .await?;
+    let list_floor = Row {
+        name: format!("ListContainers ({containers}) via byte relay"),
+        direct: Samples(d.0.clone()),
+        proxied: r,
+    };
     rows.push(Row {
         name: format!("ListContainers ({containers})"),
         direct: d,
@@ -375,10 +380,10 @@ async fn proxy_bench(
         "tessera-bench proxy: {iterations} calls per method ({} for ListContainers), {cycles} lifecycle cycles",
         iterations / 4
     );
-    let all: Vec<Row> = rows.into_iter().chain([relay_floor]).collect();
+    let all: Vec<Row> = rows.into_iter().chain([relay_floor, list_floor]).collect();
     print_rows(&all);
     println!(
-        "(the byte relay row is the floor of any extra process hop on this machine: no HTTP/2, no gRPC)"
+        "(the byte relay rows are the floor of any extra process hop on this machine: no HTTP/2, no gRPC)"
     );
     if let (Some(proxy), Some(relay)) = (cpu_per_call, relay_cpu_per_call) {
         println!(
