@@ -15,6 +15,8 @@ fn main() -> std::process::ExitCode {
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
+        // Logs are diagnostics: stderr, like every Tessera binary (journald takes both).
+        .with_writer(std::io::stderr)
         .init();
     let config = match Config::resolve(Cli::parse()) {
         Ok(config) => config,

@@ -34,6 +34,8 @@ async fn main() -> anyhow::Result<()> {
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
+        // Logs are diagnostics: stderr, like every Tessera binary (journald takes both).
+        .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
     if let Some(parent) = cli.socket.parent() {
