@@ -305,3 +305,62 @@ async fn bad_annotations_fail_create_container_and_start_nothing() {
         containers.containers
     );
 }
+
+/// Containerd 1.6/1.7 still serve CRI v1alpha2: a container created on it goes
+/// through the same GPU rewrite, so that service is no way around the hook.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_container_created_over_cri_v1alpha2_gets_the_same_rewrite() {
+    use k8s_cri::v1alpha2;
+    use prost::Message;
+
+    let node = node().await;
+    let uuid = node.gpus.gpus[2].uuid.clone();
+    let mut pod = PodSpec::new("gpu", "legacy-api");
+    pod.log_directory = Some(node.dir.path().join("logs").join("legacy-api"));
+    pod.annotations.insert(
+        DEVICE_ALLOCATED.into(),
+        format!(r#"{{"gpu":[{}]}}"#, share(&uuid, 2, 100, "16Gi")),
+    );
+    let mut kubelet = KubeletDriver::connect(&node.proxy.socket)
+        .await
+        .expect("kubelet");
+    let sandbox = kubelet.start_pod(&pod, &[]).await.expect("sandbox");
+
+    // The same messages, re-read as v1alpha2 types: the two versions share the wire format.
+    let config = pod.container_config("main", PROBE_IMAGE, &[("NVIDIA_VISIBLE_DEVICES", "all")]);
+    let request = v1alpha2::CreateContainerRequest {
+        pod_sandbox_id: sandbox.sandbox_id.clone(),
+        config: Some(
+            v1alpha2::ContainerConfig::decode(&config.encode_to_vec()[..])
+                .expect("v1alpha2 container config"),
+        ),
+        sandbox_config: Some(
+            v1alpha2::PodSandboxConfig::decode(&pod.sandbox_config().encode_to_vec()[..])
+                .expect("v1alpha2 sandbox config"),
+        ),
+    };
+    let channel = tessera_integration::kubelet::unix_channel(&node.proxy.socket)
+        .await
+        .expect("channel");
+    let id = v1alpha2::runtime_service_client::RuntimeServiceClient::new(channel)
+        .create_container(request)
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "v1alpha2 CreateContainer: {e}\n{}",
+                node.containerd.log_tail()
+            )
+        })
+        .into_inner()
+        .container_id;
+    let spec = kubelet.container_spec(&id).await.expect("spec");
+    assert_eq!(spec_env(&spec, "NVIDIA_VISIBLE_DEVICES"), Some(uuid));
+    assert_eq!(
+        gpu_devices(&spec),
+        vec![
+            ("/dev/nvidia-uvm".to_owned(), 235, 0),
+            ("/dev/nvidia2".to_owned(), NVIDIA_MAJOR, 2),
+            ("/dev/nvidiactl".to_owned(), NVIDIA_MAJOR, 255),
+        ]
+    );
+}

@@ -258,6 +258,13 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
 
 #[tokio::test]
 async fn rewritten_create_container_keeps_unknown_fields() {
+    // v1alpha2 carries the same messages and must get the same treatment.
+    for service in ["runtime.v1", "runtime.v1alpha2"] {
+        check_create_rewrite(&format!("/{service}.RuntimeService/CreateContainer")).await;
+    }
+}
+
+async fn check_create_rewrite(path: &str) {
     let create_reply: Script = Arc::new(|_| {
         let body = frame(
             &cri::CreateContainerResponse {
@@ -273,14 +280,7 @@ async fn rewritten_create_container_keeps_unknown_fields() {
         .await
         .expect("connect");
     let (message, inner, outer) = create_request_with_unknown_fields();
-    let response = client
-        .call(
-            "/runtime.v1.RuntimeService/CreateContainer",
-            &[],
-            frame(&message),
-        )
-        .await
-        .expect("call");
+    let response = client.call(path, &[], frame(&message)).await.expect("call");
     assert_eq!(response.trailers.expect("trailers")["grpc-status"], "0");
 
     let recorded = fake.forwarded();
@@ -288,7 +288,7 @@ async fn rewritten_create_container_keeps_unknown_fields() {
     assert_ne!(
         forwarded,
         &message[..],
-        "the hook's rewrite was not applied"
+        "{path}: the hook's rewrite was not applied"
     );
     assert!(
         contains(forwarded, &inner),

@@ -26,7 +26,11 @@ macro_rules! lifecycle {
 
             /// The intercepted method served at this HTTP/2 path, if any.
             pub fn from_path(path: &str) -> Option<Method> {
-                let name = path.strip_prefix("/runtime.v1.RuntimeService/")?;
+                // v1alpha2 (containerd 1.6/1.7, kubelets before 1.26) has the same
+                // messages on the wire: a call on it must not slip past the hooks.
+                let name = path
+                    .strip_prefix("/runtime.v1.RuntimeService/")
+                    .or_else(|| path.strip_prefix("/runtime.v1alpha2.RuntimeService/"))?;
                 Method::ALL.iter().copied().find(|method| method.name() == name)
             }
 
@@ -165,6 +169,10 @@ mod tests {
         );
         assert_eq!(
             Method::from_path("/runtime.v1alpha2.RuntimeService/CreateContainer"),
+            Some(Method::CreateContainer)
+        );
+        assert_eq!(
+            Method::from_path("/runtime.v1alpha2.ImageService/PullImage"),
             None
         );
         assert_eq!(Method::ALL.len(), 8);
