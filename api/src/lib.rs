@@ -1,9 +1,12 @@
 //! Tessera's shared contract, with no I/O: the cluster-level names (kept exactly as
 //! the Koordinator "Fine-grained Device Scheduling" design has them), Kubernetes
-//! quantities, and the one codec of the `scheduling.koordinator.sh/device-allocated`
-//! pod annotation, used by the scheduler that writes it and the hook that reads it.
+//! quantities, the one codec of the `scheduling.koordinator.sh/device-allocated`
+//! pod annotation, used by the scheduler that writes it and the hook that reads it,
+//! and the parser of kubelet's device checkpoint, read by the reporter (legacy pods'
+//! GPUs) and the GPU hook (which device-plugin grants are real).
 
 pub mod allocation;
+pub mod checkpoint;
 #[cfg(feature = "client")]
 pub mod client;
 pub mod device;

@@ -33,6 +33,11 @@ pub struct GpuHookArgs {
     /// the fallback when it does not load).
     #[arg(long, value_name = "PATH", default_value = "libnvidia-ml.so.1")]
     pub nvml_library: PathBuf,
+    /// kubelet's device checkpoint. A container of a pod with no allocation keeps an
+    /// NVIDIA_VISIBLE_DEVICES naming GPUs only when this records a device plugin
+    /// giving it those GPUs; a missing file means no plugin gave any.
+    #[arg(long, value_name = "PATH", default_value = crate::probe::KUBELET_CHECKPOINT)]
+    pub kubelet_checkpoint: PathBuf,
 }
 
 impl Default for GpuHookArgs {
@@ -45,6 +50,7 @@ impl Default for GpuHookArgs {
             unallocated_visible_devices: "void".into(),
             keep_unallocated: false,
             nvml_library: "libnvidia-ml.so.1".into(),
+            kubelet_checkpoint: crate::probe::KUBELET_CHECKPOINT.into(),
         }
     }
 }
@@ -72,6 +78,7 @@ impl GpuHookArgs {
         ProbePaths {
             device_root: self.device_root.clone(),
             driver_gpus: self.driver_gpus.clone(),
+            kubelet_checkpoint: self.kubelet_checkpoint.clone(),
         }
     }
 }

@@ -4,6 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
+use tessera_api::checkpoint::CheckpointEntry;
 use tessera_api::resources::DEVICE_ALLOCATED;
 use tessera_api::{AllocationError, DeviceAllocation, DeviceAllocations};
 use tessera_protos::hook::v1::{
@@ -84,6 +85,53 @@ pub struct NodeDevices {
     /// Device node names present under the device root (`nvidia0`, `nvidiactl`,
     /// `infiniband/uverbs0`, …).
     pub nodes: BTreeSet<String>,
+    /// What kubelet's device checkpoint says device plugins gave to containers.
+    pub plugin_grants: PluginGrants,
+}
+
+/// The device-plugin grants kubelet recorded in its checkpoint: the only way to
+/// tell a plugin's `NVIDIA_VISIBLE_DEVICES` from one a user wrote into the pod.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum PluginGrants {
+    /// No checkpoint file: no device plugin ever gave anything on this node.
+    #[default]
+    NoCheckpoint,
+    /// The checkpoint's entries.
+    Recorded(Vec<CheckpointEntry>),
+    /// The file exists but cannot be read or parsed: `path: reason`.
+    Unreadable(String),
+}
+
+impl PluginGrants {
+    /// Whether a device plugin gave `container` of the pod with `pod_uid` the GPUs
+    /// that `value` (an `NVIDIA_VISIBLE_DEVICES` value) names.
+    fn granted(&self, pod_uid: &str, container: &str, value: &str) -> bool {
+        let Self::Recorded(entries) = self else {
+            return false;
+        };
+        let named: BTreeSet<&str> = value
+            .split(',')
+            .map(str::trim)
+            .filter(|v| !v.is_empty())
+            .collect();
+        entries
+            .iter()
+            .filter(|e| {
+                e.pod_uid == pod_uid
+                    && e.container_name == container
+                    && e.resource_name.starts_with("nvidia.com/")
+            })
+            .any(|entry| {
+                // The plugin's own value when the checkpoint kept it (UUIDs, indices, or
+                // the volume-mounts strategy's path); else kubelet's device IDs.
+                let given: BTreeSet<String> = if entry.visible_devices.is_empty() {
+                    entry.gpu_ids().into_iter().collect()
+                } else {
+                    entry.visible_devices.iter().cloned().collect()
+                };
+                !named.is_empty() && named.iter().all(|n| given.contains(*n))
+            })
+    }
 }
 
 /// Why a container cannot be given its GPUs. The message names the pod, the
@@ -108,6 +156,22 @@ pub enum GpuHookError {
         path: String,
         /// What is wrong.
         problem: String,
+    },
+    /// The container names GPUs in its env but kubelet's checkpoint, which would
+    /// say whether a device plugin gave them, cannot be read: nothing is started
+    /// with GPUs that may not be its own.
+    #[error(
+        "pod {pod}: container {container}: {VISIBLE_DEVICES}={value}: cannot check it against kubelet's device checkpoint: {reason}"
+    )]
+    Checkpoint {
+        /// `namespace/name`.
+        pod: String,
+        /// The container's name.
+        container: String,
+        /// The env value.
+        value: String,
+        /// `path: what is wrong`.
+        reason: String,
     },
 }
 
@@ -139,7 +203,8 @@ struct ResolvedGpu<'a> {
 }
 
 /// The pod's allocation annotation, if the scheduler wrote one. Only a container
-/// of such a pod needs the node's inventory: the rest are voided without it.
+/// of such a pod, or one naming GPUs in its env, needs the node read: the rest are
+/// voided without it.
 pub fn allocation_of(container: &ContainerHookRequest) -> Option<&String> {
     container
         .pod
@@ -163,7 +228,7 @@ pub fn rewrite(
         .map(|p| format!("{}/{}", p.namespace, p.name))
         .unwrap_or_default();
     let Some(annotation) = allocation_of(container) else {
-        return Ok(unallocated(container, config));
+        return unallocated(container, node, config);
     };
     let allocations =
         DeviceAllocations::parse(annotation).map_err(|source| GpuHookError::Annotation {
@@ -173,7 +238,7 @@ pub fn rewrite(
     let gpus = resolve_gpus(&allocations, node, &pod)?;
     let mut edit = ContainerHookResponse::default();
     if gpus.is_empty() {
-        edit = unallocated(container, config);
+        edit = unallocated(container, node, config)?;
     } else {
         match config.mode {
             GpuMode::Env => {
@@ -207,18 +272,59 @@ pub fn rewrite(
 
 /// No allocation: hide every GPU, unless the device plugin already granted some
 /// (a legacy `nvidia.com/gpu` pod, tracked through kubelet's checkpoint).
-fn unallocated(container: &ContainerHookRequest, config: &GpuHookConfig) -> ContainerHookResponse {
+fn unallocated(
+    container: &ContainerHookRequest,
+    node: &NodeDevices,
+    config: &GpuHookConfig,
+) -> Result<ContainerHookResponse, GpuHookError> {
     let mut edit = ContainerHookResponse::default();
-    let granted = container
+    let Some(void) = &config.unallocated_visible_devices else {
+        return Ok(edit);
+    };
+    if let Some(value) = plugin_grant(container) {
+        let pod = container.pod.as_ref();
+        let uid = pod.map(|p| p.uid.as_str()).unwrap_or_default();
+        let name = container
+            .container
+            .as_ref()
+            .map(|c| c.name.as_str())
+            .unwrap_or_default();
+        if let PluginGrants::Unreadable(reason) = &node.plugin_grants {
+            return Err(GpuHookError::Checkpoint {
+                pod: pod
+                    .map(|p| format!("{}/{}", p.namespace, p.name))
+                    .unwrap_or_default(),
+                container: name.to_owned(),
+                value: value.to_owned(),
+                reason: reason.clone(),
+            });
+        }
+        if node.plugin_grants.granted(uid, name, value) {
+            return Ok(edit);
+        }
+        tracing::warn!(
+            pod = pod
+                .map(|p| format!("{}/{}", p.namespace, p.name))
+                .unwrap_or_default(),
+            container = name,
+            value,
+            "{VISIBLE_DEVICES} names GPUs no device plugin gave this container; hiding every GPU"
+        );
+    }
+    edit.set_envs.push(kv(VISIBLE_DEVICES, void.clone()));
+    Ok(edit)
+}
+
+/// The container's `NVIDIA_VISIBLE_DEVICES` when it names particular GPUs (as a
+/// device plugin would), as opposed to an image asking for all or none.
+pub fn plugin_grant(container: &ContainerHookRequest) -> Option<&str> {
+    container
         .envs
         .iter()
         .rev()
         .find(|e| e.key == VISIBLE_DEVICES)
-        .is_some_and(|e| is_plugin_grant(&e.value));
-    if let (Some(value), false) = (&config.unallocated_visible_devices, granted) {
-        edit.set_envs.push(kv(VISIBLE_DEVICES, value.clone()));
-    }
-    edit
+        .map(|e| e.value.as_str())
+        .filter(|value| is_plugin_grant(value))
 }
 
 fn resolve_gpus<'a>(

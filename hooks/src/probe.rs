@@ -1,6 +1,7 @@
-//! Reads what the node has: device nodes under the device root, and the GPUs'
+//! Reads what the node has: device nodes under the device root, the GPUs'
 //! UUID → minor mapping from NVML when it loads, else from
-//! `/proc/driver/nvidia/gpus/*/information`.
+//! `/proc/driver/nvidia/gpus/*/information`, and the device-plugin grants in
+//! kubelet's checkpoint.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -8,7 +9,12 @@ use std::sync::Arc;
 
 use nvml_wrapper::Nvml;
 
-use crate::gpu::{GpuDevice, NodeDevices};
+use tessera_api::checkpoint::parse_checkpoint;
+
+use crate::gpu::{GpuDevice, NodeDevices, PluginGrants};
+
+/// kubelet's device-manager checkpoint.
+pub const KUBELET_CHECKPOINT: &str = "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint";
 
 /// Where the probe looks.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -17,6 +23,8 @@ pub struct ProbePaths {
     pub device_root: PathBuf,
     /// The driver's per-GPU information (`/proc/driver/nvidia/gpus`).
     pub driver_gpus: PathBuf,
+    /// kubelet's device checkpoint ([`KUBELET_CHECKPOINT`]).
+    pub kubelet_checkpoint: PathBuf,
 }
 
 impl Default for ProbePaths {
@@ -24,6 +32,7 @@ impl Default for ProbePaths {
         Self {
             device_root: "/dev".into(),
             driver_gpus: "/proc/driver/nvidia/gpus".into(),
+            kubelet_checkpoint: KUBELET_CHECKPOINT.into(),
         }
     }
 }
@@ -86,7 +95,21 @@ impl DeviceProbe for HostProbe {
         NodeDevices {
             gpus,
             nodes: device_nodes(&self.paths.device_root),
+            plugin_grants: read_plugin_grants(&self.paths.kubelet_checkpoint),
         }
+    }
+}
+
+/// What kubelet's checkpoint at `path` records; a missing file means no device
+/// plugin has given anything on this node.
+pub fn read_plugin_grants(path: &Path) -> PluginGrants {
+    match std::fs::read(path) {
+        Ok(bytes) => match parse_checkpoint(&bytes) {
+            Ok(checkpoint) => PluginGrants::Recorded(checkpoint.entries),
+            Err(error) => PluginGrants::Unreadable(format!("{}: {error}", path.display())),
+        },
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => PluginGrants::NoCheckpoint,
+        Err(error) => PluginGrants::Unreadable(format!("{}: {error}", path.display())),
     }
 }
 
@@ -187,11 +210,25 @@ mod tests {
         let gpus = dir.path().join("gpus/0000:19:00.0");
         std::fs::create_dir_all(&gpus).expect("mkdir");
         std::fs::write(gpus.join("information"), INFORMATION).expect("write");
+        let checkpoint = dir.path().join("kubelet_internal_checkpoint");
+        std::fs::write(
+            &checkpoint,
+            r#"{"Data":{"PodDeviceEntries":[{"PodUID":"u1","ContainerName":"app","ResourceName":"nvidia.com/gpu","DeviceIDs":{"0":["GPU-a"]},"AllocResp":""}]},"Checksum":1}"#,
+        )
+        .expect("write");
         let node = HostProbe::new(ProbePaths {
             device_root: dev,
             driver_gpus: dir.path().join("gpus"),
+            kubelet_checkpoint: checkpoint.clone(),
         })
         .probe();
+        match &node.plugin_grants {
+            PluginGrants::Recorded(entries) => {
+                assert_eq!(entries.len(), 1);
+                assert_eq!(entries[0].gpu_ids(), ["GPU-a"]);
+            }
+            other => panic!("{other:?}"),
+        }
         assert_eq!(
             node.nodes.iter().map(String::as_str).collect::<Vec<_>>(),
             ["infiniband/uverbs0", "nvidia0", "nvidiactl"]
@@ -200,8 +237,22 @@ mod tests {
         let missing = HostProbe::new(ProbePaths {
             device_root: dir.path().into(),
             driver_gpus: dir.path().join("none"),
+            kubelet_checkpoint: dir.path().join("none"),
         })
         .probe();
         assert_eq!(missing.gpus, None);
+        assert_eq!(missing.plugin_grants, PluginGrants::NoCheckpoint);
+
+        std::fs::write(&checkpoint, "{not json").expect("write");
+        match read_plugin_grants(&checkpoint) {
+            PluginGrants::Unreadable(reason) => {
+                assert!(reason.contains("kubelet_internal_checkpoint"), "{reason}");
+                assert!(
+                    reason.contains("not a kubelet device checkpoint"),
+                    "{reason}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
     }
 }

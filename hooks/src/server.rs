@@ -46,7 +46,7 @@ impl GpuHook {
     /// Whether the rewrite of `request` reads the node (blocking I/O); when it
     /// does not, [`ContainerHook::pre_container`] is cheap enough for an async thread.
     pub fn needs_probe(&self, request: &ContainerHookRequest) -> bool {
-        crate::gpu::allocation_of(request).is_some()
+        crate::gpu::allocation_of(request).is_some() || crate::gpu::plugin_grant(request).is_some()
     }
 }
 
@@ -60,7 +60,7 @@ impl ContainerHook for GpuHook {
         if request.event != tessera_protos::hook::v1::Event::CreateContainer as i32 {
             return Ok(ContainerHookResponse::default());
         }
-        // NVML and /dev are read only for pods that were given GPUs.
+        // NVML, /dev and the checkpoint are read only for containers that name GPUs.
         let node = if self.needs_probe(request) {
             self.probe.probe()
         } else {
@@ -74,7 +74,9 @@ impl From<GpuHookError> for Status {
     fn from(error: GpuHookError) -> Self {
         match error {
             GpuHookError::Annotation { .. } => Status::invalid_argument(error.to_string()),
-            GpuHookError::Device { .. } => Status::failed_precondition(error.to_string()),
+            GpuHookError::Device { .. } | GpuHookError::Checkpoint { .. } => {
+                Status::failed_precondition(error.to_string())
+            }
         }
     }
 }
@@ -141,7 +143,7 @@ mod tests {
     use tessera_protos::hook::v1::{Event, PodMetadata};
 
     use super::*;
-    use crate::gpu::GpuDevice;
+    use crate::gpu::{GpuDevice, PluginGrants};
 
     /// Counts probes; the node it reports has one GPU.
     #[derive(Debug, Default)]
@@ -157,6 +159,7 @@ mod tests {
                     memory_bytes: Some(16 << 30),
                 }]),
                 nodes: ["nvidia0", "nvidiactl"].map(String::from).into(),
+                plugin_grants: PluginGrants::NoCheckpoint,
             }
         }
     }

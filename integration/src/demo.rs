@@ -112,7 +112,9 @@ pub async fn run(out: &mut (dyn Write + Send)) -> anyhow::Result<DemoSummary> {
     let legacy_uid = "1e9ac1e5-0000-4000-8000-00000000003a";
     api.insert("v1", "pods", json!({"apiVersion":"v1","kind":"Pod","metadata":{"name":"legacy-training","namespace":"default","uid":legacy_uid},
         "spec":{"nodeName":NODE,"containers":[{"name":"main","image":"x","resources":{"limits":{"nvidia.com/gpu":"1"}}}]},"status":{"phase":"Running"}}));
-    let checkpoint = dir.path().join("kubelet_internal_checkpoint");
+    // The reporter (legacy pods' GPUs) and the GPU hook (which env grants are real)
+    // read this one file, as they do kubelet's on a node.
+    let checkpoint = gpus.kubelet_checkpoint.clone();
     std::fs::write(
         &checkpoint,
         json!({"Data":{"PodDeviceEntries":[{"PodUID":legacy_uid,"ContainerName":"main","ResourceName":"nvidia.com/gpu","DeviceIDs":{"1":[uuids[3]]},"AllocResp":""}],

@@ -31,6 +31,19 @@ pub struct FakeGpuNode {
     pub driver_gpus: PathBuf,
     /// The GPUs, by minor.
     pub gpus: Vec<FakeGpu>,
+    /// Where kubelet's device checkpoint goes (absent until [`Self::write_checkpoint`]).
+    pub kubelet_checkpoint: PathBuf,
+}
+
+/// One device-plugin grant, as kubelet records it in its checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PluginGrant {
+    /// The pod's UID.
+    pub pod_uid: String,
+    /// The container's name.
+    pub container: String,
+    /// Device IDs the plugin handed out (`GPU-…`).
+    pub device_ids: Vec<String>,
 }
 
 fn char_device(path: &Path, major: u64, minor: u64) -> anyhow::Result<()> {
@@ -80,7 +93,32 @@ impl FakeGpuNode {
             device_root,
             driver_gpus,
             gpus,
+            kubelet_checkpoint: dir.join("kubelet_internal_checkpoint"),
         })
+    }
+
+    /// Writes kubelet's device checkpoint (1.20+ format, NUMA node 0) recording
+    /// `grants` of `nvidia.com/gpu` by the NVIDIA device plugin.
+    pub fn write_checkpoint(&self, grants: &[PluginGrant]) -> anyhow::Result<()> {
+        let entries: Vec<serde_json::Value> = grants
+            .iter()
+            .map(|grant| {
+                serde_json::json!({
+                    "PodUID": grant.pod_uid,
+                    "ContainerName": grant.container,
+                    "ResourceName": "nvidia.com/gpu",
+                    "DeviceIDs": {"0": grant.device_ids},
+                    "AllocResp": "",
+                })
+            })
+            .collect();
+        let all: Vec<&str> = self.gpus.iter().map(|g| g.uuid.as_str()).collect();
+        let file = serde_json::json!({
+            "Data": {"PodDeviceEntries": entries, "RegisteredDevices": {"nvidia.com/gpu": all}},
+            "Checksum": 0,
+        });
+        std::fs::write(&self.kubelet_checkpoint, serde_json::to_vec(&file)?)
+            .with_context(|| format!("writing {}", self.kubelet_checkpoint.display()))
     }
 
     /// Where the GPU hook's probe should look.
@@ -88,6 +126,7 @@ impl FakeGpuNode {
         ProbePaths {
             device_root: self.device_root.clone(),
             driver_gpus: self.driver_gpus.clone(),
+            kubelet_checkpoint: self.kubelet_checkpoint.clone(),
         }
     }
 }

@@ -50,6 +50,20 @@ async fn node() -> Node {
     }
 }
 
+/// The device node the NVIDIA device plugin hands a container for GPU `minor`.
+fn plugin_device(node: &Node, minor: u32) -> cri::Device {
+    cri::Device {
+        container_path: format!("/dev/nvidia{minor}"),
+        host_path: node
+            .gpus
+            .device_root
+            .join(format!("nvidia{minor}"))
+            .to_string_lossy()
+            .into_owned(),
+        permissions: "rw".into(),
+    }
+}
+
 fn share(uuid: &str, minor: u32, core: u32, memory: &str) -> String {
     format!(
         r#"{{"minor":{minor},"id":"{uuid}","resources":{{"koordinator.sh/gpu-core":{core},"koordinator.sh/gpu-memory-ratio":{core},"koordinator.sh/gpu-memory":"{memory}"}}}}"#
@@ -139,16 +153,7 @@ async fn gpu_pods_get_exactly_their_gpus() {
     let uvm = ("/dev/nvidia-uvm".to_owned(), 235, 0);
 
     // Whole GPU 1; the device plugin had put GPU 3 there, and the image says "all".
-    let plugin_device = cri::Device {
-        container_path: "/dev/nvidia3".into(),
-        host_path: node
-            .gpus
-            .device_root
-            .join("nvidia3")
-            .to_string_lossy()
-            .into_owned(),
-        permissions: "rw".into(),
-    };
+    let plugin_device = plugin_device(&node, 3);
     let (pod, spec, _) = run(
         &node,
         "whole",
@@ -362,5 +367,74 @@ async fn a_container_created_over_cri_v1alpha2_gets_the_same_rewrite() {
             ("/dev/nvidia2".to_owned(), NVIDIA_MAJOR, 2),
             ("/dev/nvidiactl".to_owned(), NVIDIA_MAJOR, 255),
         ]
+    );
+}
+
+/// A pod with no allocation keeps NVIDIA_VISIBLE_DEVICES naming a GPU only when
+/// kubelet's checkpoint records the device plugin giving it that GPU.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_device_plugin_grants_in_kubelets_checkpoint_survive() {
+    use tessera_integration::gpu_node::PluginGrant;
+
+    let node = node().await;
+    let uuid = |minor: usize| node.gpus.gpus[minor].uuid.clone();
+    let legacy_uid = "0c0ffee0-0000-4000-8000-000000000001";
+    node.gpus
+        .write_checkpoint(&[PluginGrant {
+            pod_uid: legacy_uid.into(),
+            container: "main".into(),
+            device_ids: vec![uuid(3)],
+        }])
+        .expect("checkpoint");
+
+    // What the NVIDIA device plugin gives: the env and the GPU's node.
+    let mut legacy = PodSpec::new("gpu", "legacy");
+    legacy.uid = legacy_uid.into();
+    legacy.log_directory = Some(node.dir.path().join("logs").join("legacy"));
+    let mut container =
+        legacy.container_config("main", PROBE_IMAGE, &[("NVIDIA_VISIBLE_DEVICES", &uuid(3))]);
+    container.devices.push(plugin_device(&node, 3));
+    let mut kubelet = KubeletDriver::connect(&node.proxy.socket)
+        .await
+        .expect("kubelet");
+    let running = kubelet
+        .start_pod(&legacy, &[container])
+        .await
+        .expect("legacy pod");
+    let spec = kubelet
+        .container_spec(&running.containers[0])
+        .await
+        .expect("spec");
+    assert_eq!(spec_env(&spec, "NVIDIA_VISIBLE_DEVICES"), Some(uuid(3)));
+
+    // The same env written into a pod by hand, for another GPU: no grant, no GPU.
+    let (_, spec, _) = run(
+        &node,
+        "self-served",
+        None,
+        &[("NVIDIA_VISIBLE_DEVICES", &uuid(2))],
+        vec![],
+    )
+    .await;
+    assert_eq!(
+        spec_env(&spec, "NVIDIA_VISIBLE_DEVICES").as_deref(),
+        Some("void")
+    );
+
+    // A checkpoint that cannot be read: a container naming GPUs is not started.
+    std::fs::write(&node.gpus.kubelet_checkpoint, b"{truncated").expect("corrupt it");
+    let mut pod = PodSpec::new("gpu", "unverifiable");
+    pod.log_directory = Some(node.dir.path().join("logs").join("unverifiable"));
+    let container =
+        pod.container_config("main", PROBE_IMAGE, &[("NVIDIA_VISIBLE_DEVICES", &uuid(3))]);
+    let error = kubelet
+        .start_pod(&pod, &[container])
+        .await
+        .expect_err("refused");
+    assert_eq!(error.code(), tonic::Code::FailedPrecondition, "{error}");
+    assert!(
+        error.message().contains("kubelet_internal_checkpoint"),
+        "{}",
+        error.message()
     );
 }

@@ -5,7 +5,7 @@
 //! - [`report`]: the pure step from those to the Device CR and node capacity;
 //! - [`publish`]: writing them to the API server, only on change.
 
-pub mod checkpoint;
+pub use tessera_api::checkpoint;
 pub mod gpu;
 pub mod health;
 pub mod publish;

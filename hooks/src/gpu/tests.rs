@@ -1,7 +1,8 @@
 use std::collections::HashMap;
 
 use proptest::prelude::*;
-use tessera_protos::hook::v1::{Mount, PodMetadata};
+use tessera_api::checkpoint::CheckpointEntry;
+use tessera_protos::hook::v1::{ContainerMetadata, Mount, PodMetadata};
 
 use super::*;
 use crate::edit::apply;
@@ -41,6 +42,7 @@ fn node() -> NodeDevices {
         .into_iter()
         .map(String::from)
         .collect(),
+        plugin_grants: PluginGrants::NoCheckpoint,
     }
 }
 
@@ -194,12 +196,107 @@ fn no_allocation_hides_every_gpu_unless_configured_off() {
     );
 }
 
+/// A checkpoint entry: `device_ids` of `nvidia.com/gpu` given to `container` of pod `uid`.
+fn grant(uid: &str, container: &str, device_ids: &[&str], visible: &[&str]) -> CheckpointEntry {
+    CheckpointEntry {
+        pod_uid: uid.into(),
+        container_name: container.into(),
+        resource_name: "nvidia.com/gpu".into(),
+        device_ids: device_ids.iter().map(|s| (*s).to_owned()).collect(),
+        numa_nodes: vec![0],
+        visible_devices: visible.iter().map(|s| (*s).to_owned()).collect(),
+        device_nodes: Vec::new(),
+    }
+}
+
+/// A container of a pod with no allocation whose env says `value`, on a node
+/// whose checkpoint says `grants`.
+fn legacy(value: &str, grants: PluginGrants) -> Result<ContainerHookResponse, GpuHookError> {
+    let mut c = container(None);
+    c.envs[1].value = value.into();
+    if let Some(pod) = c.pod.as_mut() {
+        pod.uid = "uid-1".into();
+    }
+    c.container = Some(ContainerMetadata {
+        name: "main".into(),
+        ..Default::default()
+    });
+    let mut node = node();
+    node.plugin_grants = grants;
+    rewrite(&c, &node, &GpuHookConfig::default())
+}
+
 #[test]
 fn legacy_device_plugin_grant_is_left_alone() {
-    let mut c = container(None);
-    c.envs[1].value = UUID2.into();
-    let edit = rewrite(&c, &node(), &GpuHookConfig::default()).expect("rewrites");
-    assert_eq!(edit, ContainerHookResponse::default());
+    let recorded = |entries| PluginGrants::Recorded(entries);
+    let untouched = Ok(ContainerHookResponse::default());
+    // kubelet's device IDs (time-slicing replicas too) or the plugin's own env value.
+    for (value, entry) in [
+        (UUID2, grant("uid-1", "main", &[UUID2], &[])),
+        (
+            UUID2,
+            grant("uid-1", "main", &[&format!("{UUID2}::3")], &[]),
+        ),
+        (
+            &format!("{UUID1},{UUID2}") as &str,
+            grant("uid-1", "main", &[UUID1, UUID2], &[]),
+        ),
+        (
+            "/var/run/nvidia-container-devices",
+            grant(
+                "uid-1",
+                "main",
+                &[UUID2],
+                &["/var/run/nvidia-container-devices"],
+            ),
+        ),
+    ] {
+        assert_eq!(legacy(value, recorded(vec![entry])), untouched, "{value}");
+    }
+}
+
+#[test]
+fn gpus_named_in_env_without_a_device_plugin_grant_are_hidden() {
+    let void = Ok(ContainerHookResponse {
+        set_envs: vec![kv(VISIBLE_DEVICES, "void")],
+        ..Default::default()
+    });
+    // No plugin on the node; another pod's grant; another container's; more than given.
+    assert_eq!(legacy(UUID2, PluginGrants::NoCheckpoint), void);
+    for entry in [
+        grant("uid-2", "main", &[UUID2], &[]),
+        grant("uid-1", "sidecar", &[UUID2], &[]),
+        grant("uid-1", "main", &[UUID1], &[]),
+    ] {
+        assert_eq!(legacy(UUID2, PluginGrants::Recorded(vec![entry])), void);
+    }
+    assert_eq!(
+        legacy(
+            &format!("{UUID1},{UUID2}"),
+            PluginGrants::Recorded(vec![grant("uid-1", "main", &[UUID1], &[])])
+        ),
+        void
+    );
+}
+
+#[test]
+fn an_unreadable_checkpoint_fails_the_container_naming_it() {
+    let error = legacy(
+        UUID2,
+        PluginGrants::Unreadable("/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint: not a kubelet device checkpoint".into()),
+    )
+    .expect_err("fails closed");
+    let text = error.to_string();
+    for part in [
+        "ml/train-0",
+        "container main",
+        UUID2,
+        "kubelet_internal_checkpoint",
+    ] {
+        assert!(text.contains(part), "{text}");
+    }
+    // "all" names no GPU in particular: voided without the checkpoint.
+    assert!(legacy("all", PluginGrants::Unreadable("x".into())).is_ok());
 }
 
 #[test]
