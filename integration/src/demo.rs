@@ -7,7 +7,6 @@
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -157,7 +156,7 @@ pub async fn run(out: &mut (dyn Write + Send)) -> anyhow::Result<DemoSummary> {
         Some(view.pods),
         ExtenderConfig::default(),
         view.ready,
-        Arc::new(AtomicBool::new(true)),
+        Arc::new(tessera_scheduler::leader::Leader::new(true)),
     );
     wait("the scheduler's caches", || {
         ready
@@ -226,12 +225,15 @@ pub async fn run(out: &mut (dyn Write + Send)) -> anyhow::Result<DemoSummary> {
                 .unwrap_or_default()
                 .to_owned();
             let bound = extender
-                .bind(&ExtenderBindingArgs {
-                    pod_name: name.into(),
-                    pod_namespace: "default".into(),
-                    pod_uid: uid,
-                    node: NODE.into(),
-                })
+                .bind(
+                    &ExtenderBindingArgs {
+                        pod_name: name.into(),
+                        pod_namespace: "default".into(),
+                        pod_uid: uid,
+                        node: NODE.into(),
+                    },
+                    false,
+                )
                 .await;
             anyhow::ensure!(bound.error.is_empty(), "binding {name}: {}", bound.error);
             let pod = api

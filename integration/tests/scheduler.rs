@@ -1,14 +1,13 @@
 //! tessera-scheduler's extender API driven with the JSON kube-scheduler sends,
 //! its cluster view fed by kube-rs reflectors from the API server double.
 
-use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{Value, json};
 use tessera_integration::apiserver::ApiServer;
 use tessera_scheduler::extender::{Extender, ExtenderConfig, serve};
-use tessera_scheduler::leader::{LeaseConfig, try_lead};
+use tessera_scheduler::leader::{EXTENDER_URL_ANNOTATION, Leader, LeaseConfig, try_lead};
 use tessera_scheduler::ledger::Ledger;
 
 const DEVICES: &str = "scheduling.koordinator.sh/v1alpha1";
@@ -96,6 +95,10 @@ mod reqwest_like {
 }
 
 async fn start(api: ApiServer, leader: bool) -> Scheduler {
+    start_with(api, Leader::new(leader)).await
+}
+
+async fn start_with(api: ApiServer, leader: Leader) -> Scheduler {
     tessera_integration::init_tracing();
     let client = api.client().expect("client");
     let ledger = Arc::new(Mutex::new(Ledger::default()));
@@ -106,7 +109,7 @@ async fn start(api: ApiServer, leader: bool) -> Scheduler {
         Some(view.pods),
         ExtenderConfig::default(),
         view.ready.clone(),
-        Arc::new(AtomicBool::new(leader)),
+        Arc::new(leader),
     );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
@@ -384,13 +387,32 @@ async fn only_the_leader_binds() {
         name: "tessera-scheduler".into(),
         identity: identity.into(),
         duration: Duration::from_secs(15),
+        url: Some(format!("http://{identity}.example:8888")),
     };
-    assert!(try_lead(&leases, &config("a")).await.expect("a tries"));
     assert!(
-        !try_lead(&leases, &config("b")).await.expect("b tries"),
-        "two leaders"
+        try_lead(&leases, &config("a"))
+            .await
+            .expect("a tries")
+            .leading
     );
-    assert!(try_lead(&leases, &config("a")).await.expect("a renews"));
+    let b = try_lead(&leases, &config("b")).await.expect("b tries");
+    assert!(!b.leading, "two leaders");
+    assert_eq!(
+        b.leader_url.as_deref(),
+        Some("http://a.example:8888"),
+        "a follower learns where the leader listens"
+    );
+    assert!(
+        try_lead(&leases, &config("a"))
+            .await
+            .expect("a renews")
+            .leading
+    );
+    let lease = leases.get("tessera-scheduler").await.expect("lease");
+    assert_eq!(
+        lease.metadata.annotations.expect("annotations")[EXTENDER_URL_ANNOTATION],
+        "http://a.example:8888"
+    );
 
     let follower = start(api, false).await;
     let refused = follower.bind("p", "n1").await;
@@ -406,4 +428,44 @@ async fn only_the_leader_binds() {
         json!(["n1"]),
         "followers still filter"
     );
+}
+
+/// kube-scheduler reaches the replicas through one Service: a bind that lands on
+/// a follower is handed to the leader and done there, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bind_sent_to_a_follower_is_done_by_the_leader() {
+    let api = ApiServer::start().await.expect("api");
+    api.insert(DEVICES, "devices", device("n1", &[0], &[]));
+    api.insert(
+        "v1",
+        "pods",
+        pending("p", json!({"koordinator.sh/gpu-core": "50"})),
+    );
+    api.insert(
+        "v1",
+        "pods",
+        pending("q", json!({"koordinator.sh/gpu-core": "50"})),
+    );
+    let leader = start(api.clone(), true).await;
+    let follower = start_with(api.clone(), Leader::following(leader.url.clone())).await;
+
+    let answer = follower.bind("p", "n1").await;
+    assert_eq!(answer["Error"], "", "{answer}");
+    let bound = follower.pod("p");
+    assert_eq!(bound["spec"]["nodeName"], "n1");
+    assert!(
+        bound["metadata"]["annotations"]["scheduling.koordinator.sh/device-allocated"].is_string(),
+        "{bound}"
+    );
+
+    // A handed-over bind is never handed on: no loops between two stale views.
+    let stale = start_with(api, Leader::following(follower.url.clone())).await;
+    let refused = stale.bind("q", "n1").await;
+    assert!(
+        refused["Error"]
+            .as_str()
+            .is_some_and(|e| e.contains("not the leader")),
+        "{refused}"
+    );
+    assert!(stale.pod("q")["spec"]["nodeName"].is_null());
 }

@@ -4,6 +4,9 @@
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, Ordering};
+
+use hyper_util::client::legacy::Client as HttpClient;
+use hyper_util::client::legacy::connect::HttpConnector;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -21,6 +24,7 @@ use tessera_api::request::{GpuRequest, RequestOptions, pod_gpu_request};
 use tessera_api::resources::DEVICE_ALLOCATED;
 
 use crate::core::{Policy, allocate, fits, score_request, unfit_reason};
+use crate::leader::Leader;
 use crate::ledger::{Ledger, annotation_of, pod_name};
 
 /// `ExtenderArgs`.
@@ -132,9 +136,16 @@ pub struct Extender {
     pods: Option<Store<Pod>>,
     config: ExtenderConfig,
     ready: Arc<AtomicBool>,
-    leader: Arc<AtomicBool>,
+    leader: Arc<Leader>,
+    http: HttpClient<HttpConnector, Full<Bytes>>,
     started: Instant,
 }
+
+/// Marks a bind a follower handed to the leader, so it is never handed on again.
+pub const FORWARDED_HEADER: &str = "x-tessera-forwarded";
+
+/// How long a follower waits for the leader to bind.
+const FORWARD_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl std::fmt::Debug for Extender {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -152,7 +163,7 @@ impl Extender {
         pods: Option<Store<Pod>>,
         config: ExtenderConfig,
         ready: Arc<AtomicBool>,
-        leader: Arc<AtomicBool>,
+        leader: Arc<Leader>,
     ) -> Self {
         Self {
             ledger,
@@ -161,6 +172,8 @@ impl Extender {
             config,
             ready,
             leader,
+            http: HttpClient::builder(hyper_util::rt::TokioExecutor::new())
+                .build(HttpConnector::new()),
             started: Instant::now(),
         }
     }
@@ -268,10 +281,14 @@ impl Extender {
 
     /// `bind`: choose GPUs under the ledger's lock (reserving them), write the
     /// annotation, create the Binding; on any failure roll back both.
-    pub async fn bind(&self, args: &ExtenderBindingArgs) -> ExtenderBindingResult {
+    /// A follower hands the bind to the leader (unless it was handed over already).
+    pub async fn bind(&self, args: &ExtenderBindingArgs, forwarded: bool) -> ExtenderBindingResult {
         let error = |message: String| ExtenderBindingResult { error: message };
-        if !self.leader.load(Ordering::SeqCst) {
-            return error("this tessera-scheduler replica is not the leader; retry".into());
+        if !self.leader.leading() {
+            return match (forwarded, self.leader.url()) {
+                (false, Some(url)) => self.forward_bind(&url, args).await,
+                _ => error("this tessera-scheduler replica is not the leader; retry".into()),
+            };
         }
         let Some(client) = self.client.clone() else {
             return error("no API server client".into());
@@ -363,6 +380,53 @@ impl Extender {
         ExtenderBindingResult::default()
     }
 
+    /// Sends the bind to the leader at `url` and returns its answer.
+    async fn forward_bind(&self, url: &str, args: &ExtenderBindingArgs) -> ExtenderBindingResult {
+        let failed = |problem: String| ExtenderBindingResult {
+            error: format!(
+                "this tessera-scheduler replica is not the leader; handing the bind to the leader at {url}: {problem}; retry"
+            ),
+        };
+        let body = match serde_json::to_vec(args) {
+            Ok(body) => body,
+            Err(e) => return failed(e.to_string()),
+        };
+        let request = Request::post(format!("{}/bind", url.trim_end_matches('/')))
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .header(FORWARDED_HEADER, "1")
+            .body(Full::new(Bytes::from(body)));
+        let request = match request {
+            Ok(request) => request,
+            Err(e) => return failed(e.to_string()),
+        };
+        let call = async {
+            let response = self
+                .http
+                .request(request)
+                .await
+                .map_err(|e| e.to_string())?;
+            let status = response.status();
+            let bytes = response
+                .into_body()
+                .collect()
+                .await
+                .map_err(|e| e.to_string())?
+                .to_bytes();
+            if !status.is_success() {
+                return Err(format!("{status}: {}", String::from_utf8_lossy(&bytes)));
+            }
+            serde_json::from_slice::<ExtenderBindingResult>(&bytes).map_err(|e| e.to_string())
+        };
+        match tokio::time::timeout(FORWARD_TIMEOUT, call).await {
+            Ok(Ok(result)) => {
+                tracing::debug!(pod = %args.pod_name, leader = url, "bind handed to the leader");
+                result
+            }
+            Ok(Err(problem)) => failed(problem),
+            Err(_) => failed(format!("no answer in {FORWARD_TIMEOUT:?}")),
+        }
+    }
+
     /// Serves one HTTP request.
     pub async fn handle(&self, request: Request<Incoming>) -> Response<Full<Bytes>> {
         let (method, path) = (request.method().clone(), request.uri().path().to_owned());
@@ -393,6 +457,7 @@ impl Extender {
             _ => return respond(StatusCode::NOT_FOUND, b"not found".to_vec()),
         }
         drop(_entered);
+        let forwarded = request.headers().contains_key(FORWARDED_HEADER);
         let body = match request.into_body().collect().await {
             Ok(body) => body.to_bytes(),
             Err(e) => {
@@ -414,7 +479,7 @@ impl Extender {
             "prioritize" => serde_json::from_slice::<ExtenderArgs>(&body)
                 .map(|args| serde_json::to_vec(&self.prioritize(args))),
             "bind" => match serde_json::from_slice::<ExtenderBindingArgs>(&body) {
-                Ok(args) => Ok(serde_json::to_vec(&self.bind(&args).await)),
+                Ok(args) => Ok(serde_json::to_vec(&self.bind(&args, forwarded).await)),
                 Err(e) => Err(e),
             },
             _ => return respond(StatusCode::NOT_FOUND, b"not found".to_vec()),

@@ -1,6 +1,5 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -9,7 +8,7 @@ use clap::{Args, Parser, Subcommand};
 use tessera_api::request::RequestOptions;
 use tessera_scheduler::core::Policy;
 use tessera_scheduler::extender::{Extender, ExtenderConfig, serve};
-use tessera_scheduler::leader::{self, LeaseConfig};
+use tessera_scheduler::leader::{self, Leader, LeaseConfig};
 use tessera_scheduler::ledger::Ledger;
 use tessera_scheduler::simulate::{self, SimulateOptions, Snapshot};
 
@@ -56,6 +55,12 @@ enum Command {
         /// This replica's identity in the Lease [default: the host name].
         #[arg(long, env = "POD_NAME")]
         identity: Option<String>,
+        /// Where the other replicas reach this one, written into the Lease while it
+        /// leads so that a follower hands kube-scheduler's binds over to it
+        /// [default: http://$POD_IP:<--listen port> when POD_IP is set; else binds
+        /// sent to a follower fail and kube-scheduler retries them].
+        #[arg(long, value_name = "URL")]
+        advertise_url: Option<String>,
     },
     /// Place pending pods on a cluster snapshot and print each pod's node and
     /// annotation, or why it fits nowhere.
@@ -127,11 +132,16 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
             reservation_ttl,
             lease_namespace,
             identity,
+            advertise_url,
         } => {
+            let advertise_url = advertise_url.or_else(|| {
+                let ip: std::net::IpAddr = std::env::var("POD_IP").ok()?.parse().ok()?;
+                Some(format!("http://{}", SocketAddr::new(ip, listen.port())))
+            });
             let client = tessera_api::client::kube_client(kubeconfig.as_deref()).await?;
             let ledger = Arc::new(Mutex::new(Ledger::default()));
             let view = tessera_scheduler::cluster::watch(client.clone(), Arc::clone(&ledger));
-            let leader = Arc::new(AtomicBool::new(false));
+            let leader = Arc::new(Leader::new(false));
             let identity = identity.unwrap_or_else(|| {
                 std::fs::read_to_string("/proc/sys/kernel/hostname")
                     .map(|h| h.trim().to_owned())
@@ -144,6 +154,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
                     name: "tessera-scheduler".into(),
                     identity,
                     duration: Duration::from_secs(15),
+                    url: advertise_url,
                 },
                 Arc::clone(&leader),
             );

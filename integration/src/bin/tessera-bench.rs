@@ -589,7 +589,7 @@ async fn extender_bench(
     drop(snapshot);
     let built = started.elapsed();
     let ready = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let leader = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let leader = std::sync::Arc::new(tessera_scheduler::leader::Leader::new(false));
     let extender = Extender::new(
         std::sync::Arc::new(std::sync::Mutex::new(ledger)),
         None,
