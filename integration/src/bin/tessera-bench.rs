@@ -390,13 +390,52 @@ async fn proxy_bench(
             "CPU per Version call (user + kernel): proxy {proxy:.1}µs, byte relay {relay:.1}µs"
         );
     }
-    match proxy.peak_rss_kib() {
-        Some(kib) => println!("proxy peak RSS (VmHWM): {:.1} MiB", kib as f64 / 1024.0),
+    let rss_mib = proxy.peak_rss_kib().map(|kib| kib as f64 / 1024.0);
+    match rss_mib {
+        Some(mib) => println!("proxy peak RSS (VmHWM): {mib:.1} MiB"),
         None => println!("proxy peak RSS: unavailable"),
     }
+    // rows: Version, ListContainers, ContainerStatus (passthrough), then the lifecycle.
+    print_verdicts(&all[..3], &all[3], rss_mib);
     direct.stop_and_remove_pod(&population).await.ok();
     drop(proxy);
     Ok(())
+}
+
+/// The targets, each with the figures it was judged on.
+fn print_verdicts(passthrough: &[Row], lifecycle: &Row, rss_mib: Option<f64>) {
+    let verdict = |met: bool| if met { "met" } else { "NOT met" };
+    let ratio = |row: &Row| us(row.proxied.quantile(0.5)) / us(row.direct.quantile(0.5));
+    let added = |row: &Row| us(row.proxied.quantile(0.5)) - us(row.direct.quantile(0.5));
+    let list = |figure: &dyn Fn(&Row) -> f64, unit: &str| {
+        passthrough
+            .iter()
+            .map(|row| format!("{} {:.2}{unit}", row.name, figure(row)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    println!("targets:");
+    println!(
+        "  passthrough p50 ratio <= 1.10: {} ({})",
+        verdict(passthrough.iter().all(|row| ratio(row) <= 1.10)),
+        list(&ratio, "")
+    );
+    println!(
+        "  passthrough p50 added <= 100us: {} ({})",
+        verdict(passthrough.iter().all(|row| added(row) <= 100.0)),
+        list(&added, "us")
+    );
+    println!(
+        "  lifecycle p50 ratio <= 1.05: {} ({:.3})",
+        verdict(ratio(lifecycle) <= 1.05),
+        ratio(lifecycle)
+    );
+    if let Some(mib) = rss_mib {
+        println!(
+            "  proxy RSS <= 20 MiB: {} ({mib:.1} MiB)",
+            verdict(mib <= 20.0)
+        );
+    }
 }
 
 async fn wait_for(socket: &Path) -> anyhow::Result<()> {
