@@ -498,6 +498,34 @@ async fn a_request_body_that_arrives_in_pieces_reaches_the_runtime_whole() {
     assert_eq!(response.trailers.expect("trailers")["grpc-status"], "0");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_calls_on_one_connection_each_get_their_own_answer() {
+    let (_dir, fake, proxy) = setup(mirror_script(), vec![]).await;
+    let client = RawClient::connect(&proxy.socket).await.expect("connect");
+    // Kubelet multiplexes every call on one connection: 400 in flight at once.
+    let calls = (0..400u32).map(|i| {
+        let mut client = client.clone();
+        tokio::spawn(async move {
+            let body =
+                frame(format!("call-{i}-{}", "x".repeat((i % 7) as usize * 1000)).as_bytes());
+            let response = client
+                .call(
+                    "/runtime.v1.RuntimeService/ContainerStats",
+                    &[],
+                    body.clone(),
+                )
+                .await
+                .expect("call");
+            assert_eq!(response.body, body, "call {i} got another call's answer");
+            assert_eq!(response.trailers.expect("trailers")["grpc-status"], "0");
+        })
+    });
+    for call in futures_util::future::join_all(calls).await {
+        call.expect("call task");
+    }
+    assert_eq!(fake.forwarded().len(), 400);
+}
+
 #[tokio::test]
 async fn runtime_down_is_unavailable_then_reconnects() {
     tessera_integration::init_tracing();
