@@ -228,7 +228,7 @@ pub fn rewrite(
         .map(|p| format!("{}/{}", p.namespace, p.name))
         .unwrap_or_default();
     let Some(annotation) = allocation_of(container) else {
-        return unallocated(container, node, config);
+        return unallocated(container, &pod, node, config);
     };
     let allocations =
         DeviceAllocations::parse(annotation).map_err(|source| GpuHookError::Annotation {
@@ -238,7 +238,7 @@ pub fn rewrite(
     let gpus = resolve_gpus(&allocations, node, &pod)?;
     let mut edit = ContainerHookResponse::default();
     if gpus.is_empty() {
-        edit = unallocated(container, node, config)?;
+        edit = unallocated(container, &pod, node, config)?;
     } else {
         match config.mode {
             GpuMode::Env => {
@@ -274,6 +274,7 @@ pub fn rewrite(
 /// (a legacy `nvidia.com/gpu` pod, tracked through kubelet's checkpoint).
 fn unallocated(
     container: &ContainerHookRequest,
+    pod: &str,
     node: &NodeDevices,
     config: &GpuHookConfig,
 ) -> Result<ContainerHookResponse, GpuHookError> {
@@ -282,8 +283,11 @@ fn unallocated(
         return Ok(edit);
     };
     if let Some(value) = plugin_grant(container) {
-        let pod = container.pod.as_ref();
-        let uid = pod.map(|p| p.uid.as_str()).unwrap_or_default();
+        let uid = container
+            .pod
+            .as_ref()
+            .map(|p| p.uid.as_str())
+            .unwrap_or_default();
         let name = container
             .container
             .as_ref()
@@ -291,9 +295,7 @@ fn unallocated(
             .unwrap_or_default();
         if let PluginGrants::Unreadable(reason) = &node.plugin_grants {
             return Err(GpuHookError::Checkpoint {
-                pod: pod
-                    .map(|p| format!("{}/{}", p.namespace, p.name))
-                    .unwrap_or_default(),
+                pod: pod.to_owned(),
                 container: name.to_owned(),
                 value: value.to_owned(),
                 reason: reason.clone(),
@@ -303,9 +305,7 @@ fn unallocated(
             return Ok(edit);
         }
         tracing::warn!(
-            pod = pod
-                .map(|p| format!("{}/{}", p.namespace, p.name))
-                .unwrap_or_default(),
+            pod,
             container = name,
             value,
             "{VISIBLE_DEVICES} names GPUs no device plugin gave this container; hiding every GPU"
