@@ -15,6 +15,8 @@ use base64::Engine;
 use prost::Message;
 use serde::Deserialize;
 
+use crate::LegacyDeviceEntry;
+
 /// Why the checkpoint cannot be used. The last good state stays published.
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
@@ -139,6 +141,16 @@ impl CheckpointEntry {
             }
         }
         ids
+    }
+
+    /// This allocation as the Device CR publishes it: the container's GPUs by ID.
+    pub fn legacy_entry(&self) -> LegacyDeviceEntry {
+        LegacyDeviceEntry {
+            pod_uid: self.pod_uid.clone(),
+            container_name: self.container_name.clone(),
+            resource_name: self.resource_name.clone(),
+            device_ids: self.gpu_ids(),
+        }
     }
 }
 

@@ -9,7 +9,7 @@ use clap::{Parser, Subcommand};
 use kube::CustomResourceExt;
 use kube::api::ObjectMeta;
 use tessera_api::{Device, LegacyDeviceEntry};
-use tessera_reporter::checkpoint::parse_checkpoint;
+use tessera_reporter::checkpoint::{CheckpointEntry, parse_checkpoint};
 use tessera_reporter::gpu::{GpuSource, NvmlSource, library_path};
 use tessera_reporter::publish::Publisher;
 use tessera_reporter::report::{CapacityOptions, device_spec};
@@ -117,12 +117,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
             let entries: Vec<LegacyDeviceEntry> = checkpoint
                 .entries
                 .iter()
-                .map(|e| LegacyDeviceEntry {
-                    pod_uid: e.pod_uid.clone(),
-                    container_name: e.container_name.clone(),
-                    resource_name: e.resource_name.clone(),
-                    device_ids: e.gpu_ids(),
-                })
+                .map(CheckpointEntry::legacy_entry)
                 .collect();
             println!("{}", serde_json::to_string_pretty(&entries)?);
         }

@@ -8,7 +8,7 @@ use tessera_api::resources::{
 };
 use tessera_api::{DeviceInfo, DeviceSpec, DeviceTopology, LegacyDeviceEntry};
 
-use crate::checkpoint::Checkpoint;
+use crate::checkpoint::{Checkpoint, CheckpointEntry};
 use crate::gpu::NodeGpus;
 
 /// Node label of the GPU model.
@@ -170,12 +170,7 @@ pub fn legacy_entries(
             pods.iter()
                 .any(|p| p.uid == e.pod_uid && !p.tessera_allocated)
         })
-        .map(|e| LegacyDeviceEntry {
-            pod_uid: e.pod_uid.clone(),
-            container_name: e.container_name.clone(),
-            resource_name: e.resource_name.clone(),
-            device_ids: e.gpu_ids(),
-        })
+        .map(CheckpointEntry::legacy_entry)
         .collect()
 }
 
