@@ -6,6 +6,8 @@
 //! GPUs) and the GPU hook (which device-plugin grants are real).
 
 pub mod allocation;
+#[cfg(feature = "binary")]
+pub mod binary;
 pub mod checkpoint;
 #[cfg(feature = "client")]
 pub mod client;

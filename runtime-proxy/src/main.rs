@@ -11,13 +11,7 @@ use tessera_runtime_proxy::{Cli, Config, Proxy, ProxyOptions, resync_until_ready
 use tokio::signal::unix::{SignalKind, signal};
 
 fn main() -> std::process::ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        // Logs are diagnostics: stderr, like every Tessera binary (journald takes both).
-        .with_writer(std::io::stderr)
-        .init();
+    tessera_api::binary::init_logging("info");
     let config = match Config::resolve(Cli::parse()) {
         Ok(config) => config,
         Err(error) => {

@@ -108,12 +108,7 @@ fn rss_mib() -> Option<f64> {
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    tessera_api::binary::init_logging("info");
     match real_main(Cli::parse()).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(error) => {
@@ -142,11 +137,9 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
             let ledger = Arc::new(Mutex::new(Ledger::default()));
             let view = tessera_scheduler::cluster::watch(client.clone(), Arc::clone(&ledger));
             let leader = Arc::new(Leader::new(false));
-            let identity = identity.unwrap_or_else(|| {
-                std::fs::read_to_string("/proc/sys/kernel/hostname")
-                    .map(|h| h.trim().to_owned())
-                    .unwrap_or_else(|_| "tessera-scheduler".into())
-            });
+            let identity = identity
+                .or_else(tessera_api::binary::hostname)
+                .unwrap_or_else(|| "tessera-scheduler".into());
             leader::run(
                 client.clone(),
                 LeaseConfig {

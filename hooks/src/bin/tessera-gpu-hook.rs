@@ -30,13 +30,7 @@ struct Cli {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        // Logs are diagnostics: stderr, like every Tessera binary (journald takes both).
-        .with_writer(std::io::stderr)
-        .init();
+    tessera_api::binary::init_logging("info");
     let cli = Cli::parse();
     if let Some(parent) = cli.socket.parent() {
         std::fs::create_dir_all(parent)

@@ -3,13 +3,7 @@
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "error".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    tessera_api::binary::init_logging("error");
     let mut stdout = std::io::stdout();
     tokio::select! {
         result = tessera_integration::demo::run(&mut stdout) => match result {
