@@ -103,46 +103,26 @@ async fn error_status_message_and_details_are_unchanged() {
     });
     let (_dir, _fake, proxy) = setup(script, vec![]).await;
     let mut client = RawClient::connect(&proxy.socket).await.expect("connect");
-    let response = client
-        .call(
-            "/runtime.v1.RuntimeService/ContainerStatus",
-            &[],
-            frame(b""),
-        )
-        .await
-        .expect("call");
-    assert_eq!(response.headers["grpc-status"], "5");
-    assert_eq!(
-        response.headers["grpc-message"],
-        "container %22x%22 not found"
-    );
-    assert_eq!(
-        response.headers["grpc-status-details-bin"],
-        "CAUSBmRldGFpbA"
-    );
-
-    // The same for an intercepted method: the runtime's status, not the proxy's.
-    let request = cri::StartContainerRequest {
+    let start = cri::StartContainerRequest {
         container_id: "x".into(),
     }
     .encode_to_vec();
-    let response = client
-        .call(
-            "/runtime.v1.RuntimeService/StartContainer",
-            &[],
-            frame(&request),
-        )
-        .await
-        .expect("call");
-    assert_eq!(response.headers["grpc-status"], "5");
-    assert_eq!(
-        response.headers["grpc-message"],
-        "container %22x%22 not found"
-    );
-    assert_eq!(
-        response.headers["grpc-status-details-bin"],
-        "CAUSBmRldGFpbA"
-    );
+    // A passthrough method, then an intercepted one: the runtime's status, not the proxy's.
+    for (path, body) in [
+        ("/runtime.v1.RuntimeService/ContainerStatus", frame(b"")),
+        ("/runtime.v1.RuntimeService/StartContainer", frame(&start)),
+    ] {
+        let response = client.call(path, &[], body).await.expect("call");
+        assert_eq!(response.headers["grpc-status"], "5", "{path}");
+        assert_eq!(
+            response.headers["grpc-message"], "container %22x%22 not found",
+            "{path}"
+        );
+        assert_eq!(
+            response.headers["grpc-status-details-bin"], "CAUSBmRldGFpbA",
+            "{path}"
+        );
+    }
 }
 
 /// Opens GetContainerEvents through a proxy in front of `script` and checks that
