@@ -25,6 +25,15 @@ type Collection = (String, String);
 /// An object's key: collection, namespace ("" for cluster-scoped), name.
 type Key = (Collection, String, String);
 
+/// The store's key of object `name` in `namespace` ("" when cluster-scoped).
+fn object_key(group_version: &str, plural: &str, namespace: &str, name: &str) -> Key {
+    (
+        (group_version.to_owned(), plural.to_owned()),
+        namespace.to_owned(),
+        name.to_owned(),
+    )
+}
+
 #[derive(Debug, Clone)]
 struct Event {
     rv: u64,
@@ -316,16 +325,9 @@ impl ApiServer {
 
     /// Puts an object directly (as if created through the API); returns it as stored.
     pub fn insert(&self, group_version: &str, plural: &str, object: Value) -> Value {
-        let namespace = object["metadata"]["namespace"]
-            .as_str()
-            .unwrap_or("")
-            .to_owned();
-        let name = object["metadata"]["name"].as_str().unwrap_or("").to_owned();
-        let key = (
-            (group_version.to_owned(), plural.to_owned()),
-            namespace,
-            name,
-        );
+        let namespace = object["metadata"]["namespace"].as_str().unwrap_or("");
+        let name = object["metadata"]["name"].as_str().unwrap_or("");
+        let key = object_key(group_version, plural, namespace, name);
         let mut store = self.lock();
         self.write(&mut store, key, object, true)
     }
@@ -338,11 +340,7 @@ impl ApiServer {
         namespace: &str,
         name: &str,
     ) -> Option<Value> {
-        let key = (
-            (group_version.to_owned(), plural.to_owned()),
-            namespace.to_owned(),
-            name.to_owned(),
-        );
+        let key = object_key(group_version, plural, namespace, name);
         self.lock().objects.get(&key).cloned()
     }
 
@@ -359,11 +357,7 @@ impl ApiServer {
         namespace: &str,
         name: &str,
     ) -> Option<Value> {
-        let key = (
-            (group_version.to_owned(), plural.to_owned()),
-            namespace.to_owned(),
-            name.to_owned(),
-        );
+        let key = object_key(group_version, plural, namespace, name);
         let mut store = self.lock();
         let object = store.objects.remove(&key)?;
         store.rv += 1;
