@@ -10,6 +10,7 @@
 pub mod apiserver;
 pub mod containerd;
 pub mod demo;
+pub mod deploy;
 pub mod fake_nvml;
 pub mod fake_runtime;
 pub mod gpu_node;

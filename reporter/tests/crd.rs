@@ -2,8 +2,8 @@
 //! Regenerate with: cargo run -p tessera-reporter -- crd > deploy/crd-device.yaml
 
 use kube::CustomResourceExt;
-use serde::Deserialize;
 use tessera_api::Device;
+use tessera_integration::deploy::{documents, role_allows};
 
 #[test]
 fn deployed_crd_matches_the_rust_type() {
@@ -19,25 +19,11 @@ fn deployed_crd_matches_the_rust_type() {
 
 #[test]
 fn reporter_rbac_covers_what_it_calls() {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/reporter.yaml");
-    let text = std::fs::read_to_string(&path).expect("deploy/reporter.yaml");
-    let documents: Vec<serde_json::Value> = serde_yaml::Deserializer::from_str(&text)
-        .map(|doc| serde_json::Value::deserialize(doc).expect("YAML"))
-        .collect();
+    let documents = documents("reporter.yaml");
     let role = documents
         .iter()
         .find(|d| d["kind"] == "ClusterRole")
         .expect("ClusterRole");
-    let allows = |resource: &str, verb: &str| {
-        role["rules"].as_array().into_iter().flatten().any(|rule| {
-            rule["resources"]
-                .as_array()
-                .is_some_and(|r| r.iter().any(|x| x == resource))
-                && rule["verbs"]
-                    .as_array()
-                    .is_some_and(|v| v.iter().any(|x| x == verb))
-        })
-    };
     for (resource, verb) in [
         ("nodes", "get"),
         ("nodes", "patch"),
@@ -48,7 +34,7 @@ fn reporter_rbac_covers_what_it_calls() {
         ("devices", "patch"),
     ] {
         assert!(
-            allows(resource, verb),
+            role_allows(role, resource, verb),
             "ClusterRole lacks {verb} {resource}"
         );
     }

@@ -1,18 +1,7 @@
 //! deploy/ matches the code: managed resources, RBAC, the admission policy.
 
-use serde::Deserialize;
-use serde_json::Value;
 use tessera_api::request::MANAGED_RESOURCES;
-
-fn documents(name: &str) -> Vec<Value> {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../deploy")
-        .join(name);
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    serde_yaml::Deserializer::from_str(&text)
-        .map(|doc| Value::deserialize(doc).expect("YAML"))
-        .collect()
-}
+use tessera_integration::deploy::{documents, role_allows};
 
 #[test]
 fn scheduler_config_manages_every_resource_name() {
@@ -48,16 +37,9 @@ fn scheduler_config_manages_every_resource_name() {
 fn rbac_covers_what_the_scheduler_calls() {
     let docs = documents("scheduler.yaml");
     let allows = |kind: &str, resource: &str, verb: &str| {
-        docs.iter().filter(|d| d["kind"] == kind).any(|role| {
-            role["rules"].as_array().into_iter().flatten().any(|rule| {
-                rule["resources"]
-                    .as_array()
-                    .is_some_and(|r| r.iter().any(|x| x == resource))
-                    && rule["verbs"]
-                        .as_array()
-                        .is_some_and(|v| v.iter().any(|x| x == verb))
-            })
-        })
+        docs.iter()
+            .filter(|d| d["kind"] == kind)
+            .any(|role| role_allows(role, resource, verb))
     };
     for (resource, verb) in [
         ("pods", "watch"),

@@ -1,0 +1,28 @@
+//! The manifests in deploy/, read as JSON values, for tests that hold them to the code.
+
+use serde::Deserialize;
+use serde_json::Value;
+
+/// Every YAML document of `deploy/<name>`.
+pub fn documents(name: &str) -> Vec<Value> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../deploy")
+        .join(name);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_yaml::Deserializer::from_str(&text)
+        .map(|doc| Value::deserialize(doc).expect("YAML"))
+        .collect()
+}
+
+/// Whether one of the rules of RBAC `role` grants `verb` on `resource`.
+pub fn role_allows(role: &Value, resource: &str, verb: &str) -> bool {
+    let lists = |list: &Value, item: &str| {
+        list.as_array()
+            .is_some_and(|items| items.iter().any(|x| x == item))
+    };
+    role["rules"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|rule| lists(&rule["resources"], resource) && lists(&rule["verbs"], verb))
+}
