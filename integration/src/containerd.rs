@@ -158,7 +158,7 @@ fn which(tool: &str) -> anyhow::Result<PathBuf> {
 /// Kills what this containerd started: shims (their command lines name its socket)
 /// and container processes (their `/` is mounted from a snapshot under its
 /// directory, as their mountinfo shows), which a killed shim would leave running.
-fn kill_processes_mentioning(needle: &str) {
+pub fn kill_processes_mentioning(needle: &str) {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return;
     };
@@ -188,7 +188,7 @@ fn kill_processes_mentioning(needle: &str) {
 }
 
 /// Lazily unmounts every mount under `dir`, deepest first.
-fn unmount_under(dir: &str) {
+pub fn unmount_under(dir: &str) {
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
     let mut points: Vec<&str> = mountinfo
         .lines()

@@ -121,6 +121,11 @@ impl FakeGpuNode {
             .with_context(|| format!("writing {}", self.kubelet_checkpoint.display()))
     }
 
+    /// The node's root: `dev/` holds its device nodes (NVIDIA's device plugin's `--dev-root`).
+    pub fn root(&self) -> &Path {
+        self.device_root.parent().unwrap_or(&self.device_root)
+    }
+
     /// Where the GPU hook's probe should look.
     pub fn probe_paths(&self) -> ProbePaths {
         ProbePaths {

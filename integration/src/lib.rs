@@ -1,6 +1,7 @@
 //! Tessera's integration harness: the real parts, or their stand-ins, that the
 //! end-to-end tests, the benchmarks and the demo run against.
 //!
+//! - [`cluster`]: a real one-node Kubernetes cluster (kubelet → proxy → containerd 2.x) on a fake GPU node.
 //! - [`containerd`]: a private containerd + runc with its own root, state and socket.
 //! - [`image`]: OCI images built locally from static binaries (no registry here).
 //! - [`kubelet`]: a driver making the CRI calls kubelet makes, in kubelet's order.
@@ -8,6 +9,7 @@
 //! - [`proxy`]: the runtime proxy run in-process over a socket in a temp dir.
 
 pub mod apiserver;
+pub mod cluster;
 pub mod containerd;
 pub mod demo;
 pub mod deploy;

@@ -1,0 +1,1265 @@
+//! A real one-node Kubernetes cluster on this machine: etcd, kube-apiserver,
+//! kube-controller-manager, kube-scheduler (with tessera-scheduler as its
+//! extender), kubelet → tessera-runtime-proxy → containerd 2.x, on a fake GPU node
+//! (device nodes, the fake NVML library, NVIDIA's real device plugin on it) with
+//! tessera-reporter publishing it.
+//!
+//! Every part is a real binary run as a child process; this module links none of
+//! Tessera's crates, so it tests what users run. Where the binaries come from:
+//! [`K8sBinaries::locate`] (`TESSERA_K8S_BIN`, then `../shared/k8s/bin`), and
+//! Tessera's own next to the running test ([`tessera_binary`]).
+//!
+//! kubelet's device-plugin directory and checkpoint are compiled in
+//! (`/var/lib/kubelet/device-plugins`), so one cluster runs on a machine at a
+//! time: [`Cluster::start`] takes an exclusive lock on that directory.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::Api;
+use kube::api::{DynamicObject, Patch, PatchParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::discovery::{ApiCapabilities, ApiResource, Discovery, Scope};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use serde_json::{Value, json};
+
+use crate::gpu_node::FakeGpuNode;
+use crate::{deploy, fake_nvml, image};
+
+/// The environment variable naming a directory of Kubernetes binaries.
+pub const K8S_BIN_ENV: &str = "TESSERA_K8S_BIN";
+/// When set to `1`, a cluster test that cannot find its binaries fails instead of skipping (CI sets it).
+pub const REQUIRE_ENV: &str = "TESSERA_REQUIRE_CLUSTER";
+/// kubelet's compiled-in device-plugin directory.
+pub const DEVICE_PLUGIN_DIR: &str = "/var/lib/kubelet/device-plugins";
+/// kubelet's device checkpoint, in that directory.
+pub const KUBELET_CHECKPOINT: &str = "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint";
+/// The node's name.
+pub const NODE_NAME: &str = "tessera-node";
+/// Identity (service account user) tessera-scheduler runs as; the admission policy names it.
+pub const SCHEDULER_USER: &str = "system:serviceaccount:tessera-system:tessera-scheduler";
+/// Identity tessera-reporter runs as.
+pub const REPORTER_USER: &str = "system:serviceaccount:tessera-system:tessera-reporter";
+/// An ordinary tenant: may create and change pods in `default`, nothing more.
+pub const TENANT_USER: &str = "tenant";
+/// A second scheduler: may bind pods and patch them, as any scheduler may.
+pub const OTHER_SCHEDULER_USER: &str = "system:serviceaccount:kube-system:other-scheduler";
+
+const ETCD_CLIENT: u16 = 12379;
+const ETCD_PEER: u16 = 12380;
+const APISERVER_PORT: u16 = 16443;
+const KUBELET_PORT: u16 = 10250;
+const KUBELET_HEALTHZ_PORT: u16 = 10248;
+/// Where tessera-scheduler (the extender) listens; kube-scheduler calls it here.
+pub const EXTENDER_PORT: u16 = 18888;
+/// The proxy's Prometheus endpoint.
+pub const PROXY_METRICS_PORT: u16 = 19464;
+
+// === impl K8sBinaries ===
+
+/// Where the Kubernetes binaries are (etcd, kube-*, kubelet, containerd 2.x, ctr,
+/// the NVIDIA device plugin, critest, crictl).
+#[derive(Debug, Clone)]
+pub struct K8sBinaries {
+    dir: PathBuf,
+}
+
+impl K8sBinaries {
+    /// `TESSERA_K8S_BIN` (plain binaries), else `../shared/k8s/bin` beside the
+    /// repository (`*.xz`, decompressed once into `target/k8s-bin`). `Ok(None)`
+    /// when neither exists: the caller skips, loudly, or fails under
+    /// [`REQUIRE_ENV`].
+    pub fn locate() -> anyhow::Result<Option<Self>> {
+        if let Some(dir) = std::env::var_os(K8S_BIN_ENV) {
+            let dir = PathBuf::from(dir);
+            if !dir.join("kubelet").is_file() {
+                bail!("{K8S_BIN_ENV}={}: no kubelet there", dir.display());
+            }
+            return Ok(Some(Self { dir }));
+        }
+        let repo = repo_root();
+        let shared = repo.join("../shared/k8s/bin");
+        if !shared.is_dir() {
+            return Ok(None);
+        }
+        let cache = repo.join("target/k8s-bin");
+        std::fs::create_dir_all(&cache)?;
+        for entry in std::fs::read_dir(&shared)? {
+            let path = entry?.path();
+            let Some(name) = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .and_then(|n| n.strip_suffix(".xz"))
+            else {
+                continue;
+            };
+            let target = cache.join(name);
+            let fresh = |t: &Path| -> bool {
+                let (Ok(a), Ok(b)) = (t.metadata(), path.metadata()) else {
+                    return false;
+                };
+                matches!((a.modified(), b.modified()), (Ok(a), Ok(b)) if a >= b)
+            };
+            if fresh(&target) {
+                continue;
+            }
+            // Decompress to a temporary name first: an interrupted run leaves no half binary.
+            let partial = cache.join(format!(".{name}.partial"));
+            let out = std::fs::File::create(&partial)?;
+            let status = Command::new("xz")
+                .arg("-dc")
+                .arg(&path)
+                .stdout(out)
+                .status()
+                .context("running xz (apt-get install xz-utils)")?;
+            if !status.success() {
+                bail!("xz -dc {} failed with {status}", path.display());
+            }
+            std::fs::set_permissions(
+                &partial,
+                std::os::unix::fs::PermissionsExt::from_mode(0o755),
+            )?;
+            std::fs::rename(&partial, &target)?;
+        }
+        Ok(Some(Self { dir: cache }))
+    }
+
+    /// The binaries, or why a cluster test does not run: `Err` when
+    /// [`REQUIRE_ENV`] is set (CI), `Ok(None)` after a loud message otherwise.
+    pub fn require_or_skip(test: &str) -> anyhow::Result<Option<Self>> {
+        if let Some(found) = Self::locate()? {
+            return Ok(Some(found));
+        }
+        let why = format!(
+            "{test}: no Kubernetes binaries: set {K8S_BIN_ENV} to a directory holding kubelet, \
+             kube-apiserver, … or put ../shared/k8s/bin beside the repository"
+        );
+        if std::env::var(REQUIRE_ENV).as_deref() == Ok("1") {
+            bail!("{why} ({REQUIRE_ENV}=1: a skipped cluster test is a failure)");
+        }
+        eprintln!("\n!!!!!!!! SKIPPED {why} !!!!!!!!\n");
+        Ok(None)
+    }
+
+    /// The binary `name`.
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+}
+
+/// The repository root (this crate lives in `integration/`).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
+}
+
+/// One of Tessera's binaries from the target directory of the running test
+/// (`cargo build --workspace --bins` puts them there), or `TESSERA_BIN_DIR`.
+pub fn tessera_binary(name: &str) -> anyhow::Result<PathBuf> {
+    if let Some(dir) = std::env::var_os("TESSERA_BIN_DIR") {
+        let path = PathBuf::from(dir).join(name);
+        return if path.is_file() {
+            Ok(path)
+        } else {
+            bail!("TESSERA_BIN_DIR has no {name}")
+        };
+    }
+    let exe = std::env::current_exe()?;
+    exe.ancestors()
+        .skip(1)
+        .take(3)
+        .map(|dir| dir.join(name))
+        .find(|candidate| candidate.is_file())
+        .with_context(|| {
+            format!(
+                "{name} not found near {}: run cargo build --workspace --bins first",
+                exe.display()
+            )
+        })
+}
+
+// === impl Process ===
+
+/// A component of the cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Component {
+    /// etcd.
+    Etcd,
+    /// kube-apiserver.
+    ApiServer,
+    /// kube-controller-manager.
+    ControllerManager,
+    /// kube-scheduler.
+    Scheduler,
+    /// tessera-scheduler, kube-scheduler's extender.
+    Extender,
+    /// containerd 2.x.
+    Containerd,
+    /// tessera-runtime-proxy between kubelet and containerd.
+    RuntimeProxy,
+    /// kubelet.
+    Kubelet,
+    /// NVIDIA's device plugin on the fake NVML library.
+    DevicePlugin,
+    /// tessera-reporter.
+    Reporter,
+}
+
+impl fmt::Display for Component {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Etcd => "etcd",
+            Self::ApiServer => "kube-apiserver",
+            Self::ControllerManager => "kube-controller-manager",
+            Self::Scheduler => "kube-scheduler",
+            Self::Extender => "tessera-scheduler",
+            Self::Containerd => "containerd",
+            Self::RuntimeProxy => "tessera-runtime-proxy",
+            Self::Kubelet => "kubelet",
+            Self::DevicePlugin => "nvidia-device-plugin",
+            Self::Reporter => "tessera-reporter",
+        })
+    }
+}
+
+/// A child process with its command kept for restarts and its output in a log file.
+#[derive(Debug)]
+struct Process {
+    program: PathBuf,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+    log: PathBuf,
+    child: Option<Child>,
+}
+
+impl Process {
+    fn spawn(&mut self) -> anyhow::Result<()> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)?;
+        let child = Command::new(&self.program)
+            .args(&self.args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("spawning {}", self.program.display()))?;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    /// SIGTERM, then SIGKILL after `grace`; waits for the exit.
+    fn stop(&mut self, grace: Duration) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        if let Ok(pid) = i32::try_from(child.id()) {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
+        }
+        let started = Instant::now();
+        while started.elapsed() < grace {
+            if let Ok(Some(_)) = child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+
+    /// `Some(status)` when it has exited.
+    fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.as_mut().and_then(|c| c.try_wait().ok().flatten())
+    }
+
+    fn log_tail(&self, lines: usize) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+}
+
+// === impl Cluster ===
+
+/// What to run besides the control plane and the node.
+#[derive(Debug, Clone)]
+pub struct ClusterOptions {
+    /// Fake GPUs on the node.
+    pub gpus: u32,
+    /// Run NVIDIA's device plugin on the fake NVML library, serving `nvidia.com/gpu`.
+    pub device_plugin: bool,
+    /// Extra flags for tessera-runtime-proxy.
+    pub proxy_args: Vec<String>,
+}
+
+impl Default for ClusterOptions {
+    fn default() -> Self {
+        Self {
+            gpus: 4,
+            device_plugin: true,
+            proxy_args: Vec::new(),
+        }
+    }
+}
+
+/// A running cluster. Dropping it stops every process, kills the containers,
+/// unmounts what they left and removes its directory.
+#[derive(Debug)]
+pub struct Cluster {
+    dir: tempfile::TempDir,
+    k8s: K8sBinaries,
+    processes: BTreeMap<Component, Process>,
+    /// The fake GPU node's device nodes and driver files.
+    pub gpu_node: FakeGpuNode,
+    _lock: nix::fcntl::Flock<std::fs::File>,
+}
+
+impl Cluster {
+    /// Brings the whole cluster up and waits until the node is Ready, its GPUs are
+    /// published and the extender answers. Needs root.
+    pub async fn start(k8s: K8sBinaries, options: ClusterOptions) -> anyhow::Result<Self> {
+        if !nix::unistd::Uid::effective().is_root() {
+            bail!("the cluster harness needs root (kubelet, containerd, runc, mknod)");
+        }
+        for tool in ["runc", "cc", "openssl"] {
+            if which(tool).is_none() {
+                bail!("{tool} not found on PATH: run the README's test command, which installs it");
+            }
+        }
+        std::fs::create_dir_all(DEVICE_PLUGIN_DIR)?;
+        let lock_file = std::fs::File::create("/var/lib/kubelet/.tessera-cluster.lock")?;
+        let lock = nix::fcntl::Flock::lock(lock_file, nix::fcntl::FlockArg::LockExclusiveNonblock)
+            .map_err(|(_, e)| {
+                anyhow::anyhow!(
+                    "another Tessera cluster runs on this machine (lock /var/lib/kubelet/.tessera-cluster.lock: {e}); \
+                     kubelet's device-plugin path is fixed, so only one can"
+                )
+            })?;
+        // A checkpoint or plugin socket left by an earlier cluster would be read as this one's.
+        clear_dir(Path::new(DEVICE_PLUGIN_DIR))?;
+
+        // Short path: unix socket paths are limited to 108 bytes.
+        let dir = tempfile::Builder::new().prefix("tcl-").tempdir_in("/tmp")?;
+        for sub in ["logs", "pki", "manifests", "kubelet", "cni/conf", "certs.d", "hooks.d"] {
+            std::fs::create_dir_all(dir.path().join(sub))?;
+        }
+        let gpu_node = FakeGpuNode::create(&dir.path().join("node"), options.gpus)?;
+        let mut cluster = Self {
+            dir,
+            k8s,
+            processes: BTreeMap::new(),
+            gpu_node,
+            _lock: lock,
+        };
+        cluster.write_files()?;
+        let started = Instant::now();
+        cluster.start_control_plane().await?;
+        cluster.start_node(&options).await?;
+        tracing::info!(elapsed = ?started.elapsed(), "cluster up");
+        Ok(cluster)
+    }
+
+    /// The cluster's directory (logs in `logs/`, kubeconfigs, configs).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The admin kubeconfig (`system:masters`), for `kubectl --kubeconfig`.
+    pub fn kubeconfig(&self) -> PathBuf {
+        self.kubeconfig_for("admin")
+    }
+
+    fn kubeconfig_for(&self, name: &str) -> PathBuf {
+        self.dir.path().join(format!("{name}.kubeconfig"))
+    }
+
+    /// A client as the admin.
+    pub async fn client(&self) -> anyhow::Result<kube::Client> {
+        self.client_as("admin").await
+    }
+
+    /// A client as one of the cluster's identities: `admin`, `tenant`,
+    /// `other-scheduler`, `extender`, `reporter`, `node`.
+    pub async fn client_as(&self, name: &str) -> anyhow::Result<kube::Client> {
+        let path = self.kubeconfig_for(name);
+        let kubeconfig = Kubeconfig::read_from(&path)
+            .with_context(|| format!("reading {}", path.display()))?;
+        let config =
+            kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
+        Ok(kube::Client::try_from(config)?)
+    }
+
+    /// containerd's CRI socket.
+    pub fn containerd_socket(&self) -> PathBuf {
+        self.dir.path().join("containerd.sock")
+    }
+
+    /// The proxy's socket, kubelet's runtime endpoint.
+    pub fn proxy_socket(&self) -> PathBuf {
+        self.dir.path().join("proxy.sock")
+    }
+
+    /// The OCI spec containerd gave a container (`containerd://<id>` or `<id>`).
+    pub fn oci_spec(&self, container_id: &str) -> anyhow::Result<Value> {
+        let id = container_id.trim_start_matches("containerd://");
+        let path = self
+            .dir
+            .path()
+            .join("state/io.containerd.runtime.v2.task/k8s.io")
+            .join(id)
+            .join("config.json");
+        let text =
+            std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+        Ok(serde_json::from_slice(&text)?)
+    }
+
+    /// The last lines of a component's log.
+    pub fn log_tail(&self, component: Component, lines: usize) -> String {
+        self.processes
+            .get(&component)
+            .map(|p| p.log_tail(lines))
+            .unwrap_or_default()
+    }
+
+    /// The whole log of a component.
+    pub fn log(&self, component: Component) -> String {
+        std::fs::read_to_string(self.log_path(component)).unwrap_or_default()
+    }
+
+    fn log_path(&self, component: Component) -> PathBuf {
+        self.dir.path().join("logs").join(format!("{component}.log"))
+    }
+
+    /// Stops a component (SIGTERM, SIGKILL after 20 s).
+    pub fn stop(&mut self, component: Component) {
+        if let Some(process) = self.processes.get_mut(&component) {
+            process.stop(Duration::from_secs(20));
+        }
+    }
+
+    /// Starts a stopped component again with the same command and waits until it is ready.
+    pub async fn start_again(&mut self, component: Component) -> anyhow::Result<()> {
+        let process = self
+            .processes
+            .get_mut(&component)
+            .with_context(|| format!("{component} is not part of this cluster"))?;
+        process.spawn()?;
+        self.wait_ready(component).await
+    }
+
+    /// Stops a component and starts it again.
+    pub async fn restart(&mut self, component: Component) -> anyhow::Result<()> {
+        self.stop(component);
+        self.start_again(component).await
+    }
+
+    /// Fails, naming the component and its log, if any process has exited.
+    pub fn check_alive(&mut self) -> anyhow::Result<()> {
+        for (component, process) in &mut self.processes {
+            if process.child.is_some() {
+                if let Some(status) = process.exited() {
+                    bail!(
+                        "{component} exited with {status}; its log ends:\n{}",
+                        process.log_tail(30)
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
+    // --- start-up ---
+
+    fn launch(
+        &mut self,
+        component: Component,
+        program: PathBuf,
+        args: Vec<String>,
+        env: Vec<(String, String)>,
+    ) -> anyhow::Result<()> {
+        let mut process = Process {
+            program,
+            args,
+            env,
+            log: self.log_path(component),
+            child: None,
+        };
+        process.spawn()?;
+        self.processes.insert(component, process);
+        Ok(())
+    }
+
+    fn path(&self, name: &str) -> String {
+        self.dir.path().join(name).display().to_string()
+    }
+
+    fn write_files(&self) -> anyhow::Result<()> {
+        let dir = self.dir.path();
+        let key = dir.join("pki/sa.key");
+        run(Command::new("openssl")
+            .args(["genrsa", "-out"])
+            .arg(&key)
+            .arg("2048"))?;
+        run(Command::new("openssl")
+            .args(["rsa", "-pubout", "-in"])
+            .arg(&key)
+            .arg("-out")
+            .arg(dir.join("pki/sa.pub")))?;
+        // Static tokens: each identity the tests act as. Users named like service
+        // accounts are what the admission policy and RBAC see for real ones.
+        let identities = identities();
+        let tokens: String = identities
+            .iter()
+            .map(|(name, user, groups)| format!("{name}-token,{user},{name}-uid,\"{groups}\"\n"))
+            .collect();
+        std::fs::write(dir.join("tokens.csv"), tokens)?;
+        for (name, _, _) in &identities {
+            std::fs::write(
+                self.kubeconfig_for(name),
+                kubeconfig(&dir.join("pki/apiserver.crt"), &format!("{name}-token")),
+            )?;
+        }
+        std::fs::write(
+            dir.join("cni/conf/10-tessera.conflist"),
+            json!({"cniVersion": "1.0.0", "name": "tessera", "plugins": [
+                {"type": "bridge", "bridge": "tessera0", "isGateway": true, "ipMasq": false,
+                 "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.88.0.0/16"}]],
+                          "routes": [{"dst": "0.0.0.0/0"}]}},
+                {"type": "loopback"}]})
+            .to_string(),
+        )?;
+        std::fs::write(dir.join("containerd.toml"), containerd_config(dir))?;
+        std::fs::write(dir.join("kubelet.yaml"), kubelet_config(dir))?;
+        std::fs::write(
+            dir.join("kube-scheduler.yaml"),
+            scheduler_config(&self.kubeconfig_for("kube-scheduler"))?,
+        )?;
+        Ok(())
+    }
+
+    async fn start_control_plane(&mut self) -> anyhow::Result<()> {
+        for port in [ETCD_CLIENT, ETCD_PEER, APISERVER_PORT, KUBELET_PORT, EXTENDER_PORT] {
+            wait_port_free(port).await?;
+        }
+        let etcd = self.k8s.path("etcd");
+        self.launch(
+            Component::Etcd,
+            etcd,
+            vec![
+                self.path("etcd"),
+                format!("http://127.0.0.1:{ETCD_CLIENT}"),
+                format!("http://127.0.0.1:{ETCD_PEER}"),
+            ],
+            vec![],
+        )?;
+        self.wait_ready(Component::Etcd).await?;
+        let args = vec![
+            format!("--etcd-servers=http://127.0.0.1:{ETCD_CLIENT}"),
+            format!("--cert-dir={}", self.path("pki")),
+            format!("--secure-port={APISERVER_PORT}"),
+            "--bind-address=127.0.0.1".into(),
+            "--advertise-address=127.0.0.1".into(),
+            format!("--token-auth-file={}", self.path("tokens.csv")),
+            "--authorization-mode=Node,RBAC".into(),
+            "--service-account-issuer=https://kubernetes.default.svc".into(),
+            format!("--service-account-key-file={}", self.path("pki/sa.pub")),
+            format!("--service-account-signing-key-file={}", self.path("pki/sa.key")),
+            "--service-cluster-ip-range=10.96.0.0/16".into(),
+            "--allow-privileged=true".into(),
+        ];
+        let apiserver = self.k8s.path("kube-apiserver");
+        self.launch(Component::ApiServer, apiserver, args, vec![])?;
+        self.wait_ready(Component::ApiServer).await?;
+
+        let kcm = self.k8s.path("kube-controller-manager");
+        let args = vec![
+            format!("--kubeconfig={}", self.kubeconfig().display()),
+            "--use-service-account-credentials=false".into(),
+            format!("--root-ca-file={}", self.path("pki/apiserver.crt")),
+            format!("--service-account-private-key-file={}", self.path("pki/sa.key")),
+            "--leader-elect=false".into(),
+            "--secure-port=0".into(),
+            "--controllers=*,-cloud-node-lifecycle".into(),
+        ];
+        self.launch(Component::ControllerManager, kcm, args, vec![])?;
+
+        // Tessera's manifests, as an operator applies them (RBAC and policy only: the
+        // scheduler and reporter run here as processes, not from images).
+        let client = self.client().await?;
+        apply_manifests(&client, "crd-device.yaml").await?;
+        apply_manifests(&client, "reporter.yaml").await?;
+        apply_manifests(&client, "scheduler.yaml").await?;
+        apply_manifests(&client, "admission-policy.yaml").await?;
+        apply_test_rbac(&client).await?;
+
+        let extender = tessera_binary("tessera-scheduler")?;
+        let args = vec![
+            "serve".into(),
+            format!("--listen=127.0.0.1:{EXTENDER_PORT}"),
+            format!("--kubeconfig={}", self.kubeconfig_for("extender").display()),
+            format!("--advertise-url=http://127.0.0.1:{EXTENDER_PORT}"),
+            "--identity=tessera-scheduler-0".into(),
+        ];
+        self.launch(
+            Component::Extender,
+            extender,
+            args,
+            vec![("RUST_LOG".into(), "info".into())],
+        )?;
+        let scheduler = self.k8s.path("kube-scheduler");
+        let args = vec![
+            format!("--config={}", self.path("kube-scheduler.yaml")),
+            "--secure-port=0".into(),
+        ];
+        self.launch(Component::Scheduler, scheduler, args, vec![])?;
+        self.wait_ready(Component::Extender).await?;
+        Ok(())
+    }
+
+    async fn start_node(&mut self, options: &ClusterOptions) -> anyhow::Result<()> {
+        let dir = self.dir.path().to_path_buf();
+        let ctd_path = format!(
+            "{}:{}",
+            self.k8s.dir.display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let containerd = self.k8s.path("containerd");
+        self.launch(
+            Component::Containerd,
+            containerd,
+            vec!["--config".into(), self.path("containerd.toml")],
+            vec![("PATH".into(), ctd_path)],
+        )?;
+        self.wait_ready(Component::Containerd).await?;
+        let images = dir.join("images");
+        std::fs::create_dir_all(&images)?;
+        for archive in [image::pause_archive(&images)?, image::probe_archive(&images)?] {
+            run(Command::new(self.k8s.path("ctr"))
+                .arg("-a")
+                .arg(self.containerd_socket())
+                .args(["-n", "k8s.io", "images", "import"])
+                .arg(&archive))?;
+        }
+
+        let nvml_dir = dir.join("nvml");
+        let library = fake_nvml::install(&nvml_dir, &fake_nvml::describe(&self.gpu_node))?;
+        let mut args = vec![
+            format!("--listen={}", self.proxy_socket().display()),
+            format!("--runtime-endpoint={}", self.containerd_socket().display()),
+            format!("--hooks-dir={}", self.path("hooks.d")),
+            format!("--metrics-addr=127.0.0.1:{PROXY_METRICS_PORT}"),
+            format!("--device-root={}", self.gpu_node.device_root.display()),
+            format!("--driver-gpus={}", self.gpu_node.driver_gpus.display()),
+            format!("--nvml-library={}", library.display()),
+            format!("--kubelet-checkpoint={KUBELET_CHECKPOINT}"),
+        ];
+        args.extend(options.proxy_args.iter().cloned());
+        self.launch(
+            Component::RuntimeProxy,
+            tessera_binary("tessera-runtime-proxy")?,
+            args,
+            vec![("RUST_LOG".into(), "info".into())],
+        )?;
+        self.wait_ready(Component::RuntimeProxy).await?;
+
+        let args = vec![
+            format!("--config={}", self.path("kubelet.yaml")),
+            format!("--kubeconfig={}", self.kubeconfig_for("node").display()),
+            format!("--root-dir={}", self.path("kubelet")),
+            format!("--hostname-override={NODE_NAME}"),
+        ];
+        self.launch(Component::Kubelet, self.k8s.path("kubelet"), args, vec![])?;
+        self.wait_ready(Component::Kubelet).await?;
+
+        if options.device_plugin {
+            let args = vec![
+                "--device-discovery-strategy=nvml".into(),
+                format!("--driver-root={}", self.gpu_node.root().display()),
+                format!("--dev-root={}", self.gpu_node.root().display()),
+                "--fail-on-init-error=true".into(),
+            ];
+            let env = vec![
+                ("LD_LIBRARY_PATH".into(), nvml_dir.display().to_string()),
+                (
+                    "TESSERA_FAKE_NVML_CONFIG".into(),
+                    nvml_dir.join("fake-nvml.json").display().to_string(),
+                ),
+            ];
+            self.launch(
+                Component::DevicePlugin,
+                self.k8s.path("nvidia-device-plugin"),
+                args,
+                env,
+            )?;
+            self.wait_ready(Component::DevicePlugin).await?;
+        }
+
+        let args = vec![
+            "run".into(),
+            format!("--node-name={NODE_NAME}"),
+            format!("--kubeconfig={}", self.kubeconfig_for("reporter").display()),
+            format!("--nvml-library={}", library.display()),
+            format!("--checkpoint={KUBELET_CHECKPOINT}"),
+            "--interval=2".into(),
+        ];
+        self.launch(
+            Component::Reporter,
+            tessera_binary("tessera-reporter")?,
+            args,
+            vec![("RUST_LOG".into(), "info".into())],
+        )?;
+        self.wait_ready(Component::Reporter).await?;
+        Ok(())
+    }
+
+    /// Waits until `component` does its job (60 s), failing early if it exits.
+    pub async fn wait_ready(&mut self, component: Component) -> anyhow::Result<()> {
+        let started = Instant::now();
+        loop {
+            if let Some(process) = self.processes.get_mut(&component) {
+                if let Some(status) = process.exited() {
+                    bail!(
+                        "{component} exited with {status} while starting; its log ends:\n{}",
+                        process.log_tail(30)
+                    );
+                }
+            }
+            let probe = self.probe(component).await;
+            let Err(last) = probe else {
+                tracing::info!(%component, elapsed = ?started.elapsed(), "ready");
+                return Ok(());
+            };
+            if started.elapsed() > Duration::from_secs(60) {
+                bail!(
+                    "{component} not ready after 60 s ({last:#}); its log ends:\n{}",
+                    self.log_tail(component, 30)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    async fn probe(&self, component: Component) -> anyhow::Result<()> {
+        match component {
+            Component::Etcd => connect(ETCD_CLIENT),
+            Component::ApiServer => {
+                let client = self.client().await?;
+                let request = http::Request::get("/readyz").body(Vec::new())?;
+                let text = client.request_text(request).await?;
+                if text.trim() == "ok" {
+                    Ok(())
+                } else {
+                    bail!("readyz: {text}")
+                }
+            }
+            // No port of their own (--secure-port=0): alive is all we can see.
+            Component::ControllerManager | Component::Scheduler => Ok(()),
+            Component::Extender => connect(EXTENDER_PORT),
+            Component::Containerd => {
+                run(Command::new(self.k8s.path("ctr"))
+                    .arg("-a")
+                    .arg(self.containerd_socket())
+                    .arg("version"))
+            }
+            Component::RuntimeProxy => {
+                std::os::unix::net::UnixStream::connect(self.proxy_socket())?;
+                Ok(())
+            }
+            Component::Kubelet => {
+                let nodes: Api<Node> = Api::all(self.client().await?);
+                let node = nodes.get(NODE_NAME).await?;
+                let ready = node
+                    .status
+                    .and_then(|s| s.conditions)
+                    .unwrap_or_default()
+                    .iter()
+                    .any(|c| c.type_ == "Ready" && c.status == "True");
+                if ready {
+                    Ok(())
+                } else {
+                    bail!("node {NODE_NAME} not Ready")
+                }
+            }
+            Component::DevicePlugin => {
+                let want = self.gpu_node.gpus.len().to_string();
+                let nodes: Api<Node> = Api::all(self.client().await?);
+                let node = nodes.get(NODE_NAME).await?;
+                let have = node
+                    .status
+                    .and_then(|s| s.allocatable)
+                    .and_then(|a| a.get("nvidia.com/gpu").map(|q| q.0.clone()));
+                if have.as_deref() == Some(want.as_str()) {
+                    Ok(())
+                } else {
+                    bail!("node allocatable nvidia.com/gpu is {have:?}, want {want}")
+                }
+            }
+            Component::Reporter => {
+                let devices = device_api(&self.client().await?);
+                let device = devices.get(NODE_NAME).await?;
+                let count = device.data["spec"]["devices"]
+                    .as_array()
+                    .map_or(0, Vec::len);
+                if count == self.gpu_node.gpus.len() {
+                    Ok(())
+                } else {
+                    bail!("Device {NODE_NAME} lists {count} GPUs")
+                }
+            }
+        }
+    }
+
+    // --- pods ---
+
+    /// Creates a pod as `identity` and returns it as created.
+    pub async fn create_pod(&self, identity: &str, pod: &Value) -> anyhow::Result<Pod> {
+        let pods: Api<Pod> = Api::namespaced(self.client_as(identity).await?, "default");
+        let pod: Pod = serde_json::from_value(pod.clone())?;
+        Ok(pods.create(&Default::default(), &pod).await?)
+    }
+
+    /// Waits until `pred` holds for pod `default/name` (`timeout`), returning it.
+    pub async fn wait_pod(
+        &mut self,
+        name: &str,
+        timeout: Duration,
+        what: &str,
+        pred: impl Fn(&Pod) -> bool,
+    ) -> anyhow::Result<Pod> {
+        let pods: Api<Pod> = Api::namespaced(self.client().await?, "default");
+        let started = Instant::now();
+        loop {
+            self.check_alive()?;
+            let pod = pods.get(name).await?;
+            if pred(&pod) {
+                return Ok(pod);
+            }
+            if started.elapsed() > timeout {
+                let status = serde_json::to_string(&pod.status).unwrap_or_default();
+                bail!(
+                    "pod default/{name}: not {what} after {timeout:?}; status {status}; events: {}",
+                    self.events_of(name).await.unwrap_or_default().join(" | ")
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    /// Waits until pod `default/name` runs with every container started.
+    pub async fn wait_running(&mut self, name: &str) -> anyhow::Result<Pod> {
+        self.wait_pod(name, Duration::from_secs(90), "Running", |pod| {
+            pod.status.as_ref().is_some_and(|s| {
+                s.phase.as_deref() == Some("Running")
+                    && s.container_statuses
+                        .as_ref()
+                        .is_some_and(|cs| cs.iter().all(|c| c.container_id.is_some()))
+            })
+        })
+        .await
+    }
+
+    /// The messages of the events about pod `default/name`.
+    pub async fn events_of(&self, name: &str) -> anyhow::Result<Vec<String>> {
+        let events: Api<k8s_openapi::api::core::v1::Event> =
+            Api::namespaced(self.client().await?, "default");
+        let list = events
+            .list(&kube::api::ListParams::default().fields(&format!("involvedObject.name={name}")))
+            .await?;
+        Ok(list
+            .items
+            .into_iter()
+            .map(|e| {
+                format!(
+                    "{}: {}",
+                    e.reason.unwrap_or_default(),
+                    e.message.unwrap_or_default()
+                )
+            })
+            .collect())
+    }
+
+    /// The OCI specs of a running pod's containers, by container name.
+    pub fn container_specs(&self, pod: &Pod) -> anyhow::Result<BTreeMap<String, Value>> {
+        let statuses = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.container_statuses.clone())
+            .unwrap_or_default();
+        statuses
+            .iter()
+            .map(|status| {
+                let id = status
+                    .container_id
+                    .as_deref()
+                    .with_context(|| format!("container {} has no ID yet", status.name))?;
+                Ok((status.name.clone(), self.oci_spec(id)?))
+            })
+            .collect()
+    }
+
+    /// Deletes pod `default/name` now and waits until it is gone.
+    pub async fn delete_pod(&mut self, name: &str) -> anyhow::Result<()> {
+        let pods: Api<Pod> = Api::namespaced(self.client().await?, "default");
+        let params = kube::api::DeleteParams {
+            grace_period_seconds: Some(0),
+            ..Default::default()
+        };
+        match pods.delete(name, &params).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => return Ok(()),
+            Err(e) => return Err(e.into()),
+        }
+        let started = Instant::now();
+        while pods.get_opt(name).await?.is_some() {
+            if started.elapsed() > Duration::from_secs(60) {
+                bail!("pod default/{name} still there 60 s after its deletion");
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        Ok(())
+    }
+
+    // --- teardown ---
+
+    fn teardown(&mut self) {
+        // Node first (kubelet would restart what we kill), the control plane last.
+        let order = [
+            Component::Reporter,
+            Component::DevicePlugin,
+            Component::Kubelet,
+            Component::RuntimeProxy,
+            Component::Scheduler,
+            Component::Extender,
+            Component::ControllerManager,
+            Component::ApiServer,
+            Component::Etcd,
+        ];
+        for component in order {
+            if let Some(process) = self.processes.get_mut(&component) {
+                process.stop(Duration::from_secs(5));
+            }
+        }
+        let dir = self.dir.path().display().to_string();
+        // containerd last among the node's parts: its shims and containers are found
+        // through it (command lines naming its socket, roots under its directory).
+        if let Some(process) = self.processes.get_mut(&Component::Containerd) {
+            process.stop(Duration::from_secs(5));
+        }
+        crate::containerd::kill_processes_mentioning(&dir);
+        crate::containerd::unmount_under(&dir);
+        remove_pod_cgroups();
+        let _ = Command::new("ip")
+            .args(["link", "delete", "tessera0"])
+            .stderr(Stdio::null())
+            .status();
+        let _ = clear_dir(Path::new(DEVICE_PLUGIN_DIR));
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.teardown();
+    }
+}
+
+// === helpers ===
+
+/// `(kubeconfig name, user, groups)` of every identity in the token file.
+fn identities() -> Vec<(&'static str, &'static str, &'static str)> {
+    vec![
+        ("admin", "admin", "system:masters"),
+        ("node", "system:node:tessera-node", "system:nodes"),
+        ("kube-scheduler", "system:kube-scheduler", ""),
+        (
+            "extender",
+            SCHEDULER_USER,
+            "system:serviceaccounts,system:serviceaccounts:tessera-system",
+        ),
+        (
+            "reporter",
+            REPORTER_USER,
+            "system:serviceaccounts,system:serviceaccounts:tessera-system",
+        ),
+        ("tenant", TENANT_USER, ""),
+        (
+            "other-scheduler",
+            OTHER_SCHEDULER_USER,
+            "system:serviceaccounts,system:serviceaccounts:kube-system",
+        ),
+    ]
+}
+
+fn kubeconfig(ca: &Path, token: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: tessera\n  cluster:\n    server: https://127.0.0.1:{APISERVER_PORT}\n    certificate-authority: {}\nusers:\n- name: user\n  user:\n    token: {token}\ncontexts:\n- name: tessera\n  context: {{cluster: tessera, user: user}}\ncurrent-context: tessera\n",
+        ca.display()
+    )
+}
+
+fn containerd_config(dir: &Path) -> String {
+    let dir = dir.display();
+    format!(
+        r#"version = 3
+root = "{dir}/root"
+state = "{dir}/state"
+
+[grpc]
+  address = "{dir}/containerd.sock"
+
+[ttrpc]
+  address = "{dir}/containerd.sock.ttrpc"
+
+[plugins."io.containerd.cri.v1.runtime"]
+  # negative oom_score_adj is refused on these machines
+  restrict_oom_score_adj = true
+  disable_apparmor = true
+  # network namespaces under our directory, so teardown finds them
+  netns_mounts_under_state_dir = true
+  [plugins."io.containerd.cri.v1.runtime".containerd]
+    default_runtime_name = "runc"
+    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
+        BinaryName = "/usr/sbin/runc"
+  [plugins."io.containerd.cri.v1.runtime".cni]
+    bin_dirs = ["/usr/lib/cni"]
+    conf_dir = "{dir}/cni/conf"
+
+[plugins."io.containerd.cri.v1.images"]
+  snapshotter = "native"
+  use_local_image_pull = true
+  [plugins."io.containerd.cri.v1.images".pinned_images]
+    sandbox = "{pause}"
+  [plugins."io.containerd.cri.v1.images".registry]
+    config_path = "{dir}/certs.d"
+"#,
+        pause = image::PAUSE_IMAGE,
+    )
+}
+
+fn kubelet_config(dir: &Path) -> String {
+    let dir = dir.display();
+    format!(
+        r#"apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+failCgroupV1: false
+cgroupDriver: cgroupfs
+failSwapOn: false
+containerRuntimeEndpoint: unix://{dir}/proxy.sock
+imageServiceEndpoint: unix://{dir}/proxy.sock
+staticPodPath: {dir}/manifests
+resolvConf: /etc/resolv.conf
+address: 127.0.0.1
+port: {KUBELET_PORT}
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: {KUBELET_HEALTHZ_PORT}
+authentication:
+  anonymous: {{enabled: false}}
+  webhook: {{enabled: true}}
+authorization:
+  mode: Webhook
+evictionHard: {{"memory.available": "1Mi", "nodefs.available": "1%", "imagefs.available": "1%", "nodefs.inodesFree": "1%"}}
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+syncFrequency: 5s
+nodeStatusUpdateFrequency: 2s
+"#
+    )
+}
+
+/// deploy/scheduler-config.yaml with this cluster's kubeconfig and a loopback
+/// URL for the extender: the extender settings themselves are the deploy's.
+fn scheduler_config(kubeconfig: &Path) -> anyhow::Result<String> {
+    let mut config = deploy::documents("scheduler-config.yaml")
+        .into_iter()
+        .next()
+        .context("deploy/scheduler-config.yaml is empty")?;
+    config["clientConnection"]["kubeconfig"] = json!(kubeconfig.display().to_string());
+    config["leaderElection"] = json!({"leaderElect": false});
+    let extenders = config["extenders"]
+        .as_array_mut()
+        .context("deploy/scheduler-config.yaml has no extenders")?;
+    for extender in extenders {
+        extender["urlPrefix"] = json!(format!("http://127.0.0.1:{EXTENDER_PORT}"));
+    }
+    Ok(serde_yaml::to_string(&config)?)
+}
+
+/// Applies the documents of `deploy/<name>` (server-side apply), except
+/// workloads and Services: the harness runs Tessera's daemons as processes.
+async fn apply_manifests(client: &kube::Client, name: &str) -> anyhow::Result<()> {
+    let discovery = Discovery::new(client.clone()).run().await?;
+    for doc in deploy::documents(name) {
+        let kind = doc["kind"].as_str().unwrap_or_default();
+        if matches!(kind, "Deployment" | "DaemonSet" | "Service" | "PodDisruptionBudget") {
+            continue;
+        }
+        apply(client, &discovery, &doc)
+            .await
+            .with_context(|| format!("applying {kind} from deploy/{name}"))?;
+    }
+    Ok(())
+}
+
+async fn apply(client: &kube::Client, discovery: &Discovery, doc: &Value) -> anyhow::Result<()> {
+    let object: DynamicObject = serde_json::from_value(doc.clone())?;
+    let types = object
+        .types
+        .as_ref()
+        .context("manifest without apiVersion/kind")?;
+    let gvk = kube::core::GroupVersionKind::try_from(types)?;
+    let (resource, caps): (ApiResource, ApiCapabilities) = discovery
+        .resolve_gvk(&gvk)
+        .with_context(|| format!("{gvk:?} is not served"))?;
+    let name = object.metadata.name.clone().context("manifest without a name")?;
+    let api: Api<DynamicObject> = match (caps.scope, object.metadata.namespace.as_deref()) {
+        (Scope::Namespaced, Some(ns)) => Api::namespaced_with(client.clone(), ns, &resource),
+        (Scope::Namespaced, None) => Api::default_namespaced_with(client.clone(), &resource),
+        (Scope::Cluster, _) => Api::all_with(client.clone(), &resource),
+    };
+    api.patch(&name, &PatchParams::apply("tessera-harness").force(), &Patch::Apply(doc))
+        .await?;
+    Ok(())
+}
+
+/// RBAC for the test identities: the tenant may manage pods in `default` (as a
+/// namespace admin may), the second scheduler may bind and patch pods anywhere.
+async fn apply_test_rbac(client: &kube::Client) -> anyhow::Result<()> {
+    let discovery = Discovery::new(client.clone()).run().await?;
+    let docs = [
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+               "metadata": {"name": "tenant", "namespace": "default"},
+               "rules": [{"apiGroups": [""], "resources": ["pods", "pods/status", "pods/binding", "bindings"],
+                          "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]}]}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+               "metadata": {"name": "tenant", "namespace": "default"},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "tenant"},
+               "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": TENANT_USER}]}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+               "metadata": {"name": "other-scheduler"},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "system:kube-scheduler"},
+               "subjects": [{"kind": "ServiceAccount", "name": "other-scheduler", "namespace": "kube-system"}]}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+               "metadata": {"name": "other-scheduler-pods"},
+               "rules": [{"apiGroups": [""], "resources": ["pods", "pods/status", "pods/binding", "bindings"],
+                          "verbs": ["get", "list", "watch", "create", "update", "patch"]}]}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+               "metadata": {"name": "other-scheduler-pods"},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "other-scheduler-pods"},
+               "subjects": [{"kind": "ServiceAccount", "name": "other-scheduler", "namespace": "kube-system"}]}),
+    ];
+    for doc in docs {
+        apply(client, &discovery, &doc).await?;
+    }
+    Ok(())
+}
+
+/// The Device CRs (`scheduling.koordinator.sh/v1alpha1`), read as dynamic objects
+/// so the harness does not link the reporter's type.
+pub fn device_api(client: &kube::Client) -> Api<DynamicObject> {
+    let resource = ApiResource {
+        group: "scheduling.koordinator.sh".into(),
+        version: "v1alpha1".into(),
+        api_version: "scheduling.koordinator.sh/v1alpha1".into(),
+        kind: "Device".into(),
+        plural: "devices".into(),
+    };
+    Api::all_with(client.clone(), &resource)
+}
+
+fn run(command: &mut Command) -> anyhow::Result<()> {
+    let output = command
+        .output()
+        .with_context(|| format!("running {command:?}"))?;
+    if !output.status.success() {
+        bail!(
+            "{command:?} failed with {}: {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+fn which(tool: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(tool))
+        .find(|candidate| candidate.is_file())
+}
+
+fn connect(port: u16) -> anyhow::Result<()> {
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    TcpStream::connect_timeout(&addr, Duration::from_millis(200))?;
+    Ok(())
+}
+
+/// kube-apiserver and etcd keep their ports a few seconds after exiting.
+async fn wait_port_free(port: u16) -> anyhow::Result<()> {
+    let started = Instant::now();
+    while TcpListener::bind(("127.0.0.1", port)).is_err() {
+        if started.elapsed() > Duration::from_secs(60) {
+            bail!("port {port} on 127.0.0.1 is still taken after 60 s: is another cluster running?");
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    Ok(())
+}
+
+fn clear_dir(dir: &Path) -> anyhow::Result<()> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Ok(());
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if entry.file_name() == ".tessera-cluster.lock" {
+            continue;
+        }
+        if path.is_dir() {
+            std::fs::remove_dir_all(&path)?;
+        } else {
+            std::fs::remove_file(&path)?;
+        }
+    }
+    Ok(())
+}
+
+/// Removes the (empty) pod cgroups kubelet made, deepest first: with kubelet
+/// gone nobody else would.
+fn remove_pod_cgroups() {
+    let Ok(controllers) = std::fs::read_dir("/sys/fs/cgroup") else {
+        return;
+    };
+    for controller in controllers.flatten() {
+        let root = controller.path().join("kubepods");
+        let mut dirs = Vec::new();
+        collect_dirs(&root, &mut dirs);
+        dirs.sort_by_key(|d| std::cmp::Reverse(d.components().count()));
+        for dir in dirs {
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+}
+
+fn collect_dirs(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    out.push(dir.to_path_buf());
+    for entry in entries.flatten() {
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            collect_dirs(&entry.path(), out);
+        }
+    }
+}

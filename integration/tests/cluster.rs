@@ -1,0 +1,420 @@
+//! End to end on a real one-node cluster: kube-apiserver, kube-controller-manager,
+//! kube-scheduler with tessera-scheduler as its extender (deploy/'s
+//! configuration), kubelet → tessera-runtime-proxy → containerd 2.x, NVIDIA's
+//! device plugin on the fake NVML library, tessera-reporter.
+//!
+//! One cluster serves every scenario, in order (kubelet's device-plugin path is
+//! fixed, so clusters cannot run side by side). Its own harness (`harness =
+//! false`): `cargo test --test cluster -- NAME` runs the scenarios whose name
+//! contains NAME. Without Kubernetes binaries it skips loudly, and fails when
+//! `TESSERA_REQUIRE_CLUSTER=1` (the test command sets it).
+
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::pin::Pin;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail, ensure};
+use k8s_openapi::api::core::v1::Pod;
+use serde_json::{Value, json};
+use tessera_integration::cluster::{Cluster, ClusterOptions, Component, K8sBinaries};
+
+const ALLOCATED: &str = "scheduling.koordinator.sh/device-allocated";
+
+type Scenario = for<'a> fn(&'a mut Cluster) -> Pin<Box<dyn Future<Output = anyhow::Result<()>> + 'a>>;
+
+fn scenarios() -> Vec<(&'static str, Scenario)> {
+    vec![
+        ("fractional_pods_get_exactly_their_grant", |c| Box::pin(fractional_pods(c))),
+        ("unfit_pod_stays_pending_with_the_extenders_reason", |c| Box::pin(unfit_pod(c))),
+        ("legacy_pod_runs_with_the_device_plugins_gpu", |c| Box::pin(legacy_pod(c))),
+        ("annotation_written_by_a_tenant_is_refused", |c| Box::pin(forged_on_create(c))),
+        ("restarts_lose_nothing", |c| Box::pin(restarts(c))),
+    ]
+}
+
+fn main() -> std::process::ExitCode {
+    tessera_integration::init_tracing();
+    let filter: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let selected: Vec<_> = scenarios()
+        .into_iter()
+        .filter(|(name, _)| filter.is_empty() || filter.iter().any(|f| name.contains(f.as_str())))
+        .collect();
+    // `cargo test --workspace --list` and filters that select none: nothing to start.
+    if selected.is_empty() || std::env::args().any(|a| a == "--list") {
+        for (name, _) in &selected {
+            println!("{name}: test");
+        }
+        return std::process::ExitCode::SUCCESS;
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    match runtime.block_on(run(selected)) {
+        Ok(true) => std::process::ExitCode::SUCCESS,
+        Ok(false) => std::process::ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("cluster tests: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(selected: Vec<(&'static str, Scenario)>) -> anyhow::Result<bool> {
+    let Some(binaries) = K8sBinaries::require_or_skip("cluster tests")? else {
+        return Ok(true);
+    };
+    let started = Instant::now();
+    let mut cluster = Cluster::start(binaries, ClusterOptions { device_plugin: false, ..Default::default() }).await?;
+    println!(
+        "cluster up in {:.1} s ({})",
+        started.elapsed().as_secs_f64(),
+        cluster.dir().display()
+    );
+    let mut failed = Vec::new();
+    for (name, scenario) in &selected {
+        let started = Instant::now();
+        let outcome = scenario(&mut cluster).await;
+        let secs = started.elapsed().as_secs_f64();
+        match outcome {
+            Ok(()) => println!("test {name} ... ok ({secs:.1} s)"),
+            Err(e) => {
+                println!("test {name} ... FAILED ({secs:.1} s)\n{e:#}\n");
+                failed.push(*name);
+            }
+        }
+    }
+    println!(
+        "\ncluster test result: {}. {} passed; {} failed",
+        if failed.is_empty() { "ok" } else { "FAILED" },
+        selected.len() - failed.len(),
+        failed.len()
+    );
+    if !failed.is_empty() {
+        for component in [Component::RuntimeProxy, Component::Extender, Component::Reporter] {
+            println!("--- {component} log (tail) ---\n{}", cluster.log_tail(component, 20));
+        }
+    }
+    Ok(failed.is_empty())
+}
+
+// === pods ===
+
+/// A pod of the probe image with one container per `(name, limits)`.
+fn pod(name: &str, containers: &[(&str, Value)], env: &[(&str, &str)]) -> Value {
+    let env: Vec<Value> = env.iter().map(|(k, v)| json!({"name": k, "value": v})).collect();
+    let containers: Vec<Value> = containers
+        .iter()
+        .map(|(container, limits)| {
+            json!({"name": container, "image": "tessera.local/probe:1", "imagePullPolicy": "Never",
+                   "env": env, "resources": {"limits": limits}})
+        })
+        .collect();
+    json!({"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": name, "namespace": "default"},
+           "spec": {"containers": containers, "terminationGracePeriodSeconds": 0,
+                    "automountServiceAccountToken": false}})
+}
+
+/// The allocation annotation's GPUs: `(uuid, minor)`.
+fn allocated_gpus(pod: &Pod) -> anyhow::Result<Vec<(String, u64)>> {
+    let name = pod.metadata.name.as_deref().unwrap_or_default();
+    let text = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ALLOCATED))
+        .with_context(|| format!("pod {name} has no {ALLOCATED}"))?;
+    let value: Value = serde_json::from_str(text)?;
+    value["gpu"]
+        .as_array()
+        .with_context(|| format!("pod {name}: {ALLOCATED} has no gpu list: {text}"))?
+        .iter()
+        .map(|gpu| {
+            Ok((
+                gpu["id"].as_str().context("gpu without id")?.to_owned(),
+                gpu["minor"].as_u64().context("gpu without minor")?,
+            ))
+        })
+        .collect()
+}
+
+/// Every value of env `key` in an OCI spec, in order.
+fn env_values(spec: &Value, key: &str) -> Vec<String> {
+    spec["process"]["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .filter_map(|kv| kv.split_once('='))
+        .filter(|(k, _)| *k == key)
+        .map(|(_, v)| v.to_owned())
+        .collect()
+}
+
+/// The `/dev/nvidia<N>` GPU nodes in an OCI spec, by minor.
+fn gpu_device_minors(spec: &Value) -> BTreeSet<u64> {
+    spec["linux"]["devices"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|d| {
+            d["path"]
+                .as_str()
+                .and_then(|p| p.strip_prefix("/dev/nvidia"))
+                .is_some_and(|rest| rest.chars().all(|c| c.is_ascii_digit()) && !rest.is_empty())
+        })
+        .filter_map(|d| d["minor"].as_u64())
+        .collect()
+}
+
+/// Checks a container's spec against the GPUs granted to it: exactly one
+/// `NVIDIA_VISIBLE_DEVICES`, naming them, and only their device nodes.
+fn assert_grant(pod: &str, container: &str, spec: &Value, gpus: &[(String, u64)]) -> anyhow::Result<()> {
+    let visible = env_values(spec, "NVIDIA_VISIBLE_DEVICES");
+    let want = gpus.iter().map(|(id, _)| id.as_str()).collect::<Vec<_>>().join(",");
+    ensure!(
+        visible == [want.clone()],
+        "pod {pod} container {container}: NVIDIA_VISIBLE_DEVICES entries {visible:?}, want exactly [{want:?}]"
+    );
+    let minors = gpu_device_minors(spec);
+    let want: BTreeSet<u64> = gpus.iter().map(|(_, m)| *m).collect();
+    ensure!(
+        minors == want,
+        "pod {pod} container {container}: GPU device nodes of minors {minors:?}, want {want:?}"
+    );
+    Ok(())
+}
+
+// === scenarios ===
+
+/// Every fractional resource kind goes through kube-scheduler → the extender →
+/// the proxy's GPU hook, and the container gets exactly its grant.
+async fn fractional_pods(cluster: &mut Cluster) -> anyhow::Result<()> {
+    let cases: Vec<(&str, Value, Option<&str>)> = vec![
+        ("frac-core-ratio", json!({"koordinator.sh/gpu-core": "50", "koordinator.sh/gpu-memory-ratio": "50"}), Some("50")),
+        ("frac-gpu", json!({"koordinator.sh/gpu": "25"}), Some("25")),
+        ("frac-memory", json!({"koordinator.sh/gpu-memory": "8Gi"}), None),
+        ("frac-hami", json!({"nvidia.com/gpumem": "4096", "nvidia.com/gpucores": "30"}), Some("30")),
+        ("frac-gpushare", json!({"aliyun.com/gpu-mem": "2048"}), None),
+        ("frac-volcano", json!({"volcano.sh/gpu-memory": "1024"}), None),
+        ("frac-two-gpus", json!({"koordinator.sh/gpu": "200"}), None),
+    ];
+    for (name, limits, _) in &cases {
+        cluster.create_pod("admin", &pod(name, &[("main", limits.clone())], &[])).await?;
+    }
+    for (name, limits, sm_limit) in &cases {
+        let pod = cluster.wait_running(name).await?;
+        let gpus = allocated_gpus(&pod)?;
+        let want_gpus = if *name == "frac-two-gpus" { 2 } else { 1 };
+        ensure!(gpus.len() == want_gpus, "pod {name} ({limits}): granted {gpus:?}, want {want_gpus} GPU(s)");
+        let specs = cluster.container_specs(&pod)?;
+        let spec = specs.get("main").context("no spec for main")?;
+        assert_grant(name, "main", spec, &gpus)?;
+        let sm = env_values(spec, "CUDA_DEVICE_SM_LIMIT");
+        if let Some(want) = sm_limit {
+            ensure!(sm == [want.to_string()], "pod {name}: CUDA_DEVICE_SM_LIMIT {sm:?}, want [{want}]");
+        }
+        if want_gpus == 1 {
+            let memory = env_values(spec, "CUDA_DEVICE_MEMORY_LIMIT_0");
+            ensure!(memory.len() == 1, "pod {name}: CUDA_DEVICE_MEMORY_LIMIT_0 {memory:?}, want one value");
+        }
+    }
+    for (name, _, _) in &cases {
+        cluster.delete_pod(name).await?;
+    }
+    Ok(())
+}
+
+/// A pod no GPU can hold stays Pending, and its events carry the extender's reason.
+async fn unfit_pod(cluster: &mut Cluster) -> anyhow::Result<()> {
+    let name = "unfit";
+    cluster
+        .create_pod("admin", &pod(name, &[("main", json!({"koordinator.sh/gpu-memory": "100Gi"}))], &[]))
+        .await?;
+    let started = Instant::now();
+    loop {
+        let events = cluster.events_of(name).await?;
+        if let Some(event) = events.iter().find(|e| e.starts_with("FailedScheduling") && e.contains("GPU")) {
+            tracing::info!(event, "extender's reason");
+            break;
+        }
+        if started.elapsed() > Duration::from_secs(60) {
+            bail!("pod {name}: no FailedScheduling event naming GPUs after 60 s; events: {events:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let pods: kube::Api<Pod> = kube::Api::namespaced(cluster.client().await?, "default");
+    let pod = pods.get(name).await?;
+    ensure!(
+        pod.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_none(),
+        "pod {name} was bound to a node"
+    );
+    cluster.delete_pod(name).await
+}
+
+/// A `nvidia.com/gpu` pod is served by NVIDIA's real device plugin: it runs with
+/// the GPU kubelet gave it (read back from kubelet's real checkpoint), the
+/// reporter publishes that GPU as held, and the scheduler never hands it out.
+async fn legacy_pod(cluster: &mut Cluster) -> anyhow::Result<()> {
+    let name = "legacy";
+    // No Tessera resource: kube-scheduler alone places it, the device plugin picks the GPU.
+    cluster
+        .create_pod("admin", &pod(name, &[("main", json!({"nvidia.com/gpu": "1"}))], &[]))
+        .await?;
+    let running = cluster.wait_running(name).await?;
+    let uid = running.metadata.uid.clone().unwrap_or_default();
+    let checkpoint = std::fs::read_to_string(tessera_integration::cluster::KUBELET_CHECKPOINT)
+        .context("reading kubelet's checkpoint")?;
+    let entries: Value = serde_json::from_str(&checkpoint)?;
+    let entry = entries["Data"]["PodDeviceEntries"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|e| e["PodUID"] == uid.as_str())
+        .with_context(|| format!("kubelet's checkpoint has no entry for pod {uid}: {checkpoint}"))?;
+    let ids: Vec<String> = entry["DeviceIDs"]
+        .as_object()
+        .into_iter()
+        .flat_map(|numa| numa.values())
+        .flat_map(|ids| ids.as_array().cloned().unwrap_or_default())
+        .filter_map(|id| id.as_str().map(str::to_owned))
+        .collect();
+    ensure!(ids.len() == 1, "checkpoint entry names {ids:?}, want one GPU");
+    let gpu = cluster
+        .gpu_node
+        .gpus
+        .iter()
+        .find(|g| g.uuid == ids[0])
+        .with_context(|| format!("device plugin gave {}, not a GPU of this node", ids[0]))?
+        .clone();
+    let specs = cluster.container_specs(&running)?;
+    let spec = specs.get("main").context("no spec for main")?;
+    ensure!(
+        env_values(spec, "NVIDIA_VISIBLE_DEVICES") == [gpu.uuid.clone()],
+        "legacy container: NVIDIA_VISIBLE_DEVICES {:?}, want [{}]",
+        env_values(spec, "NVIDIA_VISIBLE_DEVICES"),
+        gpu.uuid
+    );
+
+    // The reporter publishes the GPU as held by a device-plugin pod.
+    let devices = tessera_integration::cluster::device_api(&cluster.client().await?);
+    let started = Instant::now();
+    loop {
+        let device = devices.get(tessera_integration::cluster::NODE_NAME).await?;
+        let held = device
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("node.koordinator.sh/devices-checkpoints"))
+            .cloned()
+            .unwrap_or_default();
+        if held.contains(&gpu.uuid) && held.contains(&uid) {
+            break;
+        }
+        if started.elapsed() > Duration::from_secs(30) {
+            bail!("Device CR does not record {} held by pod {uid}: {held:?}", gpu.uuid);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+
+    // Whole-GPU Tessera pods fill every other GPU; none may land on the legacy one.
+    let others = cluster.gpu_node.gpus.len() - 1;
+    let mut names = Vec::new();
+    for i in 0..others {
+        let name = format!("whole-{i}");
+        cluster
+            .create_pod("admin", &pod(&name, &[("main", json!({"koordinator.sh/gpu": "100"}))], &[]))
+            .await?;
+        names.push(name);
+    }
+    for name in &names {
+        let pod = cluster.wait_running(name).await?;
+        let gpus = allocated_gpus(&pod)?;
+        ensure!(
+            gpus.iter().all(|(id, _)| *id != gpu.uuid),
+            "pod {name} was granted {} which the device plugin gave pod {uid}",
+            gpu.uuid
+        );
+    }
+    // And one more finds no room.
+    cluster
+        .create_pod("admin", &pod("whole-extra", &[("main", json!({"koordinator.sh/gpu": "100"}))], &[]))
+        .await?;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let pods: kube::Api<Pod> = kube::Api::namespaced(cluster.client().await?, "default");
+    let extra = pods.get("whole-extra").await?;
+    ensure!(
+        extra.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_none(),
+        "a fifth whole GPU was handed out on a 4-GPU node with one held by the device plugin: {:?}",
+        extra.metadata.annotations
+    );
+    for name in names.iter().map(String::as_str).chain(["whole-extra", name]) {
+        cluster.delete_pod(name).await?;
+    }
+    Ok(())
+}
+
+/// A tenant cannot write the allocation annotation on create or update.
+async fn forged_on_create(cluster: &mut Cluster) -> anyhow::Result<()> {
+    let gpu = cluster.gpu_node.gpus[0].uuid.clone();
+    let forged = json!({"gpu": [{"minor": 0, "id": gpu, "resources": {"koordinator.sh/gpu-core": 100}}]}).to_string();
+    let mut spec = pod("forged", &[("main", json!({}))], &[]);
+    spec["metadata"]["annotations"] = json!({ALLOCATED: forged});
+    match cluster.create_pod("tenant", &spec).await {
+        Err(e) => {
+            let text = format!("{e:#}");
+            ensure!(text.contains("only tessera-scheduler"), "refused, but not by the policy: {text}");
+        }
+        Ok(_) => {
+            cluster.delete_pod("forged").await?;
+            bail!("a tenant created a pod carrying {ALLOCATED}");
+        }
+    }
+    Ok(())
+}
+
+/// Restarting each part while pods run and new ones arrive loses nothing: every
+/// pod ends Running with its grant, and no GPU is booked twice.
+async fn restarts(cluster: &mut Cluster) -> anyhow::Result<()> {
+    let components = [
+        Component::RuntimeProxy,
+        Component::Extender,
+        Component::Reporter,
+        Component::Kubelet,
+        Component::Containerd,
+    ];
+    let mut names = Vec::new();
+    for (i, component) in components.into_iter().enumerate() {
+        let before = format!("before-{i}");
+        cluster
+            .create_pod("admin", &pod(&before, &[("main", json!({"koordinator.sh/gpu": "10"}))], &[]))
+            .await?;
+        cluster.wait_running(&before).await?;
+        cluster.restart(component).await.with_context(|| format!("restarting {component}"))?;
+        let after = format!("after-{i}");
+        cluster
+            .create_pod("admin", &pod(&after, &[("main", json!({"koordinator.sh/gpu": "10"}))], &[]))
+            .await?;
+        names.push(before);
+        names.push(after);
+    }
+    let mut share = std::collections::BTreeMap::<String, u64>::new();
+    for name in &names {
+        let pod = cluster.wait_running(name).await.with_context(|| format!("after the restarts, pod {name}"))?;
+        for (id, _) in allocated_gpus(&pod)? {
+            *share.entry(id).or_default() += 10;
+        }
+        let specs = cluster.container_specs(&pod)?;
+        assert_grant(name, "main", specs.get("main").context("no spec")?, &allocated_gpus(&pod)?)?;
+    }
+    ensure!(share.values().all(|s| *s <= 100), "a GPU is booked over 100%: {share:?}");
+    for name in &names {
+        cluster.delete_pod(name).await?;
+    }
+    Ok(())
+}
