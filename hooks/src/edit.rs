@@ -3,44 +3,32 @@
 use tessera_protos::hook::v1::{ContainerHookRequest, ContainerHookResponse, LinuxResources};
 
 /// Applies `edit` to the container described by `container`: removals first, then
-/// additions, each replacing an entry with the same key (env key, device or mount
+/// additions, each replacing every entry with the same key (env key, device or mount
 /// container path, CDI name, annotation key). Order of untouched entries is kept;
-/// new entries are appended in the edit's order.
+/// a replaced entry takes the place of the first one it replaces, new entries are
+/// appended in the edit's order.
 pub fn apply(container: &mut ContainerHookRequest, edit: &ContainerHookResponse) {
     container
         .envs
         .retain(|kv| !edit.remove_envs.contains(&kv.key));
     for set in &edit.set_envs {
-        match container.envs.iter_mut().find(|kv| kv.key == set.key) {
-            Some(existing) => existing.value.clone_from(&set.value),
-            None => container.envs.push(set.clone()),
-        }
+        replace_all(&mut container.envs, set, |kv| kv.key == set.key);
     }
     container
         .devices
         .retain(|d| !edit.remove_devices.contains(&d.container_path));
     for add in &edit.add_devices {
-        match container
-            .devices
-            .iter_mut()
-            .find(|d| d.container_path == add.container_path)
-        {
-            Some(existing) => *existing = add.clone(),
-            None => container.devices.push(add.clone()),
-        }
+        replace_all(&mut container.devices, add, |d| {
+            d.container_path == add.container_path
+        });
     }
     container
         .mounts
         .retain(|m| !edit.remove_mounts.contains(&m.container_path));
     for add in &edit.add_mounts {
-        match container
-            .mounts
-            .iter_mut()
-            .find(|m| m.container_path == add.container_path)
-        {
-            Some(existing) => *existing = add.clone(),
-            None => container.mounts.push(add.clone()),
-        }
+        replace_all(&mut container.mounts, add, |m| {
+            m.container_path == add.container_path
+        });
     }
     container
         .cdi_devices
@@ -62,6 +50,25 @@ pub fn apply(container: &mut ContainerHookRequest, edit: &ContainerHookResponse)
             .get_or_insert_with(LinuxResources::default);
         override_resources(resources, overrides);
     }
+}
+
+/// Puts `new` in place of every entry of `entries` that `same_key` matches: the
+/// one place an edit sets a keyed entry. Every match goes, not only the first:
+/// kubelet sends a device plugin's env before the pod's, so a key can come twice,
+/// and containerd and the NVIDIA toolkit obey the last entry. Replacing only the
+/// first would leave a later, pod-written value in charge (`[void, all]`).
+fn replace_all<T: Clone>(entries: &mut Vec<T>, new: &T, same_key: impl Fn(&T) -> bool) {
+    let Some(first) = entries.iter().position(&same_key) else {
+        entries.push(new.clone());
+        return;
+    };
+    entries[first] = new.clone();
+    let mut index = 0;
+    entries.retain(|entry| {
+        let keep = index <= first || !same_key(entry);
+        index += 1;
+        keep
+    });
 }
 
 /// Copies the set (non-zero, non-empty) fields of `overrides` onto `resources`.
@@ -130,5 +137,61 @@ mod tests {
         assert_eq!(container.envs, vec![kv("A", "second"), kv("C", "3")]);
         assert_eq!(container.devices.len(), 1);
         assert_eq!(container.devices[0].host_path, "/h/2");
+    }
+
+    #[test]
+    fn a_set_replaces_every_entry_of_its_key() {
+        // kubelet's order: the device plugin's value, the pod's own, then the pod's again.
+        let device = |host: &str| DeviceNode {
+            container_path: "/dev/nvidia0".into(),
+            host_path: host.into(),
+            permissions: "rw".into(),
+        };
+        let mut container = ContainerHookRequest {
+            envs: vec![
+                kv("NVIDIA_VISIBLE_DEVICES", "GPU-a"),
+                kv("PATH", "/bin"),
+                kv("NVIDIA_VISIBLE_DEVICES", "all"),
+                kv("NVIDIA_VISIBLE_DEVICES", "GPU-b"),
+            ],
+            devices: vec![device("/dev/nvidia0"), device("/dev/nvidia2")],
+            ..Default::default()
+        };
+        let edit = ContainerHookResponse {
+            set_envs: vec![kv("NVIDIA_VISIBLE_DEVICES", "void")],
+            add_devices: vec![device("/dev/nvidia1")],
+            ..Default::default()
+        };
+        apply(&mut container, &edit);
+        assert_eq!(
+            container.envs,
+            vec![kv("NVIDIA_VISIBLE_DEVICES", "void"), kv("PATH", "/bin")]
+        );
+        assert_eq!(container.devices, vec![device("/dev/nvidia1")]);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn after_a_set_its_key_appears_once_with_the_set_value(
+            envs in proptest::collection::vec(("[ABK]", "[a-z]{0,3}"), 0..12),
+            value in "[a-z]{0,3}",
+        ) {
+            let mut container = ContainerHookRequest {
+                envs: envs.iter().map(|(k, v)| kv(k, v)).collect(),
+                ..Default::default()
+            };
+            let others: Vec<KeyValue> =
+                container.envs.iter().filter(|e| e.key != "K").cloned().collect();
+            apply(
+                &mut container,
+                &ContainerHookResponse { set_envs: vec![kv("K", &value)], ..Default::default() },
+            );
+            let set: Vec<KeyValue> =
+                container.envs.iter().filter(|e| e.key == "K").cloned().collect();
+            proptest::prop_assert_eq!(set, vec![kv("K", &value)]);
+            let rest: Vec<KeyValue> =
+                container.envs.iter().filter(|e| e.key != "K").cloned().collect();
+            proptest::prop_assert_eq!(rest, others, "other entries and their order kept");
+        }
     }
 }
