@@ -29,6 +29,7 @@ fn scenarios() -> Vec<(&'static str, Scenario)> {
         ("unfit_pod_stays_pending_with_the_extenders_reason", |c| Box::pin(unfit_pod(c))),
         ("legacy_pod_runs_with_the_device_plugins_gpu", |c| Box::pin(legacy_pod(c))),
         ("annotation_written_by_a_tenant_is_refused", |c| Box::pin(forged_on_create(c))),
+        ("annotation_forged_on_any_write_path_never_yields_a_gpu", |c| Box::pin(forged_write_paths(c))),
         ("restarts_lose_nothing", |c| Box::pin(restarts(c))),
     ]
 }
@@ -376,6 +377,71 @@ async fn forged_on_create(cluster: &mut Cluster) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Every other way to write the annotation, as a tenant and as a second
+/// scheduler would: update, `pods/status`, `pods/binding` and the legacy
+/// `bindings`. Each is refused, and the pod, bound without it, gets no GPU.
+async fn forged_write_paths(cluster: &mut Cluster) -> anyhow::Result<()> {
+    use kube::api::{Patch, PatchParams, PostParams};
+    let gpu = cluster.gpu_node.gpus[0].uuid.clone();
+    let forged = json!({"gpu": [{"minor": 0, "id": gpu, "resources": {"koordinator.sh/gpu-core": 100}}]}).to_string();
+    let name = "forge-target";
+    // Nobody schedules it: the writes below are the only way it gets a node.
+    let mut spec = pod(name, &[("main", json!({}))], &[("NVIDIA_VISIBLE_DEVICES", "all")]);
+    spec["spec"]["schedulerName"] = json!("nobody");
+    cluster.create_pod("tenant", &spec).await?;
+    let annotation = json!({"metadata": {"annotations": {ALLOCATED: forged}}});
+    let refused = |what: &str, outcome: Result<(), kube::Error>| -> anyhow::Result<()> {
+        match outcome {
+            Err(kube::Error::Api(e)) if e.code == 403 || e.code == 422 || e.code == 400 => {
+                ensure!(e.message.contains("only tessera-scheduler"), "{what}: refused, but not by the policy: {}", e.message);
+                Ok(())
+            }
+            Err(e) => bail!("{what}: unexpected error {e}"),
+            Ok(()) => bail!("{what}: the write carrying {ALLOCATED} was accepted"),
+        }
+    };
+    for identity in ["tenant", "other-scheduler"] {
+        let pods: kube::Api<Pod> = kube::Api::namespaced(cluster.client_as(identity).await?, "default");
+        let patch = pods.patch(name, &PatchParams::default(), &Patch::Merge(&annotation)).await.map(drop);
+        refused(&format!("{identity}: patch pods"), patch)?;
+        let status = pods.patch_status(name, &PatchParams::default(), &Patch::Merge(&annotation)).await.map(drop);
+        refused(&format!("{identity}: patch pods/status"), status)?;
+        let binding = json!({"apiVersion": "v1", "kind": "Binding",
+                             "metadata": {"name": name, "annotations": {ALLOCATED: forged}},
+                             "target": {"apiVersion": "v1", "kind": "Node", "name": tessera_integration::cluster::NODE_NAME}});
+        let bind = pods
+            .create_subresource::<Value, Value>("binding", name, &PostParams::default(), &binding)
+            .await
+            .map(drop);
+        refused(&format!("{identity}: create pods/binding"), bind)?;
+        let request = http::Request::post("/api/v1/namespaces/default/bindings")
+            .header("content-type", "application/json")
+            .body(serde_json::to_vec(&binding)?)?;
+        let legacy = cluster.client_as(identity).await?.request::<Value>(request).await.map(drop);
+        refused(&format!("{identity}: create bindings"), legacy)?;
+    }
+    // Bound the honest way, it runs with no GPU at all, whatever its env says.
+    let pods: kube::Api<Pod> = kube::Api::namespaced(cluster.client_as("other-scheduler").await?, "default");
+    let binding = json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name},
+                         "target": {"apiVersion": "v1", "kind": "Node", "name": tessera_integration::cluster::NODE_NAME}});
+    pods.create_subresource::<Value, Value>("binding", name, &PostParams::default(), &binding)
+        .await?;
+    let running = cluster.wait_running(name).await?;
+    ensure!(
+        running.metadata.annotations.as_ref().is_none_or(|a| !a.contains_key(ALLOCATED)),
+        "pod {name} carries {ALLOCATED} after every write was refused"
+    );
+    let specs = cluster.container_specs(&running)?;
+    let spec = specs.get("main").context("no spec")?;
+    ensure!(
+        env_values(spec, "NVIDIA_VISIBLE_DEVICES") == ["void"],
+        "pod {name}: NVIDIA_VISIBLE_DEVICES {:?}, want [\"void\"]",
+        env_values(spec, "NVIDIA_VISIBLE_DEVICES")
+    );
+    ensure!(gpu_device_minors(spec).is_empty(), "pod {name} got GPU device nodes {:?}", gpu_device_minors(spec));
+    cluster.delete_pod(name).await
 }
 
 /// Restarting each part while pods run and new ones arrive loses nothing: every
