@@ -38,12 +38,13 @@ pub fn four_gpu_node() -> Value {
             "nvlinks": [{"link": 0, "peerBusId": format!("00000000:{:02X}:00.0", 0x18 + peer * 0x10)}],
         })
     };
-    json!({"driverVersion": "550.54.15", "gpus": [gpu(0, 1), gpu(1, 0), gpu(2, 3), gpu(3, 2)], "xidEvents": []})
+    json!({"driverVersion": "550.54.15", "cudaDriverVersion": 12040, "gpus": [gpu(0, 1), gpu(1, 0), gpu(2, 3), gpu(3, 2)], "xidEvents": []})
 }
 
 /// Installs a fake driver for `node` in `dir`: a copy of the library as
 /// `libnvidia-ml.so.1` (its own instance when loaded) and `fake-nvml.json` beside
-/// it. Returns the library path to give nvml-wrapper.
+/// it. Returns the library path to give nvml-wrapper; for NVIDIA's
+/// k8s-device-plugin, put `dir` on its `LD_LIBRARY_PATH` instead.
 pub fn install(dir: &Path, node: &Value) -> anyhow::Result<PathBuf> {
     std::fs::create_dir_all(dir)?;
     let library_copy = dir.join("libnvidia-ml.so.1");
@@ -69,5 +70,5 @@ pub fn describe(node: &crate::gpu_node::FakeGpuNode) -> Value {
             })
         })
         .collect();
-    json!({"driverVersion": "550.54.15", "gpus": gpus, "xidEvents": []})
+    json!({"driverVersion": "550.54.15", "cudaDriverVersion": 12040, "gpus": gpus, "xidEvents": []})
 }

@@ -1,8 +1,9 @@
 //! A fake `libnvidia-ml.so`. `nvml-wrapper` loads it through its library-path
-//! option, so the real binding code runs against GPUs described by the JSON file
-//! named in `TESSERA_FAKE_NVML_CONFIG`, or else `fake-nvml.json` beside the
-//! library file (copy the library into a directory per fake node: each copy is
-//! loaded as its own library, with its own state):
+//! option, and NVIDIA's k8s-device-plugin (go-nvml) dlopens it as
+//! `libnvidia-ml.so.1`, so real binding code runs against GPUs described by the
+//! JSON file named in `TESSERA_FAKE_NVML_CONFIG`, or else `fake-nvml.json` beside
+//! the library file (copy the library into a directory per fake node: each copy
+//! is loaded as its own library, with its own state):
 //!
 //! ```json
 //! {"driverVersion": "550.54.15", "cudaDriverVersion": 12040,
@@ -13,17 +14,24 @@
 //!  "xidEvents": [{"gpu": 1, "xid": 79, "afterMs": 200}]}
 //! ```
 //!
-//! Only the functions Tessera calls exist; nvml-wrapper reports any other as
-//! missing. XID events are delivered by `nvmlEventSetWait_v2`, each once, no
-//! earlier than `afterMs` after `nvmlInit`.
+//! Optional per-GPU fields, with defaults that fit the model name:
+//! `computeCapability` (`"9.0"`), `architecture` (`"Hopper"`, as go-nvlib
+//! names them), `brand` (`"Nvidia"`), `reservedBytes` and `usedBytes` (0),
+//! `migCapable` (false: MIG calls answer "not supported"; true: MIG mode is
+//! disabled and there are no MIG devices).
+//!
+//! Only the functions Tessera's reporter and NVIDIA's k8s-device-plugin call
+//! exist; callers report any other as missing. XID events are delivered by
+//! `nvmlEventSetWait_v2`, each once, no earlier than `afterMs` after `nvmlInit`.
 
-use std::ffi::{c_char, c_uint, c_ulonglong};
+use std::ffi::{CStr, c_char, c_int, c_uint, c_ulonglong};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use nvml_wrapper_sys::bindings::{
-    nvmlDevice_st, nvmlDevice_t, nvmlEnableState_t, nvmlEventData_t, nvmlEventSet_st,
-    nvmlEventSet_t, nvmlGpuTopologyLevel_t, nvmlMemory_v2_t, nvmlPciInfo_t, nvmlReturn_t,
+    nvmlBrandType_t, nvmlDevice_st, nvmlDevice_t, nvmlDeviceArchitecture_t, nvmlEnableState_t,
+    nvmlEventData_t, nvmlEventSet_st, nvmlEventSet_t, nvmlGpuInstanceProfileInfo_t,
+    nvmlGpuTopologyLevel_t, nvmlMemory_t, nvmlMemory_v2_t, nvmlPciInfo_t, nvmlReturn_t,
 };
 use serde::Deserialize;
 
@@ -31,13 +39,34 @@ const SUCCESS: nvmlReturn_t = 0;
 const ERROR_UNINITIALIZED: nvmlReturn_t = 1;
 const ERROR_INVALID_ARGUMENT: nvmlReturn_t = 2;
 const ERROR_NOT_SUPPORTED: nvmlReturn_t = 3;
+const ERROR_NOT_FOUND: nvmlReturn_t = 6;
 const ERROR_INSUFFICIENT_SIZE: nvmlReturn_t = 7;
 const ERROR_DRIVER_NOT_LOADED: nvmlReturn_t = 9;
 const ERROR_TIMEOUT: nvmlReturn_t = 10;
+const ERROR_ARGUMENT_VERSION_MISMATCH: nvmlReturn_t = 25;
 const ERROR_UNKNOWN: nvmlReturn_t = 999;
 
 /// NVML's XID critical error event type.
 const EVENT_XID_CRITICAL_ERROR: c_ulonglong = 0x8;
+
+/// `NVML_STRUCT_VERSION(Memory, 2)`: the size of `nvmlMemory_v2_t` and 2 << 24.
+const MEMORY_V2_VERSION: c_uint = (std::mem::size_of::<nvmlMemory_v2_t>() as c_uint) | (2 << 24);
+
+/// `NVML_DEVICE_MIG_DISABLE`.
+const MIG_DISABLE: c_uint = 0;
+
+/// MIG devices a MIG-capable GPU can hold (seven on A100/H100).
+const MAX_MIG_DEVICES: c_uint = 7;
+
+/// `NVML_NVLINK_MAX_LINKS` of the driver generation this fake stands in for.
+const NVLINK_MAX_LINKS: c_uint = 18;
+
+/// `NVML_DEVICE_ARCH_UNKNOWN`.
+const ARCH_UNKNOWN: nvmlDeviceArchitecture_t = 0xffff_ffff;
+
+/// CUDA driver version reported when the description gives none (CUDA 12.4,
+/// which driver 550 ships with).
+const DEFAULT_CUDA_DRIVER_VERSION: i32 = 12040;
 
 /// The JSON description.
 #[derive(Debug, Clone, Deserialize, Default)]
@@ -46,6 +75,10 @@ pub struct FakeNode {
     /// `nvmlSystemGetDriverVersion`.
     #[serde(default)]
     pub driver_version: String,
+    /// `nvmlSystemGetCudaDriverVersion`, as CUDA encodes it (12040 is 12.4);
+    /// absent: 12040.
+    #[serde(default)]
+    pub cuda_driver_version: Option<i32>,
     /// The GPUs, by index.
     #[serde(default)]
     pub gpus: Vec<FakeGpu>,
@@ -80,6 +113,139 @@ pub struct FakeGpu {
     /// Active NVLinks.
     #[serde(default)]
     pub nvlinks: Vec<FakeNvLink>,
+    /// CUDA compute capability, `"9.0"`; absent: by model name (9.0 if unknown).
+    #[serde(default)]
+    pub compute_capability: Option<String>,
+    /// Architecture as go-nvlib names it (`"Hopper"`, `"Ampere"`, `"Ada Lovelace"`…);
+    /// absent: from the compute capability.
+    #[serde(default)]
+    pub architecture: Option<String>,
+    /// Brand as go-nvlib names it (`"Nvidia"`, `"Tesla"`, `"GeForce"`…); absent: `"Nvidia"`.
+    #[serde(default)]
+    pub brand: Option<String>,
+    /// Memory the driver reserves (memory info v2 reports it apart; v1 counts it as used).
+    #[serde(default)]
+    pub reserved_bytes: u64,
+    /// Memory in use by processes.
+    #[serde(default)]
+    pub used_bytes: u64,
+    /// Whether the GPU supports MIG. false: MIG calls answer "not supported", as on
+    /// GPUs without MIG; true: MIG mode is disabled and no MIG devices exist.
+    #[serde(default)]
+    pub mig_capable: bool,
+}
+
+impl FakeGpu {
+    /// `(major, minor)` compute capability: the description's, else by model name.
+    pub fn compute_capability(&self) -> (c_int, c_int) {
+        if let Some((major, minor)) = self
+            .compute_capability
+            .as_deref()
+            .and_then(|text| text.trim().split_once('.'))
+            .and_then(|(major, minor)| Some((major.parse().ok()?, minor.parse().ok()?)))
+        {
+            return (major, minor);
+        }
+        // Model names as NVML reports them, matched by word: "NVIDIA A100-SXM4-80GB".
+        const MODELS: &[(&str, (c_int, c_int))] = &[
+            ("GB200", (10, 0)),
+            ("B200", (10, 0)),
+            ("B100", (10, 0)),
+            ("GH200", (9, 0)),
+            ("H200", (9, 0)),
+            ("H100", (9, 0)),
+            ("H800", (9, 0)),
+            ("H20", (9, 0)),
+            ("L40S", (8, 9)),
+            ("L40", (8, 9)),
+            ("L4", (8, 9)),
+            ("A100", (8, 0)),
+            ("A800", (8, 0)),
+            ("A30", (8, 0)),
+            ("A40", (8, 6)),
+            ("A10", (8, 6)),
+            ("A16", (8, 6)),
+            ("A2", (8, 6)),
+            ("T4", (7, 5)),
+            ("V100", (7, 0)),
+            ("P100", (6, 0)),
+            ("P40", (6, 1)),
+            ("P4", (6, 1)),
+        ];
+        let words: Vec<&str> = self
+            .name
+            .split(|c: char| c.is_whitespace() || c == '-')
+            .collect();
+        MODELS
+            .iter()
+            .find(|(model, _)| words.iter().any(|word| word.eq_ignore_ascii_case(model)))
+            .map_or((9, 0), |&(_, capability)| capability)
+    }
+
+    /// `NVML_DEVICE_ARCH_*`: the description's architecture, else the one that
+    /// goes with the compute capability.
+    pub fn architecture(&self) -> nvmlDeviceArchitecture_t {
+        if let Some(name) = &self.architecture {
+            const NAMES: &[(&str, nvmlDeviceArchitecture_t)] = &[
+                ("kepler", 2),
+                ("maxwell", 3),
+                ("pascal", 4),
+                ("volta", 5),
+                ("turing", 6),
+                ("ampere", 7),
+                ("ada", 8),
+                ("ada lovelace", 8),
+                ("hopper", 9),
+                ("blackwell", 10),
+                ("rubin", 13),
+            ];
+            return NAMES
+                .iter()
+                .find(|(known, _)| known.eq_ignore_ascii_case(name.trim()))
+                .map_or(ARCH_UNKNOWN, |&(_, arch)| arch);
+        }
+        match self.compute_capability() {
+            (3, _) => 2,
+            (5, _) => 3,
+            (6, _) => 4,
+            (7, 5) => 6,
+            (7, _) => 5,
+            (8, 9) => 8,
+            (8, _) => 7,
+            (9, _) => 9,
+            (10 | 12, _) => 10,
+            _ => ARCH_UNKNOWN,
+        }
+    }
+
+    /// `NVML_BRAND_*`: the description's brand, else `NVML_BRAND_NVIDIA`, as data
+    /// centre GPUs report.
+    pub fn brand(&self) -> nvmlBrandType_t {
+        const NAMES: &[&str] = &[
+            "Unknown",
+            "Quadro",
+            "Tesla",
+            "NVS",
+            "Grid",
+            "GeForce",
+            "Titan",
+            "NvidiaVApps",
+            "NvidiaVPC",
+            "NvidiaVCS",
+            "NvidiaVWS",
+            "NvidiaCloudGaming",
+            "QuadroRTX",
+            "NvidiaRTX",
+            "Nvidia",
+            "GeForceRTX",
+            "TitanRTX",
+        ];
+        let name = self.brand.as_deref().unwrap_or("Nvidia").trim();
+        NAMES
+            .iter()
+            .position(|known| known.eq_ignore_ascii_case(name))
+            .map_or(0, |brand| brand as nvmlBrandType_t)
+    }
 }
 
 /// An active NVLink.
@@ -196,6 +362,67 @@ fn write<T>(out: *mut T, value: T) -> Result<(), nvmlReturn_t> {
     Ok(())
 }
 
+/// Reads the NUL-terminated string the caller passed.
+fn read_string<'a>(text: *const c_char) -> Result<&'a str, nvmlReturn_t> {
+    if text.is_null() {
+        return Err(ERROR_INVALID_ARGUMENT);
+    }
+    // SAFETY: non-null, and NVML's contract is that string arguments are
+    // NUL-terminated and stay valid for the duration of the call, which is as long
+    // as the returned borrow is used.
+    let text = unsafe { CStr::from_ptr(text) };
+    text.to_str().map_err(|_| ERROR_INVALID_ARGUMENT)
+}
+
+/// Reads the `version` field that opens a versioned NVML struct.
+fn read_version(versioned: *const c_uint) -> Result<c_uint, nvmlReturn_t> {
+    if versioned.is_null() {
+        return Err(ERROR_INVALID_ARGUMENT);
+    }
+    // SAFETY: non-null, and NVML's contract is that a versioned struct argument is
+    // a valid, aligned struct owned by the caller whose first field is the
+    // `unsigned int version`.
+    Ok(unsafe { versioned.read() })
+}
+
+/// `(domain, bus, device, function)` of a PCI bus ID in any of NVML's spellings:
+/// `00000000:19:00.0`, `0000:19:00.0` or `19:00.0`, any case.
+fn parse_bus_id(bus_id: &str) -> Option<(u32, u32, u32, u32)> {
+    let (rest, function) = bus_id.trim().trim_end_matches('\0').rsplit_once('.')?;
+    let mut parts: Vec<&str> = rest.split(':').collect();
+    if parts.len() == 2 {
+        parts.insert(0, "0");
+    }
+    let [domain, bus, device] = parts.as_slice() else {
+        return None;
+    };
+    let hex = |part: &str| u32::from_str_radix(part, 16).ok();
+    Some((hex(domain)?, hex(bus)?, hex(device)?, hex(function)?))
+}
+
+/// The handle of the GPU whose description matches.
+fn find_gpu(
+    state: &State,
+    matches: impl Fn(&FakeGpu) -> bool,
+) -> Result<nvmlDevice_t, nvmlReturn_t> {
+    state
+        .node
+        .gpus
+        .iter()
+        .position(matches)
+        .map(handle)
+        .ok_or(ERROR_NOT_FOUND)
+}
+
+/// A MIG call on `device`: "not supported" unless the GPU is MIG-capable.
+fn mig_capable(state: &State, device: nvmlDevice_t) -> Result<(), nvmlReturn_t> {
+    if gpu(state, device)?.mig_capable {
+        Ok(())
+    } else {
+        Err(ERROR_NOT_SUPPORTED)
+    }
+}
+
 fn pci_info(bus_id: &str) -> nvmlPciInfo_t {
     let mut info = nvmlPciInfo_t {
         busIdLegacy: [0; 16],
@@ -261,6 +488,12 @@ pub extern "C" fn nvmlInitWithFlags(_flags: c_uint) -> nvmlReturn_t {
     nvmlInit_v2()
 }
 
+/// The pre-`_v2` entry point; the same here.
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlInit() -> nvmlReturn_t {
+    nvmlInit_v2()
+}
+
 #[unsafe(no_mangle)]
 pub extern "C" fn nvmlShutdown() -> nvmlReturn_t {
     let Ok(mut guard) = STATE.lock() else {
@@ -279,9 +512,27 @@ pub extern "C" fn nvmlShutdown() -> nvmlReturn_t {
     }
 }
 
+/// NVML's own text for each return code.
 #[unsafe(no_mangle)]
-pub extern "C" fn nvmlErrorString(_result: nvmlReturn_t) -> *const c_char {
-    c"tessera fake NVML error".as_ptr()
+pub extern "C" fn nvmlErrorString(result: nvmlReturn_t) -> *const c_char {
+    let text = match result {
+        SUCCESS => c"Success",
+        ERROR_UNINITIALIZED => c"Uninitialized",
+        ERROR_INVALID_ARGUMENT => c"Invalid Argument",
+        ERROR_NOT_SUPPORTED => c"Not Supported",
+        4 => c"Insufficient Permissions",
+        5 => c"Already Initialized",
+        ERROR_NOT_FOUND => c"Not Found",
+        ERROR_INSUFFICIENT_SIZE => c"Insufficient Size",
+        8 => c"Insufficient External Power",
+        ERROR_DRIVER_NOT_LOADED => c"Driver Not Loaded",
+        ERROR_TIMEOUT => c"Timeout",
+        13 => c"Function Not Found",
+        15 => c"GPU is lost",
+        ERROR_ARGUMENT_VERSION_MISMATCH => c"Argument version mismatch",
+        _ => c"Unknown Error",
+    };
+    text.as_ptr()
 }
 
 #[unsafe(no_mangle)]
@@ -291,9 +542,48 @@ pub extern "C" fn nvmlSystemGetDriverVersion(version: *mut c_char, length: c_uin
     }))
 }
 
+/// `major * 1000 + minor * 10` of the CUDA version the driver supports.
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlSystemGetCudaDriverVersion(version: *mut c_int) -> nvmlReturn_t {
+    status(with_state(|s| {
+        write(
+            version,
+            s.node
+                .cuda_driver_version
+                .unwrap_or(DEFAULT_CUDA_DRIVER_VERSION),
+        )
+    }))
+}
+
+/// The same as [`nvmlSystemGetCudaDriverVersion`] (real NVML reads it from
+/// libcuda instead of the kernel driver).
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlSystemGetCudaDriverVersion_v2(version: *mut c_int) -> nvmlReturn_t {
+    nvmlSystemGetCudaDriverVersion(version)
+}
+
+/// NVML's version: the CUDA major version, then the driver version (`12.550.54.15`).
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlSystemGetNVMLVersion(version: *mut c_char, length: c_uint) -> nvmlReturn_t {
+    status(with_state(|s| {
+        let cuda = s
+            .node
+            .cuda_driver_version
+            .unwrap_or(DEFAULT_CUDA_DRIVER_VERSION);
+        let text = format!("{}.{}", cuda / 1000, s.node.driver_version);
+        write_string(&text, version, length)
+    }))
+}
+
 #[unsafe(no_mangle)]
 pub extern "C" fn nvmlDeviceGetCount_v2(count: *mut c_uint) -> nvmlReturn_t {
     status(with_state(|s| write(count, s.node.gpus.len() as c_uint)))
+}
+
+/// The pre-`_v2` entry point (which skipped GPUs the caller may not use); the same here.
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlDeviceGetCount(count: *mut c_uint) -> nvmlReturn_t {
+    nvmlDeviceGetCount_v2(count)
 }
 
 #[unsafe(no_mangle)]
@@ -307,6 +597,49 @@ pub extern "C" fn nvmlDeviceGetHandleByIndex_v2(
         }
         write(device, handle(index as usize))
     }))
+}
+
+/// The pre-`_v2` entry point; the same here.
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlDeviceGetHandleByIndex(
+    index: c_uint,
+    device: *mut nvmlDevice_t,
+) -> nvmlReturn_t {
+    nvmlDeviceGetHandleByIndex_v2(index, device)
+}
+
+/// The GPU with this `GPU-…` UUID; "not found" for any other.
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlDeviceGetHandleByUUID(
+    uuid: *const c_char,
+    device: *mut nvmlDevice_t,
+) -> nvmlReturn_t {
+    status(with_state(|s| {
+        let uuid = read_string(uuid)?;
+        write(device, find_gpu(s, |gpu| gpu.uuid == uuid)?)
+    }))
+}
+
+/// The GPU at this PCI bus ID (`00000000:19:00.0`, `0000:19:00.0` or `19:00.0`).
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlDeviceGetHandleByPciBusId_v2(
+    bus_id: *const c_char,
+    device: *mut nvmlDevice_t,
+) -> nvmlReturn_t {
+    status(with_state(|s| {
+        let wanted = parse_bus_id(read_string(bus_id)?).ok_or(ERROR_INVALID_ARGUMENT)?;
+        let found = find_gpu(s, |gpu| parse_bus_id(&gpu.bus_id) == Some(wanted))?;
+        write(device, found)
+    }))
+}
+
+/// The pre-`_v2` entry point; the same here.
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlDeviceGetHandleByPciBusId(
+    bus_id: *const c_char,
+    device: *mut nvmlDevice_t,
+) -> nvmlReturn_t {
+    nvmlDeviceGetHandleByPciBusId_v2(bus_id, device)
 }
 
 #[unsafe(no_mangle)]
@@ -347,23 +680,165 @@ pub extern "C" fn nvmlDeviceGetMinorNumber(
     status(with_state(|s| write(minor, gpu(s, device)?.minor)))
 }
 
+/// Memory info, version 1: `used` includes what the driver reserves.
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlDeviceGetMemoryInfo(
+    device: nvmlDevice_t,
+    memory: *mut nvmlMemory_t,
+) -> nvmlReturn_t {
+    status(with_state(|s| {
+        let gpu = gpu(s, device)?;
+        let used = gpu.used_bytes.saturating_add(gpu.reserved_bytes);
+        write(
+            memory,
+            nvmlMemory_t {
+                total: gpu.memory_bytes,
+                free: gpu.memory_bytes.saturating_sub(used),
+                used,
+            },
+        )
+    }))
+}
+
+/// Memory info, version 2: the caller sets `version` to `nvmlMemory_v2`, and the
+/// driver's reservation is reported apart from `used`.
 #[unsafe(no_mangle)]
 pub extern "C" fn nvmlDeviceGetMemoryInfo_v2(
     device: nvmlDevice_t,
     memory: *mut nvmlMemory_v2_t,
 ) -> nvmlReturn_t {
     status(with_state(|s| {
-        let total = gpu(s, device)?.memory_bytes;
+        let gpu = gpu(s, device)?;
+        if read_version(memory.cast::<c_uint>())? != MEMORY_V2_VERSION {
+            return Err(ERROR_ARGUMENT_VERSION_MISMATCH);
+        }
+        let (reserved, used) = (gpu.reserved_bytes, gpu.used_bytes);
         write(
             memory,
             nvmlMemory_v2_t {
-                version: 0x0200_0028,
-                total,
-                reserved: 0,
-                free: total,
-                used: 0,
+                version: MEMORY_V2_VERSION,
+                total: gpu.memory_bytes,
+                reserved,
+                free: gpu
+                    .memory_bytes
+                    .saturating_sub(reserved.saturating_add(used)),
+                used,
             },
         )
+    }))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlDeviceGetCudaComputeCapability(
+    device: nvmlDevice_t,
+    major: *mut c_int,
+    minor: *mut c_int,
+) -> nvmlReturn_t {
+    status(with_state(|s| {
+        let (cc_major, cc_minor) = gpu(s, device)?.compute_capability();
+        if minor.is_null() {
+            return Err(ERROR_INVALID_ARGUMENT);
+        }
+        write(major, cc_major)?;
+        write(minor, cc_minor)
+    }))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlDeviceGetArchitecture(
+    device: nvmlDevice_t,
+    arch: *mut nvmlDeviceArchitecture_t,
+) -> nvmlReturn_t {
+    status(with_state(|s| write(arch, gpu(s, device)?.architecture())))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlDeviceGetBrand(
+    device: nvmlDevice_t,
+    brand: *mut nvmlBrandType_t,
+) -> nvmlReturn_t {
+    status(with_state(|s| write(brand, gpu(s, device)?.brand())))
+}
+
+/// Current and pending MIG mode: disabled on MIG-capable GPUs, else "not supported".
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlDeviceGetMigMode(
+    device: nvmlDevice_t,
+    current: *mut c_uint,
+    pending: *mut c_uint,
+) -> nvmlReturn_t {
+    status(with_state(|s| {
+        mig_capable(s, device)?;
+        if pending.is_null() {
+            return Err(ERROR_INVALID_ARGUMENT);
+        }
+        write(current, MIG_DISABLE)?;
+        write(pending, MIG_DISABLE)
+    }))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlDeviceGetMaxMigDeviceCount(
+    device: nvmlDevice_t,
+    count: *mut c_uint,
+) -> nvmlReturn_t {
+    status(with_state(|s| {
+        mig_capable(s, device)?;
+        write(count, MAX_MIG_DEVICES)
+    }))
+}
+
+/// No MIG device exists (MIG mode is never enabled): "not found" at every index.
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
+    device: nvmlDevice_t,
+    index: c_uint,
+    mig: *mut nvmlDevice_t,
+) -> nvmlReturn_t {
+    status(with_state(|s| {
+        mig_capable(s, device)?;
+        if index >= MAX_MIG_DEVICES || mig.is_null() {
+            return Err(ERROR_INVALID_ARGUMENT);
+        }
+        Err(ERROR_NOT_FOUND)
+    }))
+}
+
+/// Every handle is a whole GPU's.
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlDeviceIsMigDeviceHandle(
+    device: nvmlDevice_t,
+    is_mig: *mut c_uint,
+) -> nvmlReturn_t {
+    status(with_state(|s| {
+        gpu(s, device)?;
+        write(is_mig, 0)
+    }))
+}
+
+/// Only MIG device handles have a parent, and there are none.
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlDeviceGetDeviceHandleFromMigDeviceHandle(
+    mig: nvmlDevice_t,
+    _device: *mut nvmlDevice_t,
+) -> nvmlReturn_t {
+    status(with_state(|s| {
+        gpu(s, mig)?;
+        Err(ERROR_INVALID_ARGUMENT)
+    }))
+}
+
+/// MIG profiles are not modelled: "not supported" for every profile, which
+/// callers skip.
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlDeviceGetGpuInstanceProfileInfo(
+    device: nvmlDevice_t,
+    _profile: c_uint,
+    _info: *mut nvmlGpuInstanceProfileInfo_t,
+) -> nvmlReturn_t {
+    status(with_state(|s| {
+        gpu(s, device)?;
+        Err(ERROR_NOT_SUPPORTED)
     }))
 }
 
@@ -412,7 +887,11 @@ pub extern "C" fn nvmlDeviceGetNvLinkState(
     active: *mut nvmlEnableState_t,
 ) -> nvmlReturn_t {
     status(with_state(|s| {
-        let on = gpu(s, device)?.nvlinks.iter().any(|l| l.link == link);
+        let gpu = gpu(s, device)?;
+        if link >= NVLINK_MAX_LINKS {
+            return Err(ERROR_INVALID_ARGUMENT);
+        }
+        let on = gpu.nvlinks.iter().any(|l| l.link == link);
         write(active, c_uint::from(on))
     }))
 }
@@ -494,5 +973,163 @@ pub extern "C" fn nvmlEventSetWait_v2(
             Ok(None) if Instant::now() >= deadline => return ERROR_TIMEOUT,
             Ok(None) => std::thread::sleep(Duration::from_millis(10)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn h100(uuid: &str, bus_id: &str) -> FakeGpu {
+        FakeGpu {
+            uuid: uuid.into(),
+            name: "NVIDIA H100 80GB HBM3".into(),
+            memory_bytes: 80 << 30,
+            bus_id: bus_id.into(),
+            ..FakeGpu::default()
+        }
+    }
+
+    #[test]
+    fn bus_ids_parse_in_every_spelling() {
+        let want = Some((0, 0x19, 0, 0));
+        assert_eq!(parse_bus_id("00000000:19:00.0"), want);
+        assert_eq!(parse_bus_id("0000:19:00.0"), want);
+        assert_eq!(parse_bus_id("19:00.0"), want);
+        assert_eq!(parse_bus_id("0000:3b:00.1"), Some((0, 0x3b, 0, 1)));
+        assert_eq!(parse_bus_id("garbage"), None);
+    }
+
+    #[test]
+    fn models_get_their_compute_capability_architecture_and_brand() {
+        let mut gpu = h100("GPU-a", "00000000:19:00.0");
+        assert_eq!(gpu.compute_capability(), (9, 0));
+        assert_eq!(gpu.architecture(), 9);
+        assert_eq!(gpu.brand(), 14);
+        gpu.name = "NVIDIA A100-SXM4-80GB".into();
+        assert_eq!((gpu.compute_capability(), gpu.architecture()), ((8, 0), 7));
+        gpu.name = "NVIDIA L4".into();
+        assert_eq!((gpu.compute_capability(), gpu.architecture()), ((8, 9), 8));
+        gpu.name = "Tesla T4".into();
+        assert_eq!((gpu.compute_capability(), gpu.architecture()), ((7, 5), 6));
+        gpu.compute_capability = Some("10.0".into());
+        gpu.architecture = Some("Ada Lovelace".into());
+        gpu.brand = Some("tesla".into());
+        assert_eq!(gpu.compute_capability(), (10, 0));
+        assert_eq!(gpu.architecture(), 8);
+        assert_eq!(gpu.brand(), 2);
+        gpu.architecture = Some("Fermi".into());
+        assert_eq!(gpu.architecture(), ARCH_UNKNOWN);
+    }
+
+    /// The calls NVIDIA's k8s-device-plugin makes, in-process. The only test that
+    /// touches the library's global state.
+    #[test]
+    fn device_plugin_calls() {
+        let mut second = h100("GPU-b", "00000000:3B:00.0");
+        second.mig_capable = true;
+        second.reserved_bytes = 1 << 29;
+        second.used_bytes = 1 << 30;
+        let node = FakeNode {
+            driver_version: "550.54.15".into(),
+            cuda_driver_version: None,
+            gpus: vec![h100("GPU-a", "00000000:19:00.0"), second],
+            xid_events: Vec::new(),
+        };
+        *STATE.lock().unwrap() = Some(State {
+            refs: 1,
+            node,
+            started: Instant::now(),
+            pending: Vec::new(),
+        });
+
+        let mut device: nvmlDevice_t = std::ptr::null_mut();
+        assert_eq!(
+            nvmlDeviceGetHandleByUUID(c"GPU-b".as_ptr(), &mut device),
+            SUCCESS
+        );
+        assert_eq!(device, handle(1));
+        assert_eq!(
+            nvmlDeviceGetHandleByUUID(c"GPU-c".as_ptr(), &mut device),
+            ERROR_NOT_FOUND
+        );
+        assert_eq!(
+            nvmlDeviceGetHandleByUUID(std::ptr::null(), &mut device),
+            ERROR_INVALID_ARGUMENT
+        );
+        assert_eq!(
+            nvmlDeviceGetHandleByPciBusId_v2(c"0000:3b:00.0".as_ptr(), &mut device),
+            SUCCESS
+        );
+        assert_eq!(device, handle(1));
+
+        let mut v1 = nvmlMemory_t {
+            total: 0,
+            free: 0,
+            used: 0,
+        };
+        assert_eq!(nvmlDeviceGetMemoryInfo(handle(1), &mut v1), SUCCESS);
+        assert_eq!(
+            (v1.total, v1.used, v1.free),
+            (
+                80 << 30,
+                (1 << 30) + (1 << 29),
+                (80 << 30) - (1 << 30) - (1 << 29)
+            )
+        );
+        let mut v2 = nvmlMemory_v2_t {
+            version: 0,
+            total: 0,
+            reserved: 0,
+            free: 0,
+            used: 0,
+        };
+        assert_eq!(
+            nvmlDeviceGetMemoryInfo_v2(handle(1), &mut v2),
+            ERROR_ARGUMENT_VERSION_MISMATCH
+        );
+        v2.version = MEMORY_V2_VERSION;
+        assert_eq!(nvmlDeviceGetMemoryInfo_v2(handle(1), &mut v2), SUCCESS);
+        assert_eq!((v2.reserved, v2.used, v2.free), (1 << 29, 1 << 30, v1.free));
+
+        let (mut major, mut minor) = (0, 0);
+        assert_eq!(
+            nvmlDeviceGetCudaComputeCapability(handle(0), &mut major, &mut minor),
+            SUCCESS
+        );
+        assert_eq!((major, minor), (9, 0));
+
+        let (mut current, mut pending) = (9, 9);
+        assert_eq!(
+            nvmlDeviceGetMigMode(handle(0), &mut current, &mut pending),
+            ERROR_NOT_SUPPORTED
+        );
+        assert_eq!(
+            nvmlDeviceGetMigMode(handle(1), &mut current, &mut pending),
+            SUCCESS
+        );
+        assert_eq!((current, pending), (MIG_DISABLE, MIG_DISABLE));
+        let mut mig: nvmlDevice_t = std::ptr::null_mut();
+        assert_eq!(
+            nvmlDeviceGetMigDeviceHandleByIndex(handle(1), 0, &mut mig),
+            ERROR_NOT_FOUND
+        );
+
+        let mut cuda = 0;
+        assert_eq!(nvmlSystemGetCudaDriverVersion_v2(&mut cuda), SUCCESS);
+        assert_eq!(cuda, DEFAULT_CUDA_DRIVER_VERSION);
+        let mut text = [0 as c_char; 80];
+        assert_eq!(nvmlSystemGetNVMLVersion(text.as_mut_ptr(), 80), SUCCESS);
+        // SAFETY: nvmlSystemGetNVMLVersion succeeded, so `text` holds a NUL-terminated string.
+        let version = unsafe { CStr::from_ptr(text.as_ptr()) };
+        assert_eq!(version.to_str(), Ok("12.550.54.15"));
+
+        let mut active = 1;
+        assert_eq!(
+            nvmlDeviceGetNvLinkState(handle(0), NVLINK_MAX_LINKS, &mut active),
+            ERROR_INVALID_ARGUMENT
+        );
+        assert_eq!(nvmlShutdown(), SUCCESS);
+        assert_eq!(nvmlDeviceGetCount_v2(&mut current), ERROR_UNINITIALIZED);
     }
 }
