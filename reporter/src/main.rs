@@ -9,10 +9,10 @@ use clap::{Parser, Subcommand};
 use kube::CustomResourceExt;
 use kube::api::ObjectMeta;
 use tessera_api::{Device, LegacyDeviceEntry};
-use tessera_reporter::checkpoint::{CheckpointEntry, parse_checkpoint};
-use tessera_reporter::gpu::{GpuSource, NvmlSource, library_path};
+use tessera_reporter::checkpoint::{CheckpointEntry, gpu_index, is_device_uuid, parse_checkpoint};
+use tessera_reporter::gpu::{GpuSource, NodeGpus, NvmlSource, library_path};
 use tessera_reporter::publish::Publisher;
-use tessera_reporter::report::{CapacityOptions, device_spec};
+use tessera_reporter::report::{CapacityOptions, device_spec, legacy_entry};
 use tessera_reporter::run::{LoopConfig, run};
 
 const DEFAULT_CHECKPOINT: &str = "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint";
@@ -107,10 +107,30 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
                 std::fs::read(&file).with_context(|| format!("reading {}", file.display()))?;
             let checkpoint =
                 parse_checkpoint(&bytes).with_context(|| file.display().to_string())?;
+            // GPU indices (a plugin run with --device-id-strategy index) are published
+            // as UUIDs: NVML is read only when there are some.
+            let has_indices = checkpoint
+                .entries
+                .iter()
+                .flat_map(CheckpointEntry::gpu_ids)
+                .any(|id| !is_device_uuid(&id) && gpu_index(&id).is_some());
+            let gpus = if has_indices {
+                NvmlSource::open(&library_path(cli.nvml_library))
+                    .and_then(|source| source.discover())
+                    .unwrap_or_else(|error| {
+                        eprintln!(
+                            "# GPU indices left as they are: {}",
+                            tessera_reporter::chain(&error)
+                        );
+                        NodeGpus::default()
+                    })
+            } else {
+                NodeGpus::default()
+            };
             let entries: Vec<LegacyDeviceEntry> = checkpoint
                 .entries
                 .iter()
-                .map(CheckpointEntry::legacy_entry)
+                .map(|entry| legacy_entry(entry, &gpus))
                 .collect();
             println!("{}", serde_json::to_string_pretty(&entries)?);
         }

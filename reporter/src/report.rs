@@ -8,7 +8,7 @@ use tessera_api::resources::{
 };
 use tessera_api::{DeviceInfo, DeviceSpec, DeviceTopology, LegacyDeviceEntry};
 
-use crate::checkpoint::{Checkpoint, CheckpointEntry};
+use crate::checkpoint::{Checkpoint, CheckpointEntry, gpu_index};
 use crate::gpu::NodeGpus;
 
 /// Node label of the GPU model.
@@ -156,11 +156,15 @@ impl NodePod {
 }
 
 /// Legacy entries to publish: checkpoint entries of `resources` whose pod still
-/// exists on the node and was not placed by Tessera.
+/// exists on the node and was not placed by Tessera, naming their GPUs by UUID.
+/// A device plugin run with `--device-id-strategy index` names GPUs by NVML index:
+/// `gpus` (this node's NVML view) maps them, or the scheduler would not see them
+/// as taken and could hand them out again.
 pub fn legacy_entries(
     checkpoint: &Checkpoint,
     pods: &[NodePod],
     resources: &[String],
+    gpus: &NodeGpus,
 ) -> Vec<LegacyDeviceEntry> {
     checkpoint
         .entries
@@ -170,14 +174,34 @@ pub fn legacy_entries(
             pods.iter()
                 .any(|p| p.uid == e.pod_uid && !p.tessera_allocated)
         })
-        .map(CheckpointEntry::legacy_entry)
+        .map(|e| legacy_entry(e, gpus))
         .collect()
+}
+
+/// One checkpoint entry as the Device CR publishes it, indices mapped through `gpus`.
+pub fn legacy_entry(entry: &CheckpointEntry, gpus: &NodeGpus) -> LegacyDeviceEntry {
+    let published = entry.legacy_entry(|index| {
+        gpus.gpus
+            .iter()
+            .find(|gpu| gpu.index == index)
+            .map(|gpu| gpu.uuid.clone())
+    });
+    for id in &published.device_ids {
+        if gpu_index(id).is_some() {
+            tracing::warn!(
+                pod_uid = %entry.pod_uid,
+                container = %entry.container_name,
+                id,
+                "a device plugin's GPU index names no GPU NVML lists; published as it is"
+            );
+        }
+    }
+    published
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checkpoint::CheckpointEntry;
     use crate::gpu::GpuInfo;
 
     fn gpus() -> NodeGpus {
@@ -251,15 +275,7 @@ mod tests {
 
     #[test]
     fn legacy_filter_drops_gone_and_tessera_pods() {
-        let entry = |uid: &str| CheckpointEntry {
-            pod_uid: uid.into(),
-            container_name: "app".into(),
-            resource_name: NVIDIA_GPU.into(),
-            device_ids: vec!["GPU-0".into()],
-            numa_nodes: vec![0],
-            visible_devices: vec![],
-            device_nodes: vec![],
-        };
+        let entry = |uid: &str| checkpoint_entry(uid, &["GPU-0"], &[]);
         let checkpoint = Checkpoint {
             entries: vec![entry("live"), entry("gone"), entry("tessera")],
             ..Default::default()
@@ -274,9 +290,63 @@ mod tests {
                 tessera_allocated: true,
             },
         ];
-        let entries = legacy_entries(&checkpoint, &pods, &[NVIDIA_GPU.to_owned()]);
+        let resources = [NVIDIA_GPU.to_owned()];
+        let entries = legacy_entries(&checkpoint, &pods, &resources, &gpus());
         assert_eq!(entries.len(), 1);
         assert_eq!(entries[0].pod_uid, "live");
-        assert!(legacy_entries(&checkpoint, &pods, &["other.com/x".to_owned()]).is_empty());
+        let other = ["other.com/x".to_owned()];
+        assert!(legacy_entries(&checkpoint, &pods, &other, &gpus()).is_empty());
+    }
+
+    /// An `nvidia.com/gpu` entry of container `app` of pod `uid`: kubelet's
+    /// `device_ids` and the plugin's `NVIDIA_VISIBLE_DEVICES` items.
+    fn checkpoint_entry(uid: &str, device_ids: &[&str], visible: &[&str]) -> CheckpointEntry {
+        let owned = |items: &[&str]| items.iter().map(|s| (*s).to_owned()).collect();
+        CheckpointEntry {
+            pod_uid: uid.into(),
+            container_name: "app".into(),
+            resource_name: NVIDIA_GPU.into(),
+            device_ids: owned(device_ids),
+            numa_nodes: vec![0],
+            visible_devices: owned(visible),
+            device_envs: BTreeMap::new(),
+            mounts: vec![],
+            device_nodes: vec![],
+        }
+    }
+
+    /// Whatever the device plugin's strategy, a legacy pod's GPUs reach the Device
+    /// CR as the UUIDs the scheduler matches, so they are never handed out twice.
+    #[test]
+    fn legacy_gpus_are_published_by_uuid_for_every_plugin_strategy() {
+        let volume = tessera_api::checkpoint::DEVICE_LIST_MOUNT_ROOT;
+        /// (strategy, kubelet's DeviceIDs, plugin's NVIDIA_VISIBLE_DEVICES, published)
+        type Row<'a> = (&'a str, &'a [&'a str], &'a [&'a str], &'a [&'a str]);
+        #[rustfmt::skip]
+        let table: &[Row] = &[
+            ("envvar, uuid", &["GPU-1"], &["GPU-1"], &["GPU-1"]),
+            ("envvar, index", &["1", "0"], &["1", "0"], &["GPU-1", "GPU-0"]),
+            ("volume-mounts, uuid", &["GPU-1"], &[volume], &["GPU-1"]),
+            ("volume-mounts, index", &["1"], &[volume], &["GPU-1"]),
+            ("time-slicing replicas", &["GPU-0::2", "GPU-0::5"], &["GPU-0"], &["GPU-0"]),
+            ("time-slicing replicas, index", &["0::2"], &["0"], &["GPU-0"]),
+            ("cdi, env void", &["GPU-1"], &["void"], &["GPU-1"]),
+            ("mig, index", &["1:0", "1:3"], &["1:0", "1:3"], &["GPU-1"]),
+            ("no AllocResp", &["GPU-0"], &[], &["GPU-0"]),
+            ("an index NVML does not list", &["5"], &["5"], &["5"]),
+        ];
+        let pods = [NodePod {
+            uid: "legacy".into(),
+            tessera_allocated: false,
+        }];
+        for (strategy, device_ids, visible, published) in table {
+            let checkpoint = Checkpoint {
+                entries: vec![checkpoint_entry("legacy", device_ids, visible)],
+                ..Default::default()
+            };
+            let entries = legacy_entries(&checkpoint, &pods, &[NVIDIA_GPU.to_owned()], &gpus());
+            assert_eq!(entries.len(), 1, "{strategy}");
+            assert_eq!(entries[0].device_ids, *published, "{strategy}");
+        }
     }
 }

@@ -124,7 +124,7 @@ async fn publish(
 ) {
     let Some(gpus) = &last.gpus else { return };
     let legacy: Vec<LegacyDeviceEntry> = match publisher.node_pods().await {
-        Ok(pods) => legacy_entries(&last.checkpoint, &pods, &config.legacy_resources),
+        Ok(pods) => legacy_entries(&last.checkpoint, &pods, &config.legacy_resources, gpus),
         Err(error) => {
             tracing::error!(error = %crate::chain(&error), "cannot list the node's pods; not publishing this round");
             return;

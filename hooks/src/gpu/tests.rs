@@ -205,6 +205,8 @@ fn grant(uid: &str, container: &str, device_ids: &[&str], visible: &[&str]) -> C
         device_ids: device_ids.iter().map(|s| (*s).to_owned()).collect(),
         numa_nodes: vec![0],
         visible_devices: visible.iter().map(|s| (*s).to_owned()).collect(),
+        device_envs: BTreeMap::new(),
+        mounts: Vec::new(),
         device_nodes: Vec::new(),
     }
 }
