@@ -1,18 +1,56 @@
 //! The GPU rewrite: from the scheduler's allocation to the container's env, device
 //! nodes and CDI devices. Pure: the node's devices come in as a [`NodeDevices`] value.
+//!
+//! # The device env rule
+//!
+//! kubelet sends a device plugin's env first and the pod's own env after it, so a
+//! key can come more than once; containerd and the NVIDIA toolkit obey the last
+//! entry, and an image's env applies where the CRI env has none. So the hook decides
+//! on the last entry ([`effective`]), and on every container it rewrites it sets
+//! each device key exactly once ([`crate::edit::apply`] replaces every entry of a
+//! key): `NVIDIA_VISIBLE_DEVICES`, the toolkit's other device variables
+//! ([`DEVICE_SWITCHES`]). What a container ends up with:
+//!
+//! - **allocated** (the scheduler's annotation names GPUs): its GPUs' UUIDs (`void`
+//!   in CDI mode, where CDI carries them). Every earlier value, the device plugin's
+//!   or the pod's, is replaced: the annotation is the grant. The other device
+//!   variables are switched off: Tessera gives GPUs and RDMA functions by their
+//!   device nodes, and `NVIDIA_MOFED=enabled` would add every RDMA device of the
+//!   node, `NVIDIA_IMEX_CHANNELS` channels shared with other tenants, and so on.
+//! - **not allocated, the last `NVIDIA_VISIBLE_DEVICES` asks for no GPU** (absent,
+//!   `void`, `none`, empty): `void` (the configured value), switches off.
+//!   Nothing to decide: this only narrows.
+//! - **not allocated, the last value asks for GPUs** (`all` or IDs), checked
+//!   against kubelet's checkpoint, the only record of what a device plugin gave:
+//!   - kept, as the only entry, when every ID it names is one a device plugin gave
+//!     this container (pod UID and name): a legacy `nvidia.com/gpu` pod. The
+//!     plugin's own values of the other device variables are kept with it; any
+//!     other value of those is switched off.
+//!   - voided when no device plugin gave this container anything: the pod asked
+//!     Kubernetes for no GPU, and `void` is exactly what it was given.
+//!   - **refused** ([`GpuHookError::EnvConflict`]) when a device plugin gave this
+//!     container GPUs and the last value names others (`[GPU-granted, all]`,
+//!     `[GPU-granted, GPU-of-another-tenant]`): keeping it widens, and either safe
+//!     choice silently overrules the pod — the plugin's value ignores what its spec
+//!     says, `void` strands the GPU kubelet reserved for it. The message names both.
+//!   - refused when the checkpoint exists but cannot be read
+//!     ([`GpuHookError::Checkpoint`]): the hook cannot tell the cases apart.
+//!
+//! The other device variables are never refused, only narrowed: they add
+//! node-wide helper devices, not GPUs, and pod specs copied from NVIDIA's guides
+//! set them (`NVIDIA_GDRCOPY=enabled`); switched off they widen nothing.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
-use tessera_api::checkpoint::CheckpointEntry;
+pub use tessera_api::checkpoint::VISIBLE_DEVICES;
+use tessera_api::checkpoint::{CheckpointEntry, DEVICE_SWITCHES, without_replica};
 use tessera_api::resources::DEVICE_ALLOCATED;
 use tessera_api::{AllocationError, DeviceAllocation, DeviceAllocations};
 use tessera_protos::hook::v1::{
     CdiDevice, ContainerHookRequest, ContainerHookResponse, DeviceNode, Event, KeyValue,
 };
 
-/// The env the NVIDIA container runtime reads to pick GPUs.
-pub const VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
 /// Per visible GPU memory limit for an in-container limiter (HAMi-core's `<MiB>m` form).
 pub const MEMORY_LIMIT_PREFIX: &str = "CUDA_DEVICE_MEMORY_LIMIT_";
 /// Compute limit in percent for an in-container limiter.
@@ -103,35 +141,111 @@ pub enum PluginGrants {
 }
 
 impl PluginGrants {
-    /// Whether a device plugin gave `container` of the pod with `pod_uid` the GPUs
-    /// that `value` (an `NVIDIA_VISIBLE_DEVICES` value) names.
-    fn granted(&self, pod_uid: &str, container: &str, value: &str) -> bool {
+    /// What device plugins gave `container` of the pod with `pod_uid`, or `None`
+    /// when the checkpoint records nothing for it.
+    fn of_container(&self, pod_uid: &str, container: &str) -> Option<Grant<'_>> {
         let Self::Recorded(entries) = self else {
-            return false;
+            return None;
         };
-        let named: BTreeSet<&str> = value
-            .split(',')
-            .map(str::trim)
-            .filter(|v| !v.is_empty())
-            .collect();
-        entries
+        let entries: Vec<&CheckpointEntry> = entries
             .iter()
             .filter(|e| {
                 e.pod_uid == pod_uid
                     && e.container_name == container
                     && e.resource_name.starts_with("nvidia.com/")
             })
-            .any(|entry| {
-                // The plugin's own value when the checkpoint kept it (UUIDs, indices, or
-                // the volume-mounts strategy's path); else kubelet's device IDs.
-                let given: BTreeSet<String> = if entry.visible_devices.is_empty() {
-                    entry.gpu_ids().into_iter().collect()
-                } else {
-                    entry.visible_devices.iter().cloned().collect()
-                };
-                !named.is_empty() && named.iter().all(|n| given.contains(*n))
-            })
+            .collect();
+        (!entries.is_empty()).then_some(Grant { entries })
     }
+}
+
+/// What device plugins gave one container, per kubelet's checkpoint.
+struct Grant<'a> {
+    entries: Vec<&'a CheckpointEntry>,
+}
+
+impl Grant<'_> {
+    /// The IDs an `NVIDIA_VISIBLE_DEVICES` value may name: the plugin's own items
+    /// (UUIDs, indices, the volume-mounts path) and kubelet's device IDs without
+    /// replica suffixes. Each names only what the plugin gave.
+    fn ids(&self) -> BTreeSet<&str> {
+        self.entries
+            .iter()
+            .flat_map(|e| {
+                let ids = e.device_ids.iter().map(|id| without_replica(id));
+                e.visible_devices.iter().map(String::as_str).chain(ids)
+            })
+            .collect()
+    }
+
+    /// Whether every ID `value` names was given. `all` is not an ID: no plugin gives it.
+    fn allows(&self, value: &str) -> bool {
+        let ids = self.ids();
+        let mut named = items(value).peekable();
+        named.peek().is_some() && named.all(|id| ids.contains(id))
+    }
+
+    /// The plugin's value of a device variable, when the plugins that gave this
+    /// container anything set one and agree on it.
+    fn switch(&self, key: &str) -> Option<&str> {
+        let values: BTreeSet<&str> = self
+            .entries
+            .iter()
+            .filter_map(|e| e.device_envs.get(key).map(String::as_str))
+            .collect();
+        let mut values = values.into_iter();
+        match (values.next(), values.next()) {
+            (Some(value), None) => Some(value),
+            _ => None,
+        }
+    }
+
+    /// For messages: the IDs the plugins gave, in kubelet's terms.
+    fn describe(&self) -> Vec<String> {
+        let mut ids: Vec<String> = Vec::new();
+        for entry in &self.entries {
+            for id in entry.gpu_ids() {
+                if !ids.contains(&id) {
+                    ids.push(id);
+                }
+            }
+        }
+        ids
+    }
+}
+
+/// The items of a device list, as the toolkit splits it.
+fn items(value: &str) -> impl Iterator<Item = &str> {
+    value.split(',').map(str::trim).filter(|v| !v.is_empty())
+}
+
+/// Whether the toolkit reads `value` (an `NVIDIA_VISIBLE_DEVICES` value) as asking
+/// for GPUs: it does unless the list is empty or holds `void` or `none`, which win
+/// over every other item (`GPU-a,void` is void, `GPU-a,all` is all).
+fn asks_for_gpus(value: &str) -> bool {
+    let mut items = items(value).peekable();
+    items.peek().is_some() && items.all(|item| item != "void" && item != "none")
+}
+
+/// The value the runtime will use for `key`: containerd and the toolkit obey
+/// the last entry.
+fn effective<'a>(container: &'a ContainerHookRequest, key: &str) -> Option<&'a str> {
+    container
+        .envs
+        .iter()
+        .rev()
+        .find(|e| e.key == key)
+        .map(|e| e.value.as_str())
+}
+
+/// Every value of `key`, in the order kubelet sent them.
+fn values(container: &ContainerHookRequest, key: &str) -> Vec<String> {
+    container
+        .envs
+        .iter()
+        .filter(|e| e.key == key)
+        .map(|e| e.value.clone())
+        .collect()
 }
 
 /// Why a container cannot be given its GPUs. The message names the pod, the
@@ -173,6 +287,26 @@ pub enum GpuHookError {
         /// `path: what is wrong`.
         reason: String,
     },
+    /// A device plugin gave the container GPUs, and the value of the device env
+    /// the runtime would use (the last entry) names others: keeping it widens,
+    /// and neither the plugin's value nor `void` is what the pod spec says.
+    #[error(
+        "pod {pod}: container {container}: {key}: the runtime would use the last of {values:?}, {:?}, but the device plugin gave this container {granted:?}; ask for those GPUs, or drop {key} from the pod spec",
+        .values.last().map(String::as_str).unwrap_or_default()
+    )]
+    EnvConflict {
+        /// `namespace/name`.
+        pod: String,
+        /// The container's name.
+        container: String,
+        /// The env key.
+        key: &'static str,
+        /// Every value of the key, in kubelet's order (the plugin's first); the
+        /// runtime would use the last.
+        values: Vec<String>,
+        /// What kubelet's checkpoint records the plugin giving.
+        granted: Vec<String>,
+    },
 }
 
 fn kv(key: &str, value: impl Into<String>) -> KeyValue {
@@ -188,12 +322,6 @@ fn is_gpu_node(container_path: &str) -> bool {
         .is_some_and(|rest| !rest.is_empty() && rest.bytes().all(|b| b.is_ascii_digit()))
 }
 
-/// A device value the device plugin would set (UUIDs or indices), as opposed to
-/// an image or user asking for everything.
-fn is_plugin_grant(value: &str) -> bool {
-    !matches!(value.trim(), "" | "all" | "void" | "none")
-}
-
 /// A GPU resolved against the node: its UUID, minor and share.
 struct ResolvedGpu<'a> {
     uuid: String,
@@ -203,8 +331,8 @@ struct ResolvedGpu<'a> {
 }
 
 /// The pod's allocation annotation, if the scheduler wrote one. Only a container
-/// of such a pod, or one naming GPUs in its env, needs the node read: the rest are
-/// voided without it.
+/// of such a pod, or one whose env asks for GPUs ([`requested_gpus`]), needs the
+/// node read: the rest are voided without it.
 pub fn allocation_of(container: &ContainerHookRequest) -> Option<&String> {
     container
         .pod
@@ -270,8 +398,9 @@ pub fn rewrite(
     Ok(edit)
 }
 
-/// No allocation: hide every GPU, unless the device plugin already granted some
-/// (a legacy `nvidia.com/gpu` pod, tracked through kubelet's checkpoint).
+/// No allocation: hide every GPU, unless a device plugin already gave this
+/// container the ones its env asks for (a legacy `nvidia.com/gpu` pod, tracked
+/// through kubelet's checkpoint). See the module docs for the rule.
 fn unallocated(
     container: &ContainerHookRequest,
     pod: &str,
@@ -282,49 +411,79 @@ fn unallocated(
     let Some(void) = &config.unallocated_visible_devices else {
         return Ok(edit);
     };
-    if let Some(value) = plugin_grant(container) {
-        let uid = container
-            .pod
-            .as_ref()
-            .map(|p| p.uid.as_str())
-            .unwrap_or_default();
-        let name = container
-            .container
-            .as_ref()
-            .map(|c| c.name.as_str())
-            .unwrap_or_default();
-        if let PluginGrants::Unreadable(reason) = &node.plugin_grants {
-            return Err(GpuHookError::Checkpoint {
+    let Some(value) = requested_gpus(container) else {
+        device_env(container, void, None, &mut edit);
+        return Ok(edit);
+    };
+    let uid = container
+        .pod
+        .as_ref()
+        .map(|p| p.uid.as_str())
+        .unwrap_or_default();
+    let name = container
+        .container
+        .as_ref()
+        .map(|c| c.name.as_str())
+        .unwrap_or_default();
+    if let PluginGrants::Unreadable(reason) = &node.plugin_grants {
+        return Err(GpuHookError::Checkpoint {
+            pod: pod.to_owned(),
+            container: name.to_owned(),
+            value: value.to_owned(),
+            reason: reason.clone(),
+        });
+    }
+    match node.plugin_grants.of_container(uid, name) {
+        Some(grant) if grant.allows(value) => device_env(container, value, Some(&grant), &mut edit),
+        Some(grant) => {
+            return Err(GpuHookError::EnvConflict {
                 pod: pod.to_owned(),
                 container: name.to_owned(),
-                value: value.to_owned(),
-                reason: reason.clone(),
+                key: VISIBLE_DEVICES,
+                values: values(container, VISIBLE_DEVICES),
+                granted: grant.describe(),
             });
         }
-        if node.plugin_grants.granted(uid, name, value) {
-            return Ok(edit);
+        None => {
+            tracing::warn!(
+                pod,
+                container = name,
+                value,
+                "{VISIBLE_DEVICES} names GPUs no device plugin gave this container; hiding every GPU"
+            );
+            device_env(container, void, None, &mut edit);
         }
-        tracing::warn!(
-            pod,
-            container = name,
-            value,
-            "{VISIBLE_DEVICES} names GPUs no device plugin gave this container; hiding every GPU"
-        );
     }
-    edit.set_envs.push(kv(VISIBLE_DEVICES, void.clone()));
     Ok(edit)
 }
 
-/// The container's `NVIDIA_VISIBLE_DEVICES` when it names particular GPUs (as a
-/// device plugin would), as opposed to an image asking for all or none.
-pub fn plugin_grant(container: &ContainerHookRequest) -> Option<&str> {
-    container
-        .envs
-        .iter()
-        .rev()
-        .find(|e| e.key == VISIBLE_DEVICES)
-        .map(|e| e.value.as_str())
-        .filter(|value| is_plugin_grant(value))
+/// The `NVIDIA_VISIBLE_DEVICES` the runtime would use, when it asks for GPUs
+/// (`all` or IDs) rather than none.
+pub fn requested_gpus(container: &ContainerHookRequest) -> Option<&str> {
+    effective(container, VISIBLE_DEVICES).filter(|value| asks_for_gpus(value))
+}
+
+/// Sets every device key once (see the module docs): `NVIDIA_VISIBLE_DEVICES` to
+/// `visible`; the other device variables to the plugin's value when `grant` is a
+/// kept device-plugin grant that set one (unless the pod switched it off), else
+/// off.
+fn device_env(
+    container: &ContainerHookRequest,
+    visible: &str,
+    grant: Option<&Grant<'_>>,
+    edit: &mut ContainerHookResponse,
+) {
+    edit.set_envs.push(kv(VISIBLE_DEVICES, visible));
+    for (key, off) in DEVICE_SWITCHES {
+        let value = match grant.and_then(|g| g.switch(key)) {
+            Some(plugin) if effective(container, key) != Some(*off) => plugin,
+            _ => off,
+        };
+        if let Some(asked) = effective(container, key).filter(|asked| *asked != value) {
+            tracing::info!(key, asked, value, "device variable narrowed");
+        }
+        edit.set_envs.push(kv(key, value));
+    }
 }
 
 fn resolve_gpus<'a>(
@@ -384,7 +543,7 @@ fn env_mode(
     edit: &mut ContainerHookResponse,
 ) {
     let uuids: Vec<&str> = gpus.iter().map(|g| g.uuid.as_str()).collect();
-    edit.set_envs.push(kv(VISIBLE_DEVICES, uuids.join(",")));
+    device_env(container, &uuids.join(","), None, edit);
     let allocated: BTreeSet<String> = gpus
         .iter()
         .map(|g| format!("/dev/nvidia{}", g.minor))
@@ -434,7 +593,7 @@ fn cdi_mode(
             .map(|d| d.container_path.clone()),
     );
     // CDI injects the devices; keep the legacy runtime hook from adding any.
-    edit.set_envs.push(kv(VISIBLE_DEVICES, "void"));
+    device_env(container, "void", None, edit);
 }
 
 fn limiter_env(

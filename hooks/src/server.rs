@@ -46,7 +46,8 @@ impl GpuHook {
     /// Whether the rewrite of `request` reads the node (blocking I/O); when it
     /// does not, [`ContainerHook::pre_container`] is cheap enough for an async thread.
     pub fn needs_probe(&self, request: &ContainerHookRequest) -> bool {
-        crate::gpu::allocation_of(request).is_some() || crate::gpu::plugin_grant(request).is_some()
+        crate::gpu::allocation_of(request).is_some()
+            || crate::gpu::requested_gpus(request).is_some()
     }
 }
 
@@ -73,7 +74,9 @@ impl ContainerHook for GpuHook {
 impl From<GpuHookError> for Status {
     fn from(error: GpuHookError) -> Self {
         match error {
-            GpuHookError::Annotation { .. } => Status::invalid_argument(error.to_string()),
+            GpuHookError::Annotation { .. } | GpuHookError::EnvConflict { .. } => {
+                Status::invalid_argument(error.to_string())
+            }
             GpuHookError::Device { .. } | GpuHookError::Checkpoint { .. } => {
                 Status::failed_precondition(error.to_string())
             }

@@ -1,7 +1,7 @@
 use std::collections::HashMap;
 
 use proptest::prelude::*;
-use tessera_api::checkpoint::CheckpointEntry;
+use tessera_api::checkpoint::{CheckpointEntry, DEVICE_LIST_MOUNT_ROOT};
 use tessera_protos::hook::v1::{ContainerMetadata, Mount, PodMetadata};
 
 use super::*;
@@ -211,11 +211,14 @@ fn grant(uid: &str, container: &str, device_ids: &[&str], visible: &[&str]) -> C
     }
 }
 
-/// A container of a pod with no allocation whose env says `value`, on a node
-/// whose checkpoint says `grants`.
-fn legacy(value: &str, grants: PluginGrants) -> Result<ContainerHookResponse, GpuHookError> {
+/// Container `main` of pod `uid-1` with no allocation, whose env is `PATH` then
+/// `envs` (kubelet's order: the device plugin's, then the pod's), on a node whose
+/// checkpoint says `grants`.
+fn legacy_container(envs: &[(&str, &str)]) -> ContainerHookRequest {
     let mut c = container(None);
-    c.envs[1].value = value.into();
+    c.envs = std::iter::once(kv("PATH", "/bin"))
+        .chain(envs.iter().map(|(k, v)| kv(k, *v)))
+        .collect();
     if let Some(pod) = c.pod.as_mut() {
         pod.uid = "uid-1".into();
     }
@@ -223,15 +226,55 @@ fn legacy(value: &str, grants: PluginGrants) -> Result<ContainerHookResponse, Gp
         name: "main".into(),
         ..Default::default()
     });
+    c
+}
+
+/// `container` after the hook on a node whose checkpoint says `grants`.
+fn after_hook(
+    mut c: ContainerHookRequest,
+    grants: PluginGrants,
+) -> Result<ContainerHookRequest, GpuHookError> {
     let mut node = node();
     node.plugin_grants = grants;
-    rewrite(&c, &node, &GpuHookConfig::default())
+    let edit = rewrite(&c, &node, &GpuHookConfig::default())?;
+    apply(&mut c, &edit);
+    Ok(c)
+}
+
+/// A container of a pod with no allocation whose env has one
+/// `NVIDIA_VISIBLE_DEVICES=value`, after the hook.
+fn legacy(value: &str, grants: PluginGrants) -> Result<ContainerHookRequest, GpuHookError> {
+    after_hook(legacy_container(&[(VISIBLE_DEVICES, value)]), grants)
+}
+
+/// Every value of `key` the container ends up with.
+fn all_values(c: &ContainerHookRequest, key: &str) -> Vec<String> {
+    c.envs
+        .iter()
+        .filter(|e| e.key == key)
+        .map(|e| e.value.clone())
+        .collect()
+}
+
+/// The device variables' values a container ends up with, each asserted to be
+/// there exactly once.
+fn device_values(c: &ContainerHookRequest) -> BTreeMap<String, String> {
+    std::iter::once(VISIBLE_DEVICES)
+        .chain(DEVICE_SWITCHES.iter().map(|(key, _)| *key))
+        .map(|key| {
+            let values = all_values(c, key);
+            assert_eq!(values.len(), 1, "{key}: {values:?} in {:?}", c.envs);
+            (key.to_owned(), values[0].clone())
+        })
+        .collect()
+}
+
+fn recorded(entries: Vec<CheckpointEntry>) -> PluginGrants {
+    PluginGrants::Recorded(entries)
 }
 
 #[test]
-fn legacy_device_plugin_grant_is_left_alone() {
-    let recorded = |entries| PluginGrants::Recorded(entries);
-    let untouched = Ok(ContainerHookResponse::default());
+fn legacy_device_plugin_grant_is_kept() {
     // kubelet's device IDs (time-slicing replicas too) or the plugin's own env value.
     for (value, entry) in [
         (UUID2, grant("uid-1", "main", &[UUID2], &[])),
@@ -243,51 +286,45 @@ fn legacy_device_plugin_grant_is_left_alone() {
             &format!("{UUID1},{UUID2}") as &str,
             grant("uid-1", "main", &[UUID1, UUID2], &[]),
         ),
+        // A part of the grant: narrower is fine.
+        (UUID1, grant("uid-1", "main", &[UUID1, UUID2], &[])),
+        ("1", grant("uid-1", "main", &["1"], &["1"])),
         (
-            "/var/run/nvidia-container-devices",
-            grant(
-                "uid-1",
-                "main",
-                &[UUID2],
-                &["/var/run/nvidia-container-devices"],
-            ),
+            DEVICE_LIST_MOUNT_ROOT,
+            grant("uid-1", "main", &[UUID2], &[DEVICE_LIST_MOUNT_ROOT]),
         ),
     ] {
-        assert_eq!(legacy(value, recorded(vec![entry])), untouched, "{value}");
+        let c = legacy(value, recorded(vec![entry])).expect(value);
+        assert_eq!(all_values(&c, VISIBLE_DEVICES), [value], "{value}");
     }
 }
 
 #[test]
 fn gpus_named_in_env_without_a_device_plugin_grant_are_hidden() {
-    let void = Ok(ContainerHookResponse {
-        set_envs: vec![kv(VISIBLE_DEVICES, "void")],
-        ..Default::default()
-    });
-    // No plugin on the node; another pod's grant; another container's; more than given.
-    assert_eq!(legacy(UUID2, PluginGrants::NoCheckpoint), void);
+    let hidden = |result: Result<ContainerHookRequest, GpuHookError>| {
+        let c = result.expect("voided, not refused");
+        assert_eq!(all_values(&c, VISIBLE_DEVICES), ["void"]);
+    };
+    // No plugin on the node; another pod's grant; another container's; another resource's.
+    hidden(legacy(UUID2, PluginGrants::NoCheckpoint));
+    hidden(legacy("all", PluginGrants::NoCheckpoint));
+    let mut other_resource = grant("uid-1", "main", &[UUID2], &[]);
+    other_resource.resource_name = "example.com/fpga".into();
     for entry in [
         grant("uid-2", "main", &[UUID2], &[]),
         grant("uid-1", "sidecar", &[UUID2], &[]),
-        grant("uid-1", "main", &[UUID1], &[]),
+        other_resource,
     ] {
-        assert_eq!(legacy(UUID2, PluginGrants::Recorded(vec![entry])), void);
+        hidden(legacy(UUID2, recorded(vec![entry])));
     }
-    assert_eq!(
-        legacy(
-            &format!("{UUID1},{UUID2}"),
-            PluginGrants::Recorded(vec![grant("uid-1", "main", &[UUID1], &[])])
-        ),
-        void
-    );
 }
 
 #[test]
 fn an_unreadable_checkpoint_fails_the_container_naming_it() {
-    let error = legacy(
-        UUID2,
-        PluginGrants::Unreadable("/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint: not a kubelet device checkpoint".into()),
-    )
-    .expect_err("fails closed");
+    let unreadable = || {
+        PluginGrants::Unreadable("/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint: not a kubelet device checkpoint".into())
+    };
+    let error = legacy(UUID2, unreadable()).expect_err("fails closed");
     let text = error.to_string();
     for part in [
         "ml/train-0",
@@ -297,8 +334,175 @@ fn an_unreadable_checkpoint_fails_the_container_naming_it() {
     ] {
         assert!(text.contains(part), "{text}");
     }
-    // "all" names no GPU in particular: voided without the checkpoint.
-    assert!(legacy("all", PluginGrants::Unreadable("x".into())).is_ok());
+    // `all` after a plugin's grant is refused, and without the checkpoint the hook
+    // cannot tell it from a hand-written `all`: it fails too.
+    assert!(legacy("all", unreadable()).is_err());
+    // Asking for no GPU needs no checkpoint.
+    let c = legacy("none", unreadable()).expect("narrows");
+    assert_eq!(all_values(&c, VISIBLE_DEVICES), ["void"]);
+}
+
+/// The hole this rule closes: kubelet's `[plugin's value, …, pod's value]`, and the
+/// runtime obeying the last.
+#[test]
+fn a_pod_env_after_the_device_plugins_is_never_what_the_runtime_gets() {
+    // Not allocated, no grant: `[void, all]` used to reach the runtime as is.
+    let c = after_hook(
+        legacy_container(&[(VISIBLE_DEVICES, "void"), (VISIBLE_DEVICES, "all")]),
+        PluginGrants::NoCheckpoint,
+    )
+    .expect("voided");
+    assert_eq!(all_values(&c, VISIBLE_DEVICES), ["void"]);
+    // Allocated: `[GPU-granted, …, all]` ends as the allocation alone.
+    let mut c = container(Some(&format!(r#"{{"gpu":[{}]}}"#, whole(UUID1, 1))));
+    c.envs = vec![
+        kv(VISIBLE_DEVICES, UUID1),
+        kv("PATH", "/bin"),
+        kv(VISIBLE_DEVICES, "all"),
+        kv(VISIBLE_DEVICES, UUID2),
+    ];
+    let c = after_hook(c, PluginGrants::NoCheckpoint).expect("rewrites");
+    assert_eq!(all_values(&c, VISIBLE_DEVICES), [UUID1]);
+}
+
+#[test]
+fn a_pod_env_overruling_its_device_plugin_grant_is_refused() {
+    let grants = || recorded(vec![grant("uid-1", "main", &[UUID2], &[UUID2])]);
+    // Another tenant's GPU, every GPU, or more than given, after the plugin's value.
+    for asked in [
+        UUID1,
+        "all",
+        &format!("{UUID2},{UUID1}"),
+        &format!("{UUID2},all"),
+    ] {
+        let c = legacy_container(&[(VISIBLE_DEVICES, UUID2), (VISIBLE_DEVICES, asked)]);
+        let error = after_hook(c, grants()).expect_err(asked);
+        assert!(
+            matches!(&error, GpuHookError::EnvConflict { values, .. } if values.last().is_some_and(|v| v == asked)),
+            "{error:?}"
+        );
+    }
+    let error = after_hook(
+        legacy_container(&[(VISIBLE_DEVICES, UUID2), (VISIBLE_DEVICES, UUID1)]),
+        grants(),
+    )
+    .expect_err("refused");
+    assert_eq!(
+        error.to_string(),
+        format!(
+            "pod ml/train-0: container main: NVIDIA_VISIBLE_DEVICES: the runtime would use the last of [\"{UUID2}\", \"{UUID1}\"], \"{UUID1}\", but the device plugin gave this container [\"{UUID2}\"]; ask for those GPUs, or drop NVIDIA_VISIBLE_DEVICES from the pod spec"
+        )
+    );
+    assert_eq!(
+        tonic::Status::from(error).code(),
+        tonic::Code::InvalidArgument
+    );
+}
+
+#[test]
+fn a_pod_env_within_its_grant_is_kept_once() {
+    let grants = || recorded(vec![grant("uid-1", "main", &[UUID1, UUID2], &[])]);
+    let both = format!("{UUID1},{UUID2}");
+    for (envs, kept) in [
+        // The last names the grant: whatever came before goes.
+        (
+            vec![(VISIBLE_DEVICES, UUID0), (VISIBLE_DEVICES, &both as &str)],
+            &both as &str,
+        ),
+        (
+            vec![(VISIBLE_DEVICES, "all"), (VISIBLE_DEVICES, UUID2)],
+            UUID2,
+        ),
+        // The pod narrows its grant.
+        (
+            vec![(VISIBLE_DEVICES, &both as &str), (VISIBLE_DEVICES, UUID1)],
+            UUID1,
+        ),
+        // The pod asks for no GPU.
+        (
+            vec![(VISIBLE_DEVICES, &both as &str), (VISIBLE_DEVICES, "void")],
+            "void",
+        ),
+        (
+            vec![(VISIBLE_DEVICES, &both as &str), (VISIBLE_DEVICES, "none")],
+            "void",
+        ),
+        (
+            vec![(VISIBLE_DEVICES, &both as &str), (VISIBLE_DEVICES, "")],
+            "void",
+        ),
+    ] {
+        let c = after_hook(legacy_container(&envs), grants()).expect("kept");
+        assert_eq!(all_values(&c, VISIBLE_DEVICES), [kept], "{envs:?}");
+    }
+}
+
+#[test]
+fn other_device_variables_are_off_unless_the_kept_grants_plugin_set_them() {
+    let asked = [
+        ("NVIDIA_MOFED", "enabled"),
+        ("NVIDIA_NVSWITCH", "true"),
+        ("NVIDIA_GDS", "disabled"),
+        ("NVIDIA_GDRCOPY", "enabled"),
+        ("NVIDIA_IMEX_CHANNELS", "all"),
+        ("NVIDIA_MIG_CONFIG_DEVICES", "all"),
+        ("NVIDIA_MIG_MONITOR_DEVICES", "all"),
+    ];
+    let off: BTreeMap<String, String> = DEVICE_SWITCHES
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    // Allocated, in both modes: off, whatever the pod asked.
+    for mode in [GpuMode::Env, GpuMode::Cdi] {
+        let mut c = container(Some(&format!(r#"{{"gpu":[{}]}}"#, whole(UUID1, 1))));
+        c.envs.extend(asked.iter().map(|(k, v)| kv(k, *v)));
+        let config = GpuHookConfig {
+            mode,
+            ..GpuHookConfig::default()
+        };
+        let edit = rewrite(&c, &node(), &config).expect("rewrites");
+        apply(&mut c, &edit);
+        let mut values = device_values(&c);
+        values.remove(VISIBLE_DEVICES);
+        assert_eq!(values, off, "{mode:?}");
+    }
+    // Not allocated, no grant: off.
+    let mut envs = vec![(VISIBLE_DEVICES, "all")];
+    envs.extend(asked);
+    let c = after_hook(legacy_container(&envs), PluginGrants::NoCheckpoint).expect("voided");
+    let mut values = device_values(&c);
+    assert_eq!(values.remove(VISIBLE_DEVICES).as_deref(), Some("void"));
+    assert_eq!(values, off);
+    // A kept grant whose plugin set GDS and IMEX channel 0: those, and only those.
+    let mut entry = grant("uid-1", "main", &[UUID2], &[UUID2]);
+    entry.device_envs = BTreeMap::from([
+        ("NVIDIA_GDS".to_owned(), "enabled".to_owned()),
+        ("NVIDIA_IMEX_CHANNELS".to_owned(), "0".to_owned()),
+    ]);
+    let mut envs = vec![
+        (VISIBLE_DEVICES, UUID2),
+        ("NVIDIA_GDS", "enabled"),
+        ("NVIDIA_IMEX_CHANNELS", "0"),
+        (VISIBLE_DEVICES, UUID2),
+    ];
+    envs.extend(asked);
+    let c = after_hook(legacy_container(&envs), recorded(vec![entry.clone()])).expect("kept");
+    let mut expected = off.clone();
+    expected.insert(VISIBLE_DEVICES.into(), UUID2.into());
+    // The pod switched GDS off: it stays off. Channel `all` narrows to the plugin's 0.
+    expected.insert("NVIDIA_IMEX_CHANNELS".into(), "0".into());
+    assert_eq!(device_values(&c), expected);
+    let c = after_hook(
+        legacy_container(&[
+            (VISIBLE_DEVICES, UUID2),
+            ("NVIDIA_GDS", "enabled"),
+            ("NVIDIA_IMEX_CHANNELS", "0"),
+        ]),
+        recorded(vec![entry]),
+    )
+    .expect("kept");
+    assert_eq!(all_values(&c, "NVIDIA_GDS"), ["enabled"]);
+    assert_eq!(all_values(&c, "NVIDIA_IMEX_CHANNELS"), ["0"]);
 }
 
 #[test]
@@ -480,5 +684,189 @@ proptest! {
         } else {
             prop_assert_eq!(present, allocated);
         }
+    }
+}
+
+/// Values a device key may have in a pod spec, an image or a plugin's env.
+fn device_value(key: &'static str) -> BoxedStrategy<String> {
+    if key == VISIBLE_DEVICES {
+        proptest::sample::select(vec![
+            UUID0.to_owned(),
+            UUID1.to_owned(),
+            UUID2.to_owned(),
+            format!("{UUID1},{UUID2}"),
+            format!("{UUID2},all"),
+            format!("{UUID2},void"),
+            "all".into(),
+            "void".into(),
+            "none".into(),
+            String::new(),
+            "1".into(),
+            DEVICE_LIST_MOUNT_ROOT.into(),
+        ])
+        .boxed()
+    } else {
+        proptest::sample::select(vec!["enabled", "disabled", "true", "false", "", "0", "all"])
+            .prop_map(String::from)
+            .boxed()
+    }
+}
+
+/// An env with device keys repeated in any position, among unrelated entries.
+fn device_envs() -> impl Strategy<Value = Vec<(String, String)>> {
+    let keys: Vec<&'static str> = std::iter::repeat_n(VISIBLE_DEVICES, 4)
+        .chain(DEVICE_SWITCHES.iter().map(|(key, _)| *key))
+        .chain(["X_A"])
+        .collect();
+    let entry = proptest::sample::select(keys)
+        .prop_flat_map(|key| (Just(key.to_owned()), device_value(key)));
+    proptest::collection::vec(entry, 0..10)
+}
+
+/// What kubelet's checkpoint may record for container `main` of pod `uid-1`.
+fn grants() -> impl Strategy<Value = PluginGrants> {
+    let entry = prop_oneof![
+        Just(grant("uid-1", "main", &[UUID2], &[UUID2])),
+        Just(grant("uid-1", "main", &[UUID1, UUID2], &[])),
+        Just(grant(
+            "uid-1",
+            "main",
+            &[&format!("{UUID2}::1")],
+            &[DEVICE_LIST_MOUNT_ROOT]
+        )),
+        Just(grant("uid-1", "main", &["1"], &["1"])),
+        Just(grant("uid-1", "sidecar", &[UUID0], &[UUID0])),
+        Just(grant("uid-2", "main", &[UUID1], &[UUID1])),
+    ];
+    let plugin_env = proptest::option::of(proptest::sample::select(vec![
+        ("NVIDIA_GDS", "enabled"),
+        ("NVIDIA_IMEX_CHANNELS", "0"),
+    ]));
+    prop_oneof![
+        Just(PluginGrants::NoCheckpoint),
+        proptest::collection::vec((entry, plugin_env), 0..3).prop_map(|entries| {
+            PluginGrants::Recorded(
+                entries
+                    .into_iter()
+                    .map(|(mut entry, env)| {
+                        if let Some((key, value)) = env {
+                            entry.device_envs.insert(key.into(), value.into());
+                        }
+                        entry
+                    })
+                    .collect(),
+            )
+        }),
+    ]
+}
+
+/// The rule, written out plainly (module docs of `gpu`): what the hook must do
+/// with a container of no allocation whose env is `envs`.
+#[derive(Debug, PartialEq)]
+enum Expected {
+    Void,
+    Kept(String),
+    Refused,
+}
+
+fn expected(envs: &[(String, String)], grants: &PluginGrants) -> Expected {
+    let Some(last) = envs.iter().rev().find(|(k, _)| k == VISIBLE_DEVICES) else {
+        return Expected::Void;
+    };
+    let items: Vec<&str> = last
+        .1
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .collect();
+    if items.is_empty() || items.iter().any(|i| *i == "void" || *i == "none") {
+        return Expected::Void;
+    }
+    let PluginGrants::Recorded(entries) = grants else {
+        return Expected::Void;
+    };
+    let given: BTreeSet<&str> = entries
+        .iter()
+        .filter(|e| e.pod_uid == "uid-1" && e.container_name == "main")
+        .flat_map(|e| {
+            e.visible_devices.iter().map(String::as_str).chain(
+                e.device_ids
+                    .iter()
+                    .map(|id| id.split("::").next().unwrap_or(id)),
+            )
+        })
+        .collect();
+    let has_grant = entries
+        .iter()
+        .any(|e| e.pod_uid == "uid-1" && e.container_name == "main");
+    match (has_grant, items.iter().all(|i| given.contains(i))) {
+        (false, _) => Expected::Void,
+        (true, true) => Expected::Kept(last.1.clone()),
+        (true, false) => Expected::Refused,
+    }
+}
+
+proptest! {
+    /// Allocated: whatever the env holds, in whatever order, each device key comes
+    /// out once, `NVIDIA_VISIBLE_DEVICES` as the annotation's GPUs and the rest off.
+    #[test]
+    fn an_allocated_container_ends_with_one_entry_per_device_key_its_grant(
+        annotation in allocation_strategy().prop_filter_map("allocated", |a| a),
+        envs in device_envs(),
+        cdi in any::<bool>(),
+    ) {
+        let config = GpuHookConfig { mode: if cdi { GpuMode::Cdi } else { GpuMode::Env }, ..GpuHookConfig::default() };
+        let mut c = container(Some(&annotation));
+        c.envs = envs.iter().map(|(k, v)| kv(k, v.clone())).collect();
+        let edit = rewrite(&c, &node(), &config).expect("valid allocation");
+        apply(&mut c, &edit);
+        let values = device_values(&c);
+        let uuids: Vec<String> = DeviceAllocations::parse(&annotation).expect("valid").gpus().iter().map(|g| g.id.clone()).collect();
+        let visible = if cdi { "void".to_owned() } else { uuids.join(",") };
+        prop_assert_eq!(&values[VISIBLE_DEVICES], &visible);
+        for (key, off) in DEVICE_SWITCHES {
+            prop_assert_eq!(&values[*key], off, "{}", key);
+        }
+    }
+
+    /// Not allocated: each device key comes out once, and `NVIDIA_VISIBLE_DEVICES`
+    /// is `void` or names only what a device plugin gave this very container — or
+    /// the container is refused, exactly when its last value overrules its grant.
+    #[test]
+    fn an_unallocated_container_ends_with_one_entry_per_device_key_within_its_grant(
+        envs in device_envs(),
+        grants in grants(),
+    ) {
+        let pairs: Vec<(&str, &str)> = envs.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let result = after_hook(legacy_container(&pairs), grants.clone());
+        let expected = expected(&envs, &grants);
+        let c = match result {
+            Err(error) => {
+                prop_assert_eq!(expected, Expected::Refused, "{}", error);
+                prop_assert!(matches!(error, GpuHookError::EnvConflict { .. }), "{:?}", error);
+                return Ok(());
+            }
+            Ok(c) => c,
+        };
+        let values = device_values(&c);
+        let kept = match expected {
+            Expected::Void => { prop_assert_eq!(&values[VISIBLE_DEVICES], "void"); None }
+            Expected::Kept(value) => { prop_assert_eq!(&values[VISIBLE_DEVICES], &value); Some(value) }
+            Expected::Refused => { prop_assert!(false, "not refused: {:?}", values); None }
+        };
+        let plugin_envs: BTreeMap<&str, BTreeSet<&str>> = match (&grants, &kept) {
+            (PluginGrants::Recorded(entries), Some(_)) => entries
+                .iter()
+                .filter(|e| e.pod_uid == "uid-1" && e.container_name == "main")
+                .flat_map(|e| e.device_envs.iter())
+                .fold(BTreeMap::new(), |mut map, (k, v)| { map.entry(k.as_str()).or_insert_with(BTreeSet::new).insert(v.as_str()); map }),
+            _ => BTreeMap::new(),
+        };
+        for (key, off) in DEVICE_SWITCHES {
+            let value = values[*key].as_str();
+            let from_plugin = plugin_envs.get(key).is_some_and(|set| set.len() == 1 && set.contains(value));
+            prop_assert!(value == *off || from_plugin, "{}={} neither off nor the plugin's", key, value);
+        }
+        prop_assert!(c.envs.iter().any(|e| e.key == "PATH"));
     }
 }
