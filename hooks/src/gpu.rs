@@ -9,23 +9,26 @@
 //! on the last entry ([`effective`]), and on every container it rewrites it sets
 //! each device key exactly once ([`crate::edit::apply`] replaces every entry of a
 //! key): `NVIDIA_VISIBLE_DEVICES`, the toolkit's other device variables
-//! ([`DEVICE_SWITCHES`]). What a container ends up with:
+//! ([`DEVICE_SWITCHES`]) and the volume-mounts device list
+//! ([`DEVICE_LIST_MOUNT_ROOT`]). What a container ends up with:
 //!
 //! - **allocated** (the scheduler's annotation names GPUs): its GPUs' UUIDs (`void`
 //!   in CDI mode, where CDI carries them). Every earlier value, the device plugin's
 //!   or the pod's, is replaced: the annotation is the grant. The other device
-//!   variables are switched off: Tessera gives GPUs and RDMA functions by their
-//!   device nodes, and `NVIDIA_MOFED=enabled` would add every RDMA device of the
-//!   node, `NVIDIA_IMEX_CHANNELS` channels shared with other tenants, and so on.
+//!   variables are switched off and device-list mounts removed: Tessera gives
+//!   GPUs and RDMA functions by their device nodes, and `NVIDIA_MOFED=enabled`
+//!   would add every RDMA device of the node, `NVIDIA_IMEX_CHANNELS` channels
+//!   shared with other tenants, and so on. NVIDIA CDI devices a device plugin added
+//!   go too.
 //! - **not allocated, the last `NVIDIA_VISIBLE_DEVICES` asks for no GPU** (absent,
-//!   `void`, `none`, empty): `void` (the configured value), switches off.
-//!   Nothing to decide: this only narrows.
+//!   `void`, `none`, empty): `void` (the configured value), switches off,
+//!   device-list mounts removed. Nothing to decide: this only narrows.
 //! - **not allocated, the last value asks for GPUs** (`all` or IDs), checked
 //!   against kubelet's checkpoint, the only record of what a device plugin gave:
 //!   - kept, as the only entry, when every ID it names is one a device plugin gave
 //!     this container (pod UID and name): a legacy `nvidia.com/gpu` pod. The
-//!     plugin's own values of the other device variables are kept with it; any
-//!     other value of those is switched off.
+//!     plugin's own values of the other device variables and its device-list
+//!     mounts are kept with it; any other value of those is switched off.
 //!   - voided when no device plugin gave this container anything: the pod asked
 //!     Kubernetes for no GPU, and `void` is exactly what it was given.
 //!   - **refused** ([`GpuHookError::EnvConflict`]) when a device plugin gave this
@@ -44,13 +47,17 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
 pub use tessera_api::checkpoint::VISIBLE_DEVICES;
-use tessera_api::checkpoint::{CheckpointEntry, DEVICE_SWITCHES, without_replica};
+use tessera_api::checkpoint::{
+    CheckpointEntry, DEVICE_LIST_MOUNT_ROOT, DEVICE_SWITCHES, without_replica,
+};
 use tessera_api::resources::DEVICE_ALLOCATED;
 use tessera_api::{AllocationError, DeviceAllocation, DeviceAllocations};
 use tessera_protos::hook::v1::{
     CdiDevice, ContainerHookRequest, ContainerHookResponse, DeviceNode, Event, KeyValue,
 };
 
+/// Container annotations through which a device plugin asks containerd for CDI devices.
+const CDI_ANNOTATION_PREFIX: &str = "cdi.k8s.io/";
 /// Per visible GPU memory limit for an in-container limiter (HAMi-core's `<MiB>m` form).
 pub const MEMORY_LIMIT_PREFIX: &str = "CUDA_DEVICE_MEMORY_LIMIT_";
 /// Compute limit in percent for an in-container limiter.
@@ -200,6 +207,16 @@ impl Grant<'_> {
         }
     }
 
+    /// Device-list mounts the plugin gave, as the toolkit reads them.
+    fn device_list_mounts(&self) -> BTreeSet<String> {
+        self.entries
+            .iter()
+            .flat_map(|e| &e.mounts)
+            .map(|path| clean_path(path))
+            .filter(|path| is_device_list_mount(path))
+            .collect()
+    }
+
     /// For messages: the IDs the plugins gave, in kubelet's terms.
     fn describe(&self) -> Vec<String> {
         let mut ids: Vec<String> = Vec::new();
@@ -246,6 +263,44 @@ fn values(container: &ContainerHookRequest, key: &str) -> Vec<String> {
         .filter(|e| e.key == key)
         .map(|e| e.value.clone())
         .collect()
+}
+
+/// `path` as Go's `filepath.Clean` makes it, which is how the toolkit compares
+/// mount destinations: `/var/run/x/../nvidia-container-devices/all` is a device list.
+fn clean_path(path: &str) -> String {
+    let absolute = path.starts_with('/');
+    let mut parts: Vec<&str> = Vec::new();
+    for part in path.split('/') {
+        match part {
+            "" | "." => {}
+            ".." if parts.last().is_some_and(|last| *last != "..") => {
+                parts.pop();
+            }
+            ".." if absolute => {}
+            _ => parts.push(part),
+        }
+    }
+    match (absolute, parts.is_empty()) {
+        (true, _) => format!("/{}", parts.join("/")),
+        (false, true) => ".".into(),
+        (false, false) => parts.join("/"),
+    }
+}
+
+/// Whether the toolkit reads a mount at (cleaned) `path` as naming a device: it
+/// matches the root as a plain string prefix, so `…-devicesall` counts too.
+fn is_device_list_mount(path: &str) -> bool {
+    path.starts_with(DEVICE_LIST_MOUNT_ROOT)
+}
+
+/// Whether a CDI device name (`vendor/class=device`) is an NVIDIA device: the
+/// toolkit's (`nvidia.com/gpu`), the device plugin's (`k8s.device-plugin.nvidia.com/gpu`),
+/// the DRA driver's and the hook's own kind.
+fn is_nvidia_cdi(name: &str, config: &GpuHookConfig) -> bool {
+    let vendor = name.split('/').next().unwrap_or_default();
+    vendor == "nvidia.com"
+        || vendor.ends_with(".nvidia.com")
+        || name.starts_with(&format!("{}=", config.cdi_kind))
 }
 
 /// Why a container cannot be given its GPUs. The message names the pod, the
@@ -466,7 +521,7 @@ pub fn requested_gpus(container: &ContainerHookRequest) -> Option<&str> {
 /// Sets every device key once (see the module docs): `NVIDIA_VISIBLE_DEVICES` to
 /// `visible`; the other device variables to the plugin's value when `grant` is a
 /// kept device-plugin grant that set one (unless the pod switched it off), else
-/// off.
+/// off; device-list mounts other than the grant's removed.
 fn device_env(
     container: &ContainerHookRequest,
     visible: &str,
@@ -484,6 +539,17 @@ fn device_env(
         }
         edit.set_envs.push(kv(key, value));
     }
+    let kept = grant.map(Grant::device_list_mounts).unwrap_or_default();
+    edit.remove_mounts.extend(
+        container
+            .mounts
+            .iter()
+            .filter(|m| {
+                let path = clean_path(&m.container_path);
+                is_device_list_mount(&path) && !kept.contains(&path)
+            })
+            .map(|m| m.container_path.clone()),
+    );
 }
 
 fn resolve_gpus<'a>(
@@ -544,6 +610,7 @@ fn env_mode(
 ) {
     let uuids: Vec<&str> = gpus.iter().map(|g| g.uuid.as_str()).collect();
     device_env(container, &uuids.join(","), None, edit);
+    remove_plugin_cdi(container, &[], config, edit);
     let allocated: BTreeSet<String> = gpus
         .iter()
         .map(|g| format!("/dev/nvidia{}", g.minor))
@@ -576,13 +643,7 @@ fn cdi_mode(
 ) {
     let prefix = format!("{}=", config.cdi_kind);
     let wanted: Vec<String> = gpus.iter().map(|g| format!("{prefix}{}", g.uuid)).collect();
-    edit.remove_cdi_devices.extend(
-        container
-            .cdi_devices
-            .iter()
-            .filter(|c| c.name.starts_with(&prefix) && !wanted.contains(&c.name))
-            .map(|c| c.name.clone()),
-    );
+    remove_plugin_cdi(container, &wanted, config, edit);
     edit.add_cdi_devices
         .extend(wanted.into_iter().map(|name| CdiDevice { name }));
     edit.remove_devices.extend(
@@ -594,6 +655,36 @@ fn cdi_mode(
     );
     // CDI injects the devices; keep the legacy runtime hook from adding any.
     device_env(container, "void", None, edit);
+}
+
+/// Removes NVIDIA CDI devices other than `wanted` that a device plugin asked
+/// containerd for, in the CRI field or by `cdi.k8s.io/*` annotation: an allocated
+/// container gets only the annotation's GPUs, whatever a plugin also gave it.
+fn remove_plugin_cdi(
+    container: &ContainerHookRequest,
+    wanted: &[String],
+    config: &GpuHookConfig,
+    edit: &mut ContainerHookResponse,
+) {
+    edit.remove_cdi_devices.extend(
+        container
+            .cdi_devices
+            .iter()
+            .filter(|c| is_nvidia_cdi(&c.name, config) && !wanted.contains(&c.name))
+            .map(|c| c.name.clone()),
+    );
+    let mut annotations: Vec<String> = container
+        .annotations
+        .iter()
+        .filter(|(key, value)| {
+            key.starts_with(CDI_ANNOTATION_PREFIX)
+                && items(value).any(|name| is_nvidia_cdi(name, config))
+        })
+        .map(|(key, _)| key.clone())
+        .collect();
+    // A map's order is not the request's: sorted, so the edit is the same each time.
+    annotations.sort();
+    edit.remove_annotations.extend(annotations);
 }
 
 fn limiter_env(

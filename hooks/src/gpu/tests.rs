@@ -506,6 +506,114 @@ fn other_device_variables_are_off_unless_the_kept_grants_plugin_set_them() {
 }
 
 #[test]
+fn device_list_mounts_are_the_grants_alone() {
+    let mount = |path: &str| Mount {
+        container_path: path.into(),
+        host_path: "/dev/null".into(),
+        readonly: false,
+    };
+    let granted = format!("{DEVICE_LIST_MOUNT_ROOT}/{UUID2}");
+    let smuggled = [
+        format!("{DEVICE_LIST_MOUNT_ROOT}/all"),
+        format!("{DEVICE_LIST_MOUNT_ROOT}/{UUID1}"),
+        "/var/run/../run/nvidia-container-devices/all".to_owned(),
+        "//var/run/./nvidia-container-devices//GPU-x/".to_owned(),
+        format!("{DEVICE_LIST_MOUNT_ROOT}all"),
+        format!("{DEVICE_LIST_MOUNT_ROOT}/imex/3"),
+    ];
+    let with_mounts = |mut c: ContainerHookRequest| {
+        c.mounts = std::iter::once(mount("/data"))
+            .chain(std::iter::once(mount(&granted)))
+            .chain(smuggled.iter().map(|p| mount(p)))
+            .collect();
+        c
+    };
+    let mount_paths = |c: &ContainerHookRequest| -> Vec<String> {
+        c.mounts.iter().map(|m| m.container_path.clone()).collect()
+    };
+    // Allocated: the annotation's GPUs come by env; no device-list mount stays.
+    let c = with_mounts(container(Some(&format!(
+        r#"{{"gpu":[{}]}}"#,
+        whole(UUID1, 1)
+    ))));
+    let c = after_hook(c, PluginGrants::NoCheckpoint).expect("rewrites");
+    assert_eq!(mount_paths(&c), ["/data"]);
+    // Not allocated, no grant.
+    let c = with_mounts(legacy_container(&[]));
+    let c = after_hook(c, PluginGrants::NoCheckpoint).expect("voided");
+    assert_eq!(mount_paths(&c), ["/data"]);
+    // A volume-mounts plugin's grant: its mount stays, the pod's do not.
+    let mut entry = grant("uid-1", "main", &[UUID2], &[DEVICE_LIST_MOUNT_ROOT]);
+    entry.mounts = vec![granted.clone()];
+    let c = with_mounts(legacy_container(&[(
+        VISIBLE_DEVICES,
+        DEVICE_LIST_MOUNT_ROOT,
+    )]));
+    let c = after_hook(c, recorded(vec![entry])).expect("kept");
+    assert_eq!(mount_paths(&c), ["/data".to_owned(), granted]);
+}
+
+#[test]
+fn a_device_plugins_cdi_devices_do_not_reach_an_allocated_container() {
+    let plugin_cdi = format!("k8s.device-plugin.nvidia.com/gpu={UUID2}");
+    let mut c = container(Some(&format!(r#"{{"gpu":[{}]}}"#, whole(UUID1, 1))));
+    c.cdi_devices = vec![
+        CdiDevice {
+            name: plugin_cdi.clone(),
+        },
+        CdiDevice {
+            name: "vendor.com/fpga=0".into(),
+        },
+    ];
+    c.annotations = HashMap::from([
+        (
+            "cdi.k8s.io/nvidia-device-plugin_abc".to_owned(),
+            plugin_cdi.clone(),
+        ),
+        ("cdi.k8s.io/fpga".to_owned(), "vendor.com/fpga=0".to_owned()),
+        ("other".to_owned(), plugin_cdi),
+    ]);
+    for mode in [GpuMode::Env, GpuMode::Cdi] {
+        let config = GpuHookConfig {
+            mode,
+            ..GpuHookConfig::default()
+        };
+        let mut c = c.clone();
+        let edit = rewrite(&c, &node(), &config).expect("rewrites");
+        apply(&mut c, &edit);
+        let mut names: Vec<&str> = c.cdi_devices.iter().map(|d| d.name.as_str()).collect();
+        names.sort_unstable();
+        let mut expected = vec!["vendor.com/fpga=0".to_owned()];
+        if mode == GpuMode::Cdi {
+            expected.insert(0, format!("nvidia.com/gpu={UUID1}"));
+        }
+        assert_eq!(names, expected, "{mode:?}");
+        let mut keys: Vec<&str> = c.annotations.keys().map(String::as_str).collect();
+        keys.sort_unstable();
+        assert_eq!(keys, ["cdi.k8s.io/fpga", "other"], "{mode:?}");
+    }
+}
+
+#[test]
+fn paths_clean_as_go_cleans_them() {
+    for (path, clean) in [
+        (
+            "/var/run/nvidia-container-devices/x",
+            "/var/run/nvidia-container-devices/x",
+        ),
+        (
+            "//var//run/./a/../nvidia-container-devices/x/",
+            "/var/run/nvidia-container-devices/x",
+        ),
+        ("/../..", "/"),
+        ("a/../../b", "../b"),
+        ("", "."),
+    ] {
+        assert_eq!(clean_path(path), clean, "{path}");
+    }
+}
+
+#[test]
 fn index_shift_uses_the_uuid_not_the_minor() {
     // The scheduler saw UUID1 at minor 1; the node now has it at minor 2.
     let mut shifted = node();
@@ -723,6 +831,34 @@ fn device_envs() -> impl Strategy<Value = Vec<(String, String)>> {
     proptest::collection::vec(entry, 0..10)
 }
 
+/// Mounts a pod spec may carry (hostPath `/dev/null`), device-list ones among them.
+fn smuggled_mounts() -> impl Strategy<Value = Vec<Mount>> {
+    let path = proptest::sample::select(vec![
+        format!("{DEVICE_LIST_MOUNT_ROOT}/all"),
+        format!("{DEVICE_LIST_MOUNT_ROOT}/{UUID1}"),
+        format!("{DEVICE_LIST_MOUNT_ROOT}all"),
+        "/var/run/./nvidia-container-devices/0".to_owned(),
+        "/data".to_owned(),
+    ]);
+    proptest::collection::vec(path, 0..4).prop_map(|paths| {
+        paths
+            .into_iter()
+            .map(|container_path| Mount {
+                container_path,
+                host_path: "/dev/null".into(),
+                readonly: true,
+            })
+            .collect()
+    })
+}
+
+/// Whether any mount is one the toolkit reads as naming a device.
+fn has_device_list_mount(c: &ContainerHookRequest) -> bool {
+    c.mounts
+        .iter()
+        .any(|m| is_device_list_mount(&clean_path(&m.container_path)))
+}
+
 /// What kubelet's checkpoint may record for container `main` of pod `uid-1`.
 fn grants() -> impl Strategy<Value = PluginGrants> {
     let entry = prop_oneof![
@@ -813,11 +949,13 @@ proptest! {
     fn an_allocated_container_ends_with_one_entry_per_device_key_its_grant(
         annotation in allocation_strategy().prop_filter_map("allocated", |a| a),
         envs in device_envs(),
+        mounts in smuggled_mounts(),
         cdi in any::<bool>(),
     ) {
         let config = GpuHookConfig { mode: if cdi { GpuMode::Cdi } else { GpuMode::Env }, ..GpuHookConfig::default() };
         let mut c = container(Some(&annotation));
         c.envs = envs.iter().map(|(k, v)| kv(k, v.clone())).collect();
+        c.mounts = mounts;
         let edit = rewrite(&c, &node(), &config).expect("valid allocation");
         apply(&mut c, &edit);
         let values = device_values(&c);
@@ -827,6 +965,7 @@ proptest! {
         for (key, off) in DEVICE_SWITCHES {
             prop_assert_eq!(&values[*key], off, "{}", key);
         }
+        prop_assert!(!has_device_list_mount(&c), "{:?}", c.mounts);
     }
 
     /// Not allocated: each device key comes out once, and `NVIDIA_VISIBLE_DEVICES`
@@ -835,10 +974,13 @@ proptest! {
     #[test]
     fn an_unallocated_container_ends_with_one_entry_per_device_key_within_its_grant(
         envs in device_envs(),
+        mounts in smuggled_mounts(),
         grants in grants(),
     ) {
         let pairs: Vec<(&str, &str)> = envs.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        let result = after_hook(legacy_container(&pairs), grants.clone());
+        let mut c = legacy_container(&pairs);
+        c.mounts = mounts;
+        let result = after_hook(c, grants.clone());
         let expected = expected(&envs, &grants);
         let c = match result {
             Err(error) => {
@@ -868,5 +1010,7 @@ proptest! {
             prop_assert!(value == *off || from_plugin, "{}={} neither off nor the plugin's", key, value);
         }
         prop_assert!(c.envs.iter().any(|e| e.key == "PATH"));
+        // No plugin in this checkpoint mounts a device list: none may stay.
+        prop_assert!(!has_device_list_mount(&c), "{:?}", c.mounts);
     }
 }
