@@ -1,7 +1,9 @@
 # Sourced by scripts/*.sh: installs what the build and the tests need on Debian, when missing.
 # containerd + runc: the real runtime the proxy is tested against; protobuf-compiler:
 # protoc for k8s-cri; gcc + libc6-dev: static test-image binaries; systemd:
-# systemd-socket-activate for the socket-activation test.
+# systemd-socket-activate for the socket-activation test; containernetworking-plugins,
+# openssl, xz-utils and iproute2: the real-cluster tier (pod networks, the service-account
+# key, the compressed binaries in ../shared/k8s/bin, removing the pod bridge).
 install_deps() {
     if [ "$(id -u)" != 0 ]; then
         echo "error: run as root: the tests start a private containerd and runc containers" >&2
@@ -14,6 +16,10 @@ install_deps() {
     command -v cc >/dev/null || missing+=(gcc)
     [ -e /usr/lib/x86_64-linux-gnu/libc.a ] || [ -e /usr/lib/aarch64-linux-gnu/libc.a ] || missing+=(libc6-dev)
     command -v systemd-socket-activate >/dev/null || missing+=(systemd)
+    [ -x /usr/lib/cni/bridge ] || missing+=(containernetworking-plugins)
+    command -v openssl >/dev/null || missing+=(openssl)
+    command -v xz >/dev/null || missing+=(xz-utils)
+    command -v ip >/dev/null || missing+=(iproute2)
     if [ ${#missing[@]} -gt 0 ]; then
         echo "installing: ${missing[*]}"
         apt-get update -qq

@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
 # Runs every check and test: formatting, clippy -D warnings, unit, property and
-# integration tests (the latter against a real private containerd). Needs root.
+# integration tests (against a real private containerd, and a real one-node Kubernetes
+# cluster from ../shared/k8s or $TESSERA_K8S_BIN). Needs root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/deps.sh
 install_deps
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
+# The real-cluster tier (integration/tests/cluster.rs) runs Tessera's binaries as
+# processes: build them first. In CI a cluster test that cannot run is a failure.
+cargo build --workspace --bins --locked
+export TESSERA_REQUIRE_CLUSTER=1
 cargo test --workspace --locked

@@ -13,7 +13,7 @@
 //! (`/var/lib/kubelet/device-plugins`), so one cluster runs on a machine at a
 //! time: [`Cluster::start`] takes an exclusive lock on that directory.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -279,7 +279,9 @@ impl Process {
 
     /// `Some(status)` when it has exited.
     fn exited(&mut self) -> Option<std::process::ExitStatus> {
-        self.child.as_mut().and_then(|c| c.try_wait().ok().flatten())
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
     }
 
     fn log_tail(&self, lines: usize) -> String {
@@ -350,7 +352,15 @@ impl Cluster {
 
         // Short path: unix socket paths are limited to 108 bytes.
         let dir = tempfile::Builder::new().prefix("tcl-").tempdir_in("/tmp")?;
-        for sub in ["logs", "pki", "manifests", "kubelet", "cni/conf", "certs.d", "hooks.d"] {
+        for sub in [
+            "logs",
+            "pki",
+            "manifests",
+            "kubelet",
+            "cni/conf",
+            "certs.d",
+            "hooks.d",
+        ] {
             std::fs::create_dir_all(dir.path().join(sub))?;
         }
         let gpu_node = FakeGpuNode::create(&dir.path().join("node"), options.gpus)?;
@@ -392,8 +402,8 @@ impl Cluster {
     /// `other-scheduler`, `extender`, `reporter`, `node`.
     pub async fn client_as(&self, name: &str) -> anyhow::Result<kube::Client> {
         let path = self.kubeconfig_for(name);
-        let kubeconfig = Kubeconfig::read_from(&path)
-            .with_context(|| format!("reading {}", path.display()))?;
+        let kubeconfig =
+            Kubeconfig::read_from(&path).with_context(|| format!("reading {}", path.display()))?;
         let config =
             kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
         Ok(kube::Client::try_from(config)?)
@@ -418,8 +428,7 @@ impl Cluster {
             .join("state/io.containerd.runtime.v2.task/k8s.io")
             .join(id)
             .join("config.json");
-        let text =
-            std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+        let text = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
         Ok(serde_json::from_slice(&text)?)
     }
 
@@ -437,7 +446,10 @@ impl Cluster {
     }
 
     fn log_path(&self, component: Component) -> PathBuf {
-        self.dir.path().join("logs").join(format!("{component}.log"))
+        self.dir
+            .path()
+            .join("logs")
+            .join(format!("{component}.log"))
     }
 
     /// Stops a component (SIGTERM, SIGKILL after 20 s).
@@ -548,7 +560,13 @@ impl Cluster {
     }
 
     async fn start_control_plane(&mut self) -> anyhow::Result<()> {
-        for port in [ETCD_CLIENT, ETCD_PEER, APISERVER_PORT, KUBELET_PORT, EXTENDER_PORT] {
+        for port in [
+            ETCD_CLIENT,
+            ETCD_PEER,
+            APISERVER_PORT,
+            KUBELET_PORT,
+            EXTENDER_PORT,
+        ] {
             wait_port_free(port).await?;
         }
         let etcd = self.k8s.path("etcd");
@@ -573,7 +591,10 @@ impl Cluster {
             "--authorization-mode=Node,RBAC".into(),
             "--service-account-issuer=https://kubernetes.default.svc".into(),
             format!("--service-account-key-file={}", self.path("pki/sa.pub")),
-            format!("--service-account-signing-key-file={}", self.path("pki/sa.key")),
+            format!(
+                "--service-account-signing-key-file={}",
+                self.path("pki/sa.key")
+            ),
             "--service-cluster-ip-range=10.96.0.0/16".into(),
             "--allow-privileged=true".into(),
         ];
@@ -586,7 +607,10 @@ impl Cluster {
             format!("--kubeconfig={}", self.kubeconfig().display()),
             "--use-service-account-credentials=false".into(),
             format!("--root-ca-file={}", self.path("pki/apiserver.crt")),
-            format!("--service-account-private-key-file={}", self.path("pki/sa.key")),
+            format!(
+                "--service-account-private-key-file={}",
+                self.path("pki/sa.key")
+            ),
             "--leader-elect=false".into(),
             "--secure-port=0".into(),
             "--controllers=*,-cloud-node-lifecycle".into(),
@@ -643,7 +667,10 @@ impl Cluster {
         self.wait_ready(Component::Containerd).await?;
         let images = dir.join("images");
         std::fs::create_dir_all(&images)?;
-        for archive in [image::pause_archive(&images)?, image::probe_archive(&images)?] {
+        for archive in [
+            image::pause_archive(&images)?,
+            image::probe_archive(&images)?,
+        ] {
             run(Command::new(self.k8s.path("ctr"))
                 .arg("-a")
                 .arg(self.containerd_socket())
@@ -765,12 +792,10 @@ impl Cluster {
             // No port of their own (--secure-port=0): alive is all we can see.
             Component::ControllerManager | Component::Scheduler => Ok(()),
             Component::Extender => connect(EXTENDER_PORT),
-            Component::Containerd => {
-                run(Command::new(self.k8s.path("ctr"))
-                    .arg("-a")
-                    .arg(self.containerd_socket())
-                    .arg("version"))
-            }
+            Component::Containerd => run(Command::new(self.k8s.path("ctr"))
+                .arg("-a")
+                .arg(self.containerd_socket())
+                .arg("version")),
             Component::RuntimeProxy => {
                 std::os::unix::net::UnixStream::connect(self.proxy_socket())?;
                 Ok(())
@@ -857,15 +882,8 @@ impl Cluster {
 
     /// Waits until pod `default/name` runs with every container started.
     pub async fn wait_running(&mut self, name: &str) -> anyhow::Result<Pod> {
-        self.wait_pod(name, Duration::from_secs(90), "Running", |pod| {
-            pod.status.as_ref().is_some_and(|s| {
-                s.phase.as_deref() == Some("Running")
-                    && s.container_statuses
-                        .as_ref()
-                        .is_some_and(|cs| cs.iter().all(|c| c.container_id.is_some()))
-            })
-        })
-        .await
+        self.wait_pod(name, Duration::from_secs(90), "Running", is_running)
+            .await
     }
 
     /// The messages of the events about pod `default/name`.
@@ -905,6 +923,19 @@ impl Cluster {
                 Ok((status.name.clone(), self.oci_spec(id)?))
             })
             .collect()
+    }
+
+    /// Binds pod `default/name` to the node as another scheduler would (no
+    /// Tessera annotation): how pods placed before Tessera, or by a second
+    /// scheduler, reach the node.
+    pub async fn bind_as_other_scheduler(&self, name: &str) -> anyhow::Result<()> {
+        let pods: Api<Pod> = Api::namespaced(self.client_as("other-scheduler").await?, "default");
+        let binding = json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name},
+                             "target": {"apiVersion": "v1", "kind": "Node", "name": NODE_NAME}});
+        pods.create_subresource::<Value, Value>("binding", name, &Default::default(), &binding)
+            .await
+            .with_context(|| format!("binding pod default/{name}"))?;
+        Ok(())
     }
 
     /// Deletes pod `default/name` now and waits until it is gone.
@@ -970,6 +1001,92 @@ impl Drop for Cluster {
     fn drop(&mut self) {
         self.teardown();
     }
+}
+
+// === pods ===
+
+/// The allocation annotation, written by tessera-scheduler.
+pub const ALLOCATED: &str = "scheduling.koordinator.sh/device-allocated";
+
+/// A pod of the probe image with one container per `(name, limits)`.
+pub fn probe_pod(name: &str, containers: &[(&str, Value)], env: &[(&str, &str)]) -> Value {
+    let env: Vec<Value> = env
+        .iter()
+        .map(|(k, v)| json!({"name": k, "value": v}))
+        .collect();
+    let containers: Vec<Value> = containers
+        .iter()
+        .map(|(container, limits)| {
+            json!({"name": container, "image": "tessera.local/probe:1", "imagePullPolicy": "Never",
+                   "env": env, "resources": {"limits": limits}})
+        })
+        .collect();
+    json!({"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": name, "namespace": "default"},
+           "spec": {"containers": containers, "terminationGracePeriodSeconds": 0,
+                    "automountServiceAccountToken": false}})
+}
+
+/// Whether a pod runs with every container started.
+pub fn is_running(pod: &Pod) -> bool {
+    pod.status.as_ref().is_some_and(|s| {
+        s.phase.as_deref() == Some("Running")
+            && s.container_statuses
+                .as_ref()
+                .is_some_and(|cs| cs.iter().all(|c| c.container_id.is_some()))
+    })
+}
+
+/// The allocation annotation's GPUs: `(uuid, minor)`.
+pub fn allocated_gpus(pod: &Pod) -> anyhow::Result<Vec<(String, u64)>> {
+    let name = pod.metadata.name.as_deref().unwrap_or_default();
+    let text = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ALLOCATED))
+        .with_context(|| format!("pod {name} has no {ALLOCATED}"))?;
+    let value: Value = serde_json::from_str(text)?;
+    value["gpu"]
+        .as_array()
+        .with_context(|| format!("pod {name}: {ALLOCATED} has no gpu list: {text}"))?
+        .iter()
+        .map(|gpu| {
+            Ok((
+                gpu["id"].as_str().context("gpu without id")?.to_owned(),
+                gpu["minor"].as_u64().context("gpu without minor")?,
+            ))
+        })
+        .collect()
+}
+
+/// Every value of env `key` in an OCI spec, in order.
+pub fn env_values(spec: &Value, key: &str) -> Vec<String> {
+    spec["process"]["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .filter_map(|kv| kv.split_once('='))
+        .filter(|(k, _)| *k == key)
+        .map(|(_, v)| v.to_owned())
+        .collect()
+}
+
+/// The `/dev/nvidia<N>` GPU nodes in an OCI spec, by minor.
+pub fn gpu_device_minors(spec: &Value) -> BTreeSet<u64> {
+    spec["linux"]["devices"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|d| {
+            d["path"]
+                .as_str()
+                .and_then(|p| p.strip_prefix("/dev/nvidia"))
+                .is_some_and(|rest| rest.chars().all(|c| c.is_ascii_digit()) && !rest.is_empty())
+        })
+        .filter_map(|d| d["minor"].as_u64())
+        .collect()
 }
 
 // === helpers ===
@@ -1102,7 +1219,10 @@ async fn apply_manifests(client: &kube::Client, name: &str) -> anyhow::Result<()
     let discovery = Discovery::new(client.clone()).run().await?;
     for doc in deploy::documents(name) {
         let kind = doc["kind"].as_str().unwrap_or_default();
-        if matches!(kind, "Deployment" | "DaemonSet" | "Service" | "PodDisruptionBudget") {
+        if matches!(
+            kind,
+            "Deployment" | "DaemonSet" | "Service" | "PodDisruptionBudget"
+        ) {
             continue;
         }
         apply(client, &discovery, &doc)
@@ -1122,14 +1242,22 @@ async fn apply(client: &kube::Client, discovery: &Discovery, doc: &Value) -> any
     let (resource, caps): (ApiResource, ApiCapabilities) = discovery
         .resolve_gvk(&gvk)
         .with_context(|| format!("{gvk:?} is not served"))?;
-    let name = object.metadata.name.clone().context("manifest without a name")?;
+    let name = object
+        .metadata
+        .name
+        .clone()
+        .context("manifest without a name")?;
     let api: Api<DynamicObject> = match (caps.scope, object.metadata.namespace.as_deref()) {
         (Scope::Namespaced, Some(ns)) => Api::namespaced_with(client.clone(), ns, &resource),
         (Scope::Namespaced, None) => Api::default_namespaced_with(client.clone(), &resource),
         (Scope::Cluster, _) => Api::all_with(client.clone(), &resource),
     };
-    api.patch(&name, &PatchParams::apply("tessera-harness").force(), &Patch::Apply(doc))
-        .await?;
+    api.patch(
+        &name,
+        &PatchParams::apply("tessera-harness").force(),
+        &Patch::Apply(doc),
+    )
+    .await?;
     Ok(())
 }
 
@@ -1210,7 +1338,9 @@ async fn wait_port_free(port: u16) -> anyhow::Result<()> {
     let started = Instant::now();
     while TcpListener::bind(("127.0.0.1", port)).is_err() {
         if started.elapsed() > Duration::from_secs(60) {
-            bail!("port {port} on 127.0.0.1 is still taken after 60 s: is another cluster running?");
+            bail!(
+                "port {port} on 127.0.0.1 is still taken after 60 s: is another cluster running?"
+            );
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }

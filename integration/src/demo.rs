@@ -62,7 +62,8 @@ pub struct DemoSummary {
     pub uuids: Vec<String>,
 }
 
-fn sample_pods() -> Vec<(&'static str, Value)> {
+/// The sample pods, by name, with their containers' limits.
+pub fn sample_pods() -> Vec<(&'static str, Value)> {
     vec![
         ("whole-gpu", json!({"nvidia.com/gpu": "1"})),
         (

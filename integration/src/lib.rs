@@ -10,6 +10,7 @@
 
 pub mod apiserver;
 pub mod cluster;
+pub mod cluster_demo;
 pub mod containerd;
 pub mod demo;
 pub mod deploy;

@@ -17,19 +17,32 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail, ensure};
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};
-use tessera_integration::cluster::{Cluster, ClusterOptions, Component, K8sBinaries};
+use tessera_integration::cluster::{
+    ALLOCATED, Cluster, ClusterOptions, Component, K8sBinaries, allocated_gpus, env_values,
+    gpu_device_minors, probe_pod as pod,
+};
 
-const ALLOCATED: &str = "scheduling.koordinator.sh/device-allocated";
-
-type Scenario = for<'a> fn(&'a mut Cluster) -> Pin<Box<dyn Future<Output = anyhow::Result<()>> + 'a>>;
+type Scenario =
+    for<'a> fn(&'a mut Cluster) -> Pin<Box<dyn Future<Output = anyhow::Result<()>> + 'a>>;
 
 fn scenarios() -> Vec<(&'static str, Scenario)> {
     vec![
-        ("fractional_pods_get_exactly_their_grant", |c| Box::pin(fractional_pods(c))),
-        ("unfit_pod_stays_pending_with_the_extenders_reason", |c| Box::pin(unfit_pod(c))),
-        ("legacy_pod_runs_with_the_device_plugins_gpu", |c| Box::pin(legacy_pod(c))),
-        ("annotation_written_by_a_tenant_is_refused", |c| Box::pin(forged_on_create(c))),
-        ("annotation_forged_on_any_write_path_never_yields_a_gpu", |c| Box::pin(forged_write_paths(c))),
+        ("fractional_pods_get_exactly_their_grant", |c| {
+            Box::pin(fractional_pods(c))
+        }),
+        ("unfit_pod_stays_pending_with_the_extenders_reason", |c| {
+            Box::pin(unfit_pod(c))
+        }),
+        ("legacy_pod_runs_with_the_device_plugins_gpu", |c| {
+            Box::pin(legacy_pod(c))
+        }),
+        ("annotation_written_by_a_tenant_is_refused", |c| {
+            Box::pin(forged_on_create(c))
+        }),
+        (
+            "annotation_forged_on_any_write_path_never_yields_a_gpu",
+            |c| Box::pin(forged_write_paths(c)),
+        ),
         ("restarts_lose_nothing", |c| Box::pin(restarts(c))),
     ]
 }
@@ -70,7 +83,7 @@ async fn run(selected: Vec<(&'static str, Scenario)>) -> anyhow::Result<bool> {
         return Ok(true);
     };
     let started = Instant::now();
-    let mut cluster = Cluster::start(binaries, ClusterOptions { device_plugin: false, ..Default::default() }).await?;
+    let mut cluster = Cluster::start(binaries, ClusterOptions::default()).await?;
     println!(
         "cluster up in {:.1} s ({})",
         started.elapsed().as_secs_f64(),
@@ -96,88 +109,34 @@ async fn run(selected: Vec<(&'static str, Scenario)>) -> anyhow::Result<bool> {
         failed.len()
     );
     if !failed.is_empty() {
-        for component in [Component::RuntimeProxy, Component::Extender, Component::Reporter] {
-            println!("--- {component} log (tail) ---\n{}", cluster.log_tail(component, 20));
+        for component in [
+            Component::RuntimeProxy,
+            Component::Extender,
+            Component::Reporter,
+        ] {
+            println!(
+                "--- {component} log (tail) ---\n{}",
+                cluster.log_tail(component, 20)
+            );
         }
     }
     Ok(failed.is_empty())
 }
 
-// === pods ===
-
-/// A pod of the probe image with one container per `(name, limits)`.
-fn pod(name: &str, containers: &[(&str, Value)], env: &[(&str, &str)]) -> Value {
-    let env: Vec<Value> = env.iter().map(|(k, v)| json!({"name": k, "value": v})).collect();
-    let containers: Vec<Value> = containers
-        .iter()
-        .map(|(container, limits)| {
-            json!({"name": container, "image": "tessera.local/probe:1", "imagePullPolicy": "Never",
-                   "env": env, "resources": {"limits": limits}})
-        })
-        .collect();
-    json!({"apiVersion": "v1", "kind": "Pod",
-           "metadata": {"name": name, "namespace": "default"},
-           "spec": {"containers": containers, "terminationGracePeriodSeconds": 0,
-                    "automountServiceAccountToken": false}})
-}
-
-/// The allocation annotation's GPUs: `(uuid, minor)`.
-fn allocated_gpus(pod: &Pod) -> anyhow::Result<Vec<(String, u64)>> {
-    let name = pod.metadata.name.as_deref().unwrap_or_default();
-    let text = pod
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(ALLOCATED))
-        .with_context(|| format!("pod {name} has no {ALLOCATED}"))?;
-    let value: Value = serde_json::from_str(text)?;
-    value["gpu"]
-        .as_array()
-        .with_context(|| format!("pod {name}: {ALLOCATED} has no gpu list: {text}"))?
-        .iter()
-        .map(|gpu| {
-            Ok((
-                gpu["id"].as_str().context("gpu without id")?.to_owned(),
-                gpu["minor"].as_u64().context("gpu without minor")?,
-            ))
-        })
-        .collect()
-}
-
-/// Every value of env `key` in an OCI spec, in order.
-fn env_values(spec: &Value, key: &str) -> Vec<String> {
-    spec["process"]["env"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_str)
-        .filter_map(|kv| kv.split_once('='))
-        .filter(|(k, _)| *k == key)
-        .map(|(_, v)| v.to_owned())
-        .collect()
-}
-
-/// The `/dev/nvidia<N>` GPU nodes in an OCI spec, by minor.
-fn gpu_device_minors(spec: &Value) -> BTreeSet<u64> {
-    spec["linux"]["devices"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|d| {
-            d["path"]
-                .as_str()
-                .and_then(|p| p.strip_prefix("/dev/nvidia"))
-                .is_some_and(|rest| rest.chars().all(|c| c.is_ascii_digit()) && !rest.is_empty())
-        })
-        .filter_map(|d| d["minor"].as_u64())
-        .collect()
-}
-
 /// Checks a container's spec against the GPUs granted to it: exactly one
 /// `NVIDIA_VISIBLE_DEVICES`, naming them, and only their device nodes.
-fn assert_grant(pod: &str, container: &str, spec: &Value, gpus: &[(String, u64)]) -> anyhow::Result<()> {
+fn assert_grant(
+    pod: &str,
+    container: &str,
+    spec: &Value,
+    gpus: &[(String, u64)],
+) -> anyhow::Result<()> {
     let visible = env_values(spec, "NVIDIA_VISIBLE_DEVICES");
-    let want = gpus.iter().map(|(id, _)| id.as_str()).collect::<Vec<_>>().join(",");
+    let want = gpus
+        .iter()
+        .map(|(id, _)| id.as_str())
+        .collect::<Vec<_>>()
+        .join(",");
     ensure!(
         visible == [want.clone()],
         "pod {pod} container {container}: NVIDIA_VISIBLE_DEVICES entries {visible:?}, want exactly [{want:?}]"
@@ -197,32 +156,59 @@ fn assert_grant(pod: &str, container: &str, spec: &Value, gpus: &[(String, u64)]
 /// the proxy's GPU hook, and the container gets exactly its grant.
 async fn fractional_pods(cluster: &mut Cluster) -> anyhow::Result<()> {
     let cases: Vec<(&str, Value, Option<&str>)> = vec![
-        ("frac-core-ratio", json!({"koordinator.sh/gpu-core": "50", "koordinator.sh/gpu-memory-ratio": "50"}), Some("50")),
+        (
+            "frac-core-ratio",
+            json!({"koordinator.sh/gpu-core": "50", "koordinator.sh/gpu-memory-ratio": "50"}),
+            Some("50"),
+        ),
         ("frac-gpu", json!({"koordinator.sh/gpu": "25"}), Some("25")),
-        ("frac-memory", json!({"koordinator.sh/gpu-memory": "8Gi"}), None),
-        ("frac-hami", json!({"nvidia.com/gpumem": "4096", "nvidia.com/gpucores": "30"}), Some("30")),
+        (
+            "frac-memory",
+            json!({"koordinator.sh/gpu-memory": "8Gi"}),
+            None,
+        ),
+        (
+            "frac-hami",
+            json!({"nvidia.com/gpumem": "4096", "nvidia.com/gpucores": "30"}),
+            Some("30"),
+        ),
         ("frac-gpushare", json!({"aliyun.com/gpu-mem": "2048"}), None),
-        ("frac-volcano", json!({"volcano.sh/gpu-memory": "1024"}), None),
+        (
+            "frac-volcano",
+            json!({"volcano.sh/gpu-memory": "1024"}),
+            None,
+        ),
         ("frac-two-gpus", json!({"koordinator.sh/gpu": "200"}), None),
     ];
     for (name, limits, _) in &cases {
-        cluster.create_pod("admin", &pod(name, &[("main", limits.clone())], &[])).await?;
+        cluster
+            .create_pod("admin", &pod(name, &[("main", limits.clone())], &[]))
+            .await?;
     }
     for (name, limits, sm_limit) in &cases {
         let pod = cluster.wait_running(name).await?;
         let gpus = allocated_gpus(&pod)?;
         let want_gpus = if *name == "frac-two-gpus" { 2 } else { 1 };
-        ensure!(gpus.len() == want_gpus, "pod {name} ({limits}): granted {gpus:?}, want {want_gpus} GPU(s)");
+        ensure!(
+            gpus.len() == want_gpus,
+            "pod {name} ({limits}): granted {gpus:?}, want {want_gpus} GPU(s)"
+        );
         let specs = cluster.container_specs(&pod)?;
         let spec = specs.get("main").context("no spec for main")?;
         assert_grant(name, "main", spec, &gpus)?;
         let sm = env_values(spec, "CUDA_DEVICE_SM_LIMIT");
         if let Some(want) = sm_limit {
-            ensure!(sm == [want.to_string()], "pod {name}: CUDA_DEVICE_SM_LIMIT {sm:?}, want [{want}]");
+            ensure!(
+                sm == [want.to_string()],
+                "pod {name}: CUDA_DEVICE_SM_LIMIT {sm:?}, want [{want}]"
+            );
         }
         if want_gpus == 1 {
             let memory = env_values(spec, "CUDA_DEVICE_MEMORY_LIMIT_0");
-            ensure!(memory.len() == 1, "pod {name}: CUDA_DEVICE_MEMORY_LIMIT_0 {memory:?}, want one value");
+            ensure!(
+                memory.len() == 1,
+                "pod {name}: CUDA_DEVICE_MEMORY_LIMIT_0 {memory:?}, want one value"
+            );
         }
     }
     for (name, _, _) in &cases {
@@ -235,24 +221,39 @@ async fn fractional_pods(cluster: &mut Cluster) -> anyhow::Result<()> {
 async fn unfit_pod(cluster: &mut Cluster) -> anyhow::Result<()> {
     let name = "unfit";
     cluster
-        .create_pod("admin", &pod(name, &[("main", json!({"koordinator.sh/gpu-memory": "100Gi"}))], &[]))
+        .create_pod(
+            "admin",
+            &pod(
+                name,
+                &[("main", json!({"koordinator.sh/gpu-memory": "100Gi"}))],
+                &[],
+            ),
+        )
         .await?;
     let started = Instant::now();
     loop {
         let events = cluster.events_of(name).await?;
-        if let Some(event) = events.iter().find(|e| e.starts_with("FailedScheduling") && e.contains("GPU")) {
+        if let Some(event) = events
+            .iter()
+            .find(|e| e.starts_with("FailedScheduling") && e.contains("GPU"))
+        {
             tracing::info!(event, "extender's reason");
             break;
         }
         if started.elapsed() > Duration::from_secs(60) {
-            bail!("pod {name}: no FailedScheduling event naming GPUs after 60 s; events: {events:?}");
+            bail!(
+                "pod {name}: no FailedScheduling event naming GPUs after 60 s; events: {events:?}"
+            );
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     let pods: kube::Api<Pod> = kube::Api::namespaced(cluster.client().await?, "default");
     let pod = pods.get(name).await?;
     ensure!(
-        pod.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_none(),
+        pod.spec
+            .as_ref()
+            .and_then(|s| s.node_name.as_ref())
+            .is_none(),
         "pod {name} was bound to a node"
     );
     cluster.delete_pod(name).await
@@ -263,10 +264,12 @@ async fn unfit_pod(cluster: &mut Cluster) -> anyhow::Result<()> {
 /// reporter publishes that GPU as held, and the scheduler never hands it out.
 async fn legacy_pod(cluster: &mut Cluster) -> anyhow::Result<()> {
     let name = "legacy";
-    // No Tessera resource: kube-scheduler alone places it, the device plugin picks the GPU.
-    cluster
-        .create_pod("admin", &pod(name, &[("main", json!({"nvidia.com/gpu": "1"}))], &[]))
-        .await?;
+    // Placed by another scheduler (as before Tessera was installed): kubelet asks
+    // the device plugin, which picks the GPU; Tessera never saw the pod.
+    let mut spec = pod(name, &[("main", json!({"nvidia.com/gpu": "1"}))], &[]);
+    spec["spec"]["schedulerName"] = json!("nobody");
+    cluster.create_pod("admin", &spec).await?;
+    cluster.bind_as_other_scheduler(name).await?;
     let running = cluster.wait_running(name).await?;
     let uid = running.metadata.uid.clone().unwrap_or_default();
     let checkpoint = std::fs::read_to_string(tessera_integration::cluster::KUBELET_CHECKPOINT)
@@ -277,7 +280,9 @@ async fn legacy_pod(cluster: &mut Cluster) -> anyhow::Result<()> {
         .into_iter()
         .flatten()
         .find(|e| e["PodUID"] == uid.as_str())
-        .with_context(|| format!("kubelet's checkpoint has no entry for pod {uid}: {checkpoint}"))?;
+        .with_context(|| {
+            format!("kubelet's checkpoint has no entry for pod {uid}: {checkpoint}")
+        })?;
     let ids: Vec<String> = entry["DeviceIDs"]
         .as_object()
         .into_iter()
@@ -285,7 +290,10 @@ async fn legacy_pod(cluster: &mut Cluster) -> anyhow::Result<()> {
         .flat_map(|ids| ids.as_array().cloned().unwrap_or_default())
         .filter_map(|id| id.as_str().map(str::to_owned))
         .collect();
-    ensure!(ids.len() == 1, "checkpoint entry names {ids:?}, want one GPU");
+    ensure!(
+        ids.len() == 1,
+        "checkpoint entry names {ids:?}, want one GPU"
+    );
     let gpu = cluster
         .gpu_node
         .gpus
@@ -318,7 +326,10 @@ async fn legacy_pod(cluster: &mut Cluster) -> anyhow::Result<()> {
             break;
         }
         if started.elapsed() > Duration::from_secs(30) {
-            bail!("Device CR does not record {} held by pod {uid}: {held:?}", gpu.uuid);
+            bail!(
+                "Device CR does not record {} held by pod {uid}: {held:?}",
+                gpu.uuid
+            );
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
@@ -329,7 +340,14 @@ async fn legacy_pod(cluster: &mut Cluster) -> anyhow::Result<()> {
     for i in 0..others {
         let name = format!("whole-{i}");
         cluster
-            .create_pod("admin", &pod(&name, &[("main", json!({"koordinator.sh/gpu": "100"}))], &[]))
+            .create_pod(
+                "admin",
+                &pod(
+                    &name,
+                    &[("main", json!({"koordinator.sh/gpu": "100"}))],
+                    &[],
+                ),
+            )
             .await?;
         names.push(name);
     }
@@ -344,17 +362,32 @@ async fn legacy_pod(cluster: &mut Cluster) -> anyhow::Result<()> {
     }
     // And one more finds no room.
     cluster
-        .create_pod("admin", &pod("whole-extra", &[("main", json!({"koordinator.sh/gpu": "100"}))], &[]))
+        .create_pod(
+            "admin",
+            &pod(
+                "whole-extra",
+                &[("main", json!({"koordinator.sh/gpu": "100"}))],
+                &[],
+            ),
+        )
         .await?;
     tokio::time::sleep(Duration::from_secs(5)).await;
     let pods: kube::Api<Pod> = kube::Api::namespaced(cluster.client().await?, "default");
     let extra = pods.get("whole-extra").await?;
     ensure!(
-        extra.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_none(),
+        extra
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.as_ref())
+            .is_none(),
         "a fifth whole GPU was handed out on a 4-GPU node with one held by the device plugin: {:?}",
         extra.metadata.annotations
     );
-    for name in names.iter().map(String::as_str).chain(["whole-extra", name]) {
+    for name in names
+        .iter()
+        .map(String::as_str)
+        .chain(["whole-extra", name])
+    {
         cluster.delete_pod(name).await?;
     }
     Ok(())
@@ -363,13 +396,18 @@ async fn legacy_pod(cluster: &mut Cluster) -> anyhow::Result<()> {
 /// A tenant cannot write the allocation annotation on create or update.
 async fn forged_on_create(cluster: &mut Cluster) -> anyhow::Result<()> {
     let gpu = cluster.gpu_node.gpus[0].uuid.clone();
-    let forged = json!({"gpu": [{"minor": 0, "id": gpu, "resources": {"koordinator.sh/gpu-core": 100}}]}).to_string();
+    let forged =
+        json!({"gpu": [{"minor": 0, "id": gpu, "resources": {"koordinator.sh/gpu-core": 100}}]})
+            .to_string();
     let mut spec = pod("forged", &[("main", json!({}))], &[]);
     spec["metadata"]["annotations"] = json!({ALLOCATED: forged});
     match cluster.create_pod("tenant", &spec).await {
         Err(e) => {
             let text = format!("{e:#}");
-            ensure!(text.contains("only tessera-scheduler"), "refused, but not by the policy: {text}");
+            ensure!(
+                text.contains("only tessera-scheduler"),
+                "refused, but not by the policy: {text}"
+            );
         }
         Ok(_) => {
             cluster.delete_pod("forged").await?;
@@ -385,17 +423,27 @@ async fn forged_on_create(cluster: &mut Cluster) -> anyhow::Result<()> {
 async fn forged_write_paths(cluster: &mut Cluster) -> anyhow::Result<()> {
     use kube::api::{Patch, PatchParams, PostParams};
     let gpu = cluster.gpu_node.gpus[0].uuid.clone();
-    let forged = json!({"gpu": [{"minor": 0, "id": gpu, "resources": {"koordinator.sh/gpu-core": 100}}]}).to_string();
+    let forged =
+        json!({"gpu": [{"minor": 0, "id": gpu, "resources": {"koordinator.sh/gpu-core": 100}}]})
+            .to_string();
     let name = "forge-target";
     // Nobody schedules it: the writes below are the only way it gets a node.
-    let mut spec = pod(name, &[("main", json!({}))], &[("NVIDIA_VISIBLE_DEVICES", "all")]);
+    let mut spec = pod(
+        name,
+        &[("main", json!({}))],
+        &[("NVIDIA_VISIBLE_DEVICES", "all")],
+    );
     spec["spec"]["schedulerName"] = json!("nobody");
     cluster.create_pod("tenant", &spec).await?;
     let annotation = json!({"metadata": {"annotations": {ALLOCATED: forged}}});
     let refused = |what: &str, outcome: Result<(), kube::Error>| -> anyhow::Result<()> {
         match outcome {
             Err(kube::Error::Api(e)) if e.code == 403 || e.code == 422 || e.code == 400 => {
-                ensure!(e.message.contains("only tessera-scheduler"), "{what}: refused, but not by the policy: {}", e.message);
+                ensure!(
+                    e.message.contains("only tessera-scheduler"),
+                    "{what}: refused, but not by the policy: {}",
+                    e.message
+                );
                 Ok(())
             }
             Err(e) => bail!("{what}: unexpected error {e}"),
@@ -403,10 +451,17 @@ async fn forged_write_paths(cluster: &mut Cluster) -> anyhow::Result<()> {
         }
     };
     for identity in ["tenant", "other-scheduler"] {
-        let pods: kube::Api<Pod> = kube::Api::namespaced(cluster.client_as(identity).await?, "default");
-        let patch = pods.patch(name, &PatchParams::default(), &Patch::Merge(&annotation)).await.map(drop);
+        let pods: kube::Api<Pod> =
+            kube::Api::namespaced(cluster.client_as(identity).await?, "default");
+        let patch = pods
+            .patch(name, &PatchParams::default(), &Patch::Merge(&annotation))
+            .await
+            .map(drop);
         refused(&format!("{identity}: patch pods"), patch)?;
-        let status = pods.patch_status(name, &PatchParams::default(), &Patch::Merge(&annotation)).await.map(drop);
+        let status = pods
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&annotation))
+            .await
+            .map(drop);
         refused(&format!("{identity}: patch pods/status"), status)?;
         let binding = json!({"apiVersion": "v1", "kind": "Binding",
                              "metadata": {"name": name, "annotations": {ALLOCATED: forged}},
@@ -419,18 +474,23 @@ async fn forged_write_paths(cluster: &mut Cluster) -> anyhow::Result<()> {
         let request = http::Request::post("/api/v1/namespaces/default/bindings")
             .header("content-type", "application/json")
             .body(serde_json::to_vec(&binding)?)?;
-        let legacy = cluster.client_as(identity).await?.request::<Value>(request).await.map(drop);
+        let legacy = cluster
+            .client_as(identity)
+            .await?
+            .request::<Value>(request)
+            .await
+            .map(drop);
         refused(&format!("{identity}: create bindings"), legacy)?;
     }
     // Bound the honest way, it runs with no GPU at all, whatever its env says.
-    let pods: kube::Api<Pod> = kube::Api::namespaced(cluster.client_as("other-scheduler").await?, "default");
-    let binding = json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name},
-                         "target": {"apiVersion": "v1", "kind": "Node", "name": tessera_integration::cluster::NODE_NAME}});
-    pods.create_subresource::<Value, Value>("binding", name, &PostParams::default(), &binding)
-        .await?;
+    cluster.bind_as_other_scheduler(name).await?;
     let running = cluster.wait_running(name).await?;
     ensure!(
-        running.metadata.annotations.as_ref().is_none_or(|a| !a.contains_key(ALLOCATED)),
+        running
+            .metadata
+            .annotations
+            .as_ref()
+            .is_none_or(|a| !a.contains_key(ALLOCATED)),
         "pod {name} carries {ALLOCATED} after every write was refused"
     );
     let specs = cluster.container_specs(&running)?;
@@ -440,7 +500,11 @@ async fn forged_write_paths(cluster: &mut Cluster) -> anyhow::Result<()> {
         "pod {name}: NVIDIA_VISIBLE_DEVICES {:?}, want [\"void\"]",
         env_values(spec, "NVIDIA_VISIBLE_DEVICES")
     );
-    ensure!(gpu_device_minors(spec).is_empty(), "pod {name} got GPU device nodes {:?}", gpu_device_minors(spec));
+    ensure!(
+        gpu_device_minors(spec).is_empty(),
+        "pod {name} got GPU device nodes {:?}",
+        gpu_device_minors(spec)
+    );
     cluster.delete_pod(name).await
 }
 
@@ -458,27 +522,55 @@ async fn restarts(cluster: &mut Cluster) -> anyhow::Result<()> {
     for (i, component) in components.into_iter().enumerate() {
         let before = format!("before-{i}");
         cluster
-            .create_pod("admin", &pod(&before, &[("main", json!({"koordinator.sh/gpu": "10"}))], &[]))
+            .create_pod(
+                "admin",
+                &pod(
+                    &before,
+                    &[("main", json!({"koordinator.sh/gpu": "10"}))],
+                    &[],
+                ),
+            )
             .await?;
         cluster.wait_running(&before).await?;
-        cluster.restart(component).await.with_context(|| format!("restarting {component}"))?;
+        cluster
+            .restart(component)
+            .await
+            .with_context(|| format!("restarting {component}"))?;
         let after = format!("after-{i}");
         cluster
-            .create_pod("admin", &pod(&after, &[("main", json!({"koordinator.sh/gpu": "10"}))], &[]))
+            .create_pod(
+                "admin",
+                &pod(
+                    &after,
+                    &[("main", json!({"koordinator.sh/gpu": "10"}))],
+                    &[],
+                ),
+            )
             .await?;
         names.push(before);
         names.push(after);
     }
     let mut share = std::collections::BTreeMap::<String, u64>::new();
     for name in &names {
-        let pod = cluster.wait_running(name).await.with_context(|| format!("after the restarts, pod {name}"))?;
+        let pod = cluster
+            .wait_running(name)
+            .await
+            .with_context(|| format!("after the restarts, pod {name}"))?;
         for (id, _) in allocated_gpus(&pod)? {
             *share.entry(id).or_default() += 10;
         }
         let specs = cluster.container_specs(&pod)?;
-        assert_grant(name, "main", specs.get("main").context("no spec")?, &allocated_gpus(&pod)?)?;
+        assert_grant(
+            name,
+            "main",
+            specs.get("main").context("no spec")?,
+            &allocated_gpus(&pod)?,
+        )?;
     }
-    ensure!(share.values().all(|s| *s <= 100), "a GPU is booked over 100%: {share:?}");
+    ensure!(
+        share.values().all(|s| *s <= 100),
+        "a GPU is booked over 100%: {share:?}"
+    );
     for name in &names {
         cluster.delete_pod(name).await?;
     }
