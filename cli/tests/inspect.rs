@@ -3,7 +3,7 @@
 use std::process::Command;
 
 use serde_json::json;
-use tessera_integration::apiserver::ApiServer;
+use tessera_harness::apiserver::ApiServer;
 
 async fn cluster() -> (ApiServer, tempfile::TempDir, std::path::PathBuf) {
     let api = ApiServer::start().await.expect("api");

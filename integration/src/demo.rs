@@ -172,7 +172,7 @@ pub async fn run(out: &mut (dyn Write + Send)) -> anyhow::Result<DemoSummary> {
             device_root: gpus.device_root.clone(),
             ..GpuHookConfig::default()
         },
-        Arc::new(HostProbe::with_nvml(gpus.probe_paths(), &nvml)),
+        Arc::new(HostProbe::with_nvml(crate::probe_paths(&gpus), &nvml)),
     );
     let proxy = RunningProxy::start(
         &dir.path().join("proxy.sock"),

@@ -1,35 +1,26 @@
-//! Tessera's integration harness: the real parts, or their stand-ins, that the
-//! end-to-end tests, the benchmarks and the demo run against.
+//! Tessera's end-to-end tests, benchmarks and demo: the harness
+//! ([`tessera_harness`], re-exported here) plus what needs Tessera's own crates —
+//! the proxy run in-process, hooks, the embedded demo.
 //!
-//! - [`cluster`]: a real one-node Kubernetes cluster (kubelet → proxy → containerd 2.x) on a fake GPU node.
-//! - [`containerd`]: a private containerd + runc with its own root, state and socket.
-//! - [`image`]: OCI images built locally from static binaries (no registry here).
-//! - [`kubelet`]: a driver making the CRI calls kubelet makes, in kubelet's order.
-//! - [`fake_runtime`]: a recording HTTP/2 runtime for byte-exact checks.
 //! - [`proxy`]: the runtime proxy run in-process over a socket in a temp dir.
+//! - [`demo`], [`cluster_demo`]: `tessera-demo`, embedded and on a real cluster.
 
-pub mod apiserver;
-pub mod cluster;
+pub use tessera_harness::{
+    apiserver, cluster, containerd, deploy, fake_nvml, fake_runtime, gpu_node, image, init_tracing,
+    kubelet, raw,
+};
+
 pub mod cluster_demo;
-pub mod containerd;
 pub mod demo;
-pub mod deploy;
-pub mod fake_nvml;
-pub mod fake_runtime;
-pub mod gpu_node;
 pub mod hook_server;
 pub mod hooks;
-pub mod image;
-pub mod kubelet;
 pub mod proxy;
-pub mod raw;
 
-/// Installs a test-friendly tracing subscriber once (`RUST_LOG` selects).
-pub fn init_tracing() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
-        .with_test_writer()
-        .try_init();
+/// Where the GPU hook's probe should look on a fake GPU node.
+pub fn probe_paths(node: &gpu_node::FakeGpuNode) -> tessera_hooks::probe::ProbePaths {
+    tessera_hooks::probe::ProbePaths {
+        device_root: node.device_root.clone(),
+        driver_gpus: node.driver_gpus.clone(),
+        kubelet_checkpoint: node.kubelet_checkpoint.clone(),
+    }
 }

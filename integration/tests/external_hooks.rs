@@ -324,7 +324,10 @@ async fn tessera_gpu_hook_server_as_an_external_hook() {
     };
     let _gpu = serve(
         &s.socket("gpu.sock"),
-        GpuHook::new(config, Arc::new(HostProbe::new(node.probe_paths()))),
+        GpuHook::new(
+            config,
+            Arc::new(HostProbe::new(tessera_integration::probe_paths(&node))),
+        ),
     )
     .expect("serve");
     s.register("00-gpu.toml", &s.socket("gpu.sock"), "Fail", "2s");

@@ -34,7 +34,10 @@ async fn node() -> Node {
         device_root: gpus.device_root.clone(),
         ..GpuHookConfig::default()
     };
-    let hook = GpuHook::new(config, Arc::new(HostProbe::new(gpus.probe_paths())));
+    let hook = GpuHook::new(
+        config,
+        Arc::new(HostProbe::new(tessera_integration::probe_paths(&gpus))),
+    );
     let proxy = RunningProxy::start(
         &dir.path().join("proxy.sock"),
         &containerd.socket(),

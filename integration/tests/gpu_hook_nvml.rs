@@ -17,7 +17,10 @@ fn nvml_inventory_maps_uuids_and_memory() {
     let library = fake_nvml::install(&dir.path().join("driver"), &node).expect("fake driver");
     let devices = FakeGpuNode::create(dir.path(), 4).expect("device nodes (root)");
     // /proc information says other UUIDs: NVML must win.
-    let probe = Arc::new(HostProbe::with_nvml(devices.probe_paths(), &library));
+    let probe = Arc::new(HostProbe::with_nvml(
+        tessera_integration::probe_paths(&devices),
+        &library,
+    ));
     assert!(probe.has_nvml());
     let seen = probe.probe();
     let gpus = seen.gpus.expect("inventory");
@@ -61,7 +64,7 @@ fn nvml_inventory_maps_uuids_and_memory() {
 
     // A library that does not load: /proc is used.
     let fallback = HostProbe::with_nvml(
-        devices.probe_paths(),
+        tessera_integration::probe_paths(&devices),
         std::path::Path::new("/nonexistent/libnvidia-ml.so.1"),
     );
     assert!(!fallback.has_nvml());

@@ -15,9 +15,9 @@ fn fixture(name: &str) -> PathBuf {
 #[test]
 fn discover_prints_the_device_cr() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let library = tessera_integration::fake_nvml::install(
+    let library = tessera_harness::fake_nvml::install(
         dir.path(),
-        &tessera_integration::fake_nvml::four_gpu_node(),
+        &tessera_harness::fake_nvml::four_gpu_node(),
     )
     .expect("fake driver");
     let output = Command::new(BINARY)

@@ -3,7 +3,7 @@
 
 use kube::CustomResourceExt;
 use tessera_api::Device;
-use tessera_integration::deploy::{documents, role_allows};
+use tessera_harness::deploy::{documents, role_allows};
 
 #[test]
 fn deployed_crd_matches_the_rust_type() {

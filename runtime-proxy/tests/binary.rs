@@ -5,8 +5,8 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use tessera_integration::containerd::Containerd;
-use tessera_integration::kubelet::KubeletDriver;
+use tessera_harness::containerd::Containerd;
+use tessera_harness::kubelet::KubeletDriver;
 
 const BINARY: &str = env!("CARGO_BIN_EXE_tessera-runtime-proxy");
 /// A fixed loopback port for the metrics endpoint of the socket-activation test.

@@ -1,7 +1,7 @@
 //! deploy/ matches the code: managed resources, RBAC, the admission policy.
 
 use tessera_api::request::MANAGED_RESOURCES;
-use tessera_integration::deploy::{documents, role_allows};
+use tessera_harness::deploy::{documents, role_allows};
 
 #[test]
 fn scheduler_config_manages_every_resource_name() {

@@ -47,7 +47,7 @@ type RawBody = UnsyncBoxBody<Bytes, std::convert::Infallible>;
 impl RawClient {
     /// Connects to `socket`.
     pub async fn connect(socket: &Path) -> anyhow::Result<Self> {
-        let io = tessera_runtime_proxy::backend::connect_unix(socket).await?;
+        let io = crate::unix::connect(socket).await?;
         let (sender, connection) =
             hyper::client::conn::http2::handshake(TokioExecutor::new(), io).await?;
         tokio::spawn(connection);

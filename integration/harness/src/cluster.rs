@@ -154,11 +154,9 @@ impl K8sBinaries {
     }
 }
 
-/// The repository root (this crate lives in `integration/`).
+/// The repository root (this crate lives in `integration/harness/`).
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
 /// One of Tessera's binaries from the target directory of the running test

@@ -6,7 +6,6 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use nix::sys::stat::{Mode, SFlag, makedev, mknod};
-use tessera_hooks::probe::ProbePaths;
 
 /// The NVIDIA driver's character-device major.
 pub const NVIDIA_MAJOR: u64 = 195;
@@ -124,14 +123,5 @@ impl FakeGpuNode {
     /// The node's root: `dev/` holds its device nodes (NVIDIA's device plugin's `--dev-root`).
     pub fn root(&self) -> &Path {
         self.device_root.parent().unwrap_or(&self.device_root)
-    }
-
-    /// Where the GPU hook's probe should look.
-    pub fn probe_paths(&self) -> ProbePaths {
-        ProbePaths {
-            device_root: self.device_root.clone(),
-            driver_gpus: self.driver_gpus.clone(),
-            kubelet_checkpoint: self.kubelet_checkpoint.clone(),
-        }
     }
 }

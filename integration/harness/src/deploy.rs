@@ -6,7 +6,7 @@ use serde_json::Value;
 /// Every YAML document of `deploy/<name>`.
 pub fn documents(name: &str) -> Vec<Value> {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../deploy")
+        .join("../../deploy")
         .join(name);
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     serde_yaml::Deserializer::from_str(&text)

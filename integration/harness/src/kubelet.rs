@@ -12,15 +12,14 @@ use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use tokio::net::UnixStream;
 use tonic::transport::{Channel, Endpoint, Uri};
 
-/// Opens a tonic channel over a unix socket, with the proxy's one connector.
+/// Opens a tonic channel over a unix socket.
 pub async fn unix_channel(socket: &Path) -> Result<Channel, tonic::transport::Error> {
     let socket = socket.to_path_buf();
     Endpoint::from_static("http://localhost")
         .connect_with_connector(tower::service_fn(move |_: Uri| {
             let socket = socket.clone();
             async move {
-                let io: TokioIo<UnixStream> =
-                    tessera_runtime_proxy::backend::connect_unix(&socket).await?;
+                let io: TokioIo<UnixStream> = crate::unix::connect(&socket).await?;
                 Ok::<_, std::io::Error>(io)
             }
         }))

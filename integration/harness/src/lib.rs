@@ -1,0 +1,35 @@
+//! Tessera's test harness: the real parts, or their stand-ins, that the end-to-end
+//! tests, the benchmarks and the demo run against. It links none of Tessera's
+//! product crates (youki keeps its harness apart the same way): a crate's tests
+//! depend on it without compiling the rest of the workspace, and the real-cluster
+//! tier runs the very binaries users install.
+//!
+//! - [`cluster`]: a real one-node Kubernetes cluster (kubelet → proxy → containerd 2.x) on a fake GPU node.
+//! - [`containerd`]: a private containerd + runc with its own root, state and socket.
+//! - [`image`]: OCI images built locally from static binaries (no registry here).
+//! - [`kubelet`]: a driver making the CRI calls kubelet makes, in kubelet's order.
+//! - [`fake_runtime`]: a recording HTTP/2 runtime for byte-exact checks.
+//! - [`apiserver`]: an API server double, for faults a real one cannot produce on demand.
+//! - [`gpu_node`], [`fake_nvml`]: a fake GPU node's device nodes, driver files and NVML.
+
+pub mod apiserver;
+pub mod cluster;
+pub mod containerd;
+pub mod deploy;
+pub mod fake_nvml;
+pub mod fake_runtime;
+pub mod gpu_node;
+pub mod image;
+pub mod kubelet;
+pub mod raw;
+pub mod unix;
+
+/// Installs a test-friendly tracing subscriber once (`RUST_LOG` selects).
+pub fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_test_writer()
+        .try_init();
+}
