@@ -43,6 +43,9 @@ fn scenarios() -> Vec<(&'static str, Scenario)> {
             "annotation_forged_on_any_write_path_never_yields_a_gpu",
             |c| Box::pin(forged_write_paths(c)),
         ),
+        ("device_env_in_the_pod_spec_never_widens_a_grant", |c| {
+            Box::pin(env_never_widens(c))
+        }),
         ("restarts_lose_nothing", |c| Box::pin(restarts(c))),
     ]
 }
@@ -504,6 +507,66 @@ async fn forged_write_paths(cluster: &mut Cluster) -> anyhow::Result<()> {
         gpu_device_minors(spec).is_empty(),
         "pod {name} got GPU device nodes {:?}",
         gpu_device_minors(spec)
+    );
+    cluster.delete_pod(name).await
+}
+
+/// kubelet puts a device plugin's env first and the pod's own after it, and the
+/// runtime obeys the last: a pod's `NVIDIA_VISIBLE_DEVICES=all` must neither
+/// widen a Tessera grant nor a device plugin's.
+async fn env_never_widens(cluster: &mut Cluster) -> anyhow::Result<()> {
+    // Tessera's grant: the container ends with exactly one entry, the grant.
+    let name = "env-all-fractional";
+    cluster
+        .create_pod(
+            "admin",
+            &pod(
+                name,
+                &[("main", json!({"koordinator.sh/gpu": "30"}))],
+                &[("NVIDIA_VISIBLE_DEVICES", "all")],
+            ),
+        )
+        .await?;
+    let running = cluster.wait_running(name).await?;
+    let specs = cluster.container_specs(&running)?;
+    assert_grant(
+        name,
+        "main",
+        specs.get("main").context("no spec")?,
+        &allocated_gpus(&running)?,
+    )?;
+    cluster.delete_pod(name).await?;
+
+    // A device plugin's grant overruled by the pod spec: not started, and the
+    // reason names the variable.
+    let name = "env-all-legacy";
+    let mut spec = pod(
+        name,
+        &[("main", json!({"nvidia.com/gpu": "1"}))],
+        &[("NVIDIA_VISIBLE_DEVICES", "all")],
+    );
+    spec["spec"]["schedulerName"] = json!("nobody");
+    cluster.create_pod("admin", &spec).await?;
+    cluster.bind_as_other_scheduler(name).await?;
+    let refused = cluster
+        .wait_pod(
+            name,
+            Duration::from_secs(60),
+            "refused by the GPU hook",
+            |pod| {
+                pod.status
+                    .as_ref()
+                    .and_then(|s| s.container_statuses.as_ref())
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|c| c.state.as_ref()?.waiting.as_ref()?.message.clone())
+                    .any(|m| m.contains("NVIDIA_VISIBLE_DEVICES"))
+            },
+        )
+        .await?;
+    ensure!(
+        !tessera_integration::cluster::is_running(&refused),
+        "pod {name} runs although its env overrules its device plugin's grant"
     );
     cluster.delete_pod(name).await
 }
