@@ -62,22 +62,6 @@ pub struct DemoSummary {
     pub uuids: Vec<String>,
 }
 
-/// The sample pods, by name, with their containers' limits.
-pub fn sample_pods() -> Vec<(&'static str, Value)> {
-    vec![
-        ("whole-gpu", json!({"nvidia.com/gpu": "1"})),
-        (
-            "two-gpus-shared",
-            json!({"nvidia.com/gpu": "2", "nvidia.com/gpumem": "8192", "nvidia.com/gpucores": "25"}),
-        ),
-        ("half-gpu", json!({"koordinator.sh/gpu": "50"})),
-        ("quarter-a", json!({"koordinator.sh/gpu": "25"})),
-        ("quarter-b", json!({"koordinator.sh/gpu": "25"})),
-        ("memory-20gi", json!({"koordinator.sh/gpu-memory": "20Gi"})),
-        ("another-whole-gpu", json!({"nvidia.com/gpu": "1"})),
-    ]
-}
-
 async fn wait<T>(what: &str, mut probe: impl FnMut() -> Option<T>) -> anyhow::Result<T> {
     for _ in 0..400 {
         if let Some(value) = probe() {
@@ -213,7 +197,7 @@ pub async fn run(out: &mut (dyn Write + Send)) -> anyhow::Result<DemoSummary> {
         uuids: uuids.clone(),
         ..DemoSummary::default()
     };
-    for (name, limits) in sample_pods() {
+    for (name, limits) in tessera_harness::cluster_demo::sample_pods() {
         let pod = api.insert("v1", "pods", json!({"apiVersion":"v1","kind":"Pod","metadata":{"name":name,"namespace":"default"},
             "spec":{"containers":[{"name":"main","image":PROBE_IMAGE,"resources":{"limits":limits}}]},"status":{"phase":"Pending"}}));
         let args: ExtenderArgs = serde_json::from_value(json!({"Pod": pod, "NodeNames": [NODE]}))?;

@@ -3,14 +3,13 @@
 //! the proxy run in-process, hooks, the embedded demo.
 //!
 //! - [`proxy`]: the runtime proxy run in-process over a socket in a temp dir.
-//! - [`demo`], [`cluster_demo`]: `tessera-demo`, embedded and on a real cluster.
+//! - [`demo`]: `tessera-demo`'s embedded story (its `--cluster` story is [`cluster_demo`]).
 
 pub use tessera_harness::{
-    apiserver, cluster, containerd, deploy, fake_nvml, fake_runtime, gpu_node, image, init_tracing,
-    kubelet, raw,
+    apiserver, cluster, cluster_demo, containerd, deploy, fake_nvml, fake_runtime, gpu_node, image,
+    init_tracing, kubelet, raw,
 };
 
-pub mod cluster_demo;
 pub mod demo;
 pub mod hook_server;
 pub mod hooks;

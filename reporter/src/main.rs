@@ -183,7 +183,10 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
             };
             tracing::info!(node = %node_name, "reporting");
             let shutdown = async {
-                let _ = tokio::signal::ctrl_c().await;
+                if let Err(error) = tessera_api::binary::shutdown_signal().await {
+                    tracing::error!(%error, "stopping: no signal handler");
+                }
+                tracing::info!("shutting down");
             };
             run(
                 Arc::new(source),

@@ -186,7 +186,10 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
             tracing::info!(%listen, "serving the extender");
             tokio::select! {
                 () = serve(listener, extender) => {}
-                _ = tokio::signal::ctrl_c() => {}
+                signal = tessera_api::binary::shutdown_signal() => {
+                    signal?;
+                    tracing::info!("shutting down on a signal");
+                }
             }
         }
         Command::Simulate {

@@ -46,8 +46,11 @@ async fn main() -> anyhow::Result<()> {
     tracing::info!(socket = %cli.socket.display(), config = ?hook.config(), "serving tessera.hook.v1");
     tonic::transport::Server::builder()
         .add_service(GeneratedServer::new(HookServer::new(hook)))
+        // SIGTERM or SIGINT: stop accepting, let calls in flight finish.
         .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async {
-            let _ = tokio::signal::ctrl_c().await;
+            if let Err(error) = tessera_api::binary::shutdown_signal().await {
+                tracing::error!(%error, "stopping: no signal handler");
+            }
         })
         .await?;
     Ok(())

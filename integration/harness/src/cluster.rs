@@ -256,23 +256,23 @@ impl Process {
         Ok(())
     }
 
-    /// SIGTERM, then SIGKILL after `grace`; waits for the exit.
-    fn stop(&mut self, grace: Duration) {
-        let Some(mut child) = self.child.take() else {
-            return;
-        };
+    /// SIGTERM, then SIGKILL after `grace`; waits for the exit. How it exited,
+    /// when by itself within `grace`.
+    fn stop(&mut self, grace: Duration) -> Option<std::process::ExitStatus> {
+        let mut child = self.child.take()?;
         if let Ok(pid) = i32::try_from(child.id()) {
             let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
         }
         let started = Instant::now();
         while started.elapsed() < grace {
-            if let Ok(Some(_)) = child.try_wait() {
-                return;
+            if let Ok(Some(status)) = child.try_wait() {
+                return Some(status);
             }
             std::thread::sleep(Duration::from_millis(50));
         }
         let _ = child.kill();
         let _ = child.wait();
+        None
     }
 
     /// `Some(status)` when it has exited.
@@ -450,11 +450,31 @@ impl Cluster {
             .join(format!("{component}.log"))
     }
 
-    /// Stops a component (SIGTERM, SIGKILL after 20 s).
-    pub fn stop(&mut self, component: Component) {
-        if let Some(process) = self.processes.get_mut(&component) {
-            process.stop(Duration::from_secs(20));
+    /// Stops a component: SIGTERM, SIGKILL after 20 s. Fails when SIGTERM alone
+    /// did not stop it (kubelet, systemd and container runtimes send nothing else
+    /// before SIGKILL), and when one of Tessera's daemons did not handle it: dying
+    /// of the signal's default action means no drain, and as a container's PID 1,
+    /// where there is no default action, it would have waited for SIGKILL.
+    pub fn stop(&mut self, component: Component) -> anyhow::Result<()> {
+        let Some(process) = self.processes.get_mut(&component) else {
+            return Ok(());
+        };
+        if process.child.is_none() {
+            return Ok(());
         }
+        let started = Instant::now();
+        let Some(status) = process.stop(Duration::from_secs(20)) else {
+            bail!("{component} ignored SIGTERM for 20 s and was killed");
+        };
+        let ours = matches!(
+            component,
+            Component::Extender | Component::RuntimeProxy | Component::Reporter
+        );
+        if ours && !status.success() {
+            bail!("{component} did not handle SIGTERM: it exited with {status}");
+        }
+        tracing::info!(%component, %status, elapsed = ?started.elapsed(), "stopped on SIGTERM");
+        Ok(())
     }
 
     /// Starts a stopped component again with the same command and waits until it is ready.
@@ -469,8 +489,9 @@ impl Cluster {
 
     /// Stops a component and starts it again.
     pub async fn restart(&mut self, component: Component) -> anyhow::Result<()> {
-        self.stop(component);
-        self.start_again(component).await
+        let stopped = self.stop(component);
+        self.start_again(component).await?;
+        stopped
     }
 
     /// Fails, naming the component and its log, if any process has exited.
@@ -975,14 +996,14 @@ impl Cluster {
         ];
         for component in order {
             if let Some(process) = self.processes.get_mut(&component) {
-                process.stop(Duration::from_secs(5));
+                let _ = process.stop(Duration::from_secs(5));
             }
         }
         let dir = self.dir.path().display().to_string();
         // containerd last among the node's parts: its shims and containers are found
         // through it (command lines naming its socket, roots under its directory).
         if let Some(process) = self.processes.get_mut(&Component::Containerd) {
-            process.stop(Duration::from_secs(5));
+            let _ = process.stop(Duration::from_secs(5));
         }
         crate::containerd::kill_processes_mentioning(&dir);
         crate::containerd::unmount_under(&dir);

@@ -4,7 +4,8 @@
 //! depend on it without compiling the rest of the workspace, and the real-cluster
 //! tier runs the very binaries users install.
 //!
-//! - [`cluster`]: a real one-node Kubernetes cluster (kubelet → proxy → containerd 2.x) on a fake GPU node.
+//! - [`cluster`]: a real one-node Kubernetes cluster (kubelet → proxy → containerd 2.x) on a fake GPU node;
+//!   [`cluster_demo`]: `tessera-demo --cluster` on it.
 //! - [`containerd`]: a private containerd + runc with its own root, state and socket.
 //! - [`image`]: OCI images built locally from static binaries (no registry here).
 //! - [`kubelet`]: a driver making the CRI calls kubelet makes, in kubelet's order.
@@ -14,6 +15,7 @@
 
 pub mod apiserver;
 pub mod cluster;
+pub mod cluster_demo;
 pub mod containerd;
 pub mod deploy;
 pub mod fake_nvml;

@@ -7,7 +7,8 @@
 //! fixed, so clusters cannot run side by side). Its own harness (`harness =
 //! false`): `cargo test --test cluster -- NAME` runs the scenarios whose name
 //! contains NAME. Without Kubernetes binaries it skips loudly, and fails when
-//! `TESSERA_REQUIRE_CLUSTER=1` (the test command sets it).
+//! `TESSERA_REQUIRE_CLUSTER=1` (the test command sets it). It lives in the harness
+//! crate, which links no product crate: it tests the binaries users install.
 
 use std::collections::BTreeSet;
 use std::future::Future;
@@ -17,7 +18,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail, ensure};
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};
-use tessera_integration::cluster::{
+use tessera_harness::cluster::{
     ALLOCATED, Cluster, ClusterOptions, Component, K8sBinaries, allocated_gpus, env_values,
     gpu_device_minors, probe_pod as pod,
 };
@@ -51,7 +52,7 @@ fn scenarios() -> Vec<(&'static str, Scenario)> {
 }
 
 fn main() -> std::process::ExitCode {
-    tessera_integration::init_tracing();
+    tessera_harness::init_tracing();
     let filter: Vec<String> = std::env::args()
         .skip(1)
         .filter(|a| !a.starts_with('-'))
@@ -275,7 +276,7 @@ async fn legacy_pod(cluster: &mut Cluster) -> anyhow::Result<()> {
     cluster.bind_as_other_scheduler(name).await?;
     let running = cluster.wait_running(name).await?;
     let uid = running.metadata.uid.clone().unwrap_or_default();
-    let checkpoint = std::fs::read_to_string(tessera_integration::cluster::KUBELET_CHECKPOINT)
+    let checkpoint = std::fs::read_to_string(tessera_harness::cluster::KUBELET_CHECKPOINT)
         .context("reading kubelet's checkpoint")?;
     let entries: Value = serde_json::from_str(&checkpoint)?;
     let entry = entries["Data"]["PodDeviceEntries"]
@@ -314,10 +315,10 @@ async fn legacy_pod(cluster: &mut Cluster) -> anyhow::Result<()> {
     );
 
     // The reporter publishes the GPU as held by a device-plugin pod.
-    let devices = tessera_integration::cluster::device_api(&cluster.client().await?);
+    let devices = tessera_harness::cluster::device_api(&cluster.client().await?);
     let started = Instant::now();
     loop {
-        let device = devices.get(tessera_integration::cluster::NODE_NAME).await?;
+        let device = devices.get(tessera_harness::cluster::NODE_NAME).await?;
         let held = device
             .metadata
             .annotations
@@ -468,7 +469,7 @@ async fn forged_write_paths(cluster: &mut Cluster) -> anyhow::Result<()> {
         refused(&format!("{identity}: patch pods/status"), status)?;
         let binding = json!({"apiVersion": "v1", "kind": "Binding",
                              "metadata": {"name": name, "annotations": {ALLOCATED: forged}},
-                             "target": {"apiVersion": "v1", "kind": "Node", "name": tessera_integration::cluster::NODE_NAME}});
+                             "target": {"apiVersion": "v1", "kind": "Node", "name": tessera_harness::cluster::NODE_NAME}});
         let bind = pods
             .create_subresource::<Value, Value>("binding", name, &PostParams::default(), &binding)
             .await
@@ -565,14 +566,15 @@ async fn env_never_widens(cluster: &mut Cluster) -> anyhow::Result<()> {
         )
         .await?;
     ensure!(
-        !tessera_integration::cluster::is_running(&refused),
+        !tessera_harness::cluster::is_running(&refused),
         "pod {name} runs although its env overrules its device plugin's grant"
     );
     cluster.delete_pod(name).await
 }
 
 /// Restarting each part while pods run and new ones arrive loses nothing: every
-/// pod ends Running with its grant, and no GPU is booked twice.
+/// pod ends Running with its grant, and no GPU is booked twice. Each part must
+/// stop on SIGTERM alone.
 async fn restarts(cluster: &mut Cluster) -> anyhow::Result<()> {
     let components = [
         Component::RuntimeProxy,
@@ -580,6 +582,8 @@ async fn restarts(cluster: &mut Cluster) -> anyhow::Result<()> {
         Component::Reporter,
         Component::Kubelet,
         Component::Containerd,
+        Component::Scheduler,
+        Component::DevicePlugin,
     ];
     let mut names = Vec::new();
     for (i, component) in components.into_iter().enumerate() {

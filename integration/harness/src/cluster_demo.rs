@@ -9,7 +9,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use serde_json::json;
+use serde_json::{Value, json};
 
 use crate::cluster::{
     Cluster, ClusterOptions, K8sBinaries, allocated_gpus, env_values, gpu_device_minors,
@@ -56,7 +56,7 @@ pub async fn run(out: &mut (dyn Write + Send), keep_up: bool) -> anyhow::Result<
     // Give the reporter a resync to publish it before Tessera places anything.
     tokio::time::sleep(Duration::from_secs(3)).await;
 
-    let samples = crate::demo::sample_pods();
+    let samples = sample_pods();
     say!(out, "==> creating sample pods through kube-scheduler:");
     for (name, limits) in &samples {
         say!(out, "    {name:<18} {limits}");
@@ -161,4 +161,21 @@ pub async fn run(out: &mut (dyn Write + Send), keep_up: bool) -> anyhow::Result<
     say!(out, "==> tearing the cluster down");
     drop(cluster);
     Ok(())
+}
+
+/// The demo's sample pods (embedded and on the cluster), by name, with their
+/// containers' limits.
+pub fn sample_pods() -> Vec<(&'static str, Value)> {
+    vec![
+        ("whole-gpu", json!({"nvidia.com/gpu": "1"})),
+        (
+            "two-gpus-shared",
+            json!({"nvidia.com/gpu": "2", "nvidia.com/gpumem": "8192", "nvidia.com/gpucores": "25"}),
+        ),
+        ("half-gpu", json!({"koordinator.sh/gpu": "50"})),
+        ("quarter-a", json!({"koordinator.sh/gpu": "25"})),
+        ("quarter-b", json!({"koordinator.sh/gpu": "25"})),
+        ("memory-20gi", json!({"koordinator.sh/gpu-memory": "20Gi"})),
+        ("another-whole-gpu", json!({"nvidia.com/gpu": "1"})),
+    ]
 }
