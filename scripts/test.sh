@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 install_deps
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
-# The real-cluster tier (integration/tests/cluster.rs) runs Tessera's binaries as
+# The real-cluster tier (integration/harness/tests/cluster.rs) runs Tessera's binaries as
 # processes: build them first. In CI a cluster test that cannot run is a failure.
 cargo build --workspace --bins --locked
 export TESSERA_REQUIRE_CLUSTER=1
