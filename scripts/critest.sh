@@ -300,7 +300,7 @@ EOF
 push_images() {
     local bin=$WORK/bin
     mkdir -p "$bin"
-    cc -static -O2 -o "$bin/pause" scripts/critest/pause.c
+    cc -static -O2 -o "$bin/pause" integration/harness/images/pause.c
     cc -static -O2 -o "$bin/nnp" scripts/critest/nnp.c
     cc -static -O2 -o "$bin/nginx" scripts/critest/nginx.c
     python3 scripts/critest/images.py --busybox /bin/busybox --pause "$bin/pause" --nnp "$bin/nnp" \

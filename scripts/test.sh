@@ -13,3 +13,6 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo build --workspace --bins --locked
 export TESSERA_REQUIRE_CLUSTER=1
 cargo test --workspace --locked
+# SIG Node's CRI conformance suite, directly and through the proxy, on both runtime
+# versions Tessera supports: a spec that passes direct must pass through the proxy.
+bash scripts/critest.sh --containerd both
