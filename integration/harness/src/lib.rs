@@ -26,11 +26,14 @@ pub mod kubelet;
 pub mod raw;
 pub mod unix;
 
-/// Installs a test-friendly tracing subscriber once (`RUST_LOG` selects).
+/// Installs a test-friendly tracing subscriber once (`RUST_LOG` selects). By
+/// default kube's client does not log each failed request: the harness polls
+/// components that are still starting and reports its own errors.
 pub fn init_tracing() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "warn,kube_client::client::builder=off".into()),
         )
         .with_test_writer()
         .try_init();
