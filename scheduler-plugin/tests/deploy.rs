@@ -76,3 +76,29 @@ fn admission_policy_guards_the_annotation() {
     assert_eq!(binding["spec"]["policyName"], policy["metadata"]["name"]);
     assert_eq!(binding["spec"]["validationActions"][0], "Deny");
 }
+
+#[test]
+fn kube_scheduler_scores_every_node() {
+    // Below 100, kube-scheduler samples nodes before the extender sees them, and
+    // GPU share outside the sample is never found.
+    let config = &documents("scheduler-config.yaml")[0];
+    assert_eq!(config["percentageOfNodesToScore"], 100);
+}
+
+#[test]
+fn admission_policy_covers_every_write_path_of_the_annotation() {
+    // kube-apiserver merges a Binding's annotations into the pod it binds, and
+    // pods/status patches change annotations too.
+    let policy = &documents("admission-policy.yaml")[0];
+    let rules = policy["spec"]["matchConstraints"]["resourceRules"]
+        .as_array()
+        .expect("resourceRules");
+    for resource in ["pods", "pods/status", "pods/binding", "bindings"] {
+        assert!(
+            rules.iter().any(|rule| rule["resources"]
+                .as_array()
+                .is_some_and(|r| r.iter().any(|x| x == resource))),
+            "the admission policy does not match {resource}"
+        );
+    }
+}
