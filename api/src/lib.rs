@@ -1,8 +1,10 @@
 //! Tessera's shared contract, with no I/O: the cluster-level names (kept exactly as
 //! the Koordinator "Fine-grained Device Scheduling" design has them), Kubernetes
-//! quantities, the one codec of the `scheduling.koordinator.sh/device-allocated`
-//! pod annotation, used by the scheduler that writes it and the hook that reads it,
-//! and the parser of kubelet's device checkpoint, read by the reporter (legacy pods'
+//! quantities, pods' GPU requests container by container (with Kubernetes' rule for
+//! effective pod requests), the one codec of the
+//! `scheduling.koordinator.sh/device-allocated` pod annotation and its
+//! per-container grants, used by the scheduler that writes it and the hook that
+//! reads it, and the parser of kubelet's device checkpoint, read by the reporter (legacy pods'
 //! GPUs) and the GPU hook (which device-plugin grants are real).
 
 pub mod allocation;
@@ -16,6 +18,6 @@ pub mod quantity;
 pub mod request;
 pub mod resources;
 
-pub use allocation::{AllocationError, DeviceAllocation, DeviceAllocations};
+pub use allocation::{AllocationError, ContainerShares, DeviceAllocation, DeviceAllocations};
 pub use device::{Device, DeviceInfo, DeviceSpec, DeviceTopology, LegacyDeviceEntry};
 pub use quantity::{Quantity, QuantityError};

@@ -95,8 +95,8 @@ struct Sums {
 fn amounts(
     container: &Container,
     options: &RequestOptions,
-) -> Result<(BTreeMap<&'static str, u64>, String), RequestError> {
-    let name = container.name.clone();
+    who: &str,
+) -> Result<BTreeMap<&'static str, u64>, RequestError> {
     let resources = container.resources.as_ref();
     // Extended resources: limits are authoritative, requests must equal them.
     let pick = |key: &str| -> Option<&K8sQuantity> {
@@ -111,7 +111,7 @@ fn amounts(
     for key in MANAGED_RESOURCES {
         if let Some(quantity) = pick(key) {
             let value = Quantity::parse(&quantity.0).map_err(|e| RequestError {
-                container: format!("container {name}"),
+                container: who.to_owned(),
                 problem: format!("{key}: {e}"),
             })?;
             let unit = match *key {
@@ -122,7 +122,7 @@ fn amounts(
             out.insert(*key, value.value().saturating_mul(unit));
         }
     }
-    Ok((out, name))
+    Ok(out)
 }
 
 fn container_request(
@@ -248,47 +248,209 @@ fn to_request(sums: Sums, who: &str) -> Result<GpuRequest, RequestError> {
     })
 }
 
-/// The pod's GPU request: app containers summed, init containers' maximum, as
-/// Kubernetes computes effective requests. `None` when the pod asks for no GPU.
+/// Whether `container` names any GPU resource the scheduler manages, in its
+/// limits or requests, with a value other than zero. The containers that do are
+/// the ones a pod-level allocation was meant for.
+pub fn container_asks_for_gpu(container: &Container) -> bool {
+    let Some(resources) = &container.resources else {
+        return false;
+    };
+    [&resources.limits, &resources.requests]
+        .into_iter()
+        .flatten()
+        .flat_map(|list| list.iter())
+        .any(|(name, quantity)| {
+            MANAGED_RESOURCES.contains(&name.as_str())
+                && Quantity::parse(&quantity.0).map_or(true, |q| q.milli_value() > 0)
+        })
+}
+
+/// Where a container runs in its pod's life, as Kubernetes orders them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ContainerRole {
+    /// An init container: runs to completion before the next one starts, beside
+    /// the native sidecars started before it, and never beside app containers.
+    Init,
+    /// A native sidecar: an init container with `restartPolicy: Always`. It starts
+    /// in init order and keeps running beside everything that starts after it.
+    Sidecar,
+    /// An app container: runs beside the other app containers and every sidecar.
+    App,
+}
+
+impl ContainerRole {
+    /// `init container` (sidecars too: that is where the pod spec lists them) or
+    /// `container`, for messages.
+    pub fn noun(self) -> &'static str {
+        match self {
+            Self::Init | Self::Sidecar => "init container",
+            Self::App => "container",
+        }
+    }
+}
+
+/// One container's GPU request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContainerGpuRequest {
+    /// The container's name (unique in its pod, init containers included).
+    pub name: String,
+    /// When it runs.
+    pub role: ContainerRole,
+    /// What it asks for: `count` GPUs, each with `core` and `memory`.
+    pub gpu: GpuRequest,
+}
+
+/// What a pod asks of GPUs: one request per container that asks for any, init
+/// containers (sidecars among them) in spec order, then app containers in spec
+/// order. Containers that ask for no GPU are not listed: they get none.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PodGpuRequest {
+    /// The containers that ask for GPUs.
+    pub containers: Vec<ContainerGpuRequest>,
+}
+
+/// Scalar totals of GPU requests: what Kubernetes would add up if GPU shares
+/// were ordinary resources.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct GpuTotals {
+    /// GPUs held (a share of a GPU counts as one).
+    pub gpus: u64,
+    /// Compute percent, summed over GPUs (200: two whole GPUs' compute).
+    pub core: u64,
+    /// Memory bytes asked as bytes, summed over GPUs.
+    pub memory_bytes: u64,
+    /// Memory percent asked as a ratio, summed over GPUs.
+    pub memory_ratio: u64,
+}
+
+impl GpuTotals {
+    fn of(request: &GpuRequest) -> Self {
+        let count = u64::from(request.count);
+        let (memory_bytes, memory_ratio) = match request.memory {
+            GpuMemory::None => (0, 0),
+            GpuMemory::Bytes(bytes) => (bytes.saturating_mul(count), 0),
+            GpuMemory::Ratio(ratio) => (0, ratio.saturating_mul(count)),
+        };
+        Self {
+            gpus: count,
+            core: request.core.saturating_mul(count),
+            memory_bytes,
+            memory_ratio,
+        }
+    }
+
+    fn add(self, other: Self) -> Self {
+        Self {
+            gpus: self.gpus.saturating_add(other.gpus),
+            core: self.core.saturating_add(other.core),
+            memory_bytes: self.memory_bytes.saturating_add(other.memory_bytes),
+            memory_ratio: self.memory_ratio.saturating_add(other.memory_ratio),
+        }
+    }
+
+    /// Each resource's maximum, as Kubernetes' `maxResourceList` takes it.
+    fn max(self, other: Self) -> Self {
+        Self {
+            gpus: self.gpus.max(other.gpus),
+            core: self.core.max(other.core),
+            memory_bytes: self.memory_bytes.max(other.memory_bytes),
+            memory_ratio: self.memory_ratio.max(other.memory_ratio),
+        }
+    }
+}
+
+impl PodGpuRequest {
+    /// The request of the container named `name`.
+    pub fn container(&self, name: &str) -> Option<&ContainerGpuRequest> {
+        self.containers.iter().find(|c| c.name == name)
+    }
+
+    /// The groups of containers that run at the same time, as indices into
+    /// [`Self::containers`], by Kubernetes' rule for effective pod requests: each
+    /// init container beside the sidecars started before it; each sidecar, as it
+    /// starts, beside the sidecars started before it; last, every sidecar beside
+    /// every app container. A GPU share the pod books must hold each group that
+    /// uses it; the last group (possibly empty) is the one that runs for the pod's life.
+    pub fn phases(&self) -> Vec<Vec<usize>> {
+        let mut phases = Vec::new();
+        let mut sidecars = Vec::new();
+        for (index, container) in self.containers.iter().enumerate() {
+            match container.role {
+                ContainerRole::Sidecar => {
+                    sidecars.push(index);
+                    phases.push(sidecars.clone());
+                }
+                ContainerRole::Init => {
+                    let mut phase = sidecars.clone();
+                    phase.push(index);
+                    phases.push(phase);
+                }
+                ContainerRole::App => {}
+            }
+        }
+        let mut running = sidecars;
+        running.extend(
+            self.containers
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| c.role == ContainerRole::App)
+                .map(|(index, _)| index),
+        );
+        phases.push(running);
+        phases
+    }
+
+    /// The pod's effective request in scalar totals, exactly as Kubernetes computes
+    /// effective pod requests (`max(sum(app) + sum(sidecars), max over init
+    /// containers of (init + sidecars started before it))`, each resource on its
+    /// own). A placement books at least this much: per GPU it holds every phase.
+    pub fn effective(&self) -> GpuTotals {
+        self.phases()
+            .iter()
+            .map(|phase| {
+                phase
+                    .iter()
+                    .map(|&index| GpuTotals::of(&self.containers[index].gpu))
+                    .fold(GpuTotals::default(), GpuTotals::add)
+            })
+            .fold(GpuTotals::default(), GpuTotals::max)
+    }
+}
+
+/// The pod's GPU request, container by container (see [`PodGpuRequest`]); `None`
+/// when no container asks for a GPU. Each container's request is checked on its
+/// own: values above 100 must be whole GPUs in one container, not in the pod's sum
+/// (two containers of 60 are two shares, on one GPU or two).
 pub fn pod_gpu_request(
     pod: &Pod,
     options: &RequestOptions,
-) -> Result<Option<GpuRequest>, RequestError> {
+) -> Result<Option<PodGpuRequest>, RequestError> {
     let Some(spec) = &pod.spec else {
         return Ok(None);
     };
-    let mut apps: Option<(Sums, String)> = None;
-    for container in &spec.containers {
-        let (amounts, name) = amounts(container, options)?;
-        let who = format!("container {name}");
+    let init = spec.init_containers.iter().flatten().map(|container| {
+        let sidecar = container.restart_policy.as_deref() == Some("Always");
+        let role = if sidecar {
+            ContainerRole::Sidecar
+        } else {
+            ContainerRole::Init
+        };
+        (container, role)
+    });
+    let apps = spec.containers.iter().map(|c| (c, ContainerRole::App));
+    let mut containers = Vec::new();
+    for (container, role) in init.chain(apps) {
+        let who = format!("{} {}", role.noun(), container.name);
+        let amounts = amounts(container, options, &who)?;
         if let Some(sums) = container_request(&amounts, &who)? {
-            let total = apps.get_or_insert((Sums::default(), who));
-            total.0.core += sums.core;
-            total.0.memory += sums.memory;
-            total.0.ratio += sums.ratio;
-            total.0.count += sums.count;
+            containers.push(ContainerGpuRequest {
+                name: container.name.clone(),
+                role,
+                gpu: to_request(sums, &who)?,
+            });
         }
     }
-    let mut request = match apps {
-        Some((sums, who)) => Some(to_request(sums, &who)?),
-        None => None,
-    };
-    for container in spec.init_containers.iter().flatten() {
-        let (amounts, name) = amounts(container, options)?;
-        let who = format!("init container {name}");
-        if let Some(sums) = container_request(&amounts, &who)? {
-            let init = to_request(sums, &who)?;
-            // The larger of the two: init containers run before, never beside, app containers.
-            let bigger = match request {
-                None => true,
-                Some(current) => (init.count, init.core) > (current.count, current.core),
-            };
-            if bigger {
-                request = Some(init);
-            }
-        }
-    }
-    Ok(request)
+    Ok((!containers.is_empty()).then_some(PodGpuRequest { containers }))
 }
 
 #[cfg(test)]
@@ -324,11 +486,17 @@ mod tests {
         }
     }
 
+    /// The request of a pod with one app container `main` asking for `resources`.
     fn request(resources: &[(&str, &str)]) -> Result<Option<GpuRequest>, RequestError> {
-        pod_gpu_request(
+        let pod = pod_gpu_request(
             &pod(vec![container("main", resources)], vec![]),
             &RequestOptions::default(),
-        )
+        )?;
+        Ok(pod.map(|p| {
+            assert_eq!(p.containers.len(), 1, "{p:?}");
+            assert_eq!(p.containers[0].name, "main");
+            p.containers[0].gpu
+        }))
     }
 
     #[test]
@@ -445,36 +613,324 @@ mod tests {
         );
     }
 
+    fn sidecar(name: &str, resources: &[(&str, &str)]) -> Container {
+        Container {
+            restart_policy: Some("Always".into()),
+            ..container(name, resources)
+        }
+    }
+
+    fn shares(core: u64, ratio: u64) -> GpuRequest {
+        GpuRequest {
+            count: 1,
+            core,
+            memory: GpuMemory::Ratio(ratio),
+        }
+    }
+
+    fn pod_request(apps: Vec<Container>, init: Vec<Container>) -> PodGpuRequest {
+        pod_gpu_request(&pod(apps, init), &RequestOptions::default())
+            .expect("valid")
+            .expect("asks for GPUs")
+    }
+
+    /// Replaces the old `apps_sum_and_init_containers_take_the_max`, whose
+    /// assertion (one pod-level request of 50) was the bug: each container keeps
+    /// its own request, and the pod's total follows Kubernetes' rule.
     #[test]
-    fn apps_sum_and_init_containers_take_the_max() {
+    fn each_container_keeps_its_own_request() {
         let apps = vec![
             container("a", &[(GPU_CORE, "20"), (GPU_MEMORY_RATIO, "20")]),
+            container("sidecar-without-gpu", &[]),
             container("b", &[(GPU_CORE, "30"), (GPU_MEMORY_RATIO, "30")]),
         ];
         let init = vec![container(
             "i",
             &[(GPU_CORE, "40"), (GPU_MEMORY_RATIO, "40")],
         )];
-        let summed =
-            pod_gpu_request(&pod(apps.clone(), init), &RequestOptions::default()).expect("valid");
+        let request = pod_request(apps, init);
+        let listed: Vec<(&str, ContainerRole, GpuRequest)> = request
+            .containers
+            .iter()
+            .map(|c| (c.name.as_str(), c.role, c.gpu))
+            .collect();
         assert_eq!(
-            summed,
-            Some(GpuRequest {
-                count: 1,
-                core: 50,
-                memory: GpuMemory::Ratio(50)
-            })
+            listed,
+            [
+                ("i", ContainerRole::Init, shares(40, 40)),
+                ("a", ContainerRole::App, shares(20, 20)),
+                ("b", ContainerRole::App, shares(30, 30)),
+            ]
         );
-        let bigger_init = vec![container("i", &[(NVIDIA_GPU, "1")])];
-        let result =
-            pod_gpu_request(&pod(apps, bigger_init), &RequestOptions::default()).expect("valid");
+        assert_eq!(request.phases(), [vec![0], vec![1, 2]]);
         assert_eq!(
-            result,
-            Some(GpuRequest {
-                count: 1,
+            request.effective(),
+            GpuTotals {
+                gpus: 2,
+                core: 50,
+                memory_bytes: 0,
+                memory_ratio: 50
+            }
+        );
+    }
+
+    /// 60 + 60 and 200 + 50 used to be summed into 120 and 250 "per GPU": never
+    /// schedulable, with a reason about free compute. They are valid shares.
+    #[test]
+    fn sums_above_100_that_are_not_whole_gpus_are_valid() {
+        let request = pod_request(
+            vec![
+                container("a", &[(GPU_CORE, "60"), (GPU_MEMORY_RATIO, "60")]),
+                container("b", &[(GPU_CORE, "60"), (GPU_MEMORY_RATIO, "60")]),
+            ],
+            vec![],
+        );
+        assert_eq!(request.containers[0].gpu, shares(60, 60));
+        assert_eq!(request.containers[1].gpu, shares(60, 60));
+        assert_eq!(request.effective().core, 120);
+        let request = pod_request(
+            vec![
+                container("a", &[(GPU_SHARED, "200")]),
+                container("b", &[(GPU_SHARED, "50")]),
+            ],
+            vec![],
+        );
+        assert_eq!(
+            request.containers[0].gpu,
+            GpuRequest {
+                count: 2,
                 core: 100,
                 memory: GpuMemory::Ratio(100)
-            })
+            }
         );
+        assert_eq!(request.containers[1].gpu, shares(50, 50));
+        assert_eq!(request.effective().core, 250);
+        // One container's value above 100 still has to be whole GPUs.
+        let error = pod_gpu_request(
+            &pod(
+                vec![container("ok", &[(GPU_CORE, "50")])],
+                vec![container("bad", &[(GPU_CORE, "150")])],
+            ),
+            &RequestOptions::default(),
+        )
+        .expect_err("150 in one container");
+        assert_eq!(
+            error.to_string(),
+            "init container bad: koordinator.sh/gpu-core 150: values above 100 must be multiples of 100 (whole GPUs)"
+        );
+    }
+
+    /// The old rule took the init container with the larger (count, core) and
+    /// dropped the other's memory: 50% compute + 10% memory won over 10% + 40%.
+    #[test]
+    fn init_containers_are_maxed_per_resource() {
+        let request = pod_request(
+            vec![container(
+                "app",
+                &[(GPU_CORE, "50"), (GPU_MEMORY_RATIO, "10")],
+            )],
+            vec![container(
+                "init",
+                &[(GPU_CORE, "10"), (GPU_MEMORY_RATIO, "40")],
+            )],
+        );
+        let effective = request.effective();
+        assert_eq!((effective.core, effective.memory_ratio), (50, 40));
+    }
+
+    /// Native sidecars run beside the app containers: added, not maxed; an init
+    /// container after a sidecar runs beside it.
+    #[test]
+    fn native_sidecars_are_added() {
+        let request = pod_request(
+            vec![container("app", &[(GPU_SHARED, "40")])],
+            vec![
+                sidecar("proxy", &[(GPU_SHARED, "30")]),
+                container("warmup", &[(GPU_SHARED, "60")]),
+            ],
+        );
+        assert_eq!(
+            request
+                .containers
+                .iter()
+                .map(|c| c.role)
+                .collect::<Vec<_>>(),
+            [
+                ContainerRole::Sidecar,
+                ContainerRole::Init,
+                ContainerRole::App
+            ]
+        );
+        assert_eq!(request.phases(), [vec![0], vec![0, 1], vec![0, 2]]);
+        // max(30 + 40, 30 + 60): the warm-up runs beside the sidecar.
+        assert_eq!(request.effective().core, 90);
+        let only_apps = pod_request(
+            vec![container("app", &[(GPU_SHARED, "40")])],
+            vec![sidecar("proxy", &[(GPU_SHARED, "30")])],
+        );
+        assert_eq!(only_apps.effective().core, 70, "the old rule said 40");
+    }
+
+    /// HAMi's names in two containers were summed into one request: 2 GPUs at
+    /// 60% and 8 GiB each, for two containers that asked for one GPU at 30% and 4 GiB.
+    #[test]
+    fn hami_requests_in_several_containers_do_not_double_count() {
+        let hami = [
+            (NVIDIA_GPU, "1"),
+            (HAMI_GPU_MEM, "4096"),
+            (HAMI_GPU_CORES, "30"),
+        ];
+        let request = pod_request(vec![container("a", &hami), container("b", &hami)], vec![]);
+        for c in &request.containers {
+            assert_eq!(
+                c.gpu,
+                GpuRequest {
+                    count: 1,
+                    core: 30,
+                    memory: GpuMemory::Bytes(4096 << 20)
+                }
+            );
+        }
+        assert_eq!(
+            request.effective(),
+            GpuTotals {
+                gpus: 2,
+                core: 60,
+                memory_bytes: 8192 << 20,
+                memory_ratio: 0
+            }
+        );
+    }
+
+    // === Kubernetes' rule, transcribed ===
+
+    /// `PodRequests` of k8s.io/component-helpers/resource (v1.33+), for resources
+    /// whose requests equal their limits (extended resources), with no pod overhead:
+    /// app containers summed; each restartable init container added to that sum and
+    /// to the running sidecars; each init container's request is its own plus the
+    /// sidecars before it (a sidecar's: the sidecars so far); the result is the
+    /// maximum of the sum and every init request, resource by resource.
+    fn kubernetes_pod_requests(pod: &Pod) -> BTreeMap<String, u64> {
+        fn requests(container: &Container) -> BTreeMap<String, u64> {
+            container
+                .resources
+                .iter()
+                .flat_map(|r| r.limits.iter().flatten())
+                .map(|(name, q)| (name.clone(), Quantity::parse(&q.0).expect("valid").value()))
+                .collect()
+        }
+        fn add(into: &mut BTreeMap<String, u64>, other: &BTreeMap<String, u64>) {
+            for (name, value) in other {
+                *into.entry(name.clone()).or_default() += value;
+            }
+        }
+        fn max(into: &mut BTreeMap<String, u64>, other: &BTreeMap<String, u64>) {
+            for (name, value) in other {
+                let entry = into.entry(name.clone()).or_default();
+                *entry = (*entry).max(*value);
+            }
+        }
+        let spec = pod.spec.as_ref().expect("spec");
+        let mut reqs = BTreeMap::new();
+        for container in &spec.containers {
+            add(&mut reqs, &requests(container));
+        }
+        let mut restartable = BTreeMap::new();
+        let mut init_reqs = BTreeMap::new();
+        for container in spec.init_containers.iter().flatten() {
+            let mut container_reqs = requests(container);
+            if container.restart_policy.as_deref() == Some("Always") {
+                add(&mut reqs, &container_reqs);
+                add(&mut restartable, &container_reqs);
+                container_reqs = restartable.clone();
+            } else {
+                add(&mut container_reqs, &restartable);
+            }
+            max(&mut init_reqs, &container_reqs);
+        }
+        max(&mut reqs, &init_reqs);
+        reqs
+    }
+
+    /// A container of a generated pod: its role, and what it asks for.
+    fn generated_container(
+        index: usize,
+        role: u8,
+        resources: Vec<(&'static str, String)>,
+    ) -> (bool, Container) {
+        let pairs: Vec<(&str, &str)> = resources.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let mut c = container(&format!("c{index}"), &pairs);
+        if role == 1 {
+            c.restart_policy = Some("Always".into());
+        }
+        (role != 2, c)
+    }
+
+    fn generated_pod(containers: Vec<(bool, Container)>) -> Pod {
+        let (init, apps): (Vec<_>, Vec<_>) = containers.into_iter().partition(|(init, _)| *init);
+        pod(
+            apps.into_iter().map(|(_, c)| c).collect(),
+            init.into_iter().map(|(_, c)| c).collect(),
+        )
+    }
+
+    /// Shares in the Koordinator names: compute and memory ratio of at most one
+    /// GPU, or whole GPUs; or no GPU at all.
+    fn koordinator_resources()
+    -> impl proptest::strategy::Strategy<Value = Vec<(&'static str, String)>> {
+        use proptest::prelude::*;
+        prop_oneof![
+            Just(vec![]),
+            (1u64..=100, proptest::option::of(1u64..=100)).prop_map(|(core, ratio)| {
+                let mut r = vec![(GPU_CORE, core.to_string())];
+                r.extend(ratio.map(|ratio| (GPU_MEMORY_RATIO, ratio.to_string())));
+                r
+            }),
+            (1u64..=100).prop_map(|ratio| vec![(GPU_MEMORY_RATIO, ratio.to_string())]),
+            (1u64..=3).prop_map(|n| vec![
+                (GPU_CORE, (n * 100).to_string()),
+                (GPU_MEMORY_RATIO, (n * 100).to_string())
+            ]),
+        ]
+    }
+
+    proptest::proptest! {
+        /// Our effective request is Kubernetes' for every mix of init containers,
+        /// sidecars and app containers, in any order.
+        #[test]
+        fn effective_request_is_kubernetes_own(
+            spec in proptest::collection::vec((0u8..3, koordinator_resources()), 1..8),
+        ) {
+            let pod = generated_pod(
+                spec.into_iter().enumerate().map(|(i, (role, r))| generated_container(i, role, r)).collect(),
+            );
+            let kubernetes = kubernetes_pod_requests(&pod);
+            let ours = pod_gpu_request(&pod, &RequestOptions::default()).expect("valid");
+            let effective = ours.as_ref().map(PodGpuRequest::effective).unwrap_or_default();
+            proptest::prop_assert_eq!(effective.core, kubernetes.get(GPU_CORE).copied().unwrap_or(0));
+            proptest::prop_assert_eq!(effective.memory_ratio, kubernetes.get(GPU_MEMORY_RATIO).copied().unwrap_or(0));
+            proptest::prop_assert_eq!(ours.is_none(), kubernetes.values().all(|v| *v == 0));
+        }
+
+        /// The same for whole GPUs asked with `nvidia.com/gpu`.
+        #[test]
+        fn effective_whole_gpus_are_kubernetes_own(
+            spec in proptest::collection::vec((0u8..3, 0u64..4), 1..8),
+        ) {
+            let pod = generated_pod(
+                spec.into_iter().enumerate().map(|(i, (role, n))| {
+                    let resources = if n == 0 { vec![] } else { vec![(NVIDIA_GPU, n.to_string())] };
+                    generated_container(i, role, resources)
+                }).collect(),
+            );
+            let kubernetes = kubernetes_pod_requests(&pod).get(NVIDIA_GPU).copied().unwrap_or(0);
+            let effective = pod_gpu_request(&pod, &RequestOptions::default())
+                .expect("valid")
+                .map(|r| r.effective())
+                .unwrap_or_default();
+            proptest::prop_assert_eq!(effective.gpus, kubernetes);
+            proptest::prop_assert_eq!(effective.core, kubernetes * 100);
+            proptest::prop_assert_eq!(effective.memory_ratio, kubernetes * 100);
+        }
     }
 }

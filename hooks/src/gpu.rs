@@ -12,14 +12,20 @@
 //! ([`DEVICE_SWITCHES`]) and the volume-mounts device list
 //! ([`DEVICE_LIST_MOUNT_ROOT`]). What a container ends up with:
 //!
-//! - **allocated** (the scheduler's annotation names GPUs): its GPUs' UUIDs (`void`
-//!   in CDI mode, where CDI carries them). Every earlier value, the device plugin's
+//! - **allocated** (the scheduler's annotation grants this container GPUs: its
+//!   per-container grant, or every GPU of an annotation in the pod-level form, see
+//!   [`rewrite`]): its GPUs' UUIDs (`void` in CDI mode, where CDI carries them),
+//!   with limiter env from its own share. Every earlier value, the device plugin's
 //!   or the pod's, is replaced: the annotation is the grant. The other device
 //!   variables are switched off and device-list mounts removed: Tessera gives
 //!   GPUs and RDMA functions by their device nodes, and `NVIDIA_MOFED=enabled`
 //!   would add every RDMA device of the node, `NVIDIA_IMEX_CHANNELS` channels
 //!   shared with other tenants, and so on. NVIDIA CDI devices a device plugin added
 //!   go too.
+//! - **allocated pod, not this container** (the per-container grants do not name
+//!   it: a sidecar that asked for no GPU): `void`, switches off, device-list mounts,
+//!   GPU device nodes, NVIDIA CDI devices and limiter env removed, whatever its env
+//!   or a device plugin says ([`not_granted`]).
 //! - **not allocated, the last `NVIDIA_VISIBLE_DEVICES` asks for no GPU** (absent,
 //!   `void`, `none`, empty): `void` (the configured value), switches off,
 //!   device-list mounts removed. Nothing to decide: this only narrows.
@@ -50,7 +56,7 @@ pub use tessera_api::checkpoint::VISIBLE_DEVICES;
 use tessera_api::checkpoint::{
     CheckpointEntry, DEVICE_LIST_MOUNT_ROOT, DEVICE_SWITCHES, without_replica,
 };
-use tessera_api::resources::DEVICE_ALLOCATED;
+use tessera_api::resources::{DEVICE_ALLOCATED, DEVICE_TYPE_RDMA};
 use tessera_api::{AllocationError, DeviceAllocation, DeviceAllocations};
 use tessera_protos::hook::v1::{
     CdiDevice, ContainerHookRequest, ContainerHookResponse, DeviceNode, Event, KeyValue,
@@ -303,24 +309,38 @@ fn is_nvidia_cdi(name: &str, config: &GpuHookConfig) -> bool {
         || name.starts_with(&format!("{}=", config.cdi_kind))
 }
 
+/// ` (container NAME)` when the name is known, for the end of a message.
+fn refused(container: &str) -> String {
+    if container.is_empty() {
+        String::new()
+    } else {
+        format!(" (container {container})")
+    }
+}
+
 /// Why a container cannot be given its GPUs. The message names the pod, the
-/// annotation and the problem; kubelet shows it as the container's error.
+/// annotation, the field and value, and the container; kubelet shows it as the
+/// container's error.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum GpuHookError {
     /// The annotation is malformed.
-    #[error("pod {pod}: annotation {DEVICE_ALLOCATED}: {source}")]
+    #[error("pod {pod}: annotation {DEVICE_ALLOCATED}: {source}{}", refused(.container))]
     Annotation {
         /// `namespace/name`.
         pod: String,
+        /// The container being created (empty when unknown).
+        container: String,
         /// What is wrong with it.
         #[source]
         source: AllocationError,
     },
     /// The annotation names a device this node cannot provide.
-    #[error("pod {pod}: annotation {DEVICE_ALLOCATED}: {path}: {problem}")]
+    #[error("pod {pod}: annotation {DEVICE_ALLOCATED}: {path}: {problem}{}", refused(.container))]
     Device {
         /// `namespace/name`.
         pod: String,
+        /// The container being created (empty when unknown).
+        container: String,
         /// Where in the annotation, e.g. `gpu[0].id`.
         path: String,
         /// What is wrong.
@@ -377,8 +397,10 @@ fn is_gpu_node(container_path: &str) -> bool {
         .is_some_and(|rest| !rest.is_empty() && rest.bytes().all(|b| b.is_ascii_digit()))
 }
 
-/// A GPU resolved against the node: its UUID, minor and share.
+/// A GPU resolved against the node: its UUID, minor and the container's share.
 struct ResolvedGpu<'a> {
+    /// Its index in the annotation's `gpu` list, for messages.
+    index: usize,
     uuid: String,
     minor: u32,
     allocation: &'a DeviceAllocation,
@@ -396,7 +418,15 @@ pub fn allocation_of(container: &ContainerHookRequest) -> Option<&String> {
 }
 
 /// Computes the edits that give the container exactly the GPUs (and RDMA devices)
-/// its pod was allocated. Only `CreateContainer` is rewritten.
+/// the scheduler granted it. Only `CreateContainer` is rewritten.
+///
+/// With per-container grants (see [`tessera_api::allocation`]) the container gets
+/// the devices whose entries name it, with its own share; a container they do not
+/// name gets no GPU at all ([`not_granted`]). An annotation in the pod-level form
+/// (written before per-container grants) gives every container the pod's devices,
+/// as before: the hook cannot tell which containers asked for them, so the
+/// scheduler rewrites such annotations of running pods into per-container grants
+/// (`tessera_scheduler::upgrade`) and the next container created reads those.
 pub fn rewrite(
     container: &ContainerHookRequest,
     node: &NodeDevices,
@@ -410,26 +440,39 @@ pub fn rewrite(
         .as_ref()
         .map(|p| format!("{}/{}", p.namespace, p.name))
         .unwrap_or_default();
+    let name = container
+        .container
+        .as_ref()
+        .map(|c| c.name.as_str())
+        .unwrap_or_default();
     let Some(annotation) = allocation_of(container) else {
         return unallocated(container, &pod, node, config);
     };
     let allocations =
         DeviceAllocations::parse(annotation).map_err(|source| GpuHookError::Annotation {
             pod: pod.clone(),
+            container: name.to_owned(),
             source,
         })?;
-    let gpus = resolve_gpus(&allocations, node, &pod)?;
+    let granted = allocations.gpus_of_container(name);
+    let gpus = resolve_gpus(&granted, node, &pod, name)?;
     let mut edit = ContainerHookResponse::default();
     if gpus.is_empty() {
-        edit = unallocated(container, &pod, node, config)?;
+        if allocations.is_per_container() {
+            // An allocated pod's container that asked for no GPU: none, whatever its env says.
+            not_granted(container, config, &mut edit);
+        } else {
+            edit = unallocated(container, &pod, node, config)?;
+        }
     } else {
         match config.mode {
             GpuMode::Env => {
-                for (index, gpu) in gpus.iter().enumerate() {
+                for gpu in &gpus {
                     if !node.nodes.contains(&format!("nvidia{}", gpu.minor)) {
                         return Err(GpuHookError::Device {
                             pod,
-                            path: format!("gpu[{index}]"),
+                            container: name.to_owned(),
+                            path: format!("gpu[{}]", gpu.index),
                             problem: format!(
                                 "device node {} for GPU {} does not exist on this node",
                                 config
@@ -449,8 +492,37 @@ pub fn rewrite(
             limiter_env(container, &gpus, &mut edit);
         }
     }
-    rdma(&allocations, node, config, &pod, &mut edit)?;
+    let rdma = allocations.devices_of_container(DEVICE_TYPE_RDMA, name);
+    add_rdma(&rdma, node, config, &pod, name, &mut edit)?;
     Ok(edit)
+}
+
+/// A container that the per-container grants of its allocated pod do not name:
+/// no GPU. Every device key off (`NVIDIA_VISIBLE_DEVICES=void`), GPU device nodes
+/// and NVIDIA CDI devices removed, limiter env dropped. A device plugin's grant
+/// is not kept either: the scheduler granted this pod's GPUs container by
+/// container, and this container is not among them.
+fn not_granted(
+    container: &ContainerHookRequest,
+    config: &GpuHookConfig,
+    edit: &mut ContainerHookResponse,
+) {
+    device_env(container, "void", None, edit);
+    remove_plugin_cdi(container, &[], config, edit);
+    edit.remove_devices.extend(
+        container
+            .devices
+            .iter()
+            .filter(|d| is_gpu_node(&d.container_path))
+            .map(|d| d.container_path.clone()),
+    );
+    edit.remove_envs.extend(
+        container
+            .envs
+            .iter()
+            .filter(|e| e.key.starts_with(MEMORY_LIMIT_PREFIX) || e.key == SM_LIMIT)
+            .map(|e| e.key.clone()),
+    );
 }
 
 /// No allocation: hide every GPU, unless a device plugin already gave this
@@ -553,20 +625,21 @@ fn device_env(
 }
 
 fn resolve_gpus<'a>(
-    allocations: &'a DeviceAllocations,
+    granted: &'a [(usize, DeviceAllocation)],
     node: &NodeDevices,
     pod: &str,
+    container: &str,
 ) -> Result<Vec<ResolvedGpu<'a>>, GpuHookError> {
     let error = |path: String, problem: String| GpuHookError::Device {
         pod: pod.to_owned(),
+        container: container.to_owned(),
         path,
         problem,
     };
-    allocations
-        .gpus()
+    granted
         .iter()
-        .enumerate()
         .map(|(index, allocation)| {
+            let index = *index;
             let path = format!("gpu[{index}]");
             let Some(inventory) = &node.gpus else {
                 if allocation.id.is_empty() {
@@ -575,7 +648,7 @@ fn resolve_gpus<'a>(
                         format!("missing, and the node's GPU inventory is unavailable to map minor {} to a UUID", allocation.minor),
                     ));
                 }
-                return Ok(ResolvedGpu { uuid: allocation.id.clone(), minor: allocation.minor, allocation, memory_total: None });
+                return Ok(ResolvedGpu { index, uuid: allocation.id.clone(), minor: allocation.minor, allocation, memory_total: None });
             };
             let found = if allocation.id.is_empty() {
                 inventory.iter().find(|gpu| gpu.minor == allocation.minor)
@@ -588,7 +661,7 @@ fn resolve_gpus<'a>(
                 let wanted = if allocation.id.is_empty() { format!("minor {}", allocation.minor) } else { allocation.id.clone() };
                 error(path.clone(), format!("GPU {wanted} is not on this node; it has {}", if have.is_empty() { "none".into() } else { have.join(", ") }))
             })?;
-            Ok(ResolvedGpu { uuid: gpu.uuid.clone(), minor: gpu.minor, allocation, memory_total: gpu.memory_bytes })
+            Ok(ResolvedGpu { index, uuid: gpu.uuid.clone(), minor: gpu.minor, allocation, memory_total: gpu.memory_bytes })
         })
         .collect()
 }
@@ -731,17 +804,20 @@ fn limiter_env(
         .retain(|key| !set.contains_key(key.as_str()));
 }
 
-fn rdma(
-    allocations: &DeviceAllocations,
+/// Adds the RDMA devices granted to the container (with their virtual functions)
+/// and the connection manager.
+fn add_rdma(
+    granted: &[(usize, DeviceAllocation)],
     node: &NodeDevices,
     config: &GpuHookConfig,
     pod: &str,
+    container: &str,
     edit: &mut ContainerHookResponse,
 ) -> Result<(), GpuHookError> {
-    if allocations.rdma().is_empty() {
+    if granted.is_empty() {
         return Ok(());
     }
-    for (index, allocation) in allocations.rdma().iter().enumerate() {
+    for (index, allocation) in granted {
         let mut minors = vec![(format!("rdma[{index}].minor"), allocation.minor)];
         let vfs = allocation
             .extension
@@ -756,6 +832,7 @@ fn rdma(
                 .and_then(|m| u32::try_from(m).ok());
             let minor = minor.ok_or_else(|| GpuHookError::Device {
                 pod: pod.to_owned(),
+                container: container.to_owned(),
                 path: path.clone(),
                 problem: format!(
                     "expected a device minor number, got {}",
@@ -769,6 +846,7 @@ fn rdma(
             if !node.nodes.contains(&name) {
                 return Err(GpuHookError::Device {
                     pod: pod.to_owned(),
+                    container: container.to_owned(),
                     path,
                     problem: format!("RDMA device /dev/{name} does not exist on this node"),
                 });

@@ -3,7 +3,9 @@
 
 use std::collections::BTreeMap;
 
-use tessera_api::request::{GpuMemory, GpuRequest};
+use tessera_api::request::{
+    ContainerGpuRequest, ContainerRole, GpuMemory, GpuRequest, PodGpuRequest,
+};
 
 /// One GPU's capacity and use.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -372,6 +374,250 @@ pub fn account(node: &mut NodeState, placement: &Placement, add: bool) {
                 gpu.memory_used = gpu.memory_used.saturating_sub(share.memory);
             }
         }
+    }
+}
+
+// === Pods: a share per container ===
+
+/// One container's GPUs, and its share of each.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContainerPlacement {
+    /// The container's name.
+    pub name: String,
+    /// Its shares, in the order it sees the GPUs.
+    pub gpus: Vec<GpuShare>,
+}
+
+/// The GPUs chosen for a pod, container by container.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PodPlacement {
+    /// What the pod books on each GPU, by minor: per resource, the most its
+    /// containers use at once (Kubernetes' phases, [`PodGpuRequest::phases`]).
+    /// This is what the ledger counts and the annotation's pod-level list says.
+    pub booked: Placement,
+    /// Each container that asked for GPUs, in the request's order.
+    pub containers: Vec<ContainerPlacement>,
+}
+
+/// Adds `shares` into per-GPU sums.
+fn add_shares(sums: &mut BTreeMap<String, GpuShare>, shares: &[GpuShare]) {
+    for share in shares {
+        let sum = sums.entry(share.uuid.clone()).or_insert_with(|| GpuShare {
+            core: 0,
+            memory: 0,
+            ratio: 0,
+            ..share.clone()
+        });
+        sum.core += share.core;
+        sum.memory += share.memory;
+        sum.ratio += share.ratio;
+    }
+}
+
+/// What `phase` (indices into the request) uses of each GPU, given each container's shares.
+fn phase_use(phase: &[usize], grants: &[Vec<GpuShare>]) -> BTreeMap<String, GpuShare> {
+    let mut sums = BTreeMap::new();
+    for &index in phase {
+        add_shares(&mut sums, &grants[index]);
+    }
+    sums
+}
+
+/// Raises `booked` to hold `used` as well, resource by resource.
+fn book(booked: &mut BTreeMap<String, GpuShare>, used: BTreeMap<String, GpuShare>) {
+    for (uuid, used) in used {
+        let entry = booked.entry(uuid).or_insert_with(|| GpuShare {
+            core: 0,
+            memory: 0,
+            ratio: 0,
+            ..used.clone()
+        });
+        entry.core = entry.core.max(used.core);
+        entry.memory = entry.memory.max(used.memory);
+        // Ratios of byte requests are rounded up one by one: their sum may pass
+        // 100 while the bytes fit. A booking is never more than the GPU.
+        entry.ratio = entry.ratio.max(used.ratio).min(100);
+    }
+}
+
+/// The message of a container that does not fit.
+fn container_unfit(container: &ContainerGpuRequest, reason: &str) -> String {
+    format!("{} {}: {reason}", container.role.noun(), container.name)
+}
+
+/// Biggest first: whole and multi-GPU requests before shares, so shares fill around them.
+fn size(request: &GpuRequest) -> (u32, u64, u64, u64) {
+    let (ratio, bytes) = match request.memory {
+        GpuMemory::None => (0, 0),
+        GpuMemory::Bytes(bytes) => (0, bytes),
+        GpuMemory::Ratio(ratio) => (ratio, 0),
+    };
+    (request.count, request.core, ratio, bytes)
+}
+
+/// Chooses GPUs for an init container on `during` (the node with the sidecars
+/// started before it), preferring GPUs the pod already books enough of: an init
+/// container runs before the app containers, so it may reuse their shares.
+fn allocate_init(
+    during: &NodeState,
+    sidecars: &BTreeMap<String, GpuShare>,
+    booked: &BTreeMap<String, GpuShare>,
+    request: &GpuRequest,
+    policy: Policy,
+) -> Result<Vec<GpuShare>, String> {
+    let count = request.count as usize;
+    let mut candidates: Vec<(f64, f64, &GpuState, Take)> = during
+        .gpus
+        .iter()
+        .filter_map(|gpu| {
+            let t = take(gpu, request)?;
+            let zero = GpuShare {
+                uuid: String::new(),
+                minor: 0,
+                core: 0,
+                memory: 0,
+                ratio: 0,
+            };
+            let before = sidecars.get(&gpu.uuid).unwrap_or(&zero);
+            let held = booked.get(&gpu.uuid).unwrap_or(&zero);
+            // What the pod would book beyond what it books already.
+            let extra_core = (before.core + t.core).saturating_sub(held.core) as f64 / 100.0;
+            let extra_memory = (before.memory + t.memory).saturating_sub(held.memory) as f64
+                / gpu.memory_total.max(1) as f64;
+            Some((extra_core + extra_memory, fullness_after(gpu, t), gpu, t))
+        })
+        .collect();
+    if candidates.len() < count || count == 0 {
+        return Err(unfit_reason(during, request));
+    }
+    candidates.sort_by(|a, b| {
+        let by_policy = match policy {
+            Policy::Binpack => b.1.total_cmp(&a.1),
+            Policy::Spread => a.1.total_cmp(&b.1),
+        };
+        a.0.total_cmp(&b.0)
+            .then(by_policy)
+            .then(a.2.minor.cmp(&b.2.minor))
+    });
+    let mut chosen: Vec<GpuShare> = candidates[..count]
+        .iter()
+        .map(|(_, _, gpu, t)| to_share(gpu, *t))
+        .collect();
+    chosen.sort_by_key(|share| share.minor);
+    Ok(chosen)
+}
+
+/// Chooses GPUs for every container of a pod on `node`, or says which container
+/// does not fit and why. The containers that run for the pod's life (sidecars and
+/// app containers) are placed together, biggest first, each beside the ones placed
+/// before it (two 25% containers may share one GPU, booked 50%, or use two, as
+/// [`allocate`] decides); then each init container, in order, beside the sidecars
+/// started before it, on GPUs the pod books already where it can. The pod books,
+/// per GPU and resource, the most any phase uses.
+pub fn allocate_pod(
+    node: &NodeState,
+    request: &PodGpuRequest,
+    policy: Policy,
+) -> Result<PodPlacement, String> {
+    if let [only] = request.containers.as_slice() {
+        // The common case: one container, the whole pod's request.
+        let placement =
+            allocate(node, &only.gpu, policy).map_err(|reason| container_unfit(only, &reason))?;
+        return Ok(PodPlacement {
+            containers: vec![ContainerPlacement {
+                name: only.name.clone(),
+                gpus: placement.gpus.clone(),
+            }],
+            booked: placement,
+        });
+    }
+    let containers = &request.containers;
+    let phases = request.phases();
+    let mut grants: Vec<Vec<GpuShare>> = vec![Vec::new(); containers.len()];
+    // The pod's life: sidecars and app containers, each beside those placed before it.
+    let running = phases.last().cloned().unwrap_or_default();
+    let mut order = running.clone();
+    order.sort_by_key(|&index| std::cmp::Reverse(size(&containers[index].gpu)));
+    let mut work = node.clone();
+    for index in order {
+        let container = &containers[index];
+        let placement = allocate(&work, &container.gpu, policy)
+            .map_err(|reason| container_unfit(container, &reason))?;
+        account(&mut work, &placement, true);
+        grants[index] = placement.gpus;
+    }
+    let mut booked = BTreeMap::new();
+    book(&mut booked, phase_use(&running, &grants));
+    // Init containers, in order; a sidecar's own start uses a part of `running`.
+    for phase in &phases[..phases.len().saturating_sub(1)] {
+        let Some((&last, before)) = phase.split_last() else {
+            continue;
+        };
+        let container = &containers[last];
+        if container.role == ContainerRole::Init {
+            let sidecars = phase_use(before, &grants);
+            let mut during = node.clone();
+            for &sidecar in before {
+                account(
+                    &mut during,
+                    &Placement {
+                        gpus: grants[sidecar].clone(),
+                    },
+                    true,
+                );
+            }
+            grants[last] = allocate_init(&during, &sidecars, &booked, &container.gpu, policy)
+                .map_err(|reason| container_unfit(container, &reason))?;
+        }
+        book(&mut booked, phase_use(phase, &grants));
+    }
+    let mut booked: Vec<GpuShare> = booked.into_values().collect();
+    booked.sort_by_key(|share| share.minor);
+    Ok(PodPlacement {
+        booked: Placement { gpus: booked },
+        containers: containers
+            .iter()
+            .zip(grants)
+            .map(|(container, gpus)| ContainerPlacement {
+                name: container.name.clone(),
+                gpus,
+            })
+            .collect(),
+    })
+}
+
+/// Whether the pod fits on `node` when placed by `policy`, as bind will place it
+/// (for one container, as cheap as [`fits`]).
+pub fn fits_pod(node: &NodeState, request: &PodGpuRequest, policy: Policy) -> bool {
+    match request.containers.as_slice() {
+        [only] => fits(node, &only.gpu),
+        _ => allocate_pod(node, request, policy).is_ok(),
+    }
+}
+
+/// Why the pod does not fit on `node`, naming the container that does not.
+pub fn unfit_reason_pod(node: &NodeState, request: &PodGpuRequest, policy: Policy) -> String {
+    match request.containers.as_slice() {
+        [only] => container_unfit(only, &unfit_reason(node, &only.gpu)),
+        _ => allocate_pod(node, request, policy)
+            .err()
+            .unwrap_or_else(|| "fits".into()),
+    }
+}
+
+/// The extender score 0..=10 of placing the pod on `node`, or `None` when it
+/// does not fit (for one container, as cheap as [`score_request`]).
+pub fn score_pod(
+    node: &NodeState,
+    request: &PodGpuRequest,
+    gpu_policy: Policy,
+    node_policy: Policy,
+) -> Option<i64> {
+    match request.containers.as_slice() {
+        [only] => score_request(node, &only.gpu, gpu_policy, node_policy),
+        _ => allocate_pod(node, request, gpu_policy)
+            .ok()
+            .map(|placement| score(node, &placement.booked, node_policy)),
     }
 }
 

@@ -20,10 +20,10 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
-use tessera_api::request::{GpuRequest, RequestOptions, pod_gpu_request};
+use tessera_api::request::{PodGpuRequest, RequestOptions, pod_gpu_request};
 use tessera_api::resources::DEVICE_ALLOCATED;
 
-use crate::core::{Policy, allocate, fits, score_request, unfit_reason};
+use crate::core::{Policy, allocate_pod, fits_pod, score_pod, unfit_reason_pod};
 use crate::leader::Leader;
 use crate::ledger::{Ledger, annotation_of, pod_name};
 
@@ -194,6 +194,48 @@ impl Extender {
         self.ledger().expire(now)
     }
 
+    /// Rewrites the pod-level allocation annotations of running pods into
+    /// per-container grants ([`crate::upgrade`]), on the leader only; returns how
+    /// many were rewritten. Each patch is conditional on the pod's resource version:
+    /// a pod changed meanwhile is taken up on the next round.
+    pub async fn upgrade_pod_level_allocations(&self) -> usize {
+        let (Some(client), Some(store)) = (&self.client, &self.pods) else {
+            return 0;
+        };
+        if !self.leader.leading() || !self.ready.load(Ordering::SeqCst) {
+            return 0;
+        }
+        let mut upgraded = 0;
+        for pod in store.state() {
+            let Some(annotation) = crate::upgrade::upgraded_annotation(&pod) else {
+                continue;
+            };
+            let who = pod_name(&pod);
+            let (Some(namespace), Some(name)) = (&pod.metadata.namespace, &pod.metadata.name)
+            else {
+                continue;
+            };
+            let patch = json!({"metadata": {
+                "resourceVersion": pod.metadata.resource_version,
+                "annotations": {DEVICE_ALLOCATED: annotation},
+            }});
+            let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+            match pods
+                .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => {
+                    upgraded += 1;
+                    tracing::info!(pod = %who, "allocation upgraded to per-container grants");
+                }
+                Err(error) => {
+                    tracing::warn!(pod = %who, %error, "upgrading the allocation to per-container grants failed; retrying later");
+                }
+            }
+        }
+        upgraded
+    }
+
     /// `filter`. Takes the arguments by value: node names move into the answer
     /// instead of being copied (thousands per call).
     pub fn filter(&self, args: ExtenderArgs) -> ExtenderFilterResult {
@@ -230,9 +272,11 @@ impl Extender {
                             .failed_and_unresolvable_nodes
                             .insert(name, "no Device CR: the node reports no GPUs".into());
                     }
-                    Some(node) if fits(node, &request) => fit.push(name),
+                    Some(node) if fits_pod(node, &request, self.config.gpu_policy) => {
+                        fit.push(name);
+                    }
                     Some(node) => {
-                        let reason = unfit_reason(node, &request);
+                        let reason = unfit_reason_pod(node, &request, self.config.gpu_policy);
                         result.failed_nodes.insert(name, reason);
                     }
                 }
@@ -265,7 +309,7 @@ impl Extender {
             .into_iter()
             .map(|host| {
                 let score = match (&request, ledger.node(&host)) {
-                    (Some(request), Some(node)) => score_request(
+                    (Some(request), Some(node)) => score_pod(
                         node,
                         request,
                         self.config.gpu_policy,
@@ -314,7 +358,7 @@ impl Extender {
                 args.pod_uid
             ));
         }
-        let request: Option<GpuRequest> = match pod_gpu_request(&pod, &self.config.request) {
+        let request: Option<PodGpuRequest> = match pod_gpu_request(&pod, &self.config.request) {
             Ok(request) => request,
             Err(e) => return error(format!("{who}: {e}")),
         };
@@ -326,12 +370,12 @@ impl Extender {
                 let Some(node) = ledger.node(&args.node) else {
                     return error(format!("{who}: node {} has no Device CR", args.node));
                 };
-                let placement = match allocate(node, &request, self.config.gpu_policy) {
+                let placement = match allocate_pod(node, &request, self.config.gpu_policy) {
                     Ok(placement) => placement,
                     Err(reason) => return error(format!("{who}: node {}: {reason}", args.node)),
                 };
                 let expires = self.now() + self.config.reservation_ttl.as_secs();
-                ledger.reserve(&args.pod_uid, &args.node, placement.clone(), expires);
+                ledger.reserve(&args.pod_uid, &args.node, placement.booked.clone(), expires);
                 placement
             };
             if let Err(e) =

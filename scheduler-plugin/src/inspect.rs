@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use serde::Serialize;
 use tessera_api::resources::{DEVICE_ALLOCATED, DEVICES_CHECKPOINTS};
-use tessera_api::{Device, DeviceAllocations, LegacyDeviceEntry};
+use tessera_api::{Device, DeviceAllocation, DeviceAllocations, LegacyDeviceEntry};
 
 use crate::ledger::{device_gpus, placement_of, pod_name};
 
@@ -23,6 +23,22 @@ pub struct GpuTenant {
     pub memory: u64,
     /// Allocated by the NVIDIA device plugin (kubelet checkpoint), not by Tessera.
     pub legacy: bool,
+    /// Each container's share of this GPU (per-container grants); empty for an
+    /// annotation in the pod-level form, where every container gets the pod's share.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub containers: Vec<ContainerTenant>,
+}
+
+/// A container's share of a GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ContainerTenant {
+    /// The container's name.
+    pub name: String,
+    /// Compute percent.
+    pub core: u64,
+    /// Memory bytes (resolved from a ratio against the GPU's memory).
+    pub memory: u64,
 }
 
 /// One GPU's row.
@@ -109,8 +125,32 @@ pub fn report(nodes: &[Node], devices: &[Device], pods: &[Pod]) -> Vec<NodeRepor
                 else {
                     continue;
                 };
-                for share in placement_of(&allocations, &gpus).gpus {
+                // `placement_of` keeps the annotation's order: entry by entry.
+                let entries = allocations.gpus();
+                for (entry, share) in entries.iter().zip(placement_of(&allocations, &gpus).gpus) {
                     if let Some(row) = rows.iter_mut().find(|r| r.uuid == share.uuid) {
+                        let containers = entry
+                            .containers
+                            .iter()
+                            .flatten()
+                            .map(|(name, resources)| {
+                                let one = DeviceAllocation {
+                                    resources: resources.clone(),
+                                    ..DeviceAllocation::default()
+                                };
+                                let memory = one.gpu_memory().unwrap_or_else(|| {
+                                    one.gpu_memory_ratio().map_or(0, |ratio| {
+                                        (u128::from(row.memory_total) * u128::from(ratio) / 100)
+                                            as u64
+                                    })
+                                });
+                                ContainerTenant {
+                                    name: name.clone(),
+                                    core: one.gpu_core().unwrap_or(0),
+                                    memory,
+                                }
+                            })
+                            .collect();
                         row.core_allocated += share.core;
                         row.memory_allocated += share.memory;
                         row.pods.push(GpuTenant {
@@ -118,6 +158,7 @@ pub fn report(nodes: &[Node], devices: &[Device], pods: &[Pod]) -> Vec<NodeRepor
                             core: share.core,
                             memory: share.memory,
                             legacy: false,
+                            containers,
                         });
                     }
                 }
@@ -142,6 +183,7 @@ pub fn report(nodes: &[Node], devices: &[Device], pods: &[Pod]) -> Vec<NodeRepor
                             core: 100,
                             memory: row.memory_total,
                             legacy: true,
+                            containers: Vec::new(),
                         });
                     }
                 }
@@ -204,8 +246,24 @@ pub fn render(reports: &[NodeReport]) -> String {
                 .map(|p| {
                     if p.legacy {
                         format!("{} (legacy)", p.pod)
-                    } else {
+                    } else if p.containers.is_empty()
+                        || matches!(p.containers.as_slice(), [only] if only.core == p.core && only.memory == p.memory)
+                    {
+                        // One container holding the pod's share: nothing more to say.
                         format!("{} ({}%, {:.1}G)", p.pod, p.core, gib(p.memory))
+                    } else {
+                        let containers: Vec<String> = p
+                            .containers
+                            .iter()
+                            .map(|c| format!("{} {}%, {:.1}G", c.name, c.core, gib(c.memory)))
+                            .collect();
+                        format!(
+                            "{} ({}%, {:.1}G: {})",
+                            p.pod,
+                            p.core,
+                            gib(p.memory),
+                            containers.join("; ")
+                        )
                     }
                 })
                 .collect();
@@ -247,5 +305,56 @@ mod tests {
         let text = render(&reports);
         assert!(text.contains("NODE n3"), "{text}");
         assert!(text.contains("default/n3-a (0%, 7.9G)"), "{text}");
+    }
+
+    #[test]
+    fn shows_each_containers_share() {
+        let text = r#"
+apiVersion: v1
+kind: List
+items:
+- apiVersion: scheduling.koordinator.sh/v1alpha1
+  kind: Device
+  metadata: {name: n1}
+  spec:
+    devices:
+    - {type: gpu, id: GPU-a, minor: 0, health: true, resources: {koordinator.sh/gpu-memory: "17179869184"}}
+- apiVersion: v1
+  kind: Pod
+  metadata:
+    name: two
+    namespace: default
+    uid: u1
+    annotations:
+      scheduling.koordinator.sh/device-allocated: '{"gpu":[{"minor":0,"id":"GPU-a","resources":{"koordinator.sh/gpu-core":50,"koordinator.sh/gpu-memory-ratio":50},"extension":{"containers":{"a":{"koordinator.sh/gpu-core":25,"koordinator.sh/gpu-memory-ratio":25},"b":{"koordinator.sh/gpu-core":25,"koordinator.sh/gpu-memory-ratio":25}}}}]}'
+  spec:
+    nodeName: n1
+    containers: [{name: a, image: x}, {name: b, image: x}, {name: sidecar, image: x}]
+  status: {phase: Running}
+"#;
+        let snapshot = crate::simulate::parse_snapshot(text, "cluster").expect("parses");
+        let reports = report(&[], &snapshot.devices, &snapshot.pods);
+        let tenant = &reports[0].gpus[0].pods[0];
+        assert_eq!((tenant.core, tenant.memory), (50, 8 << 30));
+        assert_eq!(
+            tenant.containers,
+            [
+                ContainerTenant {
+                    name: "a".into(),
+                    core: 25,
+                    memory: 4 << 30
+                },
+                ContainerTenant {
+                    name: "b".into(),
+                    core: 25,
+                    memory: 4 << 30
+                }
+            ]
+        );
+        let rendered = render(&reports);
+        assert!(
+            rendered.contains("default/two (50%, 8.0G: a 25%, 4.0G; b 25%, 4.0G)"),
+            "{rendered}"
+        );
     }
 }

@@ -11,7 +11,7 @@ use tessera_api::resources::{
 };
 use tessera_api::{Device, DeviceAllocation, DeviceAllocations, LegacyDeviceEntry, Quantity};
 
-use crate::core::{GpuShare, GpuState, NodeState, Placement, account};
+use crate::core::{GpuShare, GpuState, NodeState, Placement, PodPlacement, account};
 
 /// A pod's use of one node.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -100,7 +100,7 @@ pub fn pod_name(pod: &Pod) -> String {
 }
 
 /// Whether a pod still holds its devices: assigned and not finished.
-fn holds_devices(pod: &Pod) -> Option<&str> {
+pub fn holds_devices(pod: &Pod) -> Option<&str> {
     let node = pod
         .spec
         .as_ref()?
@@ -135,19 +135,39 @@ pub fn placement_of(allocations: &DeviceAllocations, gpus: &[GpuState]) -> Place
     }
 }
 
-/// The annotation value for a placement.
-pub fn annotation_of(placement: &Placement) -> String {
+fn share_resources(share: &GpuShare) -> BTreeMap<String, Quantity> {
+    BTreeMap::from([
+        (GPU_CORE.to_owned(), Quantity::from_units(share.core)),
+        (
+            GPU_MEMORY_RATIO.to_owned(),
+            Quantity::from_units(share.ratio),
+        ),
+        (GPU_MEMORY.to_owned(), Quantity::from_units(share.memory)),
+    ])
+}
+
+/// The annotation value for a pod's placement: the pod-level list (what the pod
+/// books on each GPU), each entry naming the containers that get the GPU and
+/// their shares (`extension.containers`, see [`tessera_api::allocation`]).
+pub fn annotation_of(placement: &PodPlacement) -> String {
     let gpus = placement
+        .booked
         .gpus
         .iter()
-        .map(|s| DeviceAllocation {
-            minor: s.minor,
-            id: s.uuid.clone(),
-            resources: BTreeMap::from([
-                (GPU_CORE.to_owned(), Quantity::from_units(s.core)),
-                (GPU_MEMORY_RATIO.to_owned(), Quantity::from_units(s.ratio)),
-                (GPU_MEMORY.to_owned(), Quantity::from_units(s.memory)),
-            ]),
+        .map(|booked| DeviceAllocation {
+            minor: booked.minor,
+            id: booked.uuid.clone(),
+            resources: share_resources(booked),
+            containers: Some(
+                placement
+                    .containers
+                    .iter()
+                    .filter_map(|container| {
+                        let share = container.gpus.iter().find(|s| s.uuid == booked.uuid)?;
+                        Some((container.name.clone(), share_resources(share)))
+                    })
+                    .collect(),
+            ),
             extension: None,
         })
         .collect();
@@ -339,6 +359,7 @@ mod tests {
     use tessera_api::{DeviceInfo, DeviceSpec};
 
     use super::*;
+    use crate::core::ContainerPlacement;
 
     fn device(name: &str, gpus: u32, legacy: &[&str]) -> Device {
         let devices = (0..gpus)
@@ -450,23 +471,74 @@ mod tests {
         assert_eq!(ledger.node("n1").expect("node").gpus[0].core_used, 0);
     }
 
+    /// The pod-level list is as before (what the pod books); each entry now also
+    /// names the containers that get the GPU (the old exact-text assertion had no
+    /// `extension.containers`: the format grew, the pod-level part did not change).
     #[test]
     fn annotation_roundtrip() {
-        let placement = Placement {
-            gpus: vec![GpuShare {
-                uuid: "GPU-0".into(),
-                minor: 0,
-                core: 50,
-                memory: 8 << 30,
-                ratio: 50,
+        let share = GpuShare {
+            uuid: "GPU-0".into(),
+            minor: 0,
+            core: 50,
+            memory: 8 << 30,
+            ratio: 50,
+        };
+        let placement = PodPlacement {
+            booked: Placement {
+                gpus: vec![share.clone()],
+            },
+            containers: vec![ContainerPlacement {
+                name: "main".into(),
+                gpus: vec![share],
             }],
         };
         let text = annotation_of(&placement);
         assert_eq!(
             text,
-            r#"{"gpu":[{"id":"GPU-0","minor":0,"resources":{"koordinator.sh/gpu-core":50,"koordinator.sh/gpu-memory":8589934592,"koordinator.sh/gpu-memory-ratio":50}}]}"#
+            r#"{"gpu":[{"extension":{"containers":{"main":{"koordinator.sh/gpu-core":50,"koordinator.sh/gpu-memory":8589934592,"koordinator.sh/gpu-memory-ratio":50}}},"id":"GPU-0","minor":0,"resources":{"koordinator.sh/gpu-core":50,"koordinator.sh/gpu-memory":8589934592,"koordinator.sh/gpu-memory-ratio":50}}]}"#
         );
         let back = placement_of(&DeviceAllocations::parse(&text).expect("valid"), &[]);
-        assert_eq!(back, placement);
+        assert_eq!(back, placement.booked);
+    }
+
+    /// Two 25% containers on one GPU: the ledger books the pod's 50%, each
+    /// container's entry says 25%, a container with no GPU is not named.
+    #[test]
+    fn two_quarter_containers_book_half_a_gpu() {
+        let quarter = |name: &str| ContainerPlacement {
+            name: name.into(),
+            gpus: vec![GpuShare {
+                uuid: "GPU-0".into(),
+                minor: 0,
+                core: 25,
+                memory: 4 << 30,
+                ratio: 25,
+            }],
+        };
+        let placement = PodPlacement {
+            booked: Placement {
+                gpus: vec![GpuShare {
+                    uuid: "GPU-0".into(),
+                    minor: 0,
+                    core: 50,
+                    memory: 8 << 30,
+                    ratio: 50,
+                }],
+            },
+            containers: vec![quarter("a"), quarter("b")],
+        };
+        let text = annotation_of(&placement);
+        let mut ledger = Ledger::default();
+        ledger.apply_device(&device("n1", 1, &[]));
+        ledger.apply_pod(&pod("p1", Some("n1"), Some(&text), "Running"));
+        let gpu0 = &ledger.node("n1").expect("node").gpus[0];
+        assert_eq!((gpu0.core_used, gpu0.memory_used), (50, 8 << 30));
+        let parsed = DeviceAllocations::parse(&text).expect("valid");
+        for name in ["a", "b"] {
+            let gpus = parsed.gpus_of_container(name);
+            assert_eq!(gpus.len(), 1);
+            assert_eq!(gpus[0].1.gpu_core(), Some(25));
+        }
+        assert!(parsed.gpus_of_container("sidecar").is_empty());
     }
 }

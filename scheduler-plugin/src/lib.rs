@@ -3,6 +3,8 @@
 //!
 //! - [`core`]: the pure allocator (accounting, binpack/spread, topology);
 //! - [`ledger`]: GPU use derived from Device CRs, pods and in-flight allocations;
+//! - [`upgrade`]: pod-level allocation annotations of running pods rewritten into
+//!   per-container grants;
 
 pub mod cluster;
 pub mod core;
@@ -11,3 +13,4 @@ pub mod inspect;
 pub mod leader;
 pub mod ledger;
 pub mod simulate;
+pub mod upgrade;

@@ -180,6 +180,14 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
                     }
                 }
             });
+            // Pods placed before per-container grants: rewritten once the view is synced.
+            let upgrading = extender.clone();
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(Duration::from_secs(30)).await;
+                    upgrading.upgrade_pod_level_allocations().await;
+                }
+            });
             let listener = tokio::net::TcpListener::bind(listen)
                 .await
                 .with_context(|| format!("listening on {listen}"))?;

@@ -10,7 +10,7 @@ use serde_json::Value;
 use tessera_api::request::{RequestOptions, pod_gpu_request};
 use tessera_api::{Device, DeviceInfo, DeviceSpec, DeviceTopology};
 
-use crate::core::{Policy, allocate, score};
+use crate::core::{PodPlacement, Policy, allocate_pod, score};
 use crate::ledger::{Ledger, annotation_of, pod_name};
 
 /// Why a snapshot cannot be read.
@@ -171,7 +171,7 @@ pub fn simulate(ledger: &mut Ledger, pending: &[Pod], options: &SimulateOptions)
         };
         // Like kube-scheduler: look at nodes round-robin from where the last pod
         // stopped, until `window` feasible nodes are found, then score those.
-        let mut best: Option<(i64, &str, crate::core::Placement)> = None;
+        let mut best: Option<(i64, &str, PodPlacement)> = None;
         let mut feasible = 0;
         let mut reasons: BTreeMap<String, usize> = BTreeMap::new();
         let mut looked = 0;
@@ -181,10 +181,10 @@ pub fn simulate(ledger: &mut Ledger, pending: &[Pod], options: &SimulateOptions)
             let Some(node) = ledger.node(name) else {
                 continue;
             };
-            match allocate(node, &request, options.gpu_policy) {
+            match allocate_pod(node, &request, options.gpu_policy) {
                 Ok(placement) => {
                     feasible += 1;
-                    let value = score(node, &placement, options.node_policy);
+                    let value = score(node, &placement.booked, options.node_policy);
                     if best
                         .as_ref()
                         .is_none_or(|(b, n, _)| value > *b || (value == *b && name.as_str() < *n))
@@ -205,7 +205,7 @@ pub fn simulate(ledger: &mut Ledger, pending: &[Pod], options: &SimulateOptions)
                     .unwrap_or_else(|| format!("simulated-{index}"));
                 let annotation = annotation_of(&placement);
                 let node = node.to_owned();
-                ledger.reserve(&uid, &node, placement, u64::MAX);
+                ledger.reserve(&uid, &node, placement.booked, u64::MAX);
                 outcomes.push(Outcome {
                     pod: who,
                     node: Some(node),
@@ -389,6 +389,42 @@ spec:
                 .is_some_and(|r| r.contains("fits none of 1 nodes")),
             "{outcomes:?}"
         );
+    }
+
+    /// Two 25% containers and a sidecar with no GPU: one GPU booked 50%, each
+    /// container granted its quarter, the sidecar nothing.
+    #[test]
+    fn places_pods_container_by_container() {
+        let snapshot = parse_snapshot(CLUSTER, "cluster").expect("parses");
+        let pending = parse_snapshot(
+            r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: two-quarters, namespace: default}
+spec:
+  containers:
+  - {name: a, image: x, resources: {limits: {koordinator.sh/gpu: "25"}}}
+  - {name: b, image: x, resources: {limits: {koordinator.sh/gpu: "25"}}}
+  - {name: sidecar, image: x}
+"#,
+            "pods",
+        )
+        .expect("parses")
+        .pods;
+        let mut ledger = ledger_of(&snapshot);
+        let outcomes = simulate(&mut ledger, &pending, &SimulateOptions::default());
+        let annotation = outcomes[0].annotation.as_deref().expect("placed");
+        let parsed = tessera_api::DeviceAllocations::parse(annotation).expect("valid");
+        assert_eq!(parsed.gpus().len(), 1);
+        assert_eq!(parsed.gpus()[0].id, "GPU-b");
+        assert_eq!(parsed.gpus()[0].gpu_core(), Some(50));
+        for name in ["a", "b"] {
+            let granted = parsed.gpus_of_container(name);
+            assert_eq!(granted.len(), 1, "{name}");
+            assert_eq!(granted[0].1.gpu_core(), Some(25), "{name}");
+        }
+        assert!(parsed.gpus_of_container("sidecar").is_empty());
+        assert_eq!(ledger.node("n1").expect("node").gpus[1].core_used, 50);
     }
 
     #[test]

@@ -629,6 +629,285 @@ fn index_shift_uses_the_uuid_not_the_minor() {
     assert!(!paths(&c).contains(&"/dev/nvidia1"));
 }
 
+// === Per-container grants ===
+
+/// A per-container entry: the pod books `booked` percent of `uuid`; each of
+/// `shares` (container, percent) gets its own.
+fn entry(uuid: &str, minor: u32, booked: u64, shares: &[(&str, u64)]) -> String {
+    let resources = |percent: u64| {
+        format!(
+            r#"{{"koordinator.sh/gpu-core":{percent},"koordinator.sh/gpu-memory-ratio":{percent},"koordinator.sh/gpu-memory":{}}}"#,
+            (16u64 << 30) * percent / 100
+        )
+    };
+    let containers: Vec<String> = shares
+        .iter()
+        .map(|(name, percent)| format!(r#""{name}":{}"#, resources(*percent)))
+        .collect();
+    format!(
+        r#"{{"minor":{minor},"id":"{uuid}","resources":{},"extension":{{"containers":{{{}}}}}}}"#,
+        resources(booked),
+        containers.join(",")
+    )
+}
+
+/// Container `name` of a pod annotated `annotation`, after the hook.
+fn named(annotation: &str, name: &str, config: &GpuHookConfig) -> ContainerHookRequest {
+    let mut c = container(Some(annotation));
+    c.container = Some(ContainerMetadata {
+        name: name.into(),
+        ..Default::default()
+    });
+    // What the pod spec may set: a limit of its own, a GPU by env.
+    c.envs.push(kv(SM_LIMIT, "100"));
+    c.envs.push(kv("CUDA_DEVICE_MEMORY_LIMIT_0", "99999m"));
+    let edit = rewrite(&c, &node(), config).expect("rewrites");
+    apply(&mut c, &edit);
+    c
+}
+
+/// The scheduler's annotation for containers a (25%), b (25%) and a sidecar
+/// that asked for no GPU: one GPU booked 50%.
+fn two_quarters() -> String {
+    format!(
+        r#"{{"gpu":[{}]}}"#,
+        entry(UUID0, 0, 50, &[("a", 25), ("b", 25)])
+    )
+}
+
+#[test]
+fn each_container_gets_its_own_share_and_a_sidecar_gets_none() {
+    let annotation = two_quarters();
+    for name in ["a", "b"] {
+        let c = named(&annotation, name, &GpuHookConfig::default());
+        assert_eq!(all_values(&c, VISIBLE_DEVICES), [UUID0], "{name}");
+        assert_eq!(all_values(&c, SM_LIMIT), ["25"], "{name}: not the pod's 50");
+        assert_eq!(
+            all_values(&c, "CUDA_DEVICE_MEMORY_LIMIT_0"),
+            ["4096m"],
+            "{name}"
+        );
+        assert_eq!(
+            paths(&c),
+            [
+                "/dev/fuse",
+                "/dev/nvidia0",
+                "/dev/nvidiactl",
+                "/dev/nvidia-uvm"
+            ]
+        );
+    }
+    for name in ["sidecar", ""] {
+        let c = named(&annotation, name, &GpuHookConfig::default());
+        let values = device_values(&c);
+        assert_eq!(values[VISIBLE_DEVICES], "void", "{name:?}");
+        for (key, off) in DEVICE_SWITCHES {
+            assert_eq!(&values[*key], off, "{name:?}");
+        }
+        assert_eq!(paths(&c), ["/dev/fuse"], "{name:?}: no GPU device node");
+        assert!(all_values(&c, SM_LIMIT).is_empty(), "{name:?}");
+        assert!(all_values(&c, "CUDA_DEVICE_MEMORY_LIMIT_0").is_empty());
+    }
+}
+
+#[test]
+fn a_container_sees_only_its_gpus_in_order_whatever_the_others_have() {
+    // a: a quarter of GPU 0; b: a quarter of GPU 0 and GPU 2 whole.
+    let annotation = format!(
+        r#"{{"gpu":[{},{}]}}"#,
+        entry(UUID0, 0, 50, &[("a", 25), ("b", 25)]),
+        entry(UUID2, 2, 100, &[("b", 100)])
+    );
+    let a = named(&annotation, "a", &GpuHookConfig::default());
+    assert_eq!(all_values(&a, VISIBLE_DEVICES), [UUID0]);
+    assert!(!paths(&a).contains(&"/dev/nvidia2"), "{:?}", paths(&a));
+    let b = named(&annotation, "b", &GpuHookConfig::default());
+    assert_eq!(
+        all_values(&b, VISIBLE_DEVICES),
+        [format!("{UUID0},{UUID2}")]
+    );
+    assert!(paths(&b).contains(&"/dev/nvidia0") && paths(&b).contains(&"/dev/nvidia2"));
+    // In CDI mode too: its own CDI devices, no other.
+    let cdi = GpuHookConfig {
+        mode: GpuMode::Cdi,
+        ..GpuHookConfig::default()
+    };
+    let a = named(&annotation, "a", &cdi);
+    let names: Vec<&str> = a.cdi_devices.iter().map(|d| d.name.as_str()).collect();
+    assert_eq!(names, [format!("nvidia.com/gpu={UUID0}")]);
+    let mut sidecar = container(Some(&annotation));
+    sidecar.container = Some(ContainerMetadata {
+        name: "sidecar".into(),
+        ..Default::default()
+    });
+    sidecar.cdi_devices.push(CdiDevice {
+        name: format!("nvidia.com/gpu={UUID1}"),
+    });
+    let edit = rewrite(&sidecar, &node(), &cdi).expect("voided");
+    apply(&mut sidecar, &edit);
+    assert!(sidecar.cdi_devices.is_empty(), "{:?}", sidecar.cdi_devices);
+}
+
+#[test]
+fn grants_of_containers_that_do_not_exist_are_harmless() {
+    // A grant to a container this pod does not have, on a GPU this node does not have.
+    let annotation = format!(
+        r#"{{"gpu":[{},{}]}}"#,
+        entry(UUID0, 0, 25, &[("a", 25)]),
+        entry("GPU-elsewhere", 7, 50, &[("ghost", 50)])
+    );
+    let a = named(&annotation, "a", &GpuHookConfig::default());
+    assert_eq!(all_values(&a, VISIBLE_DEVICES), [UUID0]);
+    let sidecar = named(&annotation, "sidecar", &GpuHookConfig::default());
+    assert_eq!(all_values(&sidecar, VISIBLE_DEVICES), ["void"]);
+    // The ghost's own GPU is what fails, for the ghost alone.
+    let mut ghost = container(Some(&annotation));
+    ghost.container = Some(ContainerMetadata {
+        name: "ghost".into(),
+        ..Default::default()
+    });
+    let error = rewrite(&ghost, &node(), &GpuHookConfig::default())
+        .expect_err("not on this node")
+        .to_string();
+    assert!(
+        error.contains("gpu[1]: GPU GPU-elsewhere is not on this node"),
+        "{error}"
+    );
+    assert!(error.ends_with("(container ghost)"), "{error}");
+}
+
+#[test]
+fn a_malformed_grant_refuses_the_container_naming_everything() {
+    let annotation = format!(
+        r#"{{"gpu":[{{"minor":0,"id":"{UUID0}","resources":{{"koordinator.sh/gpu-core":50}},"extension":{{"containers":{{"a":{{"koordinator.sh/gpu-core":60}}}}}}}}]}}"#
+    );
+    let mut c = container(Some(&annotation));
+    c.container = Some(ContainerMetadata {
+        name: "a".into(),
+        ..Default::default()
+    });
+    let error = rewrite(&c, &node(), &GpuHookConfig::default()).expect_err("malformed");
+    assert_eq!(
+        error.to_string(),
+        r#"pod ml/train-0: annotation scheduling.koordinator.sh/device-allocated: gpu[0].extension.containers["a"]["koordinator.sh/gpu-core"]: 60 is more than the pod's 50 on this device (container a)"#
+    );
+    assert_eq!(
+        tonic::Status::from(error).code(),
+        tonic::Code::InvalidArgument
+    );
+    let bad_value = format!(
+        r#"{{"gpu":[{{"minor":0,"id":"{UUID0}","extension":{{"containers":{{"b":{{"koordinator.sh/gpu-core":"lots"}}}}}}}}]}}"#
+    );
+    let mut c = container(Some(&bad_value));
+    c.container = Some(ContainerMetadata {
+        name: "sidecar".into(),
+        ..Default::default()
+    });
+    assert_eq!(
+        rewrite(&c, &node(), &GpuHookConfig::default())
+            .expect_err("malformed")
+            .to_string(),
+        r#"pod ml/train-0: annotation scheduling.koordinator.sh/device-allocated: gpu[0].extension.containers["b"]["koordinator.sh/gpu-core"]: expected a quantity such as 100, 8Gi or 500m, got "lots" (container sidecar)"#
+    );
+}
+
+#[test]
+fn the_pod_level_form_still_gives_every_container_the_pods_gpus() {
+    // Annotations written before per-container grants: the old behaviour.
+    let annotation = format!(
+        r#"{{"gpu":[{{"minor":0,"id":"{UUID0}","resources":{{"koordinator.sh/gpu-core":50,"koordinator.sh/gpu-memory-ratio":50}}}}]}}"#
+    );
+    for name in ["a", "sidecar"] {
+        let c = named(&annotation, name, &GpuHookConfig::default());
+        assert_eq!(all_values(&c, VISIBLE_DEVICES), [UUID0], "{name}");
+        assert_eq!(all_values(&c, SM_LIMIT), ["50"], "{name}");
+    }
+}
+
+#[test]
+fn rdma_follows_the_per_container_grant() {
+    let annotation = format!(
+        r#"{{"gpu":[{}],"rdma":[{{"minor":3,"extension":{{"containers":{{"a":{{}}}}}}}}]}}"#,
+        entry(UUID0, 0, 50, &[("a", 25), ("b", 25)])
+    );
+    let a = named(&annotation, "a", &GpuHookConfig::default());
+    assert!(paths(&a).contains(&"/dev/infiniband/uverbs3"));
+    for name in ["b", "sidecar"] {
+        let c = named(&annotation, name, &GpuHookConfig::default());
+        assert!(!paths(&c).contains(&"/dev/infiniband/uverbs3"), "{name}");
+        assert!(!paths(&c).contains(&"/dev/infiniband/rdma_cm"), "{name}");
+    }
+}
+
+/// Per-container annotations: up to three GPUs, each booked for the sum of the
+/// shares of containers a, b and c on it.
+fn per_container_strategy() -> impl Strategy<Value = (String, BTreeMap<String, Vec<(u32, u64)>>)> {
+    proptest::collection::btree_map(
+        0u32..3,
+        proptest::collection::btree_map(
+            proptest::sample::select(vec!["a", "b", "c"]),
+            1u64..=33,
+            1..3,
+        ),
+        1..4,
+    )
+    .prop_map(|gpus| {
+        let mut grants: BTreeMap<String, Vec<(u32, u64)>> = BTreeMap::new();
+        let entries: Vec<String> = gpus
+            .iter()
+            .map(|(minor, shares)| {
+                for (name, percent) in shares {
+                    grants
+                        .entry((*name).to_owned())
+                        .or_default()
+                        .push((*minor, *percent));
+                }
+                let booked = shares.values().sum();
+                let shares: Vec<(&str, u64)> = shares.iter().map(|(n, p)| (*n, *p)).collect();
+                entry(
+                    [UUID0, UUID1, UUID2][*minor as usize],
+                    *minor,
+                    booked,
+                    &shares,
+                )
+            })
+            .collect();
+        (format!(r#"{{"gpu":[{}]}}"#, entries.join(",")), grants)
+    })
+}
+
+proptest! {
+    /// Whatever the pod and its env: a container sees exactly its own GPUs (env and
+    /// device nodes) with its own limits, and a container no grant names sees none.
+    #[test]
+    fn a_container_gets_exactly_its_grant(
+        (annotation, grants) in per_container_strategy(),
+        name in proptest::sample::select(vec!["a", "b", "c", "sidecar"]),
+        envs in device_envs(),
+    ) {
+        let mut c = container(Some(&annotation));
+        c.container = Some(ContainerMetadata { name: name.into(), ..Default::default() });
+        c.envs = envs.iter().map(|(k, v)| kv(k, v.clone())).collect();
+        c.envs.push(kv(SM_LIMIT, "100"));
+        let edit = rewrite(&c, &node(), &GpuHookConfig::default()).expect("valid");
+        apply(&mut c, &edit);
+        let mine = grants.get(name).cloned().unwrap_or_default();
+        let uuids: Vec<&str> = mine.iter().map(|(minor, _)| [UUID0, UUID1, UUID2][*minor as usize]).collect();
+        let values = device_values(&c);
+        let visible = if uuids.is_empty() { "void".to_owned() } else { uuids.join(",") };
+        prop_assert_eq!(&values[VISIBLE_DEVICES], &visible);
+        let nodes: BTreeSet<String> = c.devices.iter().map(|d| d.container_path.clone()).filter(|p| is_gpu_node(p)).collect();
+        let expected: BTreeSet<String> = mine.iter().map(|(minor, _)| format!("/dev/nvidia{minor}")).collect();
+        prop_assert_eq!(nodes, expected);
+        let limit = mine.iter().map(|(_, percent)| percent.to_string()).max_by_key(|p| p.parse::<u64>().unwrap_or(0));
+        prop_assert_eq!(all_values(&c, SM_LIMIT), limit.into_iter().collect::<Vec<_>>());
+        for (index, (_, percent)) in mine.iter().enumerate() {
+            let bytes = (16u64 << 30) * percent / 100;
+            prop_assert_eq!(all_values(&c, &format!("{MEMORY_LIMIT_PREFIX}{index}")), [format!("{}m", bytes >> 20)]);
+        }
+    }
+}
+
 #[test]
 fn unknown_uuid_fails_naming_pod_annotation_and_gpu() {
     let c = container(Some(&format!(

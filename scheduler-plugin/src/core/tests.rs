@@ -1,6 +1,7 @@
 use proptest::prelude::*;
 
 use super::*;
+use tessera_api::request::{ContainerGpuRequest, ContainerRole, PodGpuRequest};
 
 const MIB: u64 = 1 << 20;
 
@@ -252,6 +253,335 @@ proptest! {
             for g in &n.gpus {
                 prop_assert!(g.core_used <= 100 && g.memory_used <= g.memory_total, "{:?}", g);
             }
+        }
+    }
+}
+
+// === Pods: a share per container ===
+
+fn share(core: u64, ratio: u64) -> GpuRequest {
+    GpuRequest {
+        count: 1,
+        core,
+        memory: if ratio == 0 {
+            GpuMemory::None
+        } else {
+            GpuMemory::Ratio(ratio)
+        },
+    }
+}
+
+fn whole_gpus(count: u32) -> GpuRequest {
+    GpuRequest {
+        count,
+        core: 100,
+        memory: GpuMemory::Ratio(100),
+    }
+}
+
+fn pod(containers: &[(&str, ContainerRole, GpuRequest)]) -> PodGpuRequest {
+    PodGpuRequest {
+        containers: containers
+            .iter()
+            .map(|(name, role, gpu)| ContainerGpuRequest {
+                name: (*name).into(),
+                role: *role,
+                gpu: *gpu,
+            })
+            .collect(),
+    }
+}
+
+/// `(uuid, core, ratio)` of each share.
+fn shares_of(gpus: &[GpuShare]) -> Vec<(&str, u64, u64)> {
+    gpus.iter()
+        .map(|s| (s.uuid.as_str(), s.core, s.ratio))
+        .collect()
+}
+
+fn grant<'a>(placement: &'a PodPlacement, name: &str) -> Vec<(&'a str, u64, u64)> {
+    let container = placement
+        .containers
+        .iter()
+        .find(|c| c.name == name)
+        .unwrap_or_else(|| panic!("{name} not placed: {placement:?}"));
+    shares_of(&container.gpus)
+}
+
+#[test]
+fn two_quarter_containers_share_one_gpu_booked_half_each_limited_to_a_quarter() {
+    let n = node("n", vec![gpu(0, 16384, 16384), gpu(1, 16384, 16384)]);
+    let request = pod(&[
+        ("a", ContainerRole::App, share(25, 25)),
+        ("b", ContainerRole::App, share(25, 25)),
+    ]);
+    let placement = allocate_pod(&n, &request, Policy::Binpack).expect("fits");
+    assert_eq!(shares_of(&placement.booked.gpus), [("GPU-0", 50, 50)]);
+    assert_eq!(grant(&placement, "a"), [("GPU-0", 25, 25)]);
+    assert_eq!(grant(&placement, "b"), [("GPU-0", 25, 25)]);
+    // Spread puts them on two GPUs; each is still a quarter.
+    let spread = allocate_pod(&n, &request, Policy::Spread).expect("fits");
+    assert_eq!(
+        shares_of(&spread.booked.gpus),
+        [("GPU-0", 25, 25), ("GPU-1", 25, 25)]
+    );
+    assert_eq!(grant(&spread, "a").len(), 1);
+    assert_ne!(grant(&spread, "a"), grant(&spread, "b"));
+}
+
+/// 60 + 60 and 200 + 50 used to be one request of 120 or 250 "per GPU".
+#[test]
+fn sums_above_100_fit_on_several_gpus() {
+    let two = node("n", vec![gpu(0, 16384, 16384), gpu(1, 16384, 16384)]);
+    let sixties = pod(&[
+        ("a", ContainerRole::App, share(60, 60)),
+        ("b", ContainerRole::App, share(60, 60)),
+    ]);
+    let placement = allocate_pod(&two, &sixties, Policy::Binpack).expect("two GPUs");
+    assert_eq!(
+        shares_of(&placement.booked.gpus),
+        [("GPU-0", 60, 60), ("GPU-1", 60, 60)]
+    );
+    assert!(fits_pod(&two, &sixties, Policy::Binpack));
+    let one = node("n", vec![gpu(0, 16384, 16384)]);
+    assert!(!fits_pod(&one, &sixties, Policy::Binpack));
+    let reason = unfit_reason_pod(&one, &sixties, Policy::Binpack);
+    assert!(
+        reason.starts_with("container b: 0 of 1 usable GPUs"),
+        "{reason}"
+    );
+    let three = node("n", (0..3).map(|i| gpu(i, 16384, 16384)).collect());
+    let mixed = pod(&[
+        ("a", ContainerRole::App, whole_gpus(2)),
+        ("b", ContainerRole::App, share(50, 50)),
+    ]);
+    let placement = allocate_pod(&three, &mixed, Policy::Binpack).expect("fits");
+    assert_eq!(grant(&placement, "a").len(), 2);
+    let b = grant(&placement, "b");
+    assert_eq!(b.len(), 1);
+    assert!(
+        !grant(&placement, "a").iter().any(|g| g.0 == b[0].0),
+        "a whole GPU is not shared"
+    );
+    assert!(!fits_pod(&two, &mixed, Policy::Spread));
+}
+
+#[test]
+fn init_containers_reuse_the_app_containers_gpus() {
+    let one = node("n", vec![gpu(0, 16384, 16384), gpu(1, 16384, 16384)]);
+    // A whole-GPU init container before a half-GPU app: one GPU, booked whole.
+    let request = pod(&[
+        ("init", ContainerRole::Init, whole_gpus(1)),
+        ("app", ContainerRole::App, share(50, 50)),
+    ]);
+    let placement = allocate_pod(&one, &request, Policy::Binpack).expect("fits");
+    assert_eq!(shares_of(&placement.booked.gpus), [("GPU-0", 100, 100)]);
+    assert_eq!(grant(&placement, "init"), [("GPU-0", 100, 100)]);
+    assert_eq!(grant(&placement, "app"), [("GPU-0", 50, 50)]);
+    // Per resource: compute from the app, memory from the init container.
+    let request = pod(&[
+        ("init", ContainerRole::Init, share(10, 40)),
+        ("app", ContainerRole::App, share(50, 10)),
+    ]);
+    let placement = allocate_pod(&one, &request, Policy::Spread).expect("fits");
+    assert_eq!(shares_of(&placement.booked.gpus), [("GPU-0", 50, 40)]);
+}
+
+#[test]
+fn sidecars_run_beside_app_and_later_init_containers() {
+    let one = node("n", vec![gpu(0, 16384, 16384)]);
+    let fits_with = |init: u64, app: u64| {
+        allocate_pod(
+            &one,
+            &pod(&[
+                ("proxy", ContainerRole::Sidecar, share(30, 30)),
+                ("warmup", ContainerRole::Init, share(init, init)),
+                ("app", ContainerRole::App, share(app, app)),
+            ]),
+            Policy::Binpack,
+        )
+    };
+    let placement = fits_with(70, 70).expect("30 + 70 twice");
+    assert_eq!(shares_of(&placement.booked.gpus), [("GPU-0", 100, 100)]);
+    let reason = fits_with(80, 10).expect_err("the warm-up runs beside the sidecar");
+    assert!(reason.starts_with("init container warmup:"), "{reason}");
+    let reason = fits_with(10, 80).expect_err("the app runs beside the sidecar");
+    // The app (bigger) is placed first; the sidecar then finds no room.
+    assert!(
+        reason.starts_with("init container proxy: 0 of 1 usable GPUs"),
+        "{reason}"
+    );
+}
+
+#[test]
+fn one_container_pods_are_placed_as_before() {
+    let n = node("n", vec![gpu(0, 16384, 8192), gpu(1, 16384, 16384)]);
+    let request = share(25, 25);
+    let before = allocate(&n, &request, Policy::Binpack).expect("fits");
+    let after = allocate_pod(
+        &n,
+        &pod(&[("main", ContainerRole::App, request)]),
+        Policy::Binpack,
+    )
+    .expect("fits");
+    assert_eq!(after.booked, before);
+    assert_eq!(after.containers[0].gpus, before.gpus);
+    assert_eq!(
+        score_pod(
+            &n,
+            &pod(&[("main", ContainerRole::App, request)]),
+            Policy::Binpack,
+            Policy::Binpack
+        ),
+        score_request(&n, &request, Policy::Binpack, Policy::Binpack)
+    );
+}
+
+fn role() -> impl Strategy<Value = ContainerRole> {
+    prop_oneof![
+        Just(ContainerRole::Init),
+        Just(ContainerRole::Sidecar),
+        Just(ContainerRole::App)
+    ]
+}
+
+fn container_request() -> impl Strategy<Value = GpuRequest> {
+    prop_oneof![
+        (1u64..=100, 0u64..=100).prop_map(|(core, ratio)| share(core, ratio)),
+        (0u64..=100, 1u64..=8192).prop_map(|(core, mib)| GpuRequest {
+            count: 1,
+            core,
+            memory: GpuMemory::Bytes(mib * MIB)
+        }),
+        (1u32..=2).prop_map(whole_gpus),
+        (2u32..=3, 1u64..=100).prop_map(|(count, core)| GpuRequest {
+            count,
+            core,
+            memory: GpuMemory::Ratio(core)
+        }),
+    ]
+}
+
+fn pod_request() -> impl Strategy<Value = PodGpuRequest> {
+    proptest::collection::vec((role(), container_request()), 1..6).prop_map(|containers| {
+        // Kubernetes' order: init containers (sidecars among them), then apps.
+        let (init, apps): (Vec<_>, Vec<_>) = containers
+            .into_iter()
+            .enumerate()
+            .partition(|(_, (role, _))| *role != ContainerRole::App);
+        PodGpuRequest {
+            containers: init
+                .into_iter()
+                .chain(apps)
+                .map(|(i, (role, gpu))| ContainerGpuRequest {
+                    name: format!("c{i}"),
+                    role,
+                    gpu,
+                })
+                .collect(),
+        }
+    })
+}
+
+proptest! {
+    /// Every container gets exactly its own request; the pod books, per GPU, what
+    /// each phase uses at once and no more; the node is never over-allocated; the
+    /// booking is at least Kubernetes' effective request.
+    #[test]
+    fn pods_get_what_each_container_asked_and_book_each_phase(
+        request in pod_request(),
+        used in proptest::option::of(proptest::collection::vec(0u64..=60, 16)),
+        policy in prop_oneof![Just(Policy::Binpack), Just(Policy::Spread)],
+    ) {
+        let mut n = node("n", (0..16).map(|i| gpu(i, 16384, 16384)).collect());
+        for (g, used) in n.gpus.iter_mut().zip(used.iter().flatten()) {
+            g.core_used = *used;
+            g.memory_used = *used * 16384 * MIB / 100;
+        }
+        let placement = match allocate_pod(&n, &request, policy) {
+            Ok(placement) => placement,
+            // Room for every container on GPUs of its own: it always fits.
+            Err(reason) => {
+                prop_assert!(used.is_some(), "an empty node of 16 GPUs: {}", reason);
+                return Ok(());
+            }
+        };
+        prop_assert_eq!(placement.containers.len(), request.containers.len());
+        for (asked, got) in request.containers.iter().zip(&placement.containers) {
+            prop_assert_eq!(&asked.name, &got.name);
+            prop_assert_eq!(got.gpus.len(), asked.gpu.count as usize, "{:?}", got);
+            let mut uuids: Vec<&str> = got.gpus.iter().map(|s| s.uuid.as_str()).collect();
+            uuids.sort_unstable();
+            uuids.dedup();
+            prop_assert_eq!(uuids.len(), got.gpus.len(), "one GPU twice in {}", got.name);
+            for s in &got.gpus {
+                prop_assert_eq!(s.core, asked.gpu.core);
+                match asked.gpu.memory {
+                    GpuMemory::None => prop_assert_eq!(s.memory, 0),
+                    GpuMemory::Bytes(bytes) => prop_assert_eq!(s.memory, bytes),
+                    GpuMemory::Ratio(ratio) => prop_assert_eq!(s.ratio, ratio),
+                }
+            }
+        }
+        let booked: BTreeMap<&str, &GpuShare> = placement.booked.gpus.iter().map(|s| (s.uuid.as_str(), s)).collect();
+        let mut most: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+        for phase in request.phases() {
+            let mut sums: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+            for &index in &phase {
+                let whole = request.containers[index].gpu.is_whole();
+                for s in &placement.containers[index].gpus {
+                    let sum = sums.entry(s.uuid.clone()).or_default();
+                    sum.0 += s.core;
+                    sum.1 += s.memory;
+                    if whole {
+                        // A whole GPU is nobody else's in its phase.
+                        let others = phase.iter().filter(|&&other| other != index).any(|&other| {
+                            placement.containers[other].gpus.iter().any(|o| o.uuid == s.uuid)
+                        });
+                        prop_assert!(!others, "whole GPU {} shared in phase {:?}", s.uuid, phase);
+                    }
+                }
+            }
+            for (uuid, (core, memory)) in sums {
+                let b = booked.get(uuid.as_str()).copied();
+                prop_assert!(b.is_some_and(|b| b.core >= core && b.memory >= memory), "{} not booked for {:?}", uuid, phase);
+                let m = most.entry(uuid).or_default();
+                *m = (m.0.max(core), m.1.max(memory));
+            }
+        }
+        // Booked exactly the most any phase uses: nothing more.
+        let exact: BTreeMap<String, (u64, u64)> = placement.booked.gpus.iter().map(|s| (s.uuid.clone(), (s.core, s.memory))).collect();
+        prop_assert_eq!(exact, most);
+        let total: u64 = placement.booked.gpus.iter().map(|s| s.core).sum();
+        prop_assert!(total >= request.effective().core);
+        account(&mut n, &placement.booked, true);
+        for g in &n.gpus {
+            prop_assert!(g.core_used <= 100 && g.memory_used <= g.memory_total, "{:?}", g);
+        }
+    }
+
+    /// On one GPU, a pod of shares fits exactly when Kubernetes' effective request
+    /// fits in the GPU, and books exactly that.
+    #[test]
+    fn on_one_gpu_the_booking_is_kubernetes_effective_request(
+        containers in proptest::collection::vec((role(), 1u64..=60, 0u64..=60), 1..6),
+    ) {
+        let request = PodGpuRequest {
+            containers: {
+                let (init, apps): (Vec<_>, Vec<_>) = containers.into_iter().enumerate().partition(|(_, (role, ..))| *role != ContainerRole::App);
+                init.into_iter().chain(apps).map(|(i, (role, core, ratio))| ContainerGpuRequest {
+                    name: format!("c{i}"),
+                    role,
+                    gpu: share(core, ratio),
+                }).collect()
+            },
+        };
+        let n = node("n", vec![gpu(0, 16384, 16384)]);
+        let effective = request.effective();
+        let result = allocate_pod(&n, &request, Policy::Binpack);
+        prop_assert_eq!(result.is_ok(), effective.core <= 100 && effective.memory_ratio <= 100, "{:?} {:?}", effective, result);
+        if let Ok(placement) = result {
+            prop_assert_eq!(shares_of(&placement.booked.gpus), [("GPU-0", effective.core, effective.memory_ratio)]);
         }
     }
 }
