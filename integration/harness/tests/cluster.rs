@@ -47,6 +47,10 @@ fn scenarios() -> Vec<(&'static str, Scenario)> {
         ("device_env_in_the_pod_spec_never_widens_a_grant", |c| {
             Box::pin(env_never_widens(c))
         }),
+        (
+            "each_container_gets_its_own_share_and_a_sidecar_none",
+            |c| Box::pin(per_container(c)),
+        ),
         ("restarts_lose_nothing", |c| Box::pin(restarts(c))),
     ]
 }
@@ -568,6 +572,67 @@ async fn env_never_widens(cluster: &mut Cluster) -> anyhow::Result<()> {
     ensure!(
         !tessera_harness::cluster::is_running(&refused),
         "pod {name} runs although its env overrules its device plugin's grant"
+    );
+    cluster.delete_pod(name).await
+}
+
+/// Two quarter-GPU containers and a GPU-less sidecar in one pod: each GPU
+/// container is limited to its own quarter (not the pod's half), the sidecar sees
+/// no GPU, whatever their env says.
+async fn per_container(cluster: &mut Cluster) -> anyhow::Result<()> {
+    let name = "two-quarters";
+    let quarter = json!({"koordinator.sh/gpu": "25"});
+    let spec = pod(
+        name,
+        &[
+            ("a", quarter.clone()),
+            ("b", quarter),
+            ("sidecar", json!({})),
+        ],
+        &[
+            ("NVIDIA_VISIBLE_DEVICES", "all"),
+            ("CUDA_DEVICE_SM_LIMIT", "100"),
+        ],
+    );
+    cluster.create_pod("admin", &spec).await?;
+    let running = cluster.wait_running(name).await?;
+    let gpus = allocated_gpus(&running)?;
+    let specs = cluster.container_specs(&running)?;
+    // Which GPUs a and b got is the allocator's choice; that each is limited to
+    // its own quarter of what it got is the promise.
+    for container in ["a", "b"] {
+        let spec = specs
+            .get(container)
+            .with_context(|| format!("no spec for {container}"))?;
+        let visible = env_values(spec, "NVIDIA_VISIBLE_DEVICES");
+        let mine: Vec<(String, u64)> = gpus
+            .iter()
+            .filter(|(id, _)| visible.iter().any(|v| v == id))
+            .cloned()
+            .collect();
+        ensure!(
+            mine.len() == 1,
+            "pod {name} container {container}: NVIDIA_VISIBLE_DEVICES {visible:?}, want one of the pod's GPUs {gpus:?}"
+        );
+        assert_grant(name, container, spec, &mine)?;
+        let sm = env_values(spec, "CUDA_DEVICE_SM_LIMIT");
+        ensure!(
+            sm == ["25"],
+            "pod {name} container {container}: CUDA_DEVICE_SM_LIMIT {sm:?}, want [\"25\"] (its own share, not the pod's)"
+        );
+    }
+    let sidecar = specs.get("sidecar").context("no spec for sidecar")?;
+    ensure!(
+        env_values(sidecar, "NVIDIA_VISIBLE_DEVICES") == ["void"]
+            && gpu_device_minors(sidecar).is_empty(),
+        "pod {name}: the GPU-less sidecar got NVIDIA_VISIBLE_DEVICES {:?} and GPU nodes {:?}",
+        env_values(sidecar, "NVIDIA_VISIBLE_DEVICES"),
+        gpu_device_minors(sidecar)
+    );
+    ensure!(
+        env_values(sidecar, "CUDA_DEVICE_SM_LIMIT").is_empty(),
+        "pod {name}: the sidecar keeps CUDA_DEVICE_SM_LIMIT {:?}",
+        env_values(sidecar, "CUDA_DEVICE_SM_LIMIT")
     );
     cluster.delete_pod(name).await
 }
