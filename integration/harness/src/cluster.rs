@@ -331,11 +331,7 @@ impl Cluster {
         if !nix::unistd::Uid::effective().is_root() {
             bail!("the cluster harness needs root (kubelet, containerd, runc, mknod)");
         }
-        for tool in ["runc", "cc", "openssl"] {
-            if which(tool).is_none() {
-                bail!("{tool} not found on PATH: run the README's test command, which installs it");
-            }
-        }
+        crate::containerd::require_tools(&["runc", "cc", "openssl"])?;
         std::fs::create_dir_all(DEVICE_PLUGIN_DIR)?;
         let lock_file = std::fs::File::create("/var/lib/kubelet/.tessera-cluster.lock")?;
         let lock = nix::fcntl::Flock::lock(lock_file, nix::fcntl::FlockArg::LockExclusiveNonblock)
@@ -1337,13 +1333,6 @@ fn run(command: &mut Command) -> anyhow::Result<()> {
         );
     }
     Ok(())
-}
-
-fn which(tool: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .map(|dir| dir.join(tool))
-        .find(|candidate| candidate.is_file())
 }
 
 fn connect(port: u16) -> anyhow::Result<()> {

@@ -25,13 +25,7 @@ impl Containerd {
         if !nix::unistd::Uid::effective().is_root() {
             bail!("the containerd harness needs root (it runs containerd and runc)");
         }
-        for tool in ["containerd", "runc", "ctr", "cc"] {
-            which(tool).with_context(|| {
-                format!(
-                    "{tool} not found on PATH: run the README's test command, which installs it"
-                )
-            })?;
-        }
+        require_tools(&["containerd", "runc", "ctr", "cc"])?;
         // Short path: unix socket paths are limited to 108 bytes.
         let dir = tempfile::Builder::new()
             .prefix("tctd-")
@@ -147,12 +141,15 @@ impl Drop for Containerd {
     }
 }
 
-fn which(tool: &str) -> anyhow::Result<PathBuf> {
+/// Fails naming the first of `tools` not on `PATH`.
+pub fn require_tools(tools: &[&str]) -> anyhow::Result<()> {
     let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .map(|dir| dir.join(tool))
-        .find(|candidate| candidate.is_file())
-        .with_context(|| format!("{tool} is not installed"))
+    for tool in tools {
+        if !std::env::split_paths(&path).any(|dir| dir.join(tool).is_file()) {
+            bail!("{tool} not found on PATH: run the README's test command, which installs it");
+        }
+    }
+    Ok(())
 }
 
 /// Kills what this containerd started: shims (their command lines name its socket)
