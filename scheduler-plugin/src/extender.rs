@@ -1,7 +1,7 @@
 //! The extender HTTP API as kube-scheduler calls it (k8s.io/kube-scheduler/extender/v1,
 //! PascalCase JSON): filter, prioritize, bind; plus health and readiness.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -23,6 +23,13 @@ use serde_json::json;
 use tessera_api::request::{PodGpuRequest, RequestOptions, pod_gpu_request};
 use tessera_api::resources::DEVICE_ALLOCATED;
 
+use futures_util::FutureExt;
+use futures_util::future::{BoxFuture, Shared};
+
+use crate::bind::{
+    BindDecision, BindError, BindFailure, RollbackDecision, annotate_patch, decide,
+    decide_rollback, rollback_patch,
+};
 use crate::core::{Policy, allocate_pod, fits_pod, score_pod, unfit_reason_pod};
 use crate::leader::Leader;
 use crate::ledger::{Ledger, annotation_of, pod_name};
@@ -139,13 +146,26 @@ pub struct Extender {
     leader: Arc<Leader>,
     http: HttpClient<HttpConnector, Full<Bytes>>,
     started: Instant,
+    /// Pod UID → the node and answer of its bind still running.
+    binds: Arc<Mutex<HashMap<String, (String, RunningBind)>>>,
+}
+
+/// A bind running in its own task; every caller for its pod awaits the same answer.
+type RunningBind = Shared<BoxFuture<'static, ExtenderBindingResult>>;
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Marks a bind a follower handed to the leader, so it is never handed on again.
 pub const FORWARDED_HEADER: &str = "x-tessera-forwarded";
 
-/// How long a follower waits for the leader to bind.
-const FORWARD_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a follower waits for the leader to bind: well inside kube-scheduler's
+/// extender `httpTimeout` (5 s in deploy/scheduler-config.yaml), so the follower
+/// answers before kube-scheduler gives up and retries while the bind still runs.
+pub const FORWARD_TIMEOUT: Duration = Duration::from_secs(4);
 
 impl std::fmt::Debug for Extender {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -175,6 +195,7 @@ impl Extender {
             http: HttpClient::builder(hyper_util::rt::TokioExecutor::new())
                 .build(HttpConnector::new()),
             started: Instant::now(),
+            binds: Arc::default(),
         }
     }
 
@@ -323,74 +344,175 @@ impl Extender {
             .collect()
     }
 
-    /// `bind`: choose GPUs under the ledger's lock (reserving them), write the
-    /// annotation, create the Binding; on any failure roll back both.
+    /// `bind`, one at a time per pod UID: a bind for a UID whose bind is still
+    /// running (kube-scheduler retried after its `httpTimeout`) joins it and gets its
+    /// answer, never running reserve/rollback of its own; one for another node waits
+    /// for it and is then decided from the pod's state. The work runs in its own task,
+    /// so a caller that gives up does not cut a bind in half.
     /// A follower hands the bind to the leader (unless it was handed over already).
     pub async fn bind(&self, args: &ExtenderBindingArgs, forwarded: bool) -> ExtenderBindingResult {
-        let error = |message: String| ExtenderBindingResult { error: message };
+        let answer = |outcome: Result<(), BindFailure>| ExtenderBindingResult {
+            error: outcome.err().map(|e| e.to_string()).unwrap_or_default(),
+        };
+        let who = format!("{}/{}", args.pod_namespace, args.pod_name);
         if !self.leader.leading() {
             return match (forwarded, self.leader.url()) {
                 (false, Some(url)) => self.forward_bind(&url, args).await,
-                _ => error("this tessera-scheduler replica is not the leader; retry".into()),
+                _ => answer(Err(BindFailure {
+                    pod: who,
+                    error: BindError::NotLeader,
+                })),
             };
         }
-        let Some(client) = self.client.clone() else {
-            return error("no API server client".into());
+        loop {
+            let (running, joined) = {
+                let mut binds = lock(&self.binds);
+                match binds.get(&args.pod_uid) {
+                    // Another bind of this pod runs: join it (same node) or wait for it.
+                    Some((node, running)) => (running.clone(), node == &args.node),
+                    None => {
+                        let this = self.clone();
+                        let owned = args.clone();
+                        let task = tokio::spawn(async move {
+                            let outcome = answer(this.bind_once(&owned).await);
+                            lock(&this.binds).remove(&owned.pod_uid);
+                            outcome
+                        });
+                        let who = who.clone();
+                        let running = async move {
+                            task.await.unwrap_or_else(|e| ExtenderBindingResult {
+                                error: format!("pod {who}: bind task failed: {e}"),
+                            })
+                        }
+                        .boxed()
+                        .shared();
+                        binds.insert(args.pod_uid.clone(), (args.node.clone(), running.clone()));
+                        // Ours: its answer is ours, whatever happened meanwhile.
+                        (running, true)
+                    }
+                }
+            };
+            let result = running.await;
+            if joined {
+                return result;
+            }
+        }
+    }
+
+    /// One bind, start to end: read → decide → reserve → annotate → bind, and
+    /// rollback when the Binding fails.
+    async fn bind_once(&self, args: &ExtenderBindingArgs) -> Result<(), BindFailure> {
+        let fail = |error: BindError| BindFailure {
+            pod: format!("{}/{}", args.pod_namespace, args.pod_name),
+            error,
         };
-        let who = format!("pod {}/{}", args.pod_namespace, args.pod_name);
-        let pods: Api<Pod> = Api::namespaced(client.clone(), &args.pod_namespace);
+        let client = self
+            .client
+            .clone()
+            .ok_or_else(|| fail(BindError::NoClient))?;
+        let pods: Api<Pod> = Api::namespaced(client, &args.pod_namespace);
         let cached = self.pods.as_ref().and_then(|store| {
             store.get(&ObjectRef::new(&args.pod_name).within(&args.pod_namespace))
         });
-        let pod = match cached {
+        let mut pod = match cached {
             Some(pod) if pod.metadata.uid.as_deref() == Some(args.pod_uid.as_str()) => {
                 Pod::clone(&pod)
             }
-            _ => match pods.get(&args.pod_name).await {
-                Ok(pod) => pod,
-                Err(e) => return error(format!("{who}: reading it: {e}")),
-            },
+            _ => pods
+                .get(&args.pod_name)
+                .await
+                .map_err(|e| fail(BindError::Read(e)))?,
         };
-        if pod.metadata.uid.as_deref() != Some(args.pod_uid.as_str()) {
-            return error(format!(
-                "{who}: UID {} is not the one scheduled ({})",
-                pod.metadata.uid.unwrap_or_default(),
-                args.pod_uid
-            ));
-        }
-        let request: Option<PodGpuRequest> = match pod_gpu_request(&pod, &self.config.request) {
-            Ok(request) => request,
-            Err(e) => return error(format!("{who}: {e}")),
-        };
-        let mut annotated = false;
-        if let Some(request) = request {
-            // Choose and reserve atomically: parallel binds to one node see each other.
-            let placement = {
-                let mut ledger = self.ledger();
-                let Some(node) = ledger.node(&args.node) else {
-                    return error(format!("{who}: node {} has no Device CR", args.node));
-                };
-                let placement = match allocate_pod(node, &request, self.config.gpu_policy) {
-                    Ok(placement) => placement,
-                    Err(reason) => return error(format!("{who}: node {}: {reason}", args.node)),
-                };
-                let expires = self.now() + self.config.reservation_ttl.as_secs();
-                ledger.reserve(&args.pod_uid, &args.node, placement.booked.clone(), expires);
-                placement
+        let request =
+            pod_gpu_request(&pod, &self.config.request).map_err(|e| fail(BindError::Request(e)))?;
+        // The cache may lag: a write refused for a stale resourceVersion reads the pod
+        // again and decides once more (it may have been bound meanwhile).
+        let mut fresh = false;
+        loop {
+            let decision =
+                decide(&pod, &args.pod_uid, &args.node, request.is_some()).map_err(&fail)?;
+            let BindDecision::Place { previous } = decision else {
+                tracing::info!(pod = %args.pod_name, node = %args.node, "already bound: answered from its state");
+                return Ok(());
             };
-            if let Err(e) =
-                set_allocation(&pods, &args.pod_name, json!(annotation_of(&placement))).await
+            let Some(request) = &request else {
+                return self
+                    .create_binding(&pods, args, None, None)
+                    .await
+                    .map_err(fail);
+            };
+            let written = self.reserve(args, request).map_err(&fail)?;
+            let patch = annotate_patch(
+                &args.pod_uid,
+                pod.metadata.resource_version.as_deref(),
+                &written,
+            );
+            match pods
+                .patch(
+                    &args.pod_name,
+                    &PatchParams::default(),
+                    &Patch::Merge(&patch),
+                )
+                .await
             {
-                self.ledger().release(&args.pod_uid);
-                return error(format!("{who}: writing {DEVICE_ALLOCATED}: {e}"));
+                Ok(_) => {
+                    return self
+                        .create_binding(&pods, args, Some(&written), previous.as_deref())
+                        .await
+                        .map_err(fail);
+                }
+                Err(kube::Error::Api(status)) if status.code == 409 && !fresh => {
+                    self.ledger().release(&args.pod_uid);
+                    fresh = true;
+                    pod = pods
+                        .get(&args.pod_name)
+                        .await
+                        .map_err(|e| fail(BindError::Read(e)))?;
+                }
+                Err(e) => {
+                    self.ledger().release(&args.pod_uid);
+                    return Err(fail(BindError::Annotate(e)));
+                }
             }
-            annotated = true;
         }
+    }
+
+    /// Reserve: chooses GPUs and holds them under the ledger's lock, so parallel
+    /// binds to one node see each other; returns the annotation to write.
+    fn reserve(
+        &self,
+        args: &ExtenderBindingArgs,
+        request: &PodGpuRequest,
+    ) -> Result<String, BindError> {
+        let mut ledger = self.ledger();
+        let node = ledger.node(&args.node).ok_or_else(|| BindError::NoDevice {
+            node: args.node.clone(),
+        })?;
+        let placement = allocate_pod(node, request, self.config.gpu_policy).map_err(|reason| {
+            BindError::Unfit {
+                node: args.node.clone(),
+                reason,
+            }
+        })?;
+        let expires = self.now() + self.config.reservation_ttl.as_secs();
+        ledger.reserve(&args.pod_uid, &args.node, placement.booked.clone(), expires);
+        Ok(annotation_of(&placement))
+    }
+
+    /// Bind (the Binding carries the pod's UID as a precondition); when it fails
+    /// after `written` was annotated, the rollback.
+    async fn create_binding(
+        &self,
+        pods: &Api<Pod>,
+        args: &ExtenderBindingArgs,
+        written: Option<&str>,
+        previous: Option<&str>,
+    ) -> Result<(), BindError> {
         let binding = Binding {
             metadata: ObjectMeta {
                 name: Some(args.pod_name.clone()),
                 namespace: Some(args.pod_namespace.clone()),
-                uid: None,
+                uid: Some(args.pod_uid.clone()),
                 ..ObjectMeta::default()
             },
             target: ObjectReference {
@@ -408,28 +530,90 @@ impl Extender {
                 &binding,
             )
             .await;
-        if let Err(e) = created {
-            if annotated {
-                // Roll the annotation back and give the GPUs back.
-                if let Err(undo_error) =
-                    set_allocation(&pods, &args.pod_name, serde_json::Value::Null).await
-                {
-                    tracing::error!(pod = %who, error = %undo_error, "rolling back the allocation annotation failed");
-                }
-                self.ledger().release(&args.pod_uid);
+        let bind = match created {
+            Ok(_) => {
+                tracing::info!(pod = %args.pod_name, node = %args.node, gpus = written.is_some(), "bound");
+                return Ok(());
             }
-            return error(format!("{who}: binding to {}: {e}", args.node));
+            Err(bind) => bind,
+        };
+        let node = args.node.clone();
+        // The Binding may have taken effect although its answer failed: read the pod
+        // again and decide from what it says, never from the error.
+        let pod = match pods.get(&args.pod_name).await {
+            Ok(pod) => pod,
+            Err(source) => {
+                return Err(BindError::BindUnconfirmed {
+                    node,
+                    bind: Box::new(bind),
+                    source,
+                });
+            }
+        };
+        let Some(written) = written else {
+            return match decide(&pod, &args.pod_uid, &args.node, false) {
+                Ok(BindDecision::AlreadyBound) => Ok(()),
+                _ => Err(BindError::Bind { node, source: bind }),
+            };
+        };
+        match decide_rollback(&pod, &args.pod_uid, &args.node, written) {
+            RollbackDecision::Bound => {
+                tracing::info!(pod = %args.pod_name, node = %args.node, error = %bind, "the Binding's answer failed but the pod is bound");
+                Ok(())
+            }
+            RollbackDecision::Leave => {
+                self.ledger().release(&args.pod_uid);
+                Err(BindError::Bind { node, source: bind })
+            }
+            RollbackDecision::Restore => {
+                let patch = rollback_patch(
+                    &args.pod_uid,
+                    pod.metadata.resource_version.as_deref().unwrap_or_default(),
+                    written,
+                    previous,
+                );
+                let ops = match serde_json::from_value(patch) {
+                    Ok(ops) => ops,
+                    Err(e) => {
+                        let source = kube::Error::SerdeError(e);
+                        return Err(BindError::Rollback {
+                            node,
+                            bind: Box::new(bind),
+                            source,
+                        });
+                    }
+                };
+                let undone = pods
+                    .patch(
+                        &args.pod_name,
+                        &PatchParams::default(),
+                        &Patch::<()>::Json(ops),
+                    )
+                    .await;
+                self.ledger().release(&args.pod_uid);
+                match undone {
+                    Ok(_) => Err(BindError::Bind { node, source: bind }),
+                    Err(source) => Err(BindError::Rollback {
+                        node,
+                        bind: Box::new(bind),
+                        source,
+                    }),
+                }
+            }
         }
-        tracing::info!(pod = %who, node = %args.node, gpus = annotated, "bound");
-        ExtenderBindingResult::default()
     }
 
     /// Sends the bind to the leader at `url` and returns its answer.
     async fn forward_bind(&self, url: &str, args: &ExtenderBindingArgs) -> ExtenderBindingResult {
         let failed = |problem: String| ExtenderBindingResult {
-            error: format!(
-                "this tessera-scheduler replica is not the leader; handing the bind to the leader at {url}: {problem}; retry"
-            ),
+            error: BindFailure {
+                pod: format!("{}/{}", args.pod_namespace, args.pod_name),
+                error: BindError::Forward {
+                    url: url.to_owned(),
+                    problem,
+                },
+            }
+            .to_string(),
         };
         let body = match serde_json::to_vec(args) {
             Ok(body) => body,
@@ -533,17 +717,6 @@ impl Extender {
             Ok(Err(e)) | Err(e) => bad(e),
         }
     }
-}
-
-/// Sets (a string) or removes (null) the pod's allocation annotation.
-async fn set_allocation(
-    pods: &Api<Pod>,
-    name: &str,
-    value: serde_json::Value,
-) -> Result<Pod, kube::Error> {
-    let patch = json!({"metadata": {"annotations": {DEVICE_ALLOCATED: value}}});
-    pods.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
 }
 
 fn names_of(nodes: Option<&NodeList>) -> Vec<String> {

@@ -1,11 +1,13 @@
 //! `tessera-scheduler`: a kube-scheduler extender that places GPU shares per GPU,
 //! by UUID, and writes the allocation on the pod before binding it.
 //!
+//! - [`bind`]: the bind path's decisions and preconditioned writes;
 //! - [`core`]: the pure allocator (accounting, binpack/spread, topology);
 //! - [`ledger`]: GPU use derived from Device CRs, pods and in-flight allocations;
 //! - [`upgrade`]: pod-level allocation annotations of running pods rewritten into
 //!   per-container grants;
 
+pub mod bind;
 pub mod cluster;
 pub mod core;
 pub mod extender;

@@ -102,3 +102,19 @@ fn admission_policy_covers_every_write_path_of_the_annotation() {
         );
     }
 }
+
+/// A follower's wait for the leader sits well inside kube-scheduler's httpTimeout.
+#[test]
+fn forwarding_to_the_leader_answers_inside_the_extender_http_timeout() {
+    let config = &documents("scheduler-config.yaml")[0];
+    let timeout = config["extenders"][0]["httpTimeout"]
+        .as_str()
+        .and_then(|t| t.strip_suffix('s'))
+        .and_then(|t| t.parse::<f64>().ok())
+        .expect("httpTimeout in seconds");
+    let forward = tessera_scheduler::extender::FORWARD_TIMEOUT.as_secs_f64();
+    assert!(
+        forward + 1.0 <= timeout,
+        "forwarding waits {forward} s, kube-scheduler's httpTimeout is {timeout} s"
+    );
+}

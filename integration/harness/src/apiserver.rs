@@ -56,6 +56,34 @@ pub struct ApiServer {
     addr: SocketAddr,
     store: Arc<Mutex<Store>>,
     events: broadcast::Sender<Event>,
+    faults: Arc<Faults>,
+}
+
+/// Faults a test injects: a slow binding, watches that lag or die.
+#[derive(Debug)]
+struct Faults {
+    /// How long each pods/binding waits before it is applied.
+    binding_delay: Mutex<std::time::Duration>,
+    /// pods/binding calls taken.
+    bindings: std::sync::atomic::AtomicUsize,
+    /// While true, watch streams hold their events back (watch lag).
+    watches_held: tokio::sync::watch::Sender<bool>,
+    /// Bumped to end every open watch stream.
+    watches_cut: tokio::sync::watch::Sender<u64>,
+    /// While true, new watch requests are refused (a dead watch).
+    watches_refused: std::sync::atomic::AtomicBool,
+}
+
+impl Default for Faults {
+    fn default() -> Self {
+        Self {
+            binding_delay: Mutex::default(),
+            bindings: std::sync::atomic::AtomicUsize::new(0),
+            watches_held: tokio::sync::watch::Sender::new(false),
+            watches_cut: tokio::sync::watch::Sender::new(0),
+            watches_refused: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
 }
 
 fn full(status: StatusCode, value: &Value) -> Response<Body> {
@@ -280,6 +308,7 @@ impl ApiServer {
             addr: listener.local_addr()?,
             store: Arc::default(),
             events,
+            faults: Arc::default(),
         };
         let accept = server.clone();
         tokio::spawn(async move {
@@ -297,6 +326,36 @@ impl ApiServer {
             }
         });
         Ok(server)
+    }
+
+    /// Fault: every pods/binding waits `delay` before it is applied (and answered).
+    pub fn delay_bindings(&self, delay: std::time::Duration) {
+        *self
+            .faults
+            .binding_delay
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = delay;
+    }
+
+    /// How many pods/binding calls the server has taken.
+    pub fn bindings(&self) -> usize {
+        self.faults
+            .bindings
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Fault: while `held`, open watch streams send nothing (events wait, in order).
+    pub fn hold_watches(&self, held: bool) {
+        self.faults.watches_held.send_replace(held);
+    }
+
+    /// Fault: ends every open watch stream and, while `refused`, answers new watch
+    /// requests with 500 (a watch that cannot be re-established).
+    pub fn cut_watches(&self, refused: bool) {
+        self.faults
+            .watches_refused
+            .store(refused, std::sync::atomic::Ordering::SeqCst);
+        self.faults.watches_cut.send_modify(|n| *n += 1);
     }
 
     /// `http://127.0.0.1:PORT`.
@@ -442,7 +501,18 @@ impl ApiServer {
             }
             (&Method::GET, None, _) => self.list(&route, &query),
             (&Method::POST, None, _) => self.create(&route, parsed),
-            (&Method::POST, Some(name), Some("binding")) => self.bind(&route, name, parsed),
+            (&Method::POST, Some(name), Some("binding")) => {
+                self.faults
+                    .bindings
+                    .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let delay = *self
+                    .faults
+                    .binding_delay
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                tokio::time::sleep(delay).await;
+                self.bind(&route, name, parsed)
+            }
             (&Method::GET, Some(name), _) => match self.get(
                 &route.collection.0,
                 &route.collection.1,
@@ -493,6 +563,19 @@ impl ApiServer {
     }
 
     fn watch(&self, route: &Route, query: &BTreeMap<String, String>) -> Response<Body> {
+        if self
+            .faults
+            .watches_refused
+            .load(std::sync::atomic::Ordering::SeqCst)
+        {
+            return status(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "InternalError",
+                "watches refused (injected fault)",
+            );
+        }
+        let mut held = self.faults.watches_held.subscribe();
+        let mut cut = self.faults.watches_cut.subscribe();
         let since: u64 = query
             .get("resourceVersion")
             .and_then(|v| v.parse().ok())
@@ -536,8 +619,14 @@ impl ApiServer {
             tokio::pin!(deadline);
             loop {
                 tokio::select! {
+                    _ = cut.changed() => return,
                     received = live.recv() => match received {
-                        Ok(event) if event.rv > last => if !send(&event) { return },
+                        Ok(event) if event.rv > last => {
+                            // Watch lag: an event waits while watches are held.
+                            if held.wait_for(|held| !*held).await.is_err() || !send(&event) {
+                                return;
+                            }
+                        }
                         Ok(_) => {}
                         Err(broadcast::error::RecvError::Lagged(_)) => return,
                         Err(broadcast::error::RecvError::Closed) => return,
@@ -599,6 +688,21 @@ impl ApiServer {
             }
             _ => None,
         }
+    }
+
+    /// A Conflict response when a UID precondition (`uid`, when a string) is not the object's UID.
+    fn uid_conflict(existing: &Value, uid: &Value) -> Option<Response<Body>> {
+        let wanted = uid.as_str()?;
+        let found = existing["metadata"]["uid"].as_str().unwrap_or("");
+        (wanted != found).then(|| {
+            status(
+                StatusCode::CONFLICT,
+                "Conflict",
+                format!(
+                    "Precondition failed: UID in precondition: {wanted}, UID in object meta: {found}"
+                ),
+            )
+        })
     }
 
     fn replace(
@@ -672,6 +776,9 @@ impl ApiServer {
         if let Some(response) = Self::version_conflict(&existing, &patch, name) {
             return response;
         }
+        if let Some(response) = Self::uid_conflict(&existing, &patch["metadata"]["uid"]) {
+            return response;
+        }
         let mut updated = existing.clone();
         if content_type.starts_with("application/json-patch+json") {
             if let Err(problem) = json_patch(&mut updated, &patch) {
@@ -722,6 +829,12 @@ impl ApiServer {
                 format!("pods \"{name}\" not found"),
             );
         };
+        if let Some(response) = body
+            .as_ref()
+            .and_then(|b| Self::uid_conflict(&pod, &b["metadata"]["uid"]))
+        {
+            return response;
+        }
         if pod["spec"]["nodeName"]
             .as_str()
             .is_some_and(|n| !n.is_empty())

@@ -1,0 +1,139 @@
+//! The bind path against the API server double with faults injected: a slow
+//! Binding that kube-scheduler retries, and a retry answered while the watch lags.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tessera_api::resources::DEVICE_ALLOCATED;
+use tessera_harness::apiserver::ApiServer;
+use tessera_scheduler::extender::{Extender, ExtenderBindingArgs, ExtenderConfig};
+use tessera_scheduler::leader::Leader;
+use tessera_scheduler::ledger::Ledger;
+
+const DEVICES: &str = "scheduling.koordinator.sh/v1alpha1";
+
+fn device(node: &str, gpus: usize) -> Value {
+    let devices: Vec<Value> = (0..gpus)
+        .map(|i| json!({"type":"gpu","id":format!("GPU-{node}-{i}"),"minor":i,"health":true,
+            "resources":{"koordinator.sh/gpu-core":"100","koordinator.sh/gpu-memory":(16u64 << 30).to_string(),"koordinator.sh/gpu-memory-ratio":"100"}}))
+        .collect();
+    json!({"apiVersion": DEVICES, "kind": "Device", "metadata": {"name": node}, "spec": {"devices": devices}})
+}
+
+fn half_gpu_pod(name: &str) -> Value {
+    json!({"apiVersion":"v1","kind":"Pod","metadata":{"name":name,"namespace":"default","uid":format!("u-{name}")},
+        "spec":{"containers":[{"name":"main","image":"x","resources":{"limits":{"koordinator.sh/gpu":"50"}}}]},
+        "status":{"phase":"Pending"}})
+}
+
+async fn extender(api: &ApiServer, config: ExtenderConfig) -> (Extender, Arc<Mutex<Ledger>>) {
+    let client = api.client().expect("client");
+    let ledger = Arc::new(Mutex::new(Ledger::default()));
+    let view = tessera_scheduler::cluster::watch(client.clone(), Arc::clone(&ledger));
+    for _ in 0..250 {
+        if view.ready.load(Ordering::SeqCst) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(view.ready.load(Ordering::SeqCst), "cache never synced");
+    let extender = Extender::new(
+        Arc::clone(&ledger),
+        Some(client),
+        Some(view.pods),
+        config,
+        view.ready,
+        Arc::new(Leader::new(true)),
+    );
+    (extender, ledger)
+}
+
+fn args(name: &str, node: &str) -> ExtenderBindingArgs {
+    ExtenderBindingArgs {
+        pod_name: name.into(),
+        pod_namespace: "default".into(),
+        pod_uid: format!("u-{name}"),
+        node: node.into(),
+    }
+}
+
+fn allocation(api: &ApiServer, name: &str) -> Value {
+    api.get("v1", "pods", "default", name).expect("pod")["metadata"]["annotations"]
+        [DEVICE_ALLOCATED]
+        .clone()
+}
+
+fn core_used(ledger: &Mutex<Ledger>, node: &str) -> u64 {
+    ledger
+        .lock()
+        .expect("ledger")
+        .node(node)
+        .expect("node")
+        .gpus
+        .iter()
+        .map(|g| g.core_used)
+        .sum()
+}
+
+/// kube-scheduler gives up after its httpTimeout while the Binding is slow and sends
+/// the bind again: the second joins the first; one Binding, one allocation, no rollback.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bind_repeated_while_the_first_runs_joins_it() {
+    let api = ApiServer::start().await.expect("api");
+    api.insert(DEVICES, "devices", device("n1", 2));
+    api.insert("v1", "pods", half_gpu_pod("slow"));
+    let (extender, ledger) = extender(&api, ExtenderConfig::default()).await;
+    api.delay_bindings(Duration::from_millis(1500));
+    let first = tokio::spawn({
+        let extender = extender.clone();
+        async move { extender.bind(&args("slow", "n1"), false).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let second = extender.bind(&args("slow", "n1"), false).await;
+    let first = first.await.expect("first bind");
+    assert_eq!((first.error.as_str(), second.error.as_str()), ("", ""));
+    assert_eq!(api.bindings(), 1, "the repeated bind ran its own Binding");
+    let pod = api.get("v1", "pods", "default", "slow").expect("pod");
+    assert_eq!(pod["spec"]["nodeName"], "n1");
+    assert!(allocation(&api, "slow").is_string(), "{pod}");
+    assert_eq!(core_used(&ledger, "n1"), 50, "booked once");
+}
+
+/// The first bind finished, the watch has not shown it yet, kube-scheduler retries:
+/// the retry is answered from the pod's state and never touches its annotation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_bind_of_a_bound_pod_keeps_its_allocation_under_watch_lag() {
+    let api = ApiServer::start().await.expect("api");
+    api.insert(DEVICES, "devices", device("n1", 2));
+    api.insert(DEVICES, "devices", device("n2", 2));
+    api.insert("v1", "pods", half_gpu_pod("done"));
+    let (extender, ledger) = extender(&api, ExtenderConfig::default()).await;
+    api.hold_watches(true);
+    assert_eq!(extender.bind(&args("done", "n1"), false).await.error, "");
+    let written = allocation(&api, "done");
+    assert!(written.is_string());
+    let retried = extender.bind(&args("done", "n1"), false).await;
+    assert_eq!(retried.error, "", "a bound pod's retry is a success");
+    assert_eq!(
+        allocation(&api, "done"),
+        written,
+        "the annotation was touched"
+    );
+    assert_eq!(api.bindings(), 1);
+    let elsewhere = extender.bind(&args("done", "n2"), false).await;
+    assert_eq!(
+        elsewhere.error,
+        "pod default/done: binding to n2: already bound to node n1"
+    );
+    assert_eq!(allocation(&api, "done"), written);
+    api.hold_watches(false);
+    for _ in 0..250 {
+        if core_used(&ledger, "n1") == 50 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("booked {} of n1, not 50", core_used(&ledger, "n1"));
+}
