@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use crate::gpu::{GpuHookConfig, GpuMode};
+use crate::gpu::{GpuHookConfig, GpuMode, PrivilegedPolicy, TrustedGpuAgent};
 use crate::probe::ProbePaths;
 
 /// GPU hook flags.
@@ -38,6 +38,25 @@ pub struct GpuHookArgs {
     /// giving it those GPUs; a missing file means no plugin gave any.
     #[arg(long, value_name = "PATH", default_value = crate::probe::KUBELET_CHECKPOINT)]
     pub kubelet_checkpoint: PathBuf,
+    /// Pods that keep the device env they were given (NVIDIA_VISIBLE_DEVICES=all and
+    /// the toolkit's other variables) although they hold no Tessera allocation:
+    /// NVIDIA's own agents (device plugin, dcgm-exporter, GPU feature discovery, GPU
+    /// Operator validators). Each entry is NAMESPACE (every pod of it) or
+    /// NAMESPACE:KEY=VALUE (its pods with that label); repeat the flag or separate
+    /// entries with ','. Trust is by namespace, an RBAC boundary, because anyone who
+    /// may create pods can set a label. The GPU Operator installs into gpu-operator;
+    /// the device plugin's Helm chart into nvidia-device-plugin, its static manifest
+    /// into kube-system (label name=nvidia-device-plugin-ds). A pod with an allocation
+    /// still gets exactly its grant [default: none]
+    #[arg(long, value_name = "NAMESPACE[:KEY=VALUE]", value_delimiter = ',')]
+    pub trusted_gpu_agents: Vec<TrustedGpuAgent>,
+    /// Privileged containers on a node with GPUs (they see every GPU device whatever
+    /// the hook does): refuse-gpu refuses those that ask for GPUs (env, device plugin,
+    /// CDI) unless trusted; refuse refuses every one not trusted; allow lets all run.
+    /// Under refuse-gpu and refuse, a privileged container the scheduler granted GPUs
+    /// is always refused [default: refuse-gpu]
+    #[arg(long, value_enum, value_name = "POLICY")]
+    pub privileged: Option<PrivilegedPolicy>,
 }
 
 impl Default for GpuHookArgs {
@@ -51,6 +70,8 @@ impl Default for GpuHookArgs {
             keep_unallocated: false,
             nvml_library: "libnvidia-ml.so.1".into(),
             kubelet_checkpoint: crate::probe::KUBELET_CHECKPOINT.into(),
+            trusted_gpu_agents: Vec::new(),
+            privileged: None,
         }
     }
 }
@@ -64,6 +85,8 @@ impl GpuHookArgs {
             limiter_env: !self.no_limiter_env,
             unallocated_visible_devices: (!self.keep_unallocated)
                 .then(|| self.unallocated_visible_devices.clone()),
+            trusted_agents: self.trusted_gpu_agents.clone(),
+            privileged: self.privileged.unwrap_or_default(),
             ..GpuHookConfig::default()
         }
     }

@@ -48,6 +48,20 @@
 //! The other device variables are never refused, only narrowed: they add
 //! node-wide helper devices, not GPUs, and pod specs copied from NVIDIA's guides
 //! set them (`NVIDIA_GDRCOPY=enabled`); switched off they widen nothing.
+//!
+//! # Trusted GPU agents and privileged containers
+//!
+//! Two node settings ([`trust`]) come before the rule above:
+//!
+//! - a container of a pod with **no allocation** in a trusted namespace
+//!   (`--trusted-gpu-agents`) keeps its device env as given: every device key
+//!   it has is set once, to the value the runtime would have used (the last
+//!   entry), and nothing else is touched ([`trusted_agent`]). A pod with an
+//!   allocation is never trusted: it gets exactly its grant, trust never widens it.
+//! - a **privileged** container sees every device node of the host, so no
+//!   rewrite confines it. On a node with GPUs, unless `--privileged allow`, one
+//!   the scheduler granted GPUs is refused, and so (by default) is one that is
+//!   not a trusted agent and asks for GPUs ([`privileged_refusal`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -61,6 +75,9 @@ use tessera_api::{AllocationError, DeviceAllocation, DeviceAllocations};
 use tessera_protos::hook::v1::{
     CdiDevice, ContainerHookRequest, ContainerHookResponse, DeviceNode, Event, KeyValue,
 };
+
+pub mod trust;
+pub use trust::{PrivilegedPolicy, PrivilegedReason, TrustedGpuAgent, TrustedGpuAgentError};
 
 /// Container annotations through which a device plugin asks containerd for CDI devices.
 const CDI_ANNOTATION_PREFIX: &str = "cdi.k8s.io/";
@@ -102,6 +119,20 @@ pub struct GpuHookConfig {
     pub limiter_env: bool,
     /// `NVIDIA_VISIBLE_DEVICES` for containers of pods with no allocation; `None` leaves them alone.
     pub unallocated_visible_devices: Option<String>,
+    /// Pods with no allocation that keep their device env as given (NVIDIA's
+    /// agents). Empty by default: trust is granted by the node's operator, in
+    /// writing, never assumed from a namespace's name.
+    pub trusted_agents: Vec<TrustedGpuAgent>,
+    /// What privileged containers may do on a node with GPUs.
+    pub privileged: PrivilegedPolicy,
+}
+
+impl GpuHookConfig {
+    /// The entry of `--trusted-gpu-agents` that trusts `container`'s pod, if any.
+    pub fn trusted_agent(&self, container: &ContainerHookRequest) -> Option<&TrustedGpuAgent> {
+        let pod = container.pod.as_ref()?;
+        self.trusted_agents.iter().find(|agent| agent.matches(pod))
+    }
 }
 
 impl Default for GpuHookConfig {
@@ -112,6 +143,8 @@ impl Default for GpuHookConfig {
             cdi_kind: "nvidia.com/gpu".into(),
             limiter_env: true,
             unallocated_visible_devices: Some("void".into()),
+            trusted_agents: Vec::new(),
+            privileged: PrivilegedPolicy::default(),
         }
     }
 }
@@ -382,6 +415,33 @@ pub enum GpuHookError {
         /// What kubelet's checkpoint records the plugin giving.
         granted: Vec<String>,
     },
+    /// A privileged container, which would see every GPU device of the node,
+    /// that the `--privileged` setting does not let run.
+    #[error(
+        "pod {pod}: container {container}: securityContext.privileged=true: the runtime gives a privileged container every GPU of this node, and {reason}; refused by setting privileged={policy} (--privileged): {}",
+        privileged_hint(.reason)
+    )]
+    Privileged {
+        /// `namespace/name`.
+        pod: String,
+        /// The container's name.
+        container: String,
+        /// Why it is refused.
+        reason: PrivilegedReason,
+        /// The setting that refused it.
+        policy: PrivilegedPolicy,
+    },
+}
+
+/// What the pod's owner or the node's operator can do about a refused
+/// privileged container.
+fn privileged_hint(reason: &PrivilegedReason) -> &'static str {
+    match reason {
+        PrivilegedReason::Allocated => "drop privileged from the container",
+        PrivilegedReason::AsksForGpus(_) | PrivilegedReason::Untrusted => {
+            "drop privileged, or run it in a namespace named by --trusted-gpu-agents"
+        }
+    }
 }
 
 fn kv(key: &str, value: impl Into<String>) -> KeyValue {
@@ -445,16 +505,45 @@ pub fn rewrite(
         .as_ref()
         .map(|c| c.name.as_str())
         .unwrap_or_default();
-    let Some(annotation) = allocation_of(container) else {
+    let allocations = allocation_of(container)
+        .map(|annotation| {
+            DeviceAllocations::parse(annotation).map_err(|source| GpuHookError::Annotation {
+                pod: pod.clone(),
+                container: name.to_owned(),
+                source,
+            })
+        })
+        .transpose()?;
+    let granted = allocations
+        .as_ref()
+        .map(|a| a.gpus_of_container(name))
+        .unwrap_or_default();
+    // Trust is for pods that asked the scheduler for nothing: an allocated pod
+    // gets exactly its grant, whatever its namespace.
+    let trusted = match allocations {
+        None => config.trusted_agent(container),
+        Some(_) => None,
+    };
+    if let Some(reason) = privileged_refusal(
+        container,
+        !granted.is_empty(),
+        trusted.is_some(),
+        node,
+        config,
+    ) {
+        return Err(GpuHookError::Privileged {
+            pod,
+            container: name.to_owned(),
+            reason,
+            policy: config.privileged,
+        });
+    }
+    let Some(allocations) = allocations else {
+        if let Some(agent) = trusted {
+            return Ok(trusted_agent(container, &pod, agent));
+        }
         return unallocated(container, &pod, node, config);
     };
-    let allocations =
-        DeviceAllocations::parse(annotation).map_err(|source| GpuHookError::Annotation {
-            pod: pod.clone(),
-            container: name.to_owned(),
-            source,
-        })?;
-    let granted = allocations.gpus_of_container(name);
     let gpus = resolve_gpus(&granted, node, &pod, name)?;
     let mut edit = ContainerHookResponse::default();
     if gpus.is_empty() {
@@ -495,6 +584,111 @@ pub fn rewrite(
     let rdma = allocations.devices_of_container(DEVICE_TYPE_RDMA, name);
     add_rdma(&rdma, node, config, &pod, name, &mut edit)?;
     Ok(edit)
+}
+
+/// Whether a privileged container is refused, and why; `None` lets it through.
+/// See [`PrivilegedPolicy`] for why the default refuses only privileged
+/// containers that ask for GPUs.
+///
+/// `granted`: the scheduler's allocation gives this container GPUs. `trusted`: its
+/// pod is a trusted GPU agent (never true for an allocated pod).
+fn privileged_refusal(
+    container: &ContainerHookRequest,
+    granted: bool,
+    trusted: bool,
+    node: &NodeDevices,
+    config: &GpuHookConfig,
+) -> Option<PrivilegedReason> {
+    // A node without GPUs has nothing a privileged container could take.
+    if !container.privileged || config.privileged == PrivilegedPolicy::Allow || !has_gpus(node) {
+        return None;
+    }
+    if granted {
+        return Some(PrivilegedReason::Allocated);
+    }
+    if trusted {
+        return None;
+    }
+    match config.privileged {
+        PrivilegedPolicy::Refuse => Some(PrivilegedReason::Untrusted),
+        PrivilegedPolicy::RefuseGpu => asks_for_any_gpu(container, node, config),
+        PrivilegedPolicy::Allow => None,
+    }
+}
+
+/// Whether the node has a GPU a container could reach: one in its inventory,
+/// or a `/dev/nvidia<N>` node under the device root.
+fn has_gpus(node: &NodeDevices) -> bool {
+    node.gpus.as_ref().is_some_and(|gpus| !gpus.is_empty())
+        || node
+            .nodes
+            .iter()
+            .any(|name| is_gpu_node(&format!("/dev/{name}")))
+}
+
+/// What about an unallocated container asks for GPUs, for a privileged one: its
+/// device env (`all` or IDs), a device plugin's grant in kubelet's checkpoint, or
+/// an NVIDIA CDI device.
+fn asks_for_any_gpu(
+    container: &ContainerHookRequest,
+    node: &NodeDevices,
+    config: &GpuHookConfig,
+) -> Option<PrivilegedReason> {
+    if let Some(value) = requested_gpus(container) {
+        return Some(PrivilegedReason::AsksForGpus(format!(
+            "{VISIBLE_DEVICES}={value}"
+        )));
+    }
+    let uid = container.pod.as_ref().map_or("", |p| p.uid.as_str());
+    let name = container.container.as_ref().map_or("", |c| c.name.as_str());
+    if let Some(grant) = node.plugin_grants.of_container(uid, name) {
+        return Some(PrivilegedReason::AsksForGpus(format!(
+            "a device plugin gave it {:?}",
+            grant.describe()
+        )));
+    }
+    let cdi = container
+        .cdi_devices
+        .iter()
+        .map(|c| c.name.as_str())
+        .chain(
+            container
+                .annotations
+                .iter()
+                .filter(|(key, _)| key.starts_with(CDI_ANNOTATION_PREFIX))
+                .flat_map(|(_, value)| items(value)),
+        )
+        .filter(|name| is_nvidia_cdi(name, config))
+        .min();
+    cdi.map(|name| PrivilegedReason::AsksForGpus(format!("CDI device {name}")))
+}
+
+/// A trusted GPU agent's container: its device env as given. Each device key it
+/// has is set once, to the value the runtime would use (the last entry, see
+/// [`effective`]); keys it lacks stay absent, so an image's default applies as it
+/// would without Tessera. Device nodes, mounts and CDI devices are untouched.
+fn trusted_agent(
+    container: &ContainerHookRequest,
+    pod: &str,
+    agent: &TrustedGpuAgent,
+) -> ContainerHookResponse {
+    let mut edit = ContainerHookResponse::default();
+    let keys = std::iter::once(VISIBLE_DEVICES).chain(DEVICE_SWITCHES.iter().map(|(key, _)| *key));
+    for key in keys {
+        if let Some(value) = effective(container, key) {
+            edit.set_envs.push(kv(key, value));
+        }
+    }
+    let name = container.container.as_ref().map_or("", |c| c.name.as_str());
+    tracing::info!(
+        pod,
+        container = name,
+        trusted = %agent,
+        visible_devices = effective(container, VISIBLE_DEVICES).unwrap_or("(unset: the image's)"),
+        privileged = container.privileged,
+        "trusted GPU agent: device env kept as given"
+    );
+    edit
 }
 
 /// A container that the per-container grants of its allocated pod do not name:

@@ -10,7 +10,7 @@ use tessera_protos::hook::v1::{
 };
 use tonic::{Request, Response, Status};
 
-use crate::gpu::{GpuHookConfig, GpuHookError, NodeDevices, rewrite};
+use crate::gpu::{GpuHookConfig, GpuHookError, NodeDevices, PrivilegedPolicy, rewrite};
 use crate::probe::DeviceProbe;
 
 /// A hook that edits containers before they are created.
@@ -45,9 +45,12 @@ impl GpuHook {
 
     /// Whether the rewrite of `request` reads the node (blocking I/O); when it
     /// does not, [`ContainerHook::pre_container`] is cheap enough for an async thread.
+    /// A privileged container needs it unless privileged containers are allowed:
+    /// whether the node has GPUs, and the device plugin's grants, decide it.
     pub fn needs_probe(&self, request: &ContainerHookRequest) -> bool {
         crate::gpu::allocation_of(request).is_some()
             || crate::gpu::requested_gpus(request).is_some()
+            || (request.privileged && self.config.privileged != PrivilegedPolicy::Allow)
     }
 }
 
@@ -80,6 +83,8 @@ impl From<GpuHookError> for Status {
             GpuHookError::Device { .. } | GpuHookError::Checkpoint { .. } => {
                 Status::failed_precondition(error.to_string())
             }
+            // The node's policy, not the request's shape, refuses it.
+            GpuHookError::Privileged { .. } => Status::permission_denied(error.to_string()),
         }
     }
 }
@@ -203,5 +208,29 @@ mod tests {
             "{edit:?}"
         );
         Ok(())
+    }
+
+    #[test]
+    fn a_privileged_container_is_checked_against_the_node() {
+        let probe = Arc::new(CountingProbe::default());
+        let hook = GpuHook::new(GpuHookConfig::default(), probe.clone());
+        let mut privileged = create(HashMap::new());
+        privileged.privileged = true;
+        assert!(
+            hook.needs_probe(&privileged),
+            "whether the node has GPUs decides"
+        );
+        // Asks for no GPU: runs (voided) under the default policy, after the probe.
+        assert!(hook.pre_container(&privileged).is_ok());
+        assert_eq!(probe.0.load(Ordering::SeqCst), 1);
+
+        let allow = GpuHook::new(
+            GpuHookConfig {
+                privileged: PrivilegedPolicy::Allow,
+                ..GpuHookConfig::default()
+            },
+            probe,
+        );
+        assert!(!allow.needs_probe(&privileged));
     }
 }

@@ -7,6 +7,7 @@ use std::time::Duration;
 use clap::Parser;
 use serde::Deserialize;
 use tessera_hooks::args::GpuHookArgs;
+use tessera_hooks::gpu::{PrivilegedPolicy, TrustedGpuAgent};
 
 /// Default socket kubelet talks to.
 pub const DEFAULT_LISTEN: &str = "/run/tessera/runtime-proxy.sock";
@@ -63,7 +64,8 @@ pub struct Cli {
     /// Turn the embedded GPU hook off (e.g. when tessera-gpu-hook runs as an external hook).
     #[arg(long)]
     pub no_gpu_hook: bool,
-    /// Embedded GPU hook settings (flags only).
+    /// Embedded GPU hook settings (flags only, except trusted_gpu_agents and
+    /// privileged, which the file may also set).
     #[command(flatten, next_help_heading = "GPU hook")]
     pub gpu: GpuHookArgs,
 }
@@ -80,6 +82,10 @@ pub struct FileConfig {
     max_message_bytes: Option<usize>,
     hooks_dir: Option<PathBuf>,
     gpu_hook: Option<bool>,
+    /// The GPU hook's trusted agents; `--trusted-gpu-agents` replaces the list.
+    trusted_gpu_agents: Option<Vec<TrustedGpuAgent>>,
+    /// The GPU hook's policy for privileged containers.
+    privileged: Option<PrivilegedPolicy>,
 }
 
 /// A setting that cannot be used.
@@ -206,7 +212,14 @@ impl Config {
                 .hooks_dir
                 .or(file.hooks_dir)
                 .unwrap_or_else(|| DEFAULT_HOOKS_DIR.into()),
-            gpu_hook: (!cli.no_gpu_hook && file.gpu_hook.unwrap_or(true)).then_some(cli.gpu),
+            gpu_hook: (!cli.no_gpu_hook && file.gpu_hook.unwrap_or(true)).then(|| {
+                let mut gpu = cli.gpu;
+                if gpu.trusted_gpu_agents.is_empty() {
+                    gpu.trusted_gpu_agents = file.trusted_gpu_agents.unwrap_or_default();
+                }
+                gpu.privileged = gpu.privileged.or(file.privileged);
+                gpu
+            }),
         })
     }
 
@@ -292,5 +305,70 @@ mod tests {
         })
         .expect_err("unknown key");
         assert!(err.to_string().contains("listn"), "{err}");
+    }
+
+    #[test]
+    fn gpu_agent_trust_and_privileged_policy_come_from_the_file_or_flags() {
+        let config = Config::resolve(Cli::default()).expect("valid");
+        let gpu = config.gpu_hook.expect("embedded hook on").config();
+        assert!(gpu.trusted_agents.is_empty(), "nothing trusted by default");
+        assert_eq!(gpu.privileged, PrivilegedPolicy::RefuseGpu);
+
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("proxy.toml");
+        std::fs::write(
+            &file,
+            "trusted_gpu_agents = [\"gpu-operator\", \"kube-system:name=nvidia-device-plugin-ds\"]\nprivileged = \"refuse\"\n",
+        )
+        .expect("write");
+        let config = Config::resolve(Cli {
+            config: Some(file.clone()),
+            ..Cli::default()
+        })
+        .expect("valid");
+        let gpu = config.gpu_hook.expect("embedded hook on").config();
+        let agents: Vec<String> = gpu.trusted_agents.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            agents,
+            ["gpu-operator", "kube-system:name=nvidia-device-plugin-ds"]
+        );
+        assert_eq!(gpu.privileged, PrivilegedPolicy::Refuse);
+
+        // Flags win: the list is replaced, not merged.
+        let cli = Cli::try_parse_from([
+            "tessera-runtime-proxy",
+            "--config",
+            &file.to_string_lossy(),
+            "--trusted-gpu-agents=nvidia-device-plugin,tessera-agents",
+            "--privileged=allow",
+        ])
+        .expect("flags parse");
+        let gpu = Config::resolve(cli)
+            .expect("valid")
+            .gpu_hook
+            .expect("on")
+            .config();
+        let agents: Vec<String> = gpu.trusted_agents.iter().map(ToString::to_string).collect();
+        assert_eq!(agents, ["nvidia-device-plugin", "tessera-agents"]);
+        assert_eq!(gpu.privileged, PrivilegedPolicy::Allow);
+
+        // A bad entry is named, in the file and as a flag.
+        std::fs::write(&file, "trusted_gpu_agents = [\"GPU_Operator\"]\n").expect("write");
+        let err = Config::resolve(Cli {
+            config: Some(file),
+            ..Cli::default()
+        })
+        .expect_err("bad namespace");
+        assert!(
+            err.to_string()
+                .contains("namespace \"GPU_Operator\" is not a namespace name"),
+            "{err}"
+        );
+        let err = Cli::try_parse_from([
+            "tessera-runtime-proxy",
+            "--trusted-gpu-agents=kube-system:app",
+        ])
+        .expect_err("label without value");
+        assert!(err.to_string().contains("NAMESPACE:KEY=VALUE"), "{err}");
     }
 }

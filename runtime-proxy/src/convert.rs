@@ -163,6 +163,13 @@ fn fill_from_config(view: &mut hook::ContainerHookRequest, config: &cri::Contain
         .as_ref()
         .and_then(|l| l.resources.as_ref())
         .map(resources_view);
+    // The container's own flag, not the sandbox's: containerd gives host devices
+    // only to a privileged container (and refuses one in an unprivileged sandbox).
+    view.privileged = config
+        .linux
+        .as_ref()
+        .and_then(|l| l.security_context.as_ref())
+        .is_some_and(|s| s.privileged);
 }
 
 /// Applies a hook's container edits to the CRI request: everything for

@@ -1293,3 +1293,301 @@ proptest! {
         prop_assert!(!has_device_list_mount(&c), "{:?}", c.mounts);
     }
 }
+
+// === trusted GPU agents and privileged containers ===
+
+/// A config trusting `entries` (`--trusted-gpu-agents`), with `privileged`.
+fn trusting(entries: &[&str], privileged: PrivilegedPolicy) -> GpuHookConfig {
+    GpuHookConfig {
+        trusted_agents: entries
+            .iter()
+            .map(|e| e.parse().expect("valid entry"))
+            .collect(),
+        privileged,
+        ..GpuHookConfig::default()
+    }
+}
+
+/// Container `main` of pod `namespace/agent` (labels `labels`) with no
+/// allocation and env `PATH` then `envs`; `privileged` as the CRI config says.
+fn agent(
+    namespace: &str,
+    labels: &[(&str, &str)],
+    envs: &[(&str, &str)],
+    privileged: bool,
+) -> ContainerHookRequest {
+    let mut c = legacy_container(envs);
+    if let Some(pod) = c.pod.as_mut() {
+        pod.name = "agent".into();
+        pod.namespace = namespace.into();
+        pod.labels = labels
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+    }
+    c.privileged = privileged;
+    c
+}
+
+/// `c` after the hook on the test node with `config`.
+fn hooked(
+    mut c: ContainerHookRequest,
+    config: &GpuHookConfig,
+) -> Result<ContainerHookRequest, GpuHookError> {
+    let edit = rewrite(&c, &node(), config)?;
+    apply(&mut c, &edit);
+    Ok(c)
+}
+
+#[test]
+fn a_trusted_agent_keeps_its_device_env_as_given_once_per_key() -> Result<(), GpuHookError> {
+    let config = trusting(&["gpu-operator"], PrivilegedPolicy::default());
+    // A plugin-like first value, the pod's `all` after it, a switch the agent needs.
+    let envs = [
+        (VISIBLE_DEVICES, UUID1),
+        (VISIBLE_DEVICES, "all"),
+        ("NVIDIA_MOFED", "enabled"),
+    ];
+    let before = agent("gpu-operator", &[], &envs, false);
+    let c = hooked(before.clone(), &config)?;
+    assert_eq!(all_values(&c, VISIBLE_DEVICES), ["all"]);
+    assert_eq!(all_values(&c, "NVIDIA_MOFED"), ["enabled"]);
+    assert_eq!(env(&c, "PATH").as_deref(), Some("/bin"));
+    assert_eq!(c.devices, before.devices, "device nodes untouched");
+    assert_eq!(c.mounts, before.mounts, "mounts untouched");
+    // Keys it does not set stay unset, so the image's own default applies.
+    assert_eq!(all_values(&c, "NVIDIA_GDRCOPY"), Vec::<String>::new());
+    let bare = hooked(agent("gpu-operator", &[], &[], false), &config)?;
+    assert_eq!(all_values(&bare, VISIBLE_DEVICES), Vec::<String>::new());
+
+    // The same pod in a namespace nobody trusted: hidden, as before.
+    let c = hooked(agent("default", &[], &envs, false), &config)?;
+    assert_eq!(all_values(&c, VISIBLE_DEVICES), ["void"]);
+    assert_eq!(all_values(&c, "NVIDIA_MOFED"), ["disabled"]);
+    // Nothing is trusted by default.
+    let c = hooked(
+        agent("gpu-operator", &[], &envs, false),
+        &GpuHookConfig::default(),
+    )?;
+    assert_eq!(all_values(&c, VISIBLE_DEVICES), ["void"]);
+    Ok(())
+}
+
+#[test]
+fn a_label_narrows_a_trusted_namespace_and_never_trusts_alone() -> Result<(), GpuHookError> {
+    let config = trusting(
+        &["kube-system:name=nvidia-device-plugin-ds"],
+        PrivilegedPolicy::default(),
+    );
+    let envs = [(VISIBLE_DEVICES, "all")];
+    let label = [("name", "nvidia-device-plugin-ds")];
+    for (namespace, labels, want) in [
+        ("kube-system", &label[..], "all"),
+        ("kube-system", &[][..], "void"),
+        ("kube-system", &[("name", "other")][..], "void"),
+        // The label in a namespace where anyone may create pods proves nothing.
+        ("default", &label[..], "void"),
+    ] {
+        let c = hooked(agent(namespace, labels, &envs, false), &config)?;
+        assert_eq!(
+            all_values(&c, VISIBLE_DEVICES),
+            [want],
+            "{namespace} {labels:?}"
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn trust_never_widens_an_allocation() {
+    let config = trusting(&["ml"], PrivilegedPolicy::default());
+    // `container()` is pod ml/train-0, env `all`: its grant, not `all`.
+    let c = rewritten(
+        Some(&format!(r#"{{"gpu":[{}]}}"#, whole(UUID1, 1))),
+        &config,
+    );
+    assert_eq!(all_values(&c, VISIBLE_DEVICES), [UUID1]);
+    assert_eq!(
+        paths(&c),
+        [
+            "/dev/fuse",
+            "/dev/nvidia1",
+            "/dev/nvidiactl",
+            "/dev/nvidia-uvm"
+        ]
+    );
+    // A sidecar the grants do not name: none.
+    let sidecar = named(&two_quarters(), "sidecar", &config);
+    assert_eq!(all_values(&sidecar, VISIBLE_DEVICES), ["void"]);
+}
+
+#[test]
+fn a_privileged_container_that_asks_for_gpus_is_refused_naming_everything() {
+    let c = agent("default", &[], &[(VISIBLE_DEVICES, "all")], true);
+    let err = rewrite(&c, &node(), &GpuHookConfig::default()).expect_err("refused");
+    assert_eq!(
+        err.to_string(),
+        "pod default/agent: container main: securityContext.privileged=true: the runtime gives a privileged container every GPU of this node, and it asks for GPUs (NVIDIA_VISIBLE_DEVICES=all); refused by setting privileged=refuse-gpu (--privileged): drop privileged, or run it in a namespace named by --trusted-gpu-agents"
+    );
+    assert_eq!(
+        tonic::Status::from(err).code(),
+        tonic::Code::PermissionDenied
+    );
+
+    // A device plugin's grant or an NVIDIA CDI device asks for GPUs too.
+    let plain = agent("default", &[], &[], true);
+    let mut node = node();
+    node.plugin_grants = recorded(vec![grant("uid-1", "main", &[UUID2], &[])]);
+    let err = rewrite(&plain, &node, &GpuHookConfig::default()).expect_err("plugin grant");
+    assert!(
+        err.to_string()
+            .contains(&format!("a device plugin gave it [\"{UUID2}\"]")),
+        "{err}"
+    );
+    let mut cdi = plain.clone();
+    cdi.annotations.insert(
+        "cdi.k8s.io/nvidia-device-plugin_uuid".into(),
+        "k8s.device-plugin.nvidia.com/gpu=GPU-x".into(),
+    );
+    let err = rewrite(&cdi, &self::node(), &GpuHookConfig::default()).expect_err("CDI");
+    assert!(
+        err.to_string()
+            .contains("(CDI device k8s.device-plugin.nvidia.com/gpu=GPU-x)"),
+        "{err}"
+    );
+}
+
+#[test]
+fn privileged_system_agents_that_ask_for_no_gpu_run_by_default() -> Result<(), GpuHookError> {
+    // A CNI or CSI agent: privileged, no GPU asked. Runs, its env voided.
+    for envs in [&[][..], &[(VISIBLE_DEVICES, "void")][..]] {
+        let c = hooked(
+            agent("kube-system", &[], envs, true),
+            &GpuHookConfig::default(),
+        )?;
+        assert_eq!(all_values(&c, VISIBLE_DEVICES), ["void"], "{envs:?}");
+    }
+    // `refuse` refuses it unless trusted.
+    let strict = trusting(&["gpu-operator"], PrivilegedPolicy::Refuse);
+    let err = rewrite(&agent("kube-system", &[], &[], true), &node(), &strict).expect_err("refuse");
+    assert!(
+        err.to_string()
+            .contains("and it is not a trusted GPU agent; refused by setting privileged=refuse"),
+        "{err}"
+    );
+    let c = hooked(
+        agent("gpu-operator", &[], &[(VISIBLE_DEVICES, "all")], true),
+        &strict,
+    )?;
+    assert_eq!(all_values(&c, VISIBLE_DEVICES), ["all"]);
+    // Unprivileged containers are never refused for it.
+    let c = hooked(agent("kube-system", &[], &[], false), &strict)?;
+    assert_eq!(all_values(&c, VISIBLE_DEVICES), ["void"]);
+    Ok(())
+}
+
+#[test]
+fn a_trusted_privileged_agent_runs_with_its_env() -> Result<(), GpuHookError> {
+    let config = trusting(&["gpu-operator"], PrivilegedPolicy::RefuseGpu);
+    let c = hooked(
+        agent("gpu-operator", &[], &[(VISIBLE_DEVICES, "all")], true),
+        &config,
+    )?;
+    assert_eq!(all_values(&c, VISIBLE_DEVICES), ["all"]);
+    Ok(())
+}
+
+#[test]
+fn a_privileged_container_granted_gpus_is_refused_even_when_trusted() {
+    let annotation = format!(r#"{{"gpu":[{}]}}"#, whole(UUID1, 1));
+    for policy in [PrivilegedPolicy::RefuseGpu, PrivilegedPolicy::Refuse] {
+        let mut c = container(Some(&annotation));
+        c.container = Some(ContainerMetadata {
+            name: "main".into(),
+            ..Default::default()
+        });
+        c.privileged = true;
+        let err = rewrite(&c, &node(), &trusting(&["ml"], policy)).expect_err("refused");
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "pod ml/train-0: container main: securityContext.privileged=true: the runtime gives a privileged container every GPU of this node, and the scheduler granted it GPUs, and privileged it would use every GPU of the node; refused by setting privileged={policy} (--privileged): drop privileged from the container"
+            )
+        );
+    }
+    // `allow`: the old behaviour, its grant written as for any container.
+    let mut c = container(Some(&annotation));
+    c.privileged = true;
+    let edit = rewrite(&c, &node(), &trusting(&[], PrivilegedPolicy::Allow)).expect("allowed");
+    apply(&mut c, &edit);
+    assert_eq!(all_values(&c, VISIBLE_DEVICES), [UUID1]);
+}
+
+#[test]
+fn privileged_containers_are_not_refused_on_a_node_without_gpus() -> Result<(), GpuHookError> {
+    let mut c = agent("default", &[], &[(VISIBLE_DEVICES, "all")], true);
+    let strict = trusting(&[], PrivilegedPolicy::Refuse);
+    let edit = rewrite(&c, &NodeDevices::default(), &strict)?;
+    apply(&mut c, &edit);
+    assert_eq!(all_values(&c, VISIBLE_DEVICES), ["void"]);
+    // A GPU node whose inventory could not be read still has its device nodes.
+    let nodes_only = NodeDevices {
+        gpus: None,
+        nodes: ["nvidia3"].map(String::from).into(),
+        plugin_grants: PluginGrants::NoCheckpoint,
+    };
+    let c = agent("default", &[], &[], true);
+    assert!(rewrite(&c, &nodes_only, &strict).is_err());
+    Ok(())
+}
+
+#[test]
+fn trusted_agent_entries_parse_or_name_what_is_wrong() {
+    for (entry, namespace, label) in [
+        ("gpu-operator", "gpu-operator", None),
+        (
+            "kube-system:name=nvidia-device-plugin-ds",
+            "kube-system",
+            Some(("name", "nvidia-device-plugin-ds")),
+        ),
+        (
+            "nvidia-device-plugin:app.kubernetes.io/name=nvidia-device-plugin",
+            "nvidia-device-plugin",
+            Some(("app.kubernetes.io/name", "nvidia-device-plugin")),
+        ),
+        ("ns:tier=", "ns", Some(("tier", ""))),
+    ] {
+        let agent: TrustedGpuAgent = entry.parse().expect(entry);
+        assert_eq!(agent.namespace, namespace);
+        assert_eq!(
+            agent.label,
+            label.map(|(k, v): (&str, &str)| (k.to_owned(), v.to_owned()))
+        );
+        assert_eq!(agent.to_string(), entry);
+    }
+    for (entry, message) in [
+        (
+            "",
+            r#""": namespace "" is not a namespace name (lowercase letters, digits and '-', at most 63, starting and ending with a letter or digit)"#,
+        ),
+        (
+            "GPU_Operator",
+            r#""GPU_Operator": namespace "GPU_Operator" is not a namespace name (lowercase letters, digits and '-', at most 63, starting and ending with a letter or digit)"#,
+        ),
+        (
+            "kube-system:app",
+            r#""kube-system:app": expected NAMESPACE or NAMESPACE:KEY=VALUE, got "app" after ':'"#,
+        ),
+        (
+            "kube-system:=x",
+            r#""kube-system:=x": label key "" is not a valid Kubernetes label key"#,
+        ),
+        (
+            "kube-system:a=b c",
+            r#""kube-system:a=b c": label value "b c" is not a valid Kubernetes label value"#,
+        ),
+    ] {
+        let err = entry.parse::<TrustedGpuAgent>().expect_err(entry);
+        assert_eq!(err.to_string(), message);
+    }
+}

@@ -863,9 +863,33 @@ impl Cluster {
 
     /// Creates a pod as `identity` and returns it as created.
     pub async fn create_pod(&self, identity: &str, pod: &Value) -> anyhow::Result<Pod> {
-        let pods: Api<Pod> = Api::namespaced(self.client_as(identity).await?, "default");
-        let pod: Pod = serde_json::from_value(pod.clone())?;
+        self.create_pod_in(identity, "default", pod).await
+    }
+
+    /// Creates a pod in `namespace` as `identity` and returns it as created.
+    pub async fn create_pod_in(
+        &self,
+        identity: &str,
+        namespace: &str,
+        pod: &Value,
+    ) -> anyhow::Result<Pod> {
+        let pods: Api<Pod> = Api::namespaced(self.client_as(identity).await?, namespace);
+        let mut pod: Pod = serde_json::from_value(pod.clone())?;
+        pod.metadata.namespace = Some(namespace.to_owned());
         Ok(pods.create(&Default::default(), &pod).await?)
+    }
+
+    /// Creates namespace `name` as admin; one that exists already is fine.
+    pub async fn create_namespace(&self, name: &str) -> anyhow::Result<()> {
+        let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(self.client().await?);
+        let namespace = serde_json::from_value(
+            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}),
+        )?;
+        match namespaces.create(&Default::default(), &namespace).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+            Err(e) => Err(anyhow::Error::new(e).context(format!("creating namespace {name}"))),
+        }
     }
 
     /// Waits until `pred` holds for pod `default/name` (`timeout`), returning it.
@@ -876,7 +900,19 @@ impl Cluster {
         what: &str,
         pred: impl Fn(&Pod) -> bool,
     ) -> anyhow::Result<Pod> {
-        let pods: Api<Pod> = Api::namespaced(self.client().await?, "default");
+        self.wait_pod_in("default", name, timeout, what, pred).await
+    }
+
+    /// Waits until `pred` holds for pod `namespace/name` (`timeout`), returning it.
+    pub async fn wait_pod_in(
+        &mut self,
+        namespace: &str,
+        name: &str,
+        timeout: Duration,
+        what: &str,
+        pred: impl Fn(&Pod) -> bool,
+    ) -> anyhow::Result<Pod> {
+        let pods: Api<Pod> = Api::namespaced(self.client().await?, namespace);
         let started = Instant::now();
         loop {
             self.check_alive()?;
@@ -887,8 +923,11 @@ impl Cluster {
             if started.elapsed() > timeout {
                 let status = serde_json::to_string(&pod.status).unwrap_or_default();
                 bail!(
-                    "pod default/{name}: not {what} after {timeout:?}; status {status}; events: {}",
-                    self.events_of(name).await.unwrap_or_default().join(" | ")
+                    "pod {namespace}/{name}: not {what} after {timeout:?}; status {status}; events: {}",
+                    self.events_in(namespace, name)
+                        .await
+                        .unwrap_or_default()
+                        .join(" | ")
                 );
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
@@ -903,8 +942,13 @@ impl Cluster {
 
     /// The messages of the events about pod `default/name`.
     pub async fn events_of(&self, name: &str) -> anyhow::Result<Vec<String>> {
+        self.events_in("default", name).await
+    }
+
+    /// The messages of the events about pod `namespace/name`.
+    pub async fn events_in(&self, namespace: &str, name: &str) -> anyhow::Result<Vec<String>> {
         let events: Api<k8s_openapi::api::core::v1::Event> =
-            Api::namespaced(self.client().await?, "default");
+            Api::namespaced(self.client().await?, namespace);
         let list = events
             .list(&kube::api::ListParams::default().fields(&format!("involvedObject.name={name}")))
             .await?;
@@ -955,7 +999,12 @@ impl Cluster {
 
     /// Deletes pod `default/name` now and waits until it is gone.
     pub async fn delete_pod(&mut self, name: &str) -> anyhow::Result<()> {
-        let pods: Api<Pod> = Api::namespaced(self.client().await?, "default");
+        self.delete_pod_in("default", name).await
+    }
+
+    /// Deletes pod `namespace/name` now and waits until it is gone.
+    pub async fn delete_pod_in(&mut self, namespace: &str, name: &str) -> anyhow::Result<()> {
+        let pods: Api<Pod> = Api::namespaced(self.client().await?, namespace);
         let params = kube::api::DeleteParams {
             grace_period_seconds: Some(0),
             ..Default::default()
@@ -968,7 +1017,7 @@ impl Cluster {
         let started = Instant::now();
         while pods.get_opt(name).await?.is_some() {
             if started.elapsed() > Duration::from_secs(60) {
-                bail!("pod default/{name} still there 60 s after its deletion");
+                bail!("pod {namespace}/{name} still there 60 s after its deletion");
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
         }

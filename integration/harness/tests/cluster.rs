@@ -23,6 +23,10 @@ use tessera_harness::cluster::{
     gpu_device_minors, probe_pod as pod,
 };
 
+/// The namespace the proxy's GPU hook trusts (`--trusted-gpu-agents`), as an
+/// operator would trust `gpu-operator`.
+const AGENTS_NAMESPACE: &str = "tessera-agents";
+
 type Scenario =
     for<'a> fn(&'a mut Cluster) -> Pin<Box<dyn Future<Output = anyhow::Result<()>> + 'a>>;
 
@@ -50,6 +54,10 @@ fn scenarios() -> Vec<(&'static str, Scenario)> {
         (
             "each_container_gets_its_own_share_and_a_sidecar_none",
             |c| Box::pin(per_container(c)),
+        ),
+        (
+            "trusted_gpu_agents_keep_their_env_privileged_gpu_pods_are_refused",
+            |c| Box::pin(trusted_agents_and_privileged(c)),
         ),
         ("restarts_lose_nothing", |c| Box::pin(restarts(c))),
     ]
@@ -91,7 +99,13 @@ async fn run(selected: Vec<(&'static str, Scenario)>) -> anyhow::Result<bool> {
         return Ok(true);
     };
     let started = Instant::now();
-    let mut cluster = Cluster::start(binaries, ClusterOptions::default()).await?;
+    let options = ClusterOptions {
+        // The GPU hook trusts one namespace of GPU agents; privileged containers
+        // are left to the default policy (refuse-gpu), which the scenarios check.
+        proxy_args: vec![format!("--trusted-gpu-agents={AGENTS_NAMESPACE}")],
+        ..ClusterOptions::default()
+    };
+    let mut cluster = Cluster::start(binaries, options).await?;
     println!(
         "cluster up in {:.1} s ({})",
         started.elapsed().as_secs_f64(),
@@ -635,6 +649,151 @@ async fn per_container(cluster: &mut Cluster) -> anyhow::Result<()> {
         env_values(sidecar, "CUDA_DEVICE_SM_LIMIT")
     );
     cluster.delete_pod(name).await
+}
+
+/// The waiting messages of a pod's containers (why kubelet could not create them).
+fn waiting_messages(pod: &Pod) -> Vec<String> {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c.state.as_ref()?.waiting.as_ref()?.message.clone())
+        .collect()
+}
+
+/// NVIDIA's agents ask for no GPU and need `NVIDIA_VISIBLE_DEVICES=all`: in the
+/// trusted namespace a pod keeps it, in `default` the same pod gets `void`, and a
+/// trusted pod with an allocation still gets exactly its grant. Privileged
+/// containers see every GPU whatever the hook writes: under the default policy one
+/// that asks for GPUs is refused (visible in its container status), and so is one
+/// the scheduler granted GPUs; one that asks for none (a CNI or CSI agent) runs.
+async fn trusted_agents_and_privileged(cluster: &mut Cluster) -> anyhow::Result<()> {
+    cluster.create_namespace(AGENTS_NAMESPACE).await?;
+    let all = [("NVIDIA_VISIBLE_DEVICES", "all")];
+    let agent = pod("gpu-agent", &[("agent", json!({}))], &all);
+    let quarter = pod(
+        "agent-with-grant",
+        &[("main", json!({"koordinator.sh/gpu": "25"}))],
+        &all,
+    );
+    let privileged = |mut spec: Value| {
+        spec["spec"]["containers"][0]["securityContext"] = json!({"privileged": true});
+        spec
+    };
+    let privileged_all = privileged(pod("privileged-all", &[("main", json!({}))], &all));
+    let privileged_quarter = privileged(pod(
+        "privileged-quarter",
+        &[("main", json!({"koordinator.sh/gpu": "25"}))],
+        &[],
+    ));
+    let privileged_plain = privileged(pod("privileged-plain", &[("main", json!({}))], &[]));
+    // (namespace, pod): every pod is created as admin (the tenant has RBAC in
+    // `default` only, and the point is the node's policy, not the API's).
+    let running = [
+        (AGENTS_NAMESPACE, &agent),
+        (AGENTS_NAMESPACE, &quarter),
+        (AGENTS_NAMESPACE, &privileged_all),
+        ("default", &agent),
+        ("default", &privileged_plain),
+    ];
+    let refused = [
+        ("default", &privileged_all),
+        ("default", &privileged_quarter),
+    ];
+    for (namespace, spec) in running.iter().chain(&refused) {
+        cluster.create_pod_in("admin", namespace, spec).await?;
+    }
+
+    // (namespace, pod, container) → the one NVIDIA_VISIBLE_DEVICES it must end with.
+    for (namespace, name, container, want) in [
+        (AGENTS_NAMESPACE, "gpu-agent", "agent", "all"),
+        (AGENTS_NAMESPACE, "privileged-all", "main", "all"),
+        ("default", "gpu-agent", "agent", "void"),
+        ("default", "privileged-plain", "main", "void"),
+    ] {
+        let running = cluster
+            .wait_pod_in(
+                namespace,
+                name,
+                Duration::from_secs(90),
+                "Running",
+                tessera_harness::cluster::is_running,
+            )
+            .await?;
+        let specs = cluster.container_specs(&running)?;
+        let spec = specs
+            .get(container)
+            .with_context(|| format!("pod {namespace}/{name}: no spec for {container}"))?;
+        let visible = env_values(spec, "NVIDIA_VISIBLE_DEVICES");
+        ensure!(
+            visible == [want],
+            "pod {namespace}/{name} container {container}: NVIDIA_VISIBLE_DEVICES entries {visible:?}, want exactly [{want:?}]"
+        );
+    }
+    // Trust never widens an allocation: the trusted pod's `all` becomes its grant.
+    let granted = cluster
+        .wait_pod_in(
+            AGENTS_NAMESPACE,
+            "agent-with-grant",
+            Duration::from_secs(90),
+            "Running",
+            tessera_harness::cluster::is_running,
+        )
+        .await?;
+    let specs = cluster.container_specs(&granted)?;
+    assert_grant(
+        &format!("{AGENTS_NAMESPACE}/agent-with-grant"),
+        "main",
+        specs.get("main").context("no spec for main")?,
+        &allocated_gpus(&granted)?,
+    )?;
+
+    // Refused, with the reason and the setting in the container's status.
+    for (name, reason) in [
+        (
+            "privileged-all",
+            "it asks for GPUs (NVIDIA_VISIBLE_DEVICES=all)",
+        ),
+        ("privileged-quarter", "the scheduler granted it GPUs"),
+    ] {
+        let pod = cluster
+            .wait_pod(
+                name,
+                Duration::from_secs(60),
+                "refused by the GPU hook",
+                |pod| {
+                    waiting_messages(pod)
+                        .iter()
+                        .any(|m| m.contains("securityContext.privileged=true"))
+                },
+            )
+            .await?;
+        let messages = waiting_messages(&pod);
+        ensure!(
+            messages.iter().any(|m| m.contains(&format!(
+                "pod default/{name}: container main: securityContext.privileged=true"
+            )) && m.contains(reason)
+                && m.contains("privileged=refuse-gpu")),
+            "pod default/{name}: waiting messages {messages:?} do not name the pod, container, reason {reason:?} and setting"
+        );
+        ensure!(
+            !tessera_harness::cluster::is_running(&pod),
+            "privileged pod default/{name} runs although it would see every GPU"
+        );
+    }
+    ensure!(
+        cluster
+            .log(Component::RuntimeProxy)
+            .contains("trusted GPU agent: device env kept as given"),
+        "the proxy's log does not say it kept a trusted agent's env"
+    );
+
+    for (namespace, spec) in running.iter().chain(&refused) {
+        let name = spec["metadata"]["name"].as_str().unwrap_or_default();
+        cluster.delete_pod_in(namespace, name).await?;
+    }
+    Ok(())
 }
 
 /// Restarting each part while pods run and new ones arrive loses nothing: every
