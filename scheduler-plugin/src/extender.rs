@@ -120,7 +120,9 @@ pub struct ExtenderConfig {
     pub node_policy: Policy,
     /// Request parsing.
     pub request: RequestOptions,
-    /// How long an allocation stays reserved without its pod update.
+    /// How long an allocation stays reserved while in flight (reserve → bind not
+    /// finished, or annotated and not bound). A bound pod's allocation never expires:
+    /// it is held until the watch shows the pod bound, or its delete.
     pub reservation_ttl: Duration,
 }
 
@@ -185,6 +187,10 @@ impl Extender {
         ready: Arc<AtomicBool>,
         leader: Arc<Leader>,
     ) -> Self {
+        ledger
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .set_in_flight_ttl(config.reservation_ttl.as_secs());
         Self {
             ledger,
             client,
@@ -209,7 +215,7 @@ impl Extender {
         self.started.elapsed().as_secs()
     }
 
-    /// Gives back expired reservations; call periodically.
+    /// Gives back expired in-flight reservations; call periodically.
     pub fn expire_reservations(&self) -> usize {
         let now = self.now();
         self.ledger().expire(now)
@@ -532,6 +538,8 @@ impl Extender {
             .await;
         let bind = match created {
             Ok(_) => {
+                // Bound: the reservation is an assumed use until the watch shows the pod.
+                self.ledger().assume(&args.pod_uid);
                 tracing::info!(pod = %args.pod_name, node = %args.node, gpus = written.is_some(), "bound");
                 return Ok(());
             }
@@ -558,6 +566,7 @@ impl Extender {
         };
         match decide_rollback(&pod, &args.pod_uid, &args.node, written) {
             RollbackDecision::Bound => {
+                self.ledger().assume(&args.pod_uid);
                 tracing::info!(pod = %args.pod_name, node = %args.node, error = %bind, "the Binding's answer failed but the pod is bound");
                 Ok(())
             }

@@ -1,7 +1,10 @@
 //! The scheduler's view of GPU use, derived from Device CRs and pods: per node, its
 //! GPUs (from the Device CR) with the use of every assigned, non-terminated pod's
-//! allocation annotation, plus allocations in flight (annotated by us, not yet seen
-//! back). Pure data: the cluster watchers feed it, the extender reads it.
+//! allocation annotation, plus reservations: allocations in flight (reserved by a
+//! bind that has not finished, or annotated on a pod that is not bound), which
+//! expire after the in-flight TTL, and assumed ones (the Binding succeeded, the
+//! watch has not shown the bound pod yet), which only the watch or a delete ends.
+//! Pure data: the cluster watchers feed it, the extender reads it.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -22,13 +25,25 @@ struct PodUse {
     placement: Placement,
 }
 
-/// An allocation written by this scheduler but not yet seen back on the pod.
+/// Where a reservation stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Reserve → bind not finished (or annotated, not bound): given back at `expires_at`.
+    InFlight { expires_at: u64 },
+    /// Bound: held until the watch shows the bound pod (then the pod counts) or it is deleted.
+    Assumed,
+}
+
+/// An allocation made by this scheduler but not yet counted from the bound pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Reservation {
     node: String,
     placement: Placement,
-    expires_at: u64,
+    phase: Phase,
 }
+
+/// Seconds an in-flight reservation holds unless told otherwise.
+pub const DEFAULT_IN_FLIGHT_TTL: u64 = 30;
 
 /// Per-node GPU state with every known use applied.
 #[derive(Debug, Default)]
@@ -39,8 +54,14 @@ pub struct Ledger {
     pods: HashMap<String, PodUse>,
     /// Node → UIDs of pods using it.
     by_node: HashMap<String, BTreeSet<String>>,
-    /// Pod UID → in-flight allocation.
+    /// Pod UID → reserved allocation (in flight or assumed).
     reservations: HashMap<String, Reservation>,
+    /// Pod UID → the annotation of an unbound pod whose GPUs are on no known node yet.
+    unplaced: HashMap<String, DeviceAllocations>,
+    /// The latest time [`Ledger::expire`] was given (seconds, the caller's clock).
+    clock: u64,
+    /// Seconds an in-flight reservation found on an unbound pod holds; 0 = the default.
+    in_flight_ttl: u64,
 }
 
 fn quantity(
@@ -216,7 +237,57 @@ impl Ledger {
         for reservation in self.reservations.values().filter(|r| r.node == name) {
             account(&mut node, &reservation.placement, true);
         }
-        self.nodes.insert(name, node);
+        self.nodes.insert(name.clone(), node);
+        // Unbound annotated pods seen before this node's GPUs: in flight here now.
+        let arrived: Vec<String> = self
+            .unplaced
+            .iter()
+            .filter(|(_, allocations)| self.node_of_gpus(allocations) == Some(name.as_str()))
+            .map(|(uid, _)| uid.clone())
+            .collect();
+        for uid in arrived {
+            if let Some(allocations) = self.unplaced.remove(&uid) {
+                self.hold_unbound(&uid, &allocations);
+            }
+        }
+    }
+
+    /// The node holding the first GPU of `allocations` (GPU UUIDs are unique).
+    fn node_of_gpus(&self, allocations: &DeviceAllocations) -> Option<&str> {
+        let first = &allocations.gpus().first()?.id;
+        self.nodes
+            .values()
+            .find(|node| node.gpus.iter().any(|gpu| &gpu.uuid == first))
+            .map(|node| node.name.as_str())
+    }
+
+    /// An annotated pod that is not bound: its GPUs are in flight (its bind may be
+    /// running, or may finish on a retry), unless a reservation already holds them.
+    fn hold_unbound(&mut self, uid: &str, allocations: &DeviceAllocations) {
+        if self.reservations.contains_key(uid) {
+            return;
+        }
+        let Some(node) = self.node_of_gpus(allocations).map(str::to_owned) else {
+            self.unplaced.insert(uid.to_owned(), allocations.clone());
+            return;
+        };
+        let gpus = self
+            .nodes
+            .get(&node)
+            .map(|n| n.gpus.clone())
+            .unwrap_or_default();
+        let placement = placement_of(allocations, &gpus);
+        let ttl = match self.in_flight_ttl {
+            0 => DEFAULT_IN_FLIGHT_TTL,
+            ttl => ttl,
+        };
+        let expires_at = self.clock + ttl;
+        self.reserve(uid, &node, placement, expires_at);
+    }
+
+    /// Sets how long an in-flight reservation found on an unbound pod holds.
+    pub fn set_in_flight_ttl(&mut self, seconds: u64) {
+        self.in_flight_ttl = seconds;
     }
 
     /// A Device CR was deleted.
@@ -230,28 +301,34 @@ impl Ledger {
             return;
         };
         self.remove_use(&uid);
-        let Some(node_name) = holds_devices(pod) else {
-            // Finished pods give their GPUs back; an unassigned pod may still have a reservation.
-            if pod
-                .status
-                .as_ref()
-                .and_then(|s| s.phase.as_deref())
-                .is_some_and(|p| p == "Succeeded" || p == "Failed")
-            {
-                self.remove_reservation(&uid);
-            }
-            return;
-        };
         let annotation = pod
             .metadata
             .annotations
             .as_ref()
             .and_then(|a| a.get(DEVICE_ALLOCATED));
-        let Some(allocations) = annotation.and_then(|text| DeviceAllocations::parse(text).ok())
-        else {
+        let allocations = annotation.and_then(|text| DeviceAllocations::parse(text).ok());
+        let Some(node_name) = holds_devices(pod) else {
+            let finished = pod
+                .status
+                .as_ref()
+                .and_then(|s| s.phase.as_deref())
+                .is_some_and(|p| p == "Succeeded" || p == "Failed");
+            if finished {
+                // Finished pods give their GPUs back.
+                self.remove_reservation(&uid);
+                self.unplaced.remove(&uid);
+            } else if let Some(allocations) = &allocations {
+                // Annotated, not bound: in flight. (An unannotated event never ends
+                // a reservation: it may predate the bind that made it.)
+                self.hold_unbound(&uid, allocations);
+            }
             return;
         };
-        // Seen back: the pod's own annotation now counts, not the reservation.
+        self.unplaced.remove(&uid);
+        let Some(allocations) = allocations else {
+            return;
+        };
+        // Seen bound: the pod's own annotation now counts, not the reservation.
         self.remove_reservation(&uid);
         let gpus = self
             .nodes
@@ -280,6 +357,7 @@ impl Ledger {
     pub fn delete_pod(&mut self, uid: &str) {
         self.remove_use(uid);
         self.remove_reservation(uid);
+        self.unplaced.remove(uid);
     }
 
     /// The node's GPUs with all use applied, in flight included.
@@ -292,7 +370,8 @@ impl Ledger {
         self.nodes.values()
     }
 
-    /// Holds `placement` for pod `uid` until its annotation is seen or `expires_at` passes.
+    /// Holds `placement` for pod `uid` in flight: until [`Ledger::assume`], the
+    /// bound pod seen, a delete, or `expires_at` passing.
     pub fn reserve(&mut self, uid: &str, node: &str, placement: Placement, expires_at: u64) {
         self.remove_reservation(uid);
         if let Some(state) = self.nodes.get_mut(node) {
@@ -303,9 +382,19 @@ impl Ledger {
             Reservation {
                 node: node.to_owned(),
                 placement,
-                expires_at,
+                phase: Phase::InFlight { expires_at },
             },
         );
+    }
+
+    /// Pod `uid` was bound: its reservation no longer expires; only the watch
+    /// showing the bound pod, or its delete, ends it. Returns whether one was held
+    /// (none when the watch was faster than the Binding's answer).
+    pub fn assume(&mut self, uid: &str) -> bool {
+        self.reservations
+            .get_mut(uid)
+            .map(|reservation| reservation.phase = Phase::Assumed)
+            .is_some()
     }
 
     /// Gives back pod `uid`'s in-flight allocation (bind failed).
@@ -313,12 +402,14 @@ impl Ledger {
         self.remove_reservation(uid).is_some()
     }
 
-    /// Gives back reservations that expired at `now`; returns how many.
+    /// Gives back in-flight reservations that expired at `now` (assumed ones never
+    /// expire); returns how many.
     pub fn expire(&mut self, now: u64) -> usize {
+        self.clock = self.clock.max(now);
         let expired: Vec<String> = self
             .reservations
             .iter()
-            .filter(|(_, r)| r.expires_at <= now)
+            .filter(|(_, r)| matches!(r.phase, Phase::InFlight { expires_at } if expires_at <= now))
             .map(|(uid, _)| uid.clone())
             .collect();
         for uid in &expired {
@@ -327,9 +418,17 @@ impl Ledger {
         expired.len()
     }
 
-    /// Number of in-flight reservations.
+    /// Number of reservations, in flight or assumed.
     pub fn in_flight(&self) -> usize {
         self.reservations.len()
+    }
+
+    /// Number of assumed reservations (bound, not yet seen bound).
+    pub fn assumed(&self) -> usize {
+        self.reservations
+            .values()
+            .filter(|r| r.phase == Phase::Assumed)
+            .count()
     }
 
     /// Forgets nodes whose Device CR is not in `names` (after a relist: they are gone).
@@ -348,6 +447,18 @@ impl Ledger {
         for uid in gone {
             self.remove_use(&uid);
         }
+        // Assumed pods not listed were deleted meanwhile. (In-flight ones belong to
+        // binds still running and end with them or their TTL.)
+        let gone: Vec<String> = self
+            .reservations
+            .iter()
+            .filter(|(uid, r)| r.phase == Phase::Assumed && !uids.contains(*uid))
+            .map(|(uid, _)| uid.clone())
+            .collect();
+        for uid in gone {
+            self.remove_reservation(&uid);
+        }
+        self.unplaced.retain(|uid, _| uids.contains(uid));
     }
 }
 
@@ -469,6 +580,65 @@ mod tests {
         assert_eq!(ledger.node("n1").expect("node").gpus[0].core_used, 50);
         ledger.delete_pod("p1");
         assert_eq!(ledger.node("n1").expect("node").gpus[0].core_used, 0);
+    }
+
+    fn half_of_gpu0(ledger: &Ledger) -> Placement {
+        placement_of(
+            &DeviceAllocations::parse(HALF_0).expect("valid"),
+            &ledger.node("n1").expect("node").gpus,
+        )
+    }
+
+    /// Under watch lag a bound pod's reservation must outlive any TTL: only the
+    /// watch (bound pod with its annotation) or a delete ends it.
+    #[test]
+    fn bound_reservations_wait_for_the_watch_not_the_clock() {
+        let mut ledger = Ledger::default();
+        ledger.apply_device(&device("n1", 1, &[]));
+        let placement = half_of_gpu0(&ledger);
+        ledger.reserve("p1", "n1", placement.clone(), 10);
+        assert!(ledger.assume("p1"));
+        assert_eq!(ledger.expire(1_000), 0, "an assumed use expired");
+        assert_eq!(ledger.node("n1").expect("node").gpus[0].core_used, 50);
+        // The watch shows it annotated but not yet bound: still assumed.
+        ledger.apply_pod(&pod("p1", None, Some(HALF_0), "Pending"));
+        assert_eq!((ledger.assumed(), ledger.expire(2_000)), (1, 0));
+        // Bound, with the annotation: counted from the pod, once.
+        ledger.apply_pod(&pod("p1", Some("n1"), Some(HALF_0), "Pending"));
+        assert_eq!((ledger.in_flight(), ledger.assumed()), (0, 0));
+        assert_eq!(ledger.node("n1").expect("node").gpus[0].core_used, 50);
+        // A delete ends an assumed use too, and so does a relist without the pod.
+        ledger.reserve("p2", "n1", placement.clone(), 10);
+        ledger.assume("p2");
+        ledger.delete_pod("p2");
+        ledger.reserve("p3", "n1", placement, 10);
+        ledger.assume("p3");
+        ledger.retain_pods(&std::collections::HashSet::from(["p1".to_owned()]));
+        assert_eq!(ledger.in_flight(), 0);
+        assert_eq!(ledger.node("n1").expect("node").gpus[0].core_used, 50);
+    }
+
+    /// An annotated pod that is not bound holds its GPUs in flight (with the TTL),
+    /// also when its pod arrives before its node's Device CR.
+    #[test]
+    fn annotated_unbound_pods_count_in_flight() {
+        let mut ledger = Ledger::default();
+        ledger.set_in_flight_ttl(5);
+        ledger.apply_pod(&pod("p1", None, Some(HALF_0), "Pending"));
+        ledger.apply_device(&device("n1", 1, &[]));
+        assert_eq!(ledger.node("n1").expect("node").gpus[0].core_used, 50);
+        ledger.apply_pod(&pod("p2", None, Some(HALF_0), "Pending"));
+        assert_eq!(ledger.node("n1").expect("node").gpus[0].core_used, 100);
+        assert_eq!(ledger.expire(4), 0);
+        assert_eq!(ledger.expire(5), 2);
+        assert_eq!(ledger.node("n1").expect("node").gpus[0].core_used, 0);
+        // Seen again later: in flight again from the clock's time.
+        ledger.apply_pod(&pod("p1", None, Some(HALF_0), "Pending"));
+        assert_eq!((ledger.expire(9), ledger.expire(10)), (0, 1));
+        ledger.apply_pod(&pod("p1", None, Some(HALF_0), "Failed"));
+        ledger.apply_pod(&pod("p3", None, Some(HALF_0), "Pending"));
+        ledger.delete_pod("p3");
+        assert_eq!(ledger.in_flight(), 0);
     }
 
     /// The pod-level list is as before (what the pod books); each entry now also

@@ -46,7 +46,9 @@ enum Command {
         kubeconfig: Option<PathBuf>,
         #[command(flatten)]
         policy: PolicyArgs,
-        /// Seconds an allocation stays reserved while its pod update has not been seen.
+        /// Seconds an allocation stays reserved while in flight (its bind has not
+        /// finished, or its pod is annotated and not bound). Bound pods' allocations
+        /// do not expire: they are held until the watch shows the pod, or its delete.
         #[arg(long, value_name = "SECS", default_value_t = 30)]
         reservation_ttl: u64,
         /// Namespace of the leader-election Lease.
@@ -175,7 +177,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
                     if expired > 0 {
                         tracing::warn!(
                             expired,
-                            "allocations released: their pods were not seen bound in time"
+                            "in-flight allocations released: their binds did not finish in time"
                         );
                     }
                 }

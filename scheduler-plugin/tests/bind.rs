@@ -137,3 +137,46 @@ async fn a_retried_bind_of_a_bound_pod_keeps_its_allocation_under_watch_lag() {
     }
     panic!("booked {} of n1, not 50", core_used(&ledger, "n1"));
 }
+
+/// A bound pod's allocation outlives the in-flight TTL while the watch lags: a
+/// second pod that would need the same share finds no room, instead of being
+/// placed on it once the clock ran out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bound_pods_share_is_held_under_watch_lag_past_the_ttl() {
+    let api = ApiServer::start().await.expect("api");
+    api.insert(DEVICES, "devices", device("n1", 1));
+    api.insert("v1", "pods", half_gpu_pod("first"));
+    let mut second = half_gpu_pod("second");
+    second["spec"]["containers"][0]["resources"]["limits"]["koordinator.sh/gpu"] = json!("60");
+    api.insert("v1", "pods", second.clone());
+    let config = ExtenderConfig {
+        reservation_ttl: Duration::from_secs(1),
+        ..ExtenderConfig::default()
+    };
+    let (extender, ledger) = extender(&api, config).await;
+    api.hold_watches(true);
+    assert_eq!(extender.bind(&args("first", "n1"), false).await.error, "");
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        extender.expire_reservations();
+    }
+    assert_eq!(
+        core_used(&ledger, "n1"),
+        50,
+        "the bound pod's share was given back"
+    );
+    let filtered = extender
+        .filter(serde_json::from_value(json!({"Pod": second, "NodeNames": ["n1"]})).expect("args"));
+    assert_eq!(filtered.node_names, Some(vec![]), "{filtered:?}");
+    let placed = extender.bind(&args("second", "n1"), false).await;
+    assert!(placed.error.contains("node n1:"), "{}", placed.error);
+    api.hold_watches(false);
+    for _ in 0..250 {
+        if ledger.lock().expect("ledger").in_flight() == 0 {
+            assert_eq!(core_used(&ledger, "n1"), 50, "counted from the pod, once");
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("the watch never turned the assumed use into the pod's");
+}
