@@ -3,7 +3,10 @@
 //! Every call is forwarded frame by frame; lifecycle calls ([`hook::Method`]) are
 //! decoded, passed through [`hook::Hook`]s, re-spliced at the wire level so fields
 //! unknown to our CRI types survive ([`wire`]), and recorded in the [`store`].
+//! kubelet's connection reaches h2 through [`authority`], so that an `:authority`
+//! h2 would refuse (the socket path older kubelets send) does not fail its calls.
 
+pub mod authority;
 pub mod backend;
 pub mod body;
 pub mod config;
@@ -12,6 +15,7 @@ pub mod dispatch;
 pub mod gpu;
 pub mod grpc;
 pub mod hook;
+pub mod hpack;
 pub mod metrics;
 pub mod proxy;
 pub mod server;

@@ -16,6 +16,7 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
+use crate::authority::{self, KubeletStream};
 use crate::body::{Prefetched, RecvBody};
 use crate::proxy::Proxy;
 
@@ -98,18 +99,29 @@ pub async fn serve(
     }
 }
 
+/// The HTTP/2 server kubelet talks to.
+pub(crate) fn kubelet_h2() -> h2::server::Builder {
+    let mut builder = h2::server::Builder::new();
+    builder
+        // Kubelet multiplexes every CRI call on one connection.
+        .max_concurrent_streams(1000)
+        .initial_window_size(crate::backend::RECEIVE_WINDOW)
+        .initial_connection_window_size(crate::backend::RECEIVE_WINDOW * 4)
+        // h2's defaults, named: the authority pass reads kubelet's frames by them.
+        .header_table_size(authority::HEADER_TABLE_SIZE as u32)
+        .max_frame_size(authority::MAX_FRAME_SIZE as u32)
+        .max_header_list_size(authority::MAX_HEADER_LIST_SIZE as u32);
+    builder
+}
+
 /// One kubelet connection: every CRI call is a stream on it, served on its own task.
+/// It reaches h2 through the authority pass ([`KubeletStream`]).
 async fn serve_connection(
     stream: UnixStream,
     proxy: Arc<Proxy>,
     mut stopping: watch::Receiver<bool>,
 ) {
-    let handshake = h2::server::Builder::new()
-        // Kubelet multiplexes every CRI call on one connection.
-        .max_concurrent_streams(1000)
-        .initial_window_size(crate::backend::RECEIVE_WINDOW)
-        .initial_connection_window_size(crate::backend::RECEIVE_WINDOW * 4)
-        .handshake::<_, Bytes>(stream);
+    let handshake = kubelet_h2().handshake::<_, Bytes>(KubeletStream::new(stream));
     let mut connection = match handshake.await {
         Ok(connection) => connection,
         Err(error) => {
