@@ -1,15 +1,21 @@
 //! The cluster view: kube-rs reflectors over Device CRs and Pods whose events
 //! also keep the [`Ledger`] current. On a (re)list the ledger is rebuilt from
 //! what the list holds, so a restarted scheduler starts from the pods' annotations.
+//!
+//! Readiness: the view is ready only while every watch has listed and is live. A
+//! relist makes it not ready until the list is done; a watch error ends the watch
+//! and, after a backoff, starts a relist (so a watch that died and came back proves
+//! it with a complete list, not with silence). [`synced_after`] decides it.
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::reflector::{self, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use kube::{Api, Client};
 use tessera_api::Device;
 
@@ -22,7 +28,8 @@ pub struct ClusterView {
     pub pods: Store<Pod>,
     /// Device CRs.
     pub devices: Store<Device>,
-    /// True once both watches have listed everything once.
+    /// True while every watch has listed and is live (false at start, during a
+    /// relist, after a watch error until its relist is done).
     pub ready: Arc<AtomicBool>,
 }
 
@@ -76,51 +83,92 @@ impl Feed for Pod {
     }
 }
 
-/// How many watches must list once before the view is ready.
+/// How many watches must be synced for the view to be ready.
 const WATCHES: usize = 2;
+
+/// Whether a watch is synced after `event`: `Some(false)` when a relist starts or
+/// the watch failed, `Some(true)` when a list is complete, `None` when unchanged.
+pub fn synced_after<K>(event: &Result<watcher::Event<K>, watcher::Error>) -> Option<bool> {
+    match event {
+        Ok(watcher::Event::Init) | Err(_) => Some(false),
+        Ok(watcher::Event::InitDone) => Some(true),
+        Ok(_) => None,
+    }
+}
+
+/// Per-watch sync state; `ready` is true when all are synced.
+#[derive(Debug)]
+struct Readiness {
+    synced: Mutex<[bool; WATCHES]>,
+    ready: Arc<AtomicBool>,
+}
+
+impl Readiness {
+    fn set(&self, watch: usize, synced: bool) {
+        let mut all = self
+            .synced
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        all[watch] = synced;
+        let ready = all.iter().all(|s| *s);
+        if self.ready.swap(ready, Ordering::SeqCst) != ready {
+            tracing::info!(ready, "cluster cache readiness changed");
+        }
+    }
+}
+
+/// Shortest and longest wait before a relist after a watch error.
+const RELIST_BACKOFF: (Duration, Duration) = (Duration::from_millis(200), Duration::from_secs(30));
 
 /// Runs a reflector over every `K` and applies its events to the ledger; returns its store.
 fn follow<K>(
     client: Client,
     ledger: Arc<Mutex<Ledger>>,
-    synced: Arc<AtomicUsize>,
-    ready: Arc<AtomicBool>,
+    readiness: Arc<Readiness>,
+    watch: usize,
 ) -> Store<K>
 where
     K: Feed<DynamicType = ()>,
 {
-    let (reader, writer) = reflector::store::<K>();
-    let stream = reflector::reflector(
-        writer,
-        watcher(Api::<K>::all(client), watcher::Config::default()),
-    )
-    .default_backoff();
+    let (reader, mut writer) = reflector::store::<K>();
+    let api = Api::<K>::all(client);
     tokio::spawn(async move {
         let mut seen = HashSet::new();
-        let mut listed_once = false;
-        let mut stream = std::pin::pin!(stream);
-        while let Some(event) = stream.next().await {
-            match event {
-                Ok(watcher::Event::Init) => seen.clear(),
-                Ok(watcher::Event::InitApply(object) | watcher::Event::Apply(object)) => {
-                    seen.extend(object.key());
-                    object.apply(&mut lock(&ledger));
+        let mut backoff = RELIST_BACKOFF.0;
+        loop {
+            let mut stream = std::pin::pin!(watcher(api.clone(), watcher::Config::default()));
+            while let Some(event) = stream.next().await {
+                if let Some(synced) = synced_after(&event) {
+                    readiness.set(watch, synced);
                 }
-                Ok(watcher::Event::Delete(object)) => {
-                    if let Some(key) = object.key() {
-                        K::delete(&key, &mut lock(&ledger));
+                let event = match event {
+                    Ok(event) => event,
+                    Err(error) => {
+                        tracing::warn!(kind = %K::kind(&()), %error, ?backoff, "watch failed; relisting");
+                        break;
+                    }
+                };
+                writer.apply_watcher_event(&event);
+                match event {
+                    watcher::Event::Init => seen.clear(),
+                    watcher::Event::InitApply(object) | watcher::Event::Apply(object) => {
+                        seen.extend(object.key());
+                        object.apply(&mut lock(&ledger));
+                    }
+                    watcher::Event::Delete(object) => {
+                        if let Some(key) = object.key() {
+                            K::delete(&key, &mut lock(&ledger));
+                        }
+                    }
+                    watcher::Event::InitDone => {
+                        K::retain(&seen, &mut lock(&ledger));
+                        backoff = RELIST_BACKOFF.0;
                     }
                 }
-                Ok(watcher::Event::InitDone) => {
-                    K::retain(&seen, &mut lock(&ledger));
-                    if !std::mem::replace(&mut listed_once, true)
-                        && synced.fetch_add(1, Ordering::SeqCst) + 1 == WATCHES
-                    {
-                        ready.store(true, Ordering::SeqCst);
-                    }
-                }
-                Err(error) => tracing::warn!(kind = %K::kind(&()), %error, "watch error; retrying"),
             }
+            readiness.set(watch, false);
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(RELIST_BACKOFF.1);
         }
     });
     reader
@@ -129,17 +177,51 @@ where
 /// Starts the watches; they run until the process ends, retrying with backoff.
 pub fn watch(client: Client, ledger: Arc<Mutex<Ledger>>) -> ClusterView {
     let ready = Arc::new(AtomicBool::new(false));
-    let synced = Arc::new(AtomicUsize::new(0));
+    let readiness = Arc::new(Readiness {
+        synced: Mutex::new([false; WATCHES]),
+        ready: Arc::clone(&ready),
+    });
     let devices = follow::<Device>(
         client.clone(),
         Arc::clone(&ledger),
-        Arc::clone(&synced),
-        Arc::clone(&ready),
+        Arc::clone(&readiness),
+        0,
     );
-    let pods = follow::<Pod>(client, ledger, synced, Arc::clone(&ready));
+    let pods = follow::<Pod>(client, ledger, readiness, 1);
     ClusterView {
         pods,
         devices,
         ready,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_watch_is_synced_from_a_complete_list_until_a_relist_or_an_error() {
+        let event = |e: watcher::Event<Pod>| synced_after(&Ok(e));
+        assert_eq!(event(watcher::Event::Init), Some(false));
+        assert_eq!(event(watcher::Event::InitApply(Pod::default())), None);
+        assert_eq!(event(watcher::Event::InitDone), Some(true));
+        assert_eq!(event(watcher::Event::Apply(Pod::default())), None);
+        assert_eq!(event(watcher::Event::Delete(Pod::default())), None);
+        let failed: Result<watcher::Event<Pod>, _> = Err(watcher::Error::NoResourceVersion);
+        assert_eq!(synced_after(&failed), Some(false));
+    }
+
+    #[test]
+    fn ready_only_while_every_watch_is_synced() {
+        let readiness = Readiness {
+            synced: Mutex::new([false; WATCHES]),
+            ready: Arc::new(AtomicBool::new(false)),
+        };
+        readiness.set(0, true);
+        assert!(!readiness.ready.load(Ordering::SeqCst));
+        readiness.set(1, true);
+        assert!(readiness.ready.load(Ordering::SeqCst));
+        readiness.set(1, false);
+        assert!(!readiness.ready.load(Ordering::SeqCst));
     }
 }

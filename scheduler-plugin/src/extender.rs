@@ -161,6 +161,9 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// Why filter refuses every node while the cluster cache is not synced.
+pub const NOT_SYNCED: &str = "tessera-scheduler's cluster cache is not synced (starting, relisting or reconnecting a watch): no node is judged from a partial view; retry";
+
 /// Marks a bind a follower handed to the leader, so it is never handed on again.
 pub const FORWARDED_HEADER: &str = "x-tessera-forwarded";
 
@@ -209,6 +212,11 @@ impl Extender {
         self.ledger
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether every reflector has listed and is live (see [`crate::cluster`]).
+    fn synced(&self) -> bool {
+        self.ready.load(Ordering::SeqCst)
     }
 
     fn now(&self) -> u64 {
@@ -289,6 +297,16 @@ impl Extender {
             }
         };
         let mut result = ExtenderFilterResult::default();
+        if !self.synced() {
+            // Not one node is judged from a partial view: each is refused, with why.
+            result.failed_and_unresolvable_nodes = names
+                .into_iter()
+                .map(|name| (name, NOT_SYNCED.to_owned()))
+                .collect();
+            result.node_names = Some(Vec::new());
+            result.nodes = nodes.map(|_| json!({"items": []}));
+            return result;
+        }
         let mut fit = Vec::with_capacity(names.len());
         {
             let ledger = self.ledger();
@@ -330,7 +348,11 @@ impl Extender {
             node_names,
         } = args;
         let names = node_names.unwrap_or_else(|| names_of(nodes.as_ref()));
-        let request = pod_gpu_request(&pod, &self.config.request).ok().flatten();
+        // Unsynced: no preference (filter has refused every node anyway).
+        let request = pod_gpu_request(&pod, &self.config.request)
+            .ok()
+            .flatten()
+            .filter(|_| self.synced());
         let ledger = self.ledger();
         names
             .into_iter()
@@ -369,6 +391,12 @@ impl Extender {
                     error: BindError::NotLeader,
                 })),
             };
+        }
+        if !self.synced() {
+            return answer(Err(BindFailure {
+                pod: who,
+                error: BindError::NotSynced,
+            }));
         }
         loop {
             let (running, joined) = {

@@ -184,16 +184,42 @@ fn advertised_url(lease: &Lease) -> Option<String> {
         .cloned()
 }
 
-/// Keeps trying to lead every third of the lease duration, updating `leader`.
+/// Reads the lease without contending: who leads (their URL), never this replica.
+pub async fn observe(api: &Api<Lease>, config: &LeaseConfig) -> Result<LeaseState, kube::Error> {
+    Ok(LeaseState {
+        leading: false,
+        leader_url: api
+            .get_opt(&config.name)
+            .await?
+            .as_ref()
+            .and_then(advertised_url),
+    })
+}
+
+/// Whether a round contends for the lease: only with a synced cluster cache. A
+/// leader whose cache is not synced (relist, dead watch) stops renewing: it binds
+/// nothing meanwhile, and if it stays unsynced the lease passes to a synced replica.
+pub fn contends(synced: bool) -> bool {
+    synced
+}
+
+/// Every third of the lease duration: tries to lead while `synced` (the cluster
+/// cache's readiness) is true, else only reads who leads; updates `leader`.
 pub fn run(
     client: Client,
     config: LeaseConfig,
     leader: Arc<Leader>,
+    synced: Arc<AtomicBool>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let api: Api<Lease> = Api::namespaced(client, &config.namespace);
         loop {
-            let state = match try_lead(&api, &config).await {
+            let round = if contends(synced.load(Ordering::SeqCst)) {
+                try_lead(&api, &config).await
+            } else {
+                observe(&api, &config).await
+            };
+            let state = match round {
                 Ok(state) => state,
                 Err(error) => {
                     tracing::warn!(%error, "lease renewal failed");

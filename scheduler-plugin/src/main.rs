@@ -152,6 +152,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
                     url: advertise_url,
                 },
                 Arc::clone(&leader),
+                Arc::clone(&view.ready),
             );
             let config = ExtenderConfig {
                 gpu_policy: policy.gpu_policy,
