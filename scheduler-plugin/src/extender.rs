@@ -155,6 +155,15 @@ pub struct Extender {
 /// A bind running in its own task; every caller for its pod awaits the same answer.
 type RunningBind = Shared<BoxFuture<'static, ExtenderBindingResult>>;
 
+/// Removes a pod's running bind from the map when the bind's task ends.
+struct BindDone(Arc<Mutex<HashMap<String, (String, RunningBind)>>>, String);
+
+impl Drop for BindDone {
+    fn drop(&mut self) {
+        lock(&self.0).remove(&self.1);
+    }
+}
+
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex
         .lock()
@@ -408,9 +417,9 @@ impl Extender {
                         let this = self.clone();
                         let owned = args.clone();
                         let task = tokio::spawn(async move {
-                            let outcome = answer(this.bind_once(&owned).await);
-                            lock(&this.binds).remove(&owned.pod_uid);
-                            outcome
+                            // Ends the pod's entry however the bind ends (a panic included).
+                            let _done = BindDone(Arc::clone(&this.binds), owned.pod_uid.clone());
+                            answer(this.bind_once(&owned).await)
                         });
                         let who = who.clone();
                         let running = async move {
