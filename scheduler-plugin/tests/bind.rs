@@ -1,15 +1,16 @@
 //! The bind path against the API server double with faults injected: a slow
 //! Binding that kube-scheduler retries, and a retry answered while the watch lags.
 
-use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 
+mod common;
+
+use common::extender;
 use serde_json::{Value, json};
 use tessera_api::resources::DEVICE_ALLOCATED;
 use tessera_harness::apiserver::ApiServer;
-use tessera_scheduler::extender::{Extender, ExtenderBindingArgs, ExtenderConfig};
-use tessera_scheduler::leader::Leader;
+use tessera_scheduler::extender::{ExtenderBindingArgs, ExtenderConfig};
 use tessera_scheduler::ledger::Ledger;
 
 const DEVICES: &str = "scheduling.koordinator.sh/v1alpha1";
@@ -26,28 +27,6 @@ fn half_gpu_pod(name: &str) -> Value {
     json!({"apiVersion":"v1","kind":"Pod","metadata":{"name":name,"namespace":"default","uid":format!("u-{name}")},
         "spec":{"containers":[{"name":"main","image":"x","resources":{"limits":{"koordinator.sh/gpu":"50"}}}]},
         "status":{"phase":"Pending"}})
-}
-
-async fn extender(api: &ApiServer, config: ExtenderConfig) -> (Extender, Arc<Mutex<Ledger>>) {
-    let client = api.client().expect("client");
-    let ledger = Arc::new(Mutex::new(Ledger::default()));
-    let view = tessera_scheduler::cluster::watch(client.clone(), Arc::clone(&ledger));
-    for _ in 0..250 {
-        if view.ready.load(Ordering::SeqCst) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(view.ready.load(Ordering::SeqCst), "cache never synced");
-    let extender = Extender::new(
-        Arc::clone(&ledger),
-        Some(client),
-        Some(view.pods),
-        config,
-        view.ready,
-        Arc::new(Leader::new(true)),
-    );
-    (extender, ledger)
 }
 
 fn args(name: &str, node: &str) -> ExtenderBindingArgs {

@@ -2,17 +2,16 @@
 //! bind writes each container's share, and the leader upgrades pod-level
 //! annotations of pods placed before per-container grants.
 
-use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+mod common;
+
+use common::extender;
 use serde_json::{Value, json};
 use tessera_api::DeviceAllocations;
 use tessera_api::resources::DEVICE_ALLOCATED;
 use tessera_harness::apiserver::ApiServer;
-use tessera_scheduler::extender::{Extender, ExtenderBindingArgs, ExtenderConfig};
-use tessera_scheduler::leader::Leader;
-use tessera_scheduler::ledger::Ledger;
+use tessera_scheduler::extender::{ExtenderBindingArgs, ExtenderConfig};
 
 const DEVICES: &str = "scheduling.koordinator.sh/v1alpha1";
 
@@ -33,28 +32,6 @@ fn containers() -> Value {
     ])
 }
 
-async fn extender(api: &ApiServer) -> (Extender, Arc<Mutex<Ledger>>) {
-    let client = api.client().expect("client");
-    let ledger = Arc::new(Mutex::new(Ledger::default()));
-    let view = tessera_scheduler::cluster::watch(client.clone(), Arc::clone(&ledger));
-    for _ in 0..250 {
-        if view.ready.load(Ordering::SeqCst) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(view.ready.load(Ordering::SeqCst), "cache never synced");
-    let extender = Extender::new(
-        Arc::clone(&ledger),
-        Some(client),
-        Some(view.pods),
-        ExtenderConfig::default(),
-        view.ready,
-        Arc::new(Leader::new(true)),
-    );
-    (extender, ledger)
-}
-
 fn annotation(api: &ApiServer, name: &str) -> DeviceAllocations {
     let pod = api.get("v1", "pods", "default", name).expect("pod");
     let text = pod["metadata"]["annotations"][DEVICE_ALLOCATED]
@@ -73,7 +50,7 @@ async fn bind_writes_each_containers_share() {
         json!({"apiVersion":"v1","kind":"Pod","metadata":{"name":"two","namespace":"default","uid":"u-two"},
             "spec":{"containers":containers()},"status":{"phase":"Pending"}}),
     );
-    let (extender, ledger) = extender(&api).await;
+    let (extender, ledger) = extender(&api, ExtenderConfig::default()).await;
     let bound = extender
         .bind(
             &ExtenderBindingArgs {
@@ -124,7 +101,7 @@ async fn pod_level_annotations_of_running_pods_are_upgraded_once() {
                 "annotations":{DEVICE_ALLOCATED: pod_level}},
             "spec":{"nodeName":"n1","containers":containers()},"status":{"phase":"Running"}}),
     );
-    let (extender, _) = extender(&api).await;
+    let (extender, _) = extender(&api, ExtenderConfig::default()).await;
     assert_eq!(extender.upgrade_pod_level_allocations().await, 1);
     let allocations = annotation(&api, "old");
     assert!(allocations.is_per_container());
