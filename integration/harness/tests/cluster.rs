@@ -172,6 +172,14 @@ fn assert_grant(
     Ok(())
 }
 
+/// Creates, as the admin, a pod of one container `main` with `limits`.
+async fn create_one(cluster: &Cluster, name: &str, limits: Value) -> anyhow::Result<()> {
+    cluster
+        .create_pod("admin", &pod(name, &[("main", limits)], &[]))
+        .await
+        .map(drop)
+}
+
 // === scenarios ===
 
 /// Every fractional resource kind goes through kube-scheduler → the extender →
@@ -242,16 +250,7 @@ async fn fractional_pods(cluster: &mut Cluster) -> anyhow::Result<()> {
 /// A pod no GPU can hold stays Pending, and its events carry the extender's reason.
 async fn unfit_pod(cluster: &mut Cluster) -> anyhow::Result<()> {
     let name = "unfit";
-    cluster
-        .create_pod(
-            "admin",
-            &pod(
-                name,
-                &[("main", json!({"koordinator.sh/gpu-memory": "100Gi"}))],
-                &[],
-            ),
-        )
-        .await?;
+    create_one(cluster, name, json!({"koordinator.sh/gpu-memory": "100Gi"})).await?;
     let started = Instant::now();
     loop {
         let events = cluster.events_of(name).await?;
@@ -361,16 +360,7 @@ async fn legacy_pod(cluster: &mut Cluster) -> anyhow::Result<()> {
     let mut names = Vec::new();
     for i in 0..others {
         let name = format!("whole-{i}");
-        cluster
-            .create_pod(
-                "admin",
-                &pod(
-                    &name,
-                    &[("main", json!({"koordinator.sh/gpu": "100"}))],
-                    &[],
-                ),
-            )
-            .await?;
+        create_one(cluster, &name, json!({"koordinator.sh/gpu": "100"})).await?;
         names.push(name);
     }
     for name in &names {
@@ -383,16 +373,7 @@ async fn legacy_pod(cluster: &mut Cluster) -> anyhow::Result<()> {
         );
     }
     // And one more finds no room.
-    cluster
-        .create_pod(
-            "admin",
-            &pod(
-                "whole-extra",
-                &[("main", json!({"koordinator.sh/gpu": "100"}))],
-                &[],
-            ),
-        )
-        .await?;
+    create_one(cluster, "whole-extra", json!({"koordinator.sh/gpu": "100"})).await?;
     tokio::time::sleep(Duration::from_secs(5)).await;
     let pods: kube::Api<Pod> = kube::Api::namespaced(cluster.client().await?, "default");
     let extra = pods.get("whole-extra").await?;
@@ -812,32 +793,14 @@ async fn restarts(cluster: &mut Cluster) -> anyhow::Result<()> {
     let mut names = Vec::new();
     for (i, component) in components.into_iter().enumerate() {
         let before = format!("before-{i}");
-        cluster
-            .create_pod(
-                "admin",
-                &pod(
-                    &before,
-                    &[("main", json!({"koordinator.sh/gpu": "10"}))],
-                    &[],
-                ),
-            )
-            .await?;
+        create_one(cluster, &before, json!({"koordinator.sh/gpu": "10"})).await?;
         cluster.wait_running(&before).await?;
         cluster
             .restart(component)
             .await
             .with_context(|| format!("restarting {component}"))?;
         let after = format!("after-{i}");
-        cluster
-            .create_pod(
-                "admin",
-                &pod(
-                    &after,
-                    &[("main", json!({"koordinator.sh/gpu": "10"}))],
-                    &[],
-                ),
-            )
-            .await?;
+        create_one(cluster, &after, json!({"koordinator.sh/gpu": "10"})).await?;
         names.push(before);
         names.push(after);
     }
