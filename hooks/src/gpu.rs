@@ -703,13 +703,7 @@ fn not_granted(
 ) {
     device_env(container, "void", None, edit);
     remove_plugin_cdi(container, &[], config, edit);
-    edit.remove_devices.extend(
-        container
-            .devices
-            .iter()
-            .filter(|d| is_gpu_node(&d.container_path))
-            .map(|d| d.container_path.clone()),
-    );
+    remove_gpu_nodes(container, &BTreeSet::new(), edit);
     edit.remove_envs.extend(
         container
             .envs
@@ -883,13 +877,7 @@ fn env_mode(
         .map(|g| format!("/dev/nvidia{}", g.minor))
         .collect();
     // GPU nodes a device plugin (or the user) put there that are not this pod's.
-    edit.remove_devices.extend(
-        container
-            .devices
-            .iter()
-            .filter(|d| is_gpu_node(&d.container_path) && !allocated.contains(&d.container_path))
-            .map(|d| d.container_path.clone()),
-    );
+    remove_gpu_nodes(container, &allocated, edit);
     edit.add_devices.extend(
         gpus.iter()
             .map(|g| device(config, &format!("nvidia{}", g.minor))),
@@ -913,15 +901,24 @@ fn cdi_mode(
     remove_plugin_cdi(container, &wanted, config, edit);
     edit.add_cdi_devices
         .extend(wanted.into_iter().map(|name| CdiDevice { name }));
+    remove_gpu_nodes(container, &BTreeSet::new(), edit);
+    // CDI injects the devices; keep the legacy runtime hook from adding any.
+    device_env(container, "void", None, edit);
+}
+
+/// Removes the container's `/dev/nvidia<N>` device nodes other than `keep`.
+fn remove_gpu_nodes(
+    container: &ContainerHookRequest,
+    keep: &BTreeSet<String>,
+    edit: &mut ContainerHookResponse,
+) {
     edit.remove_devices.extend(
         container
             .devices
             .iter()
-            .filter(|d| is_gpu_node(&d.container_path))
+            .filter(|d| is_gpu_node(&d.container_path) && !keep.contains(&d.container_path))
             .map(|d| d.container_path.clone()),
     );
-    // CDI injects the devices; keep the legacy runtime hook from adding any.
-    device_env(container, "void", None, edit);
 }
 
 /// Removes NVIDIA CDI devices other than `wanted` that a device plugin asked

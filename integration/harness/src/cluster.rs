@@ -680,11 +680,19 @@ impl Cluster {
             vec![("PATH".into(), ctd_path)],
         )?;
         self.wait_ready(Component::Containerd).await?;
+        let nvml_dir = dir.join("nvml");
+        let library = fake_nvml::install(&nvml_dir, &fake_nvml::describe(&self.gpu_node))?;
         let images = dir.join("images");
         std::fs::create_dir_all(&images)?;
         for archive in [
             image::pause_archive(&images)?,
             image::probe_archive(&images)?,
+            image::cuda_probe_archive(&images)?,
+            image::device_plugin_archive(
+                &self.k8s.path("nvidia-device-plugin"),
+                &library,
+                &images,
+            )?,
         ] {
             run(Command::new(self.k8s.path("ctr"))
                 .arg("-a")
@@ -693,8 +701,6 @@ impl Cluster {
                 .arg(&archive))?;
         }
 
-        let nvml_dir = dir.join("nvml");
-        let library = fake_nvml::install(&nvml_dir, &fake_nvml::describe(&self.gpu_node))?;
         let mut args = vec![
             format!("--listen={}", self.proxy_socket().display()),
             format!("--runtime-endpoint={}", self.containerd_socket().display()),
@@ -724,19 +730,7 @@ impl Cluster {
         self.wait_ready(Component::Kubelet).await?;
 
         if options.device_plugin {
-            let args = vec![
-                "--device-discovery-strategy=nvml".into(),
-                format!("--driver-root={}", self.gpu_node.root().display()),
-                format!("--dev-root={}", self.gpu_node.root().display()),
-                "--fail-on-init-error=true".into(),
-            ];
-            let env = vec![
-                ("LD_LIBRARY_PATH".into(), nvml_dir.display().to_string()),
-                (
-                    "TESSERA_FAKE_NVML_CONFIG".into(),
-                    nvml_dir.join("fake-nvml.json").display().to_string(),
-                ),
-            ];
+            let (args, env) = self.device_plugin_command();
             self.launch(
                 Component::DevicePlugin,
                 self.k8s.path("nvidia-device-plugin"),
@@ -762,6 +756,114 @@ impl Cluster {
         )?;
         self.wait_ready(Component::Reporter).await?;
         Ok(())
+    }
+
+    /// NVIDIA's device plugin's flags and env on this node's fake GPUs: the same
+    /// whether it runs as a process or as a pod.
+    fn device_plugin_command(&self) -> (Vec<String>, Vec<(String, String)>) {
+        let root = self.gpu_node.root().display().to_string();
+        let nvml_dir = self.dir.path().join("nvml");
+        let args = vec![
+            "--device-discovery-strategy=nvml".into(),
+            format!("--driver-root={root}"),
+            format!("--dev-root={root}"),
+            "--fail-on-init-error=true".into(),
+        ];
+        let env = vec![
+            ("LD_LIBRARY_PATH".into(), nvml_dir.display().to_string()),
+            (
+                "TESSERA_FAKE_NVML_CONFIG".into(),
+                nvml_dir.join("fake-nvml.json").display().to_string(),
+            ),
+        ];
+        (args, env)
+    }
+
+    /// A pod running NVIDIA's device plugin from its image, as NVIDIA's DaemonSet
+    /// does: the kubelet's device-plugin directory and the driver root from the
+    /// host, and no GPU request. The fake NVML library comes from the host as the
+    /// NVIDIA container toolkit would inject the driver's.
+    pub fn device_plugin_pod(&self, namespace: &str, name: &str) -> Value {
+        let (args, env) = self.device_plugin_command();
+        let env: Vec<Value> = env
+            .into_iter()
+            .map(|(name, value)| json!({"name": name, "value": value}))
+            .collect();
+        let host = |name: &str, path: &Path, read_only: bool| {
+            let path = path.display().to_string();
+            (
+                json!({"name": name, "hostPath": {"path": path}}),
+                json!({"name": name, "mountPath": path, "readOnly": read_only}),
+            )
+        };
+        let (volumes, mounts): (Vec<Value>, Vec<Value>) = [
+            host(
+                "device-plugins",
+                Path::new("/var/lib/kubelet/device-plugins"),
+                false,
+            ),
+            host("driver-root", self.gpu_node.root(), true),
+            host("nvml", &self.dir.path().join("nvml"), true),
+        ]
+        .into_iter()
+        .unzip();
+        json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {
+                "nodeName": NODE_NAME,
+                "containers": [{
+                    "name": "nvidia-device-plugin-ctr",
+                    "image": image::DEVICE_PLUGIN_IMAGE,
+                    "imagePullPolicy": "Never",
+                    "args": args,
+                    "env": env,
+                    "securityContext": {
+                        "allowPrivilegeEscalation": false,
+                        "capabilities": {"drop": ["ALL"]},
+                    },
+                    "volumeMounts": mounts,
+                }],
+                "volumes": volumes,
+            },
+        })
+    }
+
+    /// What a pod's container wrote, every restart's log in order, from the
+    /// files kubelet keeps under /var/log/pods.
+    pub fn container_log(&self, pod: &Pod, container: &str) -> anyhow::Result<String> {
+        let dir = Path::new("/var/log/pods")
+            .join(format!(
+                "{}_{}_{}",
+                pod.metadata.namespace.as_deref().unwrap_or("default"),
+                pod.metadata.name.as_deref().unwrap_or_default(),
+                pod.metadata.uid.as_deref().unwrap_or_default()
+            ))
+            .join(container);
+        let mut files: Vec<(u64, PathBuf)> = std::fs::read_dir(&dir)
+            .with_context(|| format!("reading {}", dir.display()))?
+            .filter_map(|entry| {
+                let path = entry.ok()?.path();
+                let restart = path.file_stem()?.to_str()?.parse().ok()?;
+                Some((restart, path))
+            })
+            .collect();
+        files.sort();
+        let mut text = String::new();
+        for (_, path) in files {
+            text.push_str(&std::fs::read_to_string(&path).unwrap_or_default());
+        }
+        Ok(text)
+    }
+
+    /// Kills a container's task as an OOM kill or crash would; kubelet restarts it.
+    pub fn kill_container(&self, container_id: &str) -> anyhow::Result<()> {
+        let id = container_id.trim_start_matches("containerd://");
+        run(Command::new(self.k8s.path("ctr"))
+            .arg("-a")
+            .arg(self.containerd_socket())
+            .args(["-n", "k8s.io", "tasks", "kill", "--signal", "SIGKILL", id]))
     }
 
     /// Waits until `component` does its job (60 s), failing early if it exits.
@@ -1089,6 +1191,12 @@ pub fn probe_pod(name: &str, containers: &[(&str, Value)], env: &[(&str, &str)])
            "metadata": {"name": name, "namespace": "default"},
            "spec": {"containers": containers, "terminationGracePeriodSeconds": 0,
                     "automountServiceAccountToken": false}})
+}
+
+/// The value of `key` the runtime acts on: the last entry, as containerd's
+/// merge and the NVIDIA toolkit read an env with an image's entries first.
+pub fn runtime_env(spec: &Value, key: &str) -> Option<String> {
+    env_values(spec, key).pop()
 }
 
 /// Whether a pod runs with every container started.

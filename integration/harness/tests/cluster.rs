@@ -20,8 +20,9 @@ use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};
 use tessera_harness::cluster::{
     ALLOCATED, Cluster, ClusterOptions, Component, K8sBinaries, allocated_gpus, env_values,
-    gpu_device_minors, probe_pod as pod,
+    gpu_device_minors, probe_pod as pod, runtime_env,
 };
+use tessera_harness::image::CUDA_PROBE_IMAGE;
 
 /// The namespace the proxy's GPU hook trusts (`--trusted-gpu-agents`), as an
 /// operator would trust `gpu-operator`.
@@ -58,6 +59,10 @@ fn scenarios() -> Vec<(&'static str, Scenario)> {
         (
             "trusted_gpu_agents_keep_their_env_privileged_gpu_pods_are_refused",
             |c| Box::pin(trusted_agents_and_privileged(c)),
+        ),
+        (
+            "nvidia_device_plugin_as_a_trusted_pod_keeps_working_behind_the_proxy",
+            |c| Box::pin(device_plugin_pod(c)),
         ),
         ("restarts_lose_nothing", |c| Box::pin(restarts(c))),
     ]
@@ -283,15 +288,20 @@ async fn unfit_pod(cluster: &mut Cluster) -> anyhow::Result<()> {
 /// A `nvidia.com/gpu` pod is served by NVIDIA's real device plugin: it runs with
 /// the GPU kubelet gave it (read back from kubelet's real checkpoint), the
 /// reporter publishes that GPU as held, and the scheduler never hands it out.
-async fn legacy_pod(cluster: &mut Cluster) -> anyhow::Result<()> {
-    let name = "legacy";
-    // Placed by another scheduler (as before Tessera was installed): kubelet asks
-    // the device plugin, which picks the GPU; Tessera never saw the pod.
+/// Creates pod `default/name` asking `nvidia.com/gpu: 1` and binds it as another
+/// scheduler would (as before Tessera was installed): kubelet asks the device
+/// plugin, which picks the GPU; Tessera never saw the pod. Returns it Running.
+async fn legacy_running(cluster: &mut Cluster, name: &str) -> anyhow::Result<Pod> {
     let mut spec = pod(name, &[("main", json!({"nvidia.com/gpu": "1"}))], &[]);
     spec["spec"]["schedulerName"] = json!("nobody");
     cluster.create_pod("admin", &spec).await?;
     cluster.bind_as_other_scheduler(name).await?;
-    let running = cluster.wait_running(name).await?;
+    cluster.wait_running(name).await
+}
+
+async fn legacy_pod(cluster: &mut Cluster) -> anyhow::Result<()> {
+    let name = "legacy";
+    let running = legacy_running(cluster, name).await?;
     let uid = running.metadata.uid.clone().unwrap_or_default();
     let checkpoint = std::fs::read_to_string(tessera_harness::cluster::KUBELET_CHECKPOINT)
         .context("reading kubelet's checkpoint")?;
@@ -396,12 +406,17 @@ async fn legacy_pod(cluster: &mut Cluster) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// An allocation annotation granting the node's first GPU whole, as a tenant
+/// would forge it.
+fn forged_annotation(cluster: &Cluster) -> String {
+    let gpu = &cluster.gpu_node.gpus[0].uuid;
+    json!({"gpu": [{"minor": 0, "id": gpu, "resources": {"koordinator.sh/gpu-core": 100}}]})
+        .to_string()
+}
+
 /// A tenant cannot write the allocation annotation on create or update.
 async fn forged_on_create(cluster: &mut Cluster) -> anyhow::Result<()> {
-    let gpu = cluster.gpu_node.gpus[0].uuid.clone();
-    let forged =
-        json!({"gpu": [{"minor": 0, "id": gpu, "resources": {"koordinator.sh/gpu-core": 100}}]})
-            .to_string();
+    let forged = forged_annotation(cluster);
     let mut spec = pod("forged", &[("main", json!({}))], &[]);
     spec["metadata"]["annotations"] = json!({ALLOCATED: forged});
     match cluster.create_pod("tenant", &spec).await {
@@ -425,10 +440,7 @@ async fn forged_on_create(cluster: &mut Cluster) -> anyhow::Result<()> {
 /// `bindings`. Each is refused, and the pod, bound without it, gets no GPU.
 async fn forged_write_paths(cluster: &mut Cluster) -> anyhow::Result<()> {
     use kube::api::{Patch, PatchParams, PostParams};
-    let gpu = cluster.gpu_node.gpus[0].uuid.clone();
-    let forged =
-        json!({"gpu": [{"minor": 0, "id": gpu, "resources": {"koordinator.sh/gpu-core": 100}}]})
-            .to_string();
+    let forged = forged_annotation(cluster);
     let name = "forge-target";
     // Nobody schedules it: the writes below are the only way it gets a node.
     let mut spec = pod(
@@ -536,6 +548,44 @@ async fn env_never_widens(cluster: &mut Cluster) -> anyhow::Result<()> {
         &allocated_gpus(&running)?,
     )?;
     cluster.delete_pod(name).await?;
+
+    // A CUDA image's own `NVIDIA_VISIBLE_DEVICES=all` comes first, where the
+    // runtime ignores it: the entry it obeys is `void` for a pod with no grant,
+    // the grant for a fractional one.
+    for (name, limits) in [
+        ("image-env-none", json!({})),
+        ("image-env-fractional", json!({"koordinator.sh/gpu": "30"})),
+    ] {
+        let mut spec = pod(name, &[("main", limits)], &[]);
+        spec["spec"]["containers"][0]["image"] = json!(CUDA_PROBE_IMAGE);
+        cluster.create_pod("admin", &spec).await?;
+        let running = cluster.wait_running(name).await?;
+        let specs = cluster.container_specs(&running)?;
+        let spec = specs.get("main").context("no spec")?;
+        let granted = allocated_gpus(&running).unwrap_or_default();
+        let want = if granted.is_empty() {
+            "void".to_owned()
+        } else {
+            granted
+                .iter()
+                .map(|(uuid, _)| uuid.as_str())
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        let entries = env_values(spec, "NVIDIA_VISIBLE_DEVICES");
+        ensure!(
+            entries.first().map(String::as_str) == Some("all")
+                && runtime_env(spec, "NVIDIA_VISIBLE_DEVICES").as_deref() == Some(want.as_str()),
+            "pod {name}: NVIDIA_VISIBLE_DEVICES entries {entries:?}, want the image's \"all\" first and {want:?} last"
+        );
+        let minors = gpu_device_minors(spec);
+        let granted_minors: BTreeSet<u64> = granted.iter().map(|(_, minor)| *minor).collect();
+        ensure!(
+            minors == granted_minors,
+            "pod {name}: device nodes for minors {minors:?}, granted {granted_minors:?}"
+        );
+        cluster.delete_pod(name).await?;
+    }
 
     // A device plugin's grant overruled by the pod spec: not started, and the
     // reason names the variable.
@@ -775,6 +825,91 @@ async fn trusted_agents_and_privileged(cluster: &mut Cluster) -> anyhow::Result<
         cluster.delete_pod_in(namespace, name).await?;
     }
     Ok(())
+}
+
+/// NVIDIA's device plugin as NVIDIA ships it: a pod, in a namespace the node
+/// trusts, whose image sets `NVIDIA_VISIBLE_DEVICES=all` and whose container is
+/// created through the proxy like any other. It keeps that env, registers
+/// `nvidia.com/gpu` with kubelet and serves a legacy pod; after kubelet restarts
+/// its killed container (where a hook that voided agents broke it) it does all
+/// of that again.
+async fn device_plugin_pod(cluster: &mut Cluster) -> anyhow::Result<()> {
+    const NAME: &str = "nvidia-device-plugin";
+    const CONTAINER: &str = "nvidia-device-plugin-ctr";
+    cluster.create_namespace(AGENTS_NAMESPACE).await?;
+    // The pod takes over from the plugin the harness ran as a process.
+    cluster.stop(Component::DevicePlugin)?;
+    let spec = cluster.device_plugin_pod(AGENTS_NAMESPACE, NAME);
+    cluster
+        .create_pod_in("admin", AGENTS_NAMESPACE, &spec)
+        .await?;
+    for restarts in 0..2 {
+        let plugin = cluster
+            .wait_pod_in(
+                AGENTS_NAMESPACE,
+                NAME,
+                Duration::from_secs(90),
+                &format!("Running after {restarts} restarts"),
+                |p| tessera_harness::cluster::is_running(p) && restart_count(p) >= restarts,
+            )
+            .await?;
+        let specs = cluster.container_specs(&plugin)?;
+        let spec = specs.get(CONTAINER).context("no spec for the plugin")?;
+        let visible = env_values(spec, "NVIDIA_VISIBLE_DEVICES");
+        ensure!(
+            visible == ["all"],
+            "device plugin pod after {restarts} restarts: NVIDIA_VISIBLE_DEVICES {visible:?}, want the image's [\"all\"]"
+        );
+        // Registered (again): its log for this run says so.
+        let started = Instant::now();
+        loop {
+            let log = cluster.container_log(&plugin, CONTAINER)?;
+            let registered = log
+                .matches("Registered device plugin for 'nvidia.com/gpu'")
+                .count();
+            if registered > restarts as usize {
+                break;
+            }
+            if started.elapsed() > Duration::from_secs(60) {
+                bail!(
+                    "device plugin pod registered {registered} times after {restarts} restarts; its log:\n{log}"
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        let name = format!("legacy-via-plugin-pod-{restarts}");
+        let legacy = legacy_running(cluster, &name).await?;
+        let specs = cluster.container_specs(&legacy)?;
+        let visible = env_values(
+            specs.get("main").context("no spec for main")?,
+            "NVIDIA_VISIBLE_DEVICES",
+        );
+        ensure!(
+            visible.len() == 1 && cluster.gpu_node.gpus.iter().any(|g| g.uuid == visible[0]),
+            "pod {name}: NVIDIA_VISIBLE_DEVICES {visible:?}, want the one GPU the plugin pod allocated"
+        );
+        cluster.delete_pod(&name).await?;
+        if restarts == 0 {
+            let id = plugin
+                .status
+                .as_ref()
+                .and_then(|s| s.container_statuses.as_ref())
+                .and_then(|s| s.first())
+                .and_then(|s| s.container_id.clone())
+                .context("the plugin's container has no ID")?;
+            cluster.kill_container(&id)?;
+        }
+    }
+    cluster.delete_pod_in(AGENTS_NAMESPACE, NAME).await?;
+    cluster.start_again(Component::DevicePlugin).await
+}
+
+fn restart_count(pod: &Pod) -> i32 {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|s| s.first())
+        .map_or(0, |s| s.restart_count)
 }
 
 /// Restarting each part while pods run and new ones arrive loses nothing: every
