@@ -3,11 +3,13 @@
 //! - [`gpu`]: NVML discovery (and [`health`]: XID events) behind small traits;
 //! - [`checkpoint`]: kubelet's device checkpoint → legacy pods' GPUs;
 //! - [`report`]: the pure step from those to the Device CR and node capacity;
-//! - [`publish`]: writing them to the API server, only on change.
+//! - [`publish`]: writing them to the API server, only on change;
+//! - [`metrics`]: what it saw and how publishing went, for Prometheus.
 
 pub use tessera_api::checkpoint;
 pub mod gpu;
 pub mod health;
+pub mod metrics;
 pub mod publish;
 pub mod report;
 pub mod run;

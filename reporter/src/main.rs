@@ -8,12 +8,15 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use kube::CustomResourceExt;
 use kube::api::ObjectMeta;
+use tessera_api::binary::LogFormat;
+use tessera_api::binary::metrics::MetricsListen;
 use tessera_api::{Device, LegacyDeviceEntry};
 use tessera_reporter::checkpoint::{CheckpointEntry, gpu_index, is_device_uuid, parse_checkpoint};
 use tessera_reporter::gpu::{GpuSource, NodeGpus, NvmlSource, library_path};
+use tessera_reporter::metrics::{DEFAULT_METRICS_ADDR, ReporterMetrics};
 use tessera_reporter::publish::Publisher;
 use tessera_reporter::report::{CapacityOptions, device_spec, legacy_entry};
-use tessera_reporter::run::{LoopConfig, run};
+use tessera_reporter::run::{LoopConfig, run_with_metrics};
 
 const DEFAULT_CHECKPOINT: &str = "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint";
 
@@ -26,6 +29,15 @@ struct Cli {
     /// The NVML library: a file name the loader finds, or a path [default: libnvidia-ml.so.1].
     #[arg(long, global = true, value_name = "PATH", env = "TESSERA_NVML_LIBRARY")]
     nvml_library: Option<PathBuf>,
+    /// Log lines as `text` (colour only on a terminal) or `json` (one object per line).
+    #[arg(
+        long,
+        global = true,
+        value_name = "text|json",
+        env = tessera_api::binary::LOG_FORMAT_ENV,
+        default_value_t = LogFormat::Text
+    )]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
 }
@@ -78,6 +90,9 @@ enum Command {
         /// Seconds after its last critical XID before a GPU counts as healthy again.
         #[arg(long, value_name = "SECS", default_value_t = 300)]
         recovery_after: u64,
+        /// Serve Prometheus (OpenMetrics) metrics at http://ADDR/metrics, or `off`.
+        #[arg(long, value_name = "ADDR|off", default_value_t = MetricsListen::At(DEFAULT_METRICS_ADDR))]
+        metrics_addr: MetricsListen,
     },
 }
 
@@ -87,8 +102,9 @@ fn hostname() -> String {
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    tessera_api::binary::init_logging("info");
-    match real_main(Cli::parse()).await {
+    let cli = Cli::parse();
+    tessera_api::binary::init_logging_as("info", cli.log_format);
+    match real_main(cli).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("tessera-reporter: {error:#}");
@@ -160,6 +176,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
             no_alias_resources,
             advertise_nvidia_gpu,
             recovery_after,
+            metrics_addr,
         } => {
             let source = NvmlSource::open(&library_path(cli.nvml_library))?;
             let client = tessera_api::client::kube_client(kubeconfig.as_deref()).await?;
@@ -181,6 +198,13 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
                 },
                 recovery_after: Duration::from_secs(recovery_after),
             };
+            let metrics = ReporterMetrics::default();
+            if let Some(addr) = metrics_addr.addr() {
+                // Not fatal: the node's Device CR matters more than its metrics.
+                if let Err(error) = metrics.serve(addr).await {
+                    tracing::error!(%addr, %error, "metrics endpoint not served (--metrics-addr)");
+                }
+            }
             tracing::info!(node = %node_name, "reporting");
             let shutdown = async {
                 if let Err(error) = tessera_api::binary::shutdown_signal().await {
@@ -188,10 +212,11 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
                 }
                 tracing::info!("shutting down");
             };
-            run(
+            run_with_metrics(
                 Arc::new(source),
                 Publisher::new(client, node_name),
                 config,
+                &metrics,
                 rx,
                 shutdown,
             )

@@ -1,11 +1,13 @@
 //! Typed, validated configuration: flags over an optional TOML file over defaults.
 
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::Parser;
 use serde::Deserialize;
+use tessera_api::binary::LogFormat;
+use tessera_api::binary::metrics::MetricsListen;
 use tessera_hooks::args::GpuHookArgs;
 use tessera_hooks::gpu::{PrivilegedPolicy, TrustedGpuAgent};
 
@@ -15,6 +17,13 @@ pub const DEFAULT_LISTEN: &str = "/run/tessera/runtime-proxy.sock";
 pub const DEFAULT_RUNTIME_ENDPOINT: &str = "/run/containerd/containerd.sock";
 /// Default directory of external hook registrations.
 pub const DEFAULT_HOOKS_DIR: &str = "/etc/tessera/hooks.d";
+/// Default metrics endpoint. Loopback, because the proxy is a root host daemon in every
+/// pod's CRI path and opening a port on each node's network is a firewall decision
+/// operators make themselves (`--metrics-addr 0.0.0.0:9464`); a node-local scraper with
+/// host networking reaches loopback. 9464 is the port the OpenTelemetry Prometheus
+/// exporter made usual for this, clear of node-exporter (9100) and dcgm-exporter (9400).
+pub const DEFAULT_METRICS_ADDR: SocketAddr =
+    SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 9464));
 const DEFAULT_DRAIN_SECS: u64 = 30;
 const DEFAULT_MAX_MESSAGE_BYTES: usize = 16 << 20;
 
@@ -31,7 +40,7 @@ const DEFAULT_MAX_MESSAGE_BYTES: usize = 16 << 20;
         UpdateContainerResources) also run the configured hooks.\n\n\
         Settings come from flags, then from --config, then from defaults. When started by \
         systemd socket activation, the passed socket is used and --listen is ignored.\n\n\
-        Logging follows RUST_LOG (default: info)."
+        Logging follows RUST_LOG (default: info); --log-format picks text or JSON lines."
 )]
 pub struct Cli {
     /// TOML file with any of the settings below (keys as the flags, with '_' for '-').
@@ -48,9 +57,14 @@ pub struct Cli {
     /// Image service socket to forward image calls to [default: the runtime endpoint].
     #[arg(long, value_name = "PATH")]
     pub image_endpoint: Option<PathBuf>,
-    /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464) [default: off].
-    #[arg(long, value_name = "ADDR")]
-    pub metrics_addr: Option<SocketAddr>,
+    /// Serve Prometheus (OpenMetrics) metrics at http://ADDR/metrics, or `off`
+    /// [default: 127.0.0.1:9464].
+    #[arg(long, value_name = "ADDR|off")]
+    pub metrics_addr: Option<MetricsListen>,
+    /// Log lines as `text` (colour only on a terminal) or `json` (one object per line)
+    /// [default: text].
+    #[arg(long, value_name = "text|json", env = tessera_api::binary::LOG_FORMAT_ENV)]
+    pub log_format: Option<LogFormat>,
     /// Seconds to let in-flight calls finish after SIGTERM or SIGINT [default: 30].
     #[arg(long, value_name = "SECS")]
     pub drain_timeout: Option<u64>,
@@ -77,7 +91,8 @@ pub struct FileConfig {
     listen: Option<PathBuf>,
     runtime_endpoint: Option<PathBuf>,
     image_endpoint: Option<PathBuf>,
-    metrics_addr: Option<SocketAddr>,
+    metrics_addr: Option<MetricsListen>,
+    log_format: Option<LogFormat>,
     drain_timeout: Option<u64>,
     max_message_bytes: Option<usize>,
     hooks_dir: Option<PathBuf>,
@@ -124,6 +139,8 @@ pub struct Config {
     pub image_endpoint: PathBuf,
     /// Metrics endpoint, if any.
     pub metrics_addr: Option<SocketAddr>,
+    /// How log lines are written.
+    pub log_format: LogFormat,
     /// How long SIGTERM waits for in-flight calls.
     pub drain_timeout: Duration,
     /// Largest intercepted message.
@@ -201,7 +218,12 @@ impl Config {
             listen,
             runtime_endpoint,
             image_endpoint,
-            metrics_addr: cli.metrics_addr.or(file.metrics_addr),
+            metrics_addr: cli
+                .metrics_addr
+                .or(file.metrics_addr)
+                .unwrap_or(MetricsListen::At(DEFAULT_METRICS_ADDR))
+                .addr(),
+            log_format: cli.log_format.or(file.log_format).unwrap_or_default(),
             drain_timeout: Duration::from_secs(
                 cli.drain_timeout
                     .or(file.drain_timeout)
@@ -249,7 +271,55 @@ mod tests {
         );
         assert_eq!(config.image_endpoint, config.runtime_endpoint);
         assert_eq!(config.drain_timeout, Duration::from_secs(30));
+        assert_eq!(
+            config.metrics_addr,
+            Some("127.0.0.1:9464".parse().expect("addr")),
+            "metrics on by default, on loopback"
+        );
+        assert_eq!(config.log_format, LogFormat::Text);
+    }
+
+    #[test]
+    fn metrics_and_log_format_from_flags_or_file() {
+        let cli = Cli::try_parse_from([
+            "tessera-runtime-proxy",
+            "--metrics-addr=off",
+            "--log-format=json",
+        ])
+        .expect("flags parse");
+        let config = Config::resolve(cli).expect("valid");
         assert_eq!(config.metrics_addr, None);
+        assert_eq!(config.log_format, LogFormat::Json);
+
+        let err = Cli::try_parse_from(["tessera-runtime-proxy", "--metrics-addr=9464"])
+            .expect_err("a port alone");
+        assert!(err.to_string().contains("expected HOST:PORT"), "{err}");
+        let err = Cli::try_parse_from(["tessera-runtime-proxy", "--log-format=yaml"])
+            .expect_err("no yaml");
+        assert!(
+            err.to_string()
+                .contains("log format \"yaml\": expected text or json"),
+            "{err}"
+        );
+
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("proxy.toml");
+        std::fs::write(&file, "metrics_addr = \"off\"\nlog_format = \"json\"\n").expect("write");
+        let config = Config::resolve(Cli {
+            config: Some(file.clone()),
+            ..Cli::default()
+        })
+        .expect("valid");
+        assert_eq!(config.metrics_addr, None);
+        assert_eq!(config.log_format, LogFormat::Json);
+
+        std::fs::write(&file, "log_format = \"xml\"\n").expect("write");
+        let err = Config::resolve(Cli {
+            config: Some(file),
+            ..Cli::default()
+        })
+        .expect_err("bad format in the file");
+        assert!(err.to_string().contains("log format \"xml\""), "{err}");
     }
 
     #[test]

@@ -11,7 +11,6 @@ use tessera_runtime_proxy::{Cli, Config, Proxy, ProxyOptions, resync_until_ready
 use tokio::signal::unix::{SignalKind, signal};
 
 fn main() -> std::process::ExitCode {
-    tessera_api::binary::init_logging("info");
     let config = match Config::resolve(Cli::parse()) {
         Ok(config) => config,
         Err(error) => {
@@ -19,6 +18,8 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(2);
         }
     };
+    // After the settings, which name the format; nothing logs before this.
+    tessera_api::binary::init_logging_as("info", config.log_format);
     // One thread: kubelet's call rate is low, and a single thread saves the
     // cross-thread wake-ups that dominate a proxied call's added latency.
     let runtime = match tokio::runtime::Builder::new_current_thread()
@@ -66,12 +67,11 @@ async fn run(config: Config) -> anyhow::Result<()> {
         .with_context(|| format!("listening on {}", config.listen.display()))?;
     tracing::info!(listen = %config.listen.display(), ?source, runtime = %config.runtime_endpoint.display(), "serving CRI");
     if let Some(addr) = config.metrics_addr {
-        let metrics = Arc::clone(&metrics);
-        tokio::spawn(async move {
-            if let Err(error) = tessera_runtime_proxy::metrics::serve(addr, metrics).await {
-                tracing::error!(%addr, %error, "metrics endpoint failed");
-            }
-        });
+        // Not fatal: every pod on the node depends on the proxy, and a taken port
+        // must not cost them their runtime over metrics.
+        if let Err(error) = tessera_runtime_proxy::metrics::serve(addr, &metrics).await {
+            tracing::error!(%addr, %error, "metrics endpoint not served (--metrics-addr)");
+        }
     }
     tokio::spawn(resync_until_ready(Arc::clone(&proxy)));
     let mut terminate = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;

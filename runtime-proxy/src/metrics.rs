@@ -3,16 +3,11 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use bytes::Bytes;
-use http::{Response, StatusCode};
-use http_body_util::Full;
-use hyper_util::rt::TokioIo;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
-use tokio::net::TcpListener;
 
 /// Labels of a finished CRI call.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -49,7 +44,7 @@ fn latency_histogram() -> Histogram {
 /// Every metric the proxy exports.
 #[derive(Debug)]
 pub struct Metrics {
-    registry: Registry,
+    registry: Arc<Registry>,
     /// `tessera_proxy_requests_total{method,code}`.
     pub requests: Family<CallLabels, Counter>,
     /// `tessera_proxy_request_duration_seconds{method}`.
@@ -100,7 +95,7 @@ impl Default for Metrics {
             backend_connects.clone(),
         );
         Self {
-            registry,
+            registry: Arc::new(registry),
             requests,
             request_duration,
             hook_duration,
@@ -111,12 +106,9 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    /// The metrics in Prometheus text format.
+    /// The metrics in the OpenMetrics text format, as the endpoint serves them.
     pub fn encode(&self) -> String {
-        let mut out = String::new();
-        // Writing into a String cannot fail.
-        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
-        out
+        tessera_api::binary::metrics::encode(&self.registry)
     }
 
     /// Records a finished call.
@@ -135,39 +127,36 @@ impl Metrics {
     }
 }
 
-/// Serves `GET /metrics` on `addr` until the task is dropped.
-pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<()> {
-    let listener = TcpListener::bind(addr).await?;
-    tracing::info!(%addr, "serving metrics");
-    loop {
-        let (stream, _) = match listener.accept().await {
-            Ok(accepted) => accepted,
-            Err(error) => {
-                tracing::warn!(%error, "metrics accept failed");
-                continue;
-            }
-        };
-        let metrics = Arc::clone(&metrics);
-        tokio::spawn(async move {
-            let service =
-                hyper::service::service_fn(move |request: http::Request<hyper::body::Incoming>| {
-                    let metrics = Arc::clone(&metrics);
-                    async move {
-                        let response = if request.uri().path() == "/metrics" {
-                            Response::builder()
-                                .header(http::header::CONTENT_TYPE, "text/plain; version=0.0.4")
-                                .body(Full::new(Bytes::from(metrics.encode())))
-                        } else {
-                            Response::builder()
-                                .status(StatusCode::NOT_FOUND)
-                                .body(Full::new(Bytes::from_static(b"not found\n")))
-                        };
-                        response.map_err(std::io::Error::other)
-                    }
-                });
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
-        });
+/// Serves `GET /metrics` on `addr` from a spawned task (OpenMetrics text, with its
+/// content type), returning the bound address.
+pub async fn serve(addr: SocketAddr, metrics: &Metrics) -> std::io::Result<SocketAddr> {
+    tessera_api::binary::metrics::spawn(addr, Arc::clone(&metrics.registry)).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn endpoint_says_openmetrics_and_writes_it() {
+        let metrics = Metrics::default();
+        metrics.record_call("Version", tonic::Code::Ok, 0.001);
+        let addr = serve("127.0.0.1:0".parse().expect("addr"), &metrics)
+            .await
+            .expect("bind");
+        let (head, body) = tessera_api::binary::metrics::scrape(addr, "/metrics")
+            .await
+            .expect("scrape");
+        assert!(
+            head.lines()
+                .any(|l| l
+                    == "content-type: application/openmetrics-text; version=1.0.0; charset=utf-8"),
+            "{head}"
+        );
+        assert!(
+            body.contains("tessera_proxy_requests_total{method=\"Version\",code=\"Ok\"} 1"),
+            "{body}"
+        );
+        assert!(body.ends_with("# EOF\n"), "{body}");
     }
 }

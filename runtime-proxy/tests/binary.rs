@@ -25,6 +25,7 @@ fn help_explains_every_flag() {
         "--runtime-endpoint",
         "--image-endpoint",
         "--metrics-addr",
+        "--log-format",
         "--drain-timeout",
         "--config",
         "--max-message-bytes",
@@ -187,4 +188,75 @@ async fn shipped_hook_registration_loads() {
         hooks[0].policy,
         tessera_runtime_proxy::dispatch::FailurePolicy::Fail
     );
+}
+
+/// `--log-format json`: every line the proxy writes is a JSON object; the metrics
+/// endpoint (port 0 here: the log line says which it got) answers in OpenMetrics with
+/// that content type. No runtime is needed: the proxy serves while it waits for one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_logs_and_openmetrics_endpoint() {
+    use tokio::io::AsyncBufReadExt;
+    let dir = tempfile::Builder::new()
+        .prefix("tbin-")
+        .tempdir_in("/tmp")
+        .expect("tempdir");
+    let mut child = tokio::process::Command::new(BINARY)
+        .arg("--listen")
+        .arg(dir.path().join("proxy.sock"))
+        .arg("--runtime-endpoint")
+        .arg(dir.path().join("no-runtime.sock"))
+        .arg("--hooks-dir")
+        .arg(dir.path().join("hooks.d"))
+        .args(["--metrics-addr", "127.0.0.1:0", "--log-format", "json"])
+        .arg("--no-gpu-hook")
+        .env("RUST_LOG", "info")
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("proxy runs");
+    let mut lines = tokio::io::BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let mut next_json = async || -> serde_json::Value {
+        let line = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
+            .await
+            .expect("a log line in time")
+            .expect("stderr readable")
+            .expect("the proxy is still logging");
+        let value: serde_json::Value =
+            serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+        assert!(
+            value["level"].is_string() && value["target"].is_string(),
+            "{line}"
+        );
+        value
+    };
+    let addr: std::net::SocketAddr = loop {
+        let line = next_json().await;
+        if line["fields"]["message"] == "serving metrics" {
+            break line["fields"]["addr"]
+                .as_str()
+                .expect("addr")
+                .parse()
+                .expect("address");
+        }
+    };
+    let (head, body) = tessera_api::binary::metrics::scrape(addr, "/metrics")
+        .await
+        .expect("scrape");
+    assert!(
+        head.lines().any(
+            |l| l == "content-type: application/openmetrics-text; version=1.0.0; charset=utf-8"
+        ),
+        "{head}"
+    );
+    assert!(body.ends_with("# EOF\n"), "{body}");
+
+    let pid =
+        nix::unistd::Pid::from_raw(i32::try_from(child.id().expect("pid")).expect("pid fits"));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
+    let status = tokio::time::timeout(Duration::from_secs(20), child.wait())
+        .await
+        .expect("exits after SIGTERM")
+        .expect("status");
+    assert!(status.success(), "SIGTERM should exit 0, got {status}");
 }

@@ -1,0 +1,269 @@
+//! Prometheus metrics of the reporter: what it saw on the node and how publishing went.
+//! Served by `tessera-reporter run --metrics-addr` (OpenMetrics text).
+
+use std::collections::BTreeSet;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::SystemTime;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use tessera_api::LegacyDeviceEntry;
+
+/// Default metrics endpoint. All interfaces, because the reporter's usual home is a
+/// DaemonSet pod, whose own network namespace only its pod IP reaches; the host
+/// systemd unit binds loopback instead. 9465: beside the proxy's 9464.
+pub const DEFAULT_METRICS_ADDR: SocketAddr =
+    SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 9465));
+
+/// What was published.
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq)]
+pub enum PublishedObject {
+    /// The node's Device CR.
+    Device,
+    /// The node's capacity and labels.
+    Node,
+}
+
+/// How one publish ended.
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq)]
+pub enum PublishOutcome {
+    /// Written: it had changed.
+    Changed,
+    /// Nothing to write: the API server already had it.
+    Unchanged,
+    /// Not written: the API server refused or could not be reached.
+    Failed,
+}
+
+/// Labels of `tessera_reporter_publishes_total`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PublishLabels {
+    /// `device` or `node`.
+    pub object: String,
+    /// `changed`, `unchanged` or `failed`.
+    pub outcome: String,
+}
+
+/// Labels of `tessera_reporter_xid_errors_total`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct XidLabels {
+    /// The GPU's UUID (a node has a handful: the cardinality stays small).
+    pub gpu: String,
+    /// The XID number.
+    pub xid: String,
+}
+
+/// Every metric the reporter exports.
+#[derive(Debug)]
+pub struct ReporterMetrics {
+    registry: Arc<Registry>,
+    /// `tessera_reporter_publishes_total{object,outcome}`.
+    pub publishes: Family<PublishLabels, Counter>,
+    /// `tessera_reporter_last_publish_timestamp_seconds`: when the Device CR and the
+    /// node were last both in place (written or already current).
+    pub last_publish: Gauge<f64, AtomicU64>,
+    /// `tessera_reporter_gpus`: GPUs NVML reported at the last good discovery.
+    pub gpus: Gauge,
+    /// `tessera_reporter_unhealthy_gpus`: GPUs published unhealthy (critical XIDs).
+    pub unhealthy_gpus: Gauge,
+    /// `tessera_reporter_legacy_gpus`: GPUs held by device-plugin pods (kubelet's
+    /// checkpoint), as published.
+    pub legacy_gpus: Gauge,
+    /// `tessera_reporter_legacy_pods`: device-plugin pods holding those GPUs.
+    pub legacy_pods: Gauge,
+    /// `tessera_reporter_xid_errors_total{gpu,xid}`: XID events NVML reported,
+    /// application XIDs (which leave the GPU healthy) included.
+    pub xid_errors: Family<XidLabels, Counter>,
+    /// `tessera_reporter_discovery_failures_total`: NVML discoveries that failed.
+    pub discovery_failures: Counter,
+    /// `tessera_reporter_checkpoint_errors_total`: reads of kubelet's checkpoint that
+    /// failed or did not parse (the last good one is kept).
+    pub checkpoint_errors: Counter,
+}
+
+impl Default for ReporterMetrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("tessera_reporter");
+        let metrics = Self {
+            registry: Arc::new(Registry::default()),
+            publishes: Family::default(),
+            last_publish: Gauge::default(),
+            gpus: Gauge::default(),
+            unhealthy_gpus: Gauge::default(),
+            legacy_gpus: Gauge::default(),
+            legacy_pods: Gauge::default(),
+            xid_errors: Family::default(),
+            discovery_failures: Counter::default(),
+            checkpoint_errors: Counter::default(),
+        };
+        registry.register(
+            "publishes",
+            "Publishes of the Device CR and the node by outcome",
+            metrics.publishes.clone(),
+        );
+        registry.register(
+            "last_publish_timestamp_seconds",
+            "Unix time the Device CR and the node were last both published or current",
+            metrics.last_publish.clone(),
+        );
+        registry.register(
+            "gpus",
+            "GPUs NVML reported at the last good discovery",
+            metrics.gpus.clone(),
+        );
+        registry.register(
+            "unhealthy_gpus",
+            "GPUs published unhealthy after a critical XID",
+            metrics.unhealthy_gpus.clone(),
+        );
+        registry.register(
+            "legacy_gpus",
+            "GPUs held by device-plugin pods per kubelet's checkpoint, as published",
+            metrics.legacy_gpus.clone(),
+        );
+        registry.register(
+            "legacy_pods",
+            "Device-plugin pods holding GPUs per kubelet's checkpoint, as published",
+            metrics.legacy_pods.clone(),
+        );
+        registry.register(
+            "xid_errors",
+            "XID events NVML reported, by GPU and XID",
+            metrics.xid_errors.clone(),
+        );
+        registry.register(
+            "discovery_failures",
+            "NVML discoveries that failed",
+            metrics.discovery_failures.clone(),
+        );
+        registry.register(
+            "checkpoint_errors",
+            "Reads of kubelet's device checkpoint that failed or did not parse",
+            metrics.checkpoint_errors.clone(),
+        );
+        Self {
+            registry: Arc::new(registry),
+            ..metrics
+        }
+    }
+}
+
+fn gauge_value(count: usize) -> i64 {
+    i64::try_from(count).unwrap_or(i64::MAX)
+}
+
+impl ReporterMetrics {
+    /// The metrics in the OpenMetrics text format, as the endpoint serves them.
+    pub fn encode(&self) -> String {
+        tessera_api::binary::metrics::encode(&self.registry)
+    }
+
+    /// Serves `GET /metrics` on `addr` from a spawned task; returns the bound address.
+    pub async fn serve(&self, addr: SocketAddr) -> std::io::Result<SocketAddr> {
+        tessera_api::binary::metrics::spawn(addr, Arc::clone(&self.registry)).await
+    }
+
+    /// Counts one publish of `object`.
+    pub fn record_publish(&self, object: PublishedObject, outcome: PublishOutcome) {
+        let object = match object {
+            PublishedObject::Device => "device",
+            PublishedObject::Node => "node",
+        };
+        let outcome = match outcome {
+            PublishOutcome::Changed => "changed",
+            PublishOutcome::Unchanged => "unchanged",
+            PublishOutcome::Failed => "failed",
+        };
+        self.publishes
+            .get_or_create(&PublishLabels {
+                object: object.to_owned(),
+                outcome: outcome.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Marks `now` as the last time everything was published.
+    pub fn record_published_at(&self, now: SystemTime) {
+        let seconds = now
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or(0.0);
+        self.last_publish.set(seconds);
+    }
+
+    /// Records what is about to be published: the unhealthy GPUs and the legacy entries.
+    pub fn record_published_view(
+        &self,
+        unhealthy: &BTreeSet<String>,
+        legacy: &[LegacyDeviceEntry],
+    ) {
+        self.unhealthy_gpus.set(gauge_value(unhealthy.len()));
+        let gpus: BTreeSet<&str> = legacy
+            .iter()
+            .flat_map(|e| e.device_ids.iter().map(String::as_str))
+            .collect();
+        let pods: BTreeSet<&str> = legacy.iter().map(|e| e.pod_uid.as_str()).collect();
+        self.legacy_gpus.set(gauge_value(gpus.len()));
+        self.legacy_pods.set(gauge_value(pods.len()));
+    }
+
+    /// Counts one XID event.
+    pub fn record_xid(&self, gpu: &str, xid: u64) {
+        self.xid_errors
+            .get_or_create(&XidLabels {
+                gpu: gpu.to_owned(),
+                xid: xid.to_string(),
+            })
+            .inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn legacy(pod: &str, gpus: &[&str]) -> LegacyDeviceEntry {
+        LegacyDeviceEntry {
+            pod_uid: pod.into(),
+            container_name: "app".into(),
+            resource_name: "nvidia.com/gpu".into(),
+            device_ids: gpus.iter().map(|g| (*g).to_owned()).collect(),
+        }
+    }
+
+    #[test]
+    fn legacy_gpus_and_pods_are_counted_once() {
+        let metrics = ReporterMetrics::default();
+        metrics.record_published_view(
+            &BTreeSet::from(["GPU-2".to_owned()]),
+            &[
+                legacy("pod-a", &["GPU-0"]),
+                legacy("pod-a", &["GPU-1"]),
+                // The same GPU twice (two containers' entries): one GPU.
+                legacy("pod-b", &["GPU-1"]),
+            ],
+        );
+        metrics.record_publish(PublishedObject::Device, PublishOutcome::Changed);
+        metrics.record_publish(PublishedObject::Node, PublishOutcome::Failed);
+        metrics.record_xid("GPU-2", 79);
+        metrics.record_published_at(SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(7));
+        let text = metrics.encode();
+        for line in [
+            "tessera_reporter_legacy_gpus 2\n",
+            "tessera_reporter_legacy_pods 2\n",
+            "tessera_reporter_unhealthy_gpus 1\n",
+            "tessera_reporter_publishes_total{object=\"device\",outcome=\"changed\"} 1\n",
+            "tessera_reporter_publishes_total{object=\"node\",outcome=\"failed\"} 1\n",
+            "tessera_reporter_xid_errors_total{gpu=\"GPU-2\",xid=\"79\"} 1\n",
+            "tessera_reporter_last_publish_timestamp_seconds 7.0\n",
+            "tessera_reporter_discovery_failures_total 0\n",
+        ] {
+            assert!(text.contains(line), "lacks {line:?}:\n{text}");
+        }
+    }
+}
