@@ -1,5 +1,6 @@
 //! The `tessera` command line: `tessera inspect` reads Device CRs, Nodes and Pods
-//! from any kubeconfig and prints who holds which share of which GPU.
+//! from any kubeconfig and prints who holds which share of which GPU;
+//! `tessera image build` builds the daemons' OCI images.
 
 use std::path::PathBuf;
 
@@ -10,6 +11,8 @@ use kube::api::ListParams;
 use kube::{Api, Client};
 use tessera_api::Device;
 use tessera_scheduler::inspect::{render, report};
+
+pub mod images;
 
 /// Tessera: fine-grained GPU sharing for Kubernetes.
 #[derive(Debug, Parser)]
@@ -35,6 +38,35 @@ pub enum Command {
         /// Print JSON instead of the table.
         #[arg(long)]
         json: bool,
+    },
+    /// OCI images of the cluster daemons.
+    #[command(subcommand)]
+    Image(ImageCommand),
+}
+
+/// `tessera image …`.
+#[derive(Debug, Subcommand)]
+pub enum ImageCommand {
+    /// Builds OCI image archives (one layer: the binary and the shared libraries it
+    /// loads, from this machine) of tessera-scheduler, tessera-reporter and
+    /// tessera-gpu-hook, or only those named. Reproducible: the same binaries give
+    /// the same digests. Import with `ctr -n k8s.io images import DIR/NAME.tar`,
+    /// or push with `skopeo copy oci-archive:DIR/NAME.tar docker://REGISTRY/NAME:TAG`.
+    Build {
+        /// Where the archives go (`<DIR>/<name>.tar`).
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+        /// Where the binaries are [default: beside this `tessera` binary].
+        #[arg(long, value_name = "DIR")]
+        bin_dir: Option<PathBuf>,
+        /// Registry part of each image's name.
+        #[arg(long, default_value = "tessera.local")]
+        registry: String,
+        /// Tag of each image [default: this version].
+        #[arg(long)]
+        tag: Option<String>,
+        /// Images to build [default: all].
+        names: Vec<String>,
     },
 }
 
@@ -80,6 +112,31 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Inspect { node, json } => {
             let client = client(cli.kubeconfig).await?;
             print!("{}", inspect(client, node.as_deref(), json).await?);
+        }
+        Command::Image(ImageCommand::Build {
+            out,
+            bin_dir,
+            registry,
+            tag,
+            names,
+        }) => {
+            let bin_dir = match bin_dir {
+                Some(dir) => dir,
+                None => std::env::current_exe()
+                    .context("finding this binary")?
+                    .parent()
+                    .context("this binary has no directory")?
+                    .to_path_buf(),
+            };
+            let tag = tag.unwrap_or_else(|| env!("CARGO_PKG_VERSION").to_owned());
+            for built in images::build(&bin_dir, &registry, &tag, &names, &out)? {
+                println!(
+                    "{} {} {}",
+                    built.reference,
+                    built.digest,
+                    built.archive.display()
+                );
+            }
         }
     }
     Ok(())

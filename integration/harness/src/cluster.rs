@@ -694,11 +694,7 @@ impl Cluster {
                 &images,
             )?,
         ] {
-            run(Command::new(self.k8s.path("ctr"))
-                .arg("-a")
-                .arg(self.containerd_socket())
-                .args(["-n", "k8s.io", "images", "import"])
-                .arg(&archive))?;
+            self.import_image(&archive)?;
         }
 
         let mut args = vec![
@@ -855,6 +851,66 @@ impl Cluster {
             text.push_str(&std::fs::read_to_string(&path).unwrap_or_default());
         }
         Ok(text)
+    }
+
+    /// Imports an OCI image archive into the node's containerd, where kubelet finds it.
+    pub fn import_image(&self, archive: &Path) -> anyhow::Result<()> {
+        run(Command::new(self.k8s.path("ctr"))
+            .arg("-a")
+            .arg(self.containerd_socket())
+            .args(["-n", "k8s.io", "images", "import"])
+            .arg(archive))
+    }
+
+    /// A pod running tessera-reporter from `image` with the flags the harness
+    /// runs it with, as deploy/reporter.yaml's DaemonSet does (privileged, to open
+    /// the GPUs NVML reports on): host network, since this cluster has no
+    /// kube-proxy for the API Service, and its kubeconfig, the API server's CA,
+    /// the fake NVML library and kubelet's checkpoint from the host.
+    pub fn reporter_pod(&self, namespace: &str, name: &str, image: &str) -> anyhow::Result<Value> {
+        let args = &self
+            .processes
+            .get(&Component::Reporter)
+            .context("this cluster runs no reporter")?
+            .args;
+        let host = |name: &str, path: &Path| {
+            let path = path.display().to_string();
+            (
+                json!({"name": name, "hostPath": {"path": path}}),
+                json!({"name": name, "mountPath": path, "readOnly": true}),
+            )
+        };
+        let dir = self.dir.path();
+        let (volumes, mounts): (Vec<Value>, Vec<Value>) = [
+            host("kubeconfig", &self.kubeconfig_for("reporter")),
+            host("api-ca", &dir.join("pki/apiserver.crt")),
+            host("nvml", &dir.join("nvml")),
+            host(
+                "device-plugins",
+                Path::new("/var/lib/kubelet/device-plugins"),
+            ),
+        ]
+        .into_iter()
+        .unzip();
+        Ok(json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {
+                "nodeName": NODE_NAME,
+                "hostNetwork": true,
+                "containers": [{
+                    "name": "reporter",
+                    "image": image,
+                    "imagePullPolicy": "Never",
+                    "args": args,
+                    "env": [{"name": "RUST_LOG", "value": "info"}],
+                    "securityContext": {"privileged": true},
+                    "volumeMounts": mounts,
+                }],
+                "volumes": volumes,
+            },
+        }))
     }
 
     /// Kills a container's task as an OOM kill or crash would; kubelet restarts it.

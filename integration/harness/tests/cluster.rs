@@ -64,6 +64,9 @@ fn scenarios() -> Vec<(&'static str, Scenario)> {
             "nvidia_device_plugin_as_a_trusted_pod_keeps_working_behind_the_proxy",
             |c| Box::pin(device_plugin_pod(c)),
         ),
+        ("reporter_from_its_built_image_publishes_the_node", |c| {
+            Box::pin(reporter_image(c))
+        }),
         ("restarts_lose_nothing", |c| Box::pin(restarts(c))),
     ]
 }
@@ -902,6 +905,77 @@ async fn device_plugin_pod(cluster: &mut Cluster) -> anyhow::Result<()> {
     }
     cluster.delete_pod_in(AGENTS_NAMESPACE, NAME).await?;
     cluster.start_again(Component::DevicePlugin).await
+}
+
+/// tessera-reporter from the image `tessera image build` makes, as a privileged
+/// pod like deploy/reporter.yaml's: it starts from that image alone, reads NVML
+/// and kubelet's checkpoint, and publishes the node's Device CR again after it
+/// was deleted.
+async fn reporter_image(cluster: &mut Cluster) -> anyhow::Result<()> {
+    const NAMESPACE: &str = "tessera-system";
+    let tessera = tessera_harness::cluster::tessera_binary("tessera")?;
+    let bin_dir = tessera.parent().context("tessera has no directory")?;
+    let out = tempfile::tempdir()?;
+    let output = std::process::Command::new(&tessera)
+        .args(["image", "build", "--tag", "test", "--out"])
+        .arg(out.path())
+        .arg("--bin-dir")
+        .arg(bin_dir)
+        .arg("tessera-reporter")
+        .output()?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    ensure!(
+        output.status.success(),
+        "tessera image build failed with {}: {}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    // `<reference> <digest> <archive>`
+    let fields: Vec<&str> = stdout.split_whitespace().collect();
+    let [reference, digest, archive] = fields[..] else {
+        bail!("tessera image build printed {stdout:?}, want `REFERENCE DIGEST ARCHIVE`");
+    };
+    ensure!(
+        reference == "tessera.local/tessera-reporter:test" && digest.starts_with("sha256:"),
+        "tessera image build printed {stdout:?}"
+    );
+    cluster.import_image(std::path::Path::new(archive))?;
+
+    // The pod takes over from the process; the Device CR it must bring back is gone.
+    cluster.stop(Component::Reporter)?;
+    let devices = tessera_harness::cluster::device_api(&cluster.client().await?);
+    devices
+        .delete(tessera_harness::cluster::NODE_NAME, &Default::default())
+        .await?;
+    cluster.create_namespace(NAMESPACE).await?;
+    let spec = cluster.reporter_pod(NAMESPACE, "tessera-reporter", reference)?;
+    cluster.create_pod_in("admin", NAMESPACE, &spec).await?;
+    let running = cluster
+        .wait_pod_in(
+            NAMESPACE,
+            "tessera-reporter",
+            Duration::from_secs(90),
+            "Running",
+            tessera_harness::cluster::is_running,
+        )
+        .await?;
+    let started = Instant::now();
+    loop {
+        let published = devices
+            .get_opt(tessera_harness::cluster::NODE_NAME)
+            .await?
+            .and_then(|d| d.data["spec"]["devices"].as_array().map(Vec::len));
+        if published == Some(cluster.gpu_node.gpus.len()) {
+            break;
+        }
+        if started.elapsed() > Duration::from_secs(60) {
+            let log = cluster.container_log(&running, "reporter")?;
+            bail!("the reporter pod published {published:?} GPUs in 60 s; its log:\n{log}");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    cluster.delete_pod_in(NAMESPACE, "tessera-reporter").await?;
+    cluster.start_again(Component::Reporter).await
 }
 
 fn restart_count(pod: &Pod) -> i32 {
