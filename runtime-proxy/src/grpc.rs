@@ -64,6 +64,11 @@ pub fn encode_frame(message: &[u8]) -> Bytes {
 /// Characters grpc-message must percent-encode (gRPC spec: outside 0x20..=0x7E, and '%').
 const GRPC_MESSAGE: &AsciiSet = &CONTROLS.add(b'%');
 
+/// `message` as a `grpc-message` value: percent-encoded where gRPC says.
+pub fn encode_message(message: &str) -> String {
+    utf8_percent_encode(message, GRPC_MESSAGE).to_string()
+}
+
 /// A trailers-only gRPC response carrying `code` and `message`, as a gRPC server
 /// sends when it fails a call before any message.
 pub fn status_response(code: Code, message: &str) -> Response<ProxyBody> {
@@ -74,8 +79,7 @@ pub fn status_response(code: Code, message: &str) -> Response<ProxyBody> {
         HeaderValue::from_static("application/grpc"),
     );
     headers.insert("grpc-status", HeaderValue::from(code as i32));
-    let encoded = utf8_percent_encode(message, GRPC_MESSAGE).to_string();
-    if let Ok(value) = HeaderValue::from_str(&encoded) {
+    if let Ok(value) = HeaderValue::from_str(&encode_message(message)) {
         headers.insert("grpc-message", value);
     }
     response

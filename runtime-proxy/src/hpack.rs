@@ -98,6 +98,13 @@ impl Decoder {
         }
     }
 
+    /// Sets the largest table size update this decoder accepts: the
+    /// SETTINGS_HEADER_TABLE_SIZE its side of the connection advertised. The table
+    /// itself changes size only when the encoder says so (§4.2).
+    pub fn set_max_allowed(&mut self, max_table_size: usize) {
+        self.max_allowed = max_table_size;
+    }
+
     /// Decodes one whole header block (every fragment of a HEADERS frame and its
     /// CONTINUATIONs), updating the dynamic table as its sender did, and hands
     /// each field to `each` as (name, value, indexing), in order. Nothing is

@@ -5,6 +5,8 @@
 //! unknown to our CRI types survive ([`wire`]), and recorded in the [`store`].
 //! kubelet's connection reaches h2 through [`authority`], so that an `:authority`
 //! h2 would refuse (the socket path older kubelets send) does not fail its calls.
+//! [`relay`] serves kubelet without terminating HTTP/2: frames relayed, lifecycle
+//! calls through the same hook stages.
 
 pub mod authority;
 pub mod backend;
@@ -18,6 +20,7 @@ pub mod hook;
 pub mod hpack;
 pub mod metrics;
 pub mod proxy;
+pub mod relay;
 pub mod server;
 pub mod store;
 pub mod wire;

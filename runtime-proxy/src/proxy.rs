@@ -72,6 +72,11 @@ impl Proxy {
         &self.store
     }
 
+    /// The proxy's metrics.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
     /// The runtime backend.
     pub fn runtime(&self) -> &Backend {
         &self.runtime
@@ -96,27 +101,8 @@ impl Proxy {
         let path = request.uri().path();
         let method_name = path.rsplit('/').next().unwrap_or(path).to_owned();
         let intercepted = Method::from_path(path);
-        // Lifecycle calls are rare and matter: info. Kubelet polls the rest many
-        // times a second: their spans exist at debug, off the default hot path.
-        let span = if intercepted.is_some() {
-            tracing::info_span!(
-                "cri",
-                method = %method_name,
-                pod = field::Empty,
-                container = field::Empty,
-                code = field::Empty,
-                duration_us = field::Empty,
-            )
-        } else {
-            tracing::debug_span!("cri", method = %method_name, code = field::Empty, duration_us = field::Empty)
-        };
-        let record = CallRecord {
-            metrics: Arc::clone(&self.metrics),
-            method: method_name,
-            start: Instant::now(),
-            span: span.clone(),
-            finished: false,
-        };
+        let span = call_span(&method_name, intercepted.is_some());
+        let record = CallRecord::start(Arc::clone(&self.metrics), method_name, span.clone());
         let deadline = request
             .headers()
             .get("grpc-timeout")
@@ -203,6 +189,8 @@ impl Proxy {
         }
     }
 
+    /// An intercepted call over the proxy's own HTTP/2 connection to the runtime:
+    /// read → pre stage → forward → read the answer → post stage.
     async fn intercept(
         &self,
         method: Method,
@@ -214,14 +202,7 @@ impl Proxy {
             Ok(collected) => collected.to_bytes(),
             Err(error) => {
                 let (code, message) = if error.is::<http_body_util::LengthLimitError>() {
-                    (
-                        Code::ResourceExhausted,
-                        format!(
-                            "{}: request larger than {} bytes",
-                            method.name(),
-                            self.max_message_bytes
-                        ),
-                    )
+                    (Code::ResourceExhausted, self.too_large(method))
                 } else {
                     (
                         Code::Cancelled,
@@ -231,64 +212,12 @@ impl Proxy {
                 return fail(code, &message);
             }
         };
-        let message = match grpc::decode_frame(&body) {
-            Ok(message) => message,
-            Err(error) => {
-                return fail(Code::Internal, &format!("{}: {error}", method.name()));
-            }
-        };
-        let original = match method.decode_request(message) {
-            Ok(request) => request,
-            Err(error) => {
-                let text = format!(
-                    "grpc: error unmarshalling {} request: {error}",
-                    method.name()
-                );
-                return fail(Code::Internal, &text);
-            }
-        };
-
-        let ctx = self.context(&original).await;
-        if let Some(pod) = &ctx.pod {
-            span.record("pod", pod.display_name());
-        }
-        if let Some(container) = &ctx.container {
-            span.record("container", container.name.as_str());
-        }
-
-        let mut rewritten = original.clone();
-        for hook in &self.hooks {
-            let started = Instant::now();
-            let result = hook.pre(&ctx, &mut rewritten).await;
-            self.observe_hook(hook.name(), "pre", started, result.is_err());
-            if let Err(rejection) = result {
-                tracing::warn!(hook = hook.name(), code = ?rejection.code, reason = %rejection.message, "hook refused call");
-                return fail(
-                    rejection.code,
-                    &format!("tessera hook {:?}: {}", hook.name(), rejection.message),
-                );
-            }
-        }
-
-        let forwarded = if rewritten == original {
-            body
-        } else {
-            match wire::merge(
-                message,
-                &original.encode_to_vec(),
-                &rewritten.encode_to_vec(),
-            ) {
-                Ok(merged) => grpc::encode_frame(&merged),
-                Err(error) => {
-                    return fail(
-                        Code::Internal,
-                        &format!("{}: rewriting request: {error}", method.name()),
-                    );
-                }
-            }
+        let prepared = match self.pre_stage(method, body, span).await {
+            Ok(prepared) => prepared,
+            Err(refusal) => return fail(refusal.code, &refusal.message),
         };
         parts.headers.remove(http::header::CONTENT_LENGTH);
-        let request = Request::from_parts(parts, full_body(forwarded, None));
+        let request = Request::from_parts(parts, full_body(prepared.forwarded.clone(), None));
 
         let call = async {
             let response = self.runtime.send(request).await?;
@@ -305,41 +234,107 @@ impl Proxy {
         let (parts, collected) = match call.await {
             Ok(answer) => answer,
             Err(error) => {
-                self.run_post(
-                    &ctx,
-                    &rewritten,
-                    &CallOutcome::Failed {
-                        code: error.code,
-                        message: error.message.clone(),
-                    },
-                )
-                .await;
+                let outcome = CallOutcome::Failed {
+                    code: error.code,
+                    message: error.message.clone(),
+                };
+                self.post_stage(&prepared, &outcome).await;
                 return fail(error.code, &error.message);
             }
         };
         let trailers = collected.trailers().cloned();
         let (code, message) = grpc::call_status(&parts.headers, trailers.as_ref());
         let data = collected.to_bytes();
-        let outcome = if code == Code::Ok {
-            match grpc::decode_frame(&data)
-                .map_err(|e| e.to_string())
-                .and_then(|m| method.decode_response(m).map_err(|e| e.to_string()))
-            {
-                Ok(response) => CallOutcome::Ok(response),
-                Err(error) => {
-                    tracing::warn!(%error, "could not decode the runtime's response; passing it on unchanged");
-                    CallOutcome::Failed {
-                        code: Code::Internal,
-                        message: error,
-                    }
-                }
-            }
-        } else {
-            CallOutcome::Failed { code, message }
-        };
-        self.update_store(&rewritten, &ctx, &outcome);
-        self.run_post(&ctx, &rewritten, &outcome).await;
+        let outcome = call_outcome(method, code, message, &data);
+        self.post_stage(&prepared, &outcome).await;
         (Response::from_parts(parts, full_body(data, trailers)), code)
+    }
+
+    /// The message for a request over the size the proxy holds.
+    pub(crate) fn too_large(&self, method: Method) -> String {
+        format!(
+            "{}: request larger than {} bytes",
+            method.name(),
+            self.max_message_bytes
+        )
+    }
+
+    /// Largest intercepted request or response the proxy will hold.
+    pub(crate) fn max_message_bytes(&self) -> usize {
+        self.max_message_bytes
+    }
+
+    /// The pre stage of an intercepted call, given its whole request body: decode →
+    /// context (pod, container) → pre hooks → splice. Returns the body to forward,
+    /// or the status the call is refused with.
+    pub(crate) async fn pre_stage(
+        &self,
+        method: Method,
+        body: Bytes,
+        span: &Span,
+    ) -> Result<Prepared, Refusal> {
+        let message = grpc::decode_frame(&body)
+            .map_err(|error| Refusal::new(Code::Internal, format!("{}: {error}", method.name())))?;
+        let original = method.decode_request(message).map_err(|error| {
+            let text = format!(
+                "grpc: error unmarshalling {} request: {error}",
+                method.name()
+            );
+            Refusal::new(Code::Internal, text)
+        })?;
+
+        let ctx = self.context(&original).await;
+        if let Some(pod) = &ctx.pod {
+            span.record("pod", pod.display_name());
+        }
+        if let Some(container) = &ctx.container {
+            span.record("container", container.name.as_str());
+        }
+
+        let mut rewritten = original.clone();
+        for hook in &self.hooks {
+            let started = Instant::now();
+            let result = hook.pre(&ctx, &mut rewritten).await;
+            self.observe_hook(hook.name(), "pre", started, result.is_err());
+            if let Err(rejection) = result {
+                tracing::warn!(hook = hook.name(), code = ?rejection.code, reason = %rejection.message, "hook refused call");
+                return Err(Refusal::new(
+                    rejection.code,
+                    format!("tessera hook {:?}: {}", hook.name(), rejection.message),
+                ));
+            }
+        }
+
+        let forwarded = if rewritten == original {
+            body
+        } else {
+            // Spliced at the wire level: fields our CRI types do not know survive.
+            let merged = wire::merge(
+                message,
+                &original.encode_to_vec(),
+                &rewritten.encode_to_vec(),
+            )
+            .map_err(|error| {
+                Refusal::new(
+                    Code::Internal,
+                    format!("{}: rewriting request: {error}", method.name()),
+                )
+            })?;
+            grpc::encode_frame(&merged)
+        };
+        Ok(Prepared {
+            ctx,
+            request: rewritten,
+            forwarded,
+        })
+    }
+
+    /// The post stage of an intercepted call: the store learns the outcome, then
+    /// every hook observes it.
+    pub(crate) async fn post_stage(&self, prepared: &Prepared, outcome: &CallOutcome) {
+        self.update_store(&prepared.request, &prepared.ctx, outcome);
+        self.run_post(&prepared.ctx, &prepared.request, outcome)
+            .await;
     }
 
     fn observe_hook(&self, hook: &str, stage: &str, started: Instant, failed: bool) {
@@ -524,6 +519,72 @@ async fn with_deadline<T>(
     }
 }
 
+/// An intercepted call that passed its pre stage.
+#[derive(Debug)]
+pub(crate) struct Prepared {
+    ctx: HookContext,
+    /// The request as the hooks left it.
+    request: LifecycleRequest,
+    /// The gRPC body to send the runtime: the original bytes, or the splice.
+    pub(crate) forwarded: Bytes,
+}
+
+/// Why the proxy answers an intercepted call itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Refusal {
+    pub(crate) code: Code,
+    pub(crate) message: String,
+}
+
+impl Refusal {
+    pub(crate) fn new(code: Code, message: String) -> Self {
+        Self { code, message }
+    }
+}
+
+/// What the hooks' post stage is told about the runtime's answer: its status and,
+/// when Ok, its decoded message.
+pub(crate) fn call_outcome(
+    method: Method,
+    code: Code,
+    message: String,
+    data: &[u8],
+) -> CallOutcome {
+    if code != Code::Ok {
+        return CallOutcome::Failed { code, message };
+    }
+    match grpc::decode_frame(data)
+        .map_err(|e| e.to_string())
+        .and_then(|m| method.decode_response(m).map_err(|e| e.to_string()))
+    {
+        Ok(response) => CallOutcome::Ok(response),
+        Err(error) => {
+            tracing::warn!(%error, "could not decode the runtime's response; passing it on unchanged");
+            CallOutcome::Failed {
+                code: Code::Internal,
+                message: error,
+            }
+        }
+    }
+}
+
+/// The span of one call. Lifecycle calls are rare and matter: info. Kubelet polls
+/// the rest many times a second: their spans exist at debug, off the default hot path.
+pub(crate) fn call_span(method: &str, intercepted: bool) -> Span {
+    if intercepted {
+        tracing::info_span!(
+            "cri",
+            method = %method,
+            pod = field::Empty,
+            container = field::Empty,
+            code = field::Empty,
+            duration_us = field::Empty,
+        )
+    } else {
+        tracing::debug_span!("cri", method = %method, code = field::Empty, duration_us = field::Empty)
+    }
+}
+
 /// A call the proxy fails itself, as a gRPC status and its code.
 fn fail(code: Code, message: &str) -> (Response<ProxyBody>, Code) {
     if code != Code::Unavailable {
@@ -535,7 +596,7 @@ fn fail(code: Code, message: &str) -> (Response<ProxyBody>, Code) {
 // === impl CallRecord ===
 
 /// Metrics and span fields of one call, recorded once when it ends.
-struct CallRecord {
+pub(crate) struct CallRecord {
     metrics: Arc<Metrics>,
     method: String,
     start: Instant,
@@ -544,7 +605,18 @@ struct CallRecord {
 }
 
 impl CallRecord {
-    fn finish(mut self, code: Code) {
+    /// Starts timing `method`, whose fields are recorded on `span`.
+    pub(crate) fn start(metrics: Arc<Metrics>, method: String, span: Span) -> Self {
+        Self {
+            metrics,
+            method,
+            start: Instant::now(),
+            span,
+            finished: false,
+        }
+    }
+
+    pub(crate) fn finish(mut self, code: Code) {
         self.complete(code);
     }
 

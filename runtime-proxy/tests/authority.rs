@@ -2,17 +2,25 @@
 //! `:authority`, raw or percent-encoded; containerd answers them, and so must the
 //! proxy. h2 refuses such a request on both its sides, so the client here writes
 //! HTTP/2 frames by hand, header blocks encoded as HPACK literals and indices.
+//!
+//! Every test runs against both ways of serving kubelet: the h2 path, which
+//! hands the runtime `:authority: localhost` for such calls, and the frame relay,
+//! which hands it the authority as it was sent.
 
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use k8s_cri::v1 as cri;
 use prost::Message;
+use tessera_runtime_proxy::authority::KubeletStream;
 use tessera_runtime_proxy::metrics::Metrics;
-use tessera_runtime_proxy::{Proxy, ProxyOptions, server};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tessera_runtime_proxy::relay::{self, RelayMode};
+use tessera_runtime_proxy::{Proxy, ProxyOptions, hpack, server};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{UnixListener, UnixStream};
 
 const SOCKET_PATH: &str = "/var/run/containerd/containerd.sock";
@@ -58,7 +66,9 @@ fn runtime_reply(path: &str) -> Bytes {
 }
 
 /// An HTTP/2 runtime on `socket` that answers every call and records it, with the
-/// `:authority` it arrived with.
+/// `:authority` it arrived with: as the client's bytes said (read by a [`Tap`]),
+/// since the runtime's h2 only sees it through the authority pass, which accepts
+/// any authority as containerd does.
 fn start_runtime(socket: &Path) -> Arc<Mutex<Vec<Seen>>> {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let listener = UnixListener::bind(socket).expect("runtime socket");
@@ -67,11 +77,16 @@ fn start_runtime(socket: &Path) -> Arc<Mutex<Vec<Seen>>> {
         while let Ok((stream, _)) = listener.accept().await {
             let record = Arc::clone(&record);
             tokio::spawn(async move {
-                let Ok(mut connection) = h2::server::handshake(stream).await else {
+                let authorities = Arc::new(Mutex::new(std::collections::HashMap::new()));
+                let tap = Tap::new(stream, Arc::clone(&authorities));
+                let Ok(mut connection) = h2::server::handshake(KubeletStream::new(tap)).await
+                else {
                     return;
                 };
                 while let Some(Ok((request, mut respond))) = connection.accept().await {
                     let record = Arc::clone(&record);
+                    let stream_id = u32::from(respond.stream_id());
+                    let authority = authorities.lock().expect("lock").remove(&stream_id);
                     tokio::spawn(async move {
                         let (parts, mut body) = request.into_parts();
                         let mut bytes = BytesMut::new();
@@ -81,7 +96,7 @@ fn start_runtime(socket: &Path) -> Arc<Mutex<Vec<Seen>>> {
                         }
                         let path = parts.uri.path().to_owned();
                         record.lock().expect("lock").push(Seen {
-                            authority: parts.uri.authority().map(|a| a.as_str().to_owned()),
+                            authority,
                             path: path.clone(),
                             body: bytes.freeze(),
                         });
@@ -102,7 +117,92 @@ fn start_runtime(socket: &Path) -> Arc<Mutex<Vec<Seen>>> {
     seen
 }
 
+/// The runtime's socket, read through: records each stream's `:authority` as the
+/// client encoded it. Header blocks in one HEADERS frame only, as the clients here send.
+struct Tap {
+    inner: UnixStream,
+    input: BytesMut,
+    preface: usize,
+    decoder: hpack::Decoder,
+    authorities: Arc<Mutex<std::collections::HashMap<u32, String>>>,
+}
+
+impl Tap {
+    fn new(
+        inner: UnixStream,
+        authorities: Arc<Mutex<std::collections::HashMap<u32, String>>>,
+    ) -> Self {
+        Self {
+            inner,
+            input: BytesMut::new(),
+            preface: 24,
+            decoder: hpack::Decoder::new(4096),
+            authorities,
+        }
+    }
+
+    fn observe(&mut self, fresh: &[u8]) {
+        let skip = self.preface.min(fresh.len());
+        self.preface -= skip;
+        self.input.extend_from_slice(&fresh[skip..]);
+        while let Some((head, frame)) = relay::frame::next_frame(&mut self.input) {
+            if head.kind != HEADERS {
+                continue;
+            }
+            let Ok(range) = relay::frame::header_fragment(&head, &frame) else {
+                continue;
+            };
+            let mut authority = None;
+            let _ = self.decoder.decode(&frame[range], |name, value, _| {
+                if name == b":authority" {
+                    authority = Some(String::from_utf8_lossy(value).into_owned());
+                }
+            });
+            if let Some(authority) = authority {
+                self.authorities
+                    .lock()
+                    .expect("lock")
+                    .insert(head.stream, authority);
+            }
+        }
+    }
+}
+
+impl AsyncRead for Tap {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        std::task::ready!(Pin::new(&mut this.inner).poll_read(cx, buf))?;
+        let fresh = buf.filled()[before..].to_vec();
+        this.observe(&fresh);
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl AsyncWrite for Tap {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
 struct Setup {
+    mode: RelayMode,
     _dir: tempfile::TempDir,
     proxy_socket: PathBuf,
     proxy: Arc<Proxy>,
@@ -110,7 +210,7 @@ struct Setup {
 }
 
 impl Setup {
-    async fn start() -> Self {
+    async fn start(mode: RelayMode) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("tauth-")
             .tempdir_in("/tmp")
@@ -129,17 +229,39 @@ impl Setup {
         ));
         let proxy_socket = dir.path().join("proxy.sock");
         let (listener, _) = server::listen(&proxy_socket).expect("listen");
-        tokio::spawn(server::serve(
-            listener,
-            Arc::clone(&proxy),
-            std::future::pending(),
-            Duration::from_secs(1),
-        ));
+        match mode {
+            RelayMode::H2 => tokio::spawn(server::serve(
+                listener,
+                Arc::clone(&proxy),
+                std::future::pending(),
+                Duration::from_secs(1),
+            )),
+            RelayMode::Frames => tokio::spawn(relay::serve(
+                listener,
+                Arc::clone(&proxy),
+                std::future::pending(),
+                Duration::from_secs(1),
+            )),
+        };
         Self {
+            mode,
             _dir: dir,
             proxy_socket,
             proxy,
             seen,
+        }
+    }
+
+    /// The `:authority` the runtime sees for a call sent with `sent`: the h2 path
+    /// normalises what h2 refuses, the relay hands on what it was given.
+    fn expected_authority<'a>(&self, sent: &'a str) -> &'a str {
+        match self.mode {
+            RelayMode::H2
+                if !tessera_runtime_proxy::authority::h2_accepts_authority(sent.as_bytes()) =>
+            {
+                "localhost"
+            }
+            _ => sent,
         }
     }
 
@@ -323,9 +445,8 @@ fn run_pod_request(name: &str) -> Vec<u8> {
 
 /// kubelet ≤ 1.30 (grpc-go before kubernetes#123463): the socket path, which
 /// grpc-go's encoder puts in its dynamic table and the next call names by index.
-#[tokio::test]
-async fn raw_socket_path_authority_is_served_passthrough_and_intercepted() {
-    let setup = Setup::start().await;
+async fn raw_socket_path_authority_is_served_passthrough_and_intercepted(mode: RelayMode) {
+    let setup = Setup::start(mode).await;
     let mut kubelet = RawConnection::open(&setup.proxy_socket).await;
 
     let first = header_block(&[
@@ -363,7 +484,7 @@ async fn raw_socket_path_authority_is_served_passthrough_and_intercepted() {
     for call in &seen {
         assert_eq!(
             call.authority.as_deref(),
-            Some("localhost"),
+            Some(setup.expected_authority(SOCKET_PATH)),
             "{}",
             call.path
         );
@@ -377,9 +498,10 @@ async fn raw_socket_path_authority_is_served_passthrough_and_intercepted() {
 
 /// grpc-core clients (and grpc-go's `unix:` target before 1.57 in some builds):
 /// the path percent-encoded.
-#[tokio::test]
-async fn percent_encoded_socket_path_authority_is_served_passthrough_and_intercepted() {
-    let setup = Setup::start().await;
+async fn percent_encoded_socket_path_authority_is_served_passthrough_and_intercepted(
+    mode: RelayMode,
+) {
+    let setup = Setup::start(mode).await;
     let mut kubelet = RawConnection::open(&setup.proxy_socket).await;
     let answer = kubelet
         .call(
@@ -403,7 +525,7 @@ async fn percent_encoded_socket_path_authority_is_served_passthrough_and_interce
     for call in &seen {
         assert_eq!(
             call.authority.as_deref(),
-            Some("localhost"),
+            Some(setup.expected_authority(PERCENT_ENCODED)),
             "{}",
             call.path
         );
@@ -413,9 +535,8 @@ async fn percent_encoded_socket_path_authority_is_served_passthrough_and_interce
 
 /// A valid authority reaches the runtime as it was sent, also after an invalid one
 /// on the same connection switched it to re-encoding.
-#[tokio::test]
-async fn valid_authority_is_kept() {
-    let setup = Setup::start().await;
+async fn valid_authority_is_kept(mode: RelayMode) {
+    let setup = Setup::start(mode).await;
     let mut kubelet = RawConnection::open(&setup.proxy_socket).await;
     for (stream, authority) in [
         (1, "runtime.local:1234"),
@@ -442,15 +563,18 @@ async fn valid_authority_is_kept() {
         .collect();
     assert_eq!(
         authorities,
-        ["runtime.local:1234", "localhost", "localhost"]
+        [
+            "runtime.local:1234",
+            setup.expected_authority(SOCKET_PATH),
+            "localhost"
+        ]
     );
 }
 
 /// A header block that does not decode is a connection error, as in h2; the proxy
 /// goes on serving other connections.
-#[tokio::test]
-async fn undecodable_header_block_fails_only_its_connection() {
-    let setup = Setup::start().await;
+async fn undecodable_header_block_fails_only_its_connection(mode: RelayMode) {
+    let setup = Setup::start(mode).await;
     let mut kubelet = RawConnection::open(&setup.proxy_socket).await;
     // Index 70: past the static table, and the dynamic one is empty.
     let answer = kubelet.call(1, &[0x80 | 70], &version_request()).await;
@@ -468,3 +592,24 @@ async fn undecodable_header_block_fails_only_its_connection() {
         .await;
     assert_eq!(answer, Answer::Complete(runtime_reply(VERSION).to_vec()));
 }
+
+/// Each test above, once per way of serving kubelet.
+macro_rules! both_ways {
+    ($($name:ident),* $(,)?) => {
+        mod h2_path {
+            use super::RelayMode;
+            $(#[tokio::test] async fn $name() { super::$name(RelayMode::H2).await })*
+        }
+        mod frame_relay {
+            use super::RelayMode;
+            $(#[tokio::test] async fn $name() { super::$name(RelayMode::Frames).await })*
+        }
+    };
+}
+
+both_ways!(
+    raw_socket_path_authority_is_served_passthrough_and_intercepted,
+    percent_encoded_socket_path_authority_is_served_passthrough_and_intercepted,
+    valid_authority_is_kept,
+    undecodable_header_block_fails_only_its_connection,
+);

@@ -1,0 +1,887 @@
+//! One kubelet connection relayed to one runtime connection, frame by frame.
+//!
+//! Two loops share one task: kubelet → runtime ([`Relay::kubelet_side`]) and
+//! runtime → kubelet ([`Relay::runtime_side`]). Each cuts what it reads into whole
+//! frames and writes them on in the order they came, unchanged. Header blocks are
+//! decoded, never re-encoded: stream IDs and both HPACK tables stay identical on
+//! the two legs, and any `:authority` reaches the runtime as it was sent.
+//!
+//! A lifecycle call ([`Method`]) differs in one way: its request DATA is held by
+//! the relay, run through [`Proxy::pre_stage`] and re-emitted (rewritten or not)
+//! as the relay's own DATA on the same stream; its answer passes unchanged and is
+//! observed for [`Proxy::post_stage`]. Flow control stays right because:
+//! - the relay credits kubelet (stream and connection WINDOW_UPDATE) for every
+//!   byte it holds, so kubelet never waits on a window the runtime cannot see;
+//! - every byte the relay sends the runtime itself is a *debt*: the runtime will
+//!   credit it to kubelet's view, so that much is withheld from the runtime's next
+//!   connection WINDOW_UPDATEs;
+//! - until a debt is paid kubelet may send more than the runtime's window holds:
+//!   the relay tracks that window and queues DATA that does not fit (at most the
+//!   debt). Without lifecycle calls the queue stays empty.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::sync::{Notify, oneshot, watch};
+use tonic::Code;
+use tracing::{Instrument, Span};
+
+use super::frame::{self, FrameHead, flag, kind, reason, setting};
+use crate::hook::Method;
+use crate::hpack;
+use crate::proxy::{CallRecord, Proxy, Refusal, call_outcome, call_span};
+
+/// What a read asks the socket for at least.
+const READ_CHUNK: usize = 64 * 1024;
+
+/// Why a relayed connection ended early.
+#[derive(Debug, thiserror::Error)]
+pub enum RelayError {
+    /// Reading from or writing to kubelet or the runtime failed.
+    #[error("{side}: {source}")]
+    Io {
+        /// "kubelet" or "runtime".
+        side: &'static str,
+        /// The socket error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+// === shared state ===
+
+/// One call on the connection, from its request HEADERS until its stream ends.
+struct Call {
+    record: CallRecord,
+    intercept: Option<Intercept>,
+}
+
+/// What the relay keeps of a lifecycle call.
+struct Intercept {
+    method: Method,
+    span: Span,
+    deadline: Option<Duration>,
+    /// The request body so far; handed to the pre stage at END_STREAM.
+    request: BytesMut,
+    /// The runtime's window on this stream for the relay's own DATA.
+    send_window: i64,
+    /// Where the answer goes once the request was forwarded.
+    answer_to: Option<oneshot::Sender<Answer>>,
+    answer: Answer,
+}
+
+/// The runtime's answer to a lifecycle call, as observed on its way to kubelet.
+#[derive(Default)]
+struct Answer {
+    code: Option<Code>,
+    message: String,
+    data: BytesMut,
+    /// The answer was larger than the proxy holds: the post stage sees it as undecodable.
+    truncated: bool,
+}
+
+/// A frame for the runtime, waiting its turn.
+struct Outbound {
+    frame: Bytes,
+    stream: u32,
+    /// Its flow-controlled length (DATA), else 0.
+    flow: i64,
+    /// The relay's own DATA: also bounded by the stream's window.
+    own: bool,
+}
+
+/// What both loops and the lifecycle tasks of one connection share. Locked for
+/// the handling of one read, never across an await.
+struct Shared {
+    calls: HashMap<u32, Call>,
+    /// The runtime's connection window for what the relay sends it.
+    runtime_window: i64,
+    /// Bytes the relay sent the runtime that kubelet never sent (see the module doc).
+    debt: i64,
+    /// The runtime's SETTINGS_INITIAL_WINDOW_SIZE.
+    initial_window: i64,
+    /// Frames for the runtime that wait for window, in kubelet's order.
+    to_runtime: VecDeque<Outbound>,
+    /// The relay's own frames for the runtime, joined to `to_runtime` at a header
+    /// block boundary of kubelet's.
+    injected_runtime: VecDeque<Outbound>,
+    /// The relay's own frames for kubelet, written at a header block boundary of the runtime's.
+    to_kubelet: BytesMut,
+    /// The largest SETTINGS_HEADER_TABLE_SIZE each side advertised.
+    runtime_table_limit: usize,
+    kubelet_table_limit: usize,
+    highest_stream: u32,
+    /// Draining: streams above this one are refused.
+    last_stream: Option<u32>,
+}
+
+impl Shared {
+    /// Moves what the runtime's windows allow from the queues to `out`.
+    fn pump(&mut self, out: &mut BytesMut, at_boundary: bool) {
+        if at_boundary {
+            self.to_runtime.extend(self.injected_runtime.drain(..));
+        }
+        while let Some(next) = self.to_runtime.front_mut() {
+            if next.flow > self.runtime_window {
+                return;
+            }
+            if next.own {
+                match self
+                    .calls
+                    .get_mut(&next.stream)
+                    .and_then(|c| c.intercept.as_mut())
+                {
+                    Some(intercept) if next.flow > intercept.send_window => return,
+                    Some(intercept) => intercept.send_window -= next.flow,
+                    // Kubelet cancelled the call: the rest of its body is not sent,
+                    // and the runtime will not credit it.
+                    None => {
+                        self.debt -= next.flow;
+                        self.to_runtime.pop_front();
+                        continue;
+                    }
+                }
+            }
+            self.runtime_window -= next.flow;
+            if let Some(next) = self.to_runtime.pop_front() {
+                out.extend_from_slice(&next.frame);
+            }
+        }
+    }
+
+    /// A call's stream ended at the runtime's side (or was reset): record it and
+    /// hand a lifecycle call's answer to its post stage.
+    fn end_call(&mut self, stream: u32, code: Option<Code>) {
+        let Some(call) = self.calls.remove(&stream) else {
+            return;
+        };
+        let Call { record, intercept } = call;
+        let Some(mut intercept) = intercept else {
+            record.finish(code.unwrap_or(Code::Unknown));
+            return;
+        };
+        let code = code.or(intercept.answer.code).unwrap_or(Code::Unknown);
+        record.finish(code);
+        intercept.answer.code = Some(code);
+        if let Some(to) = intercept.answer_to.take() {
+            let _ = to.send(intercept.answer);
+        }
+    }
+}
+
+/// The fields of a header block the relay acts on.
+#[derive(Default)]
+struct Fields {
+    path: Option<String>,
+    timeout: Option<Duration>,
+    status: Option<Code>,
+    message: Option<String>,
+}
+
+/// A header block whose CONTINUATIONs have not all come.
+struct Block {
+    stream: u32,
+    /// The flags of its HEADERS frame (END_STREAM).
+    flags: u8,
+    fragments: Vec<u8>,
+}
+
+/// One side's header block reader: its decoder and any block still open.
+struct Blocks {
+    decoder: hpack::Decoder,
+    open: Option<Block>,
+}
+
+/// What to do with a frame after reading it.
+enum Step {
+    /// Pass it on.
+    Forward,
+    /// Pass it on; a whole header block ended with it.
+    Block(FrameHead, Fields),
+    /// Pass it on, then read nothing more from this side: the receiver fails the
+    /// connection on it exactly as it would have without the relay.
+    Fatal,
+}
+
+impl Blocks {
+    fn new() -> Self {
+        Self {
+            decoder: hpack::Decoder::new(frame::DEFAULT_TABLE_SIZE),
+            open: None,
+        }
+    }
+
+    fn at_boundary(&self) -> bool {
+        self.open.is_none()
+    }
+
+    /// Reads HEADERS and CONTINUATION frames; everything else is [`Step::Forward`],
+    /// or [`Step::Fatal`] inside a header block.
+    fn read(&mut self, head: &FrameHead, frame: &[u8], max_table: usize) -> Step {
+        let is_header = matches!(head.kind, kind::HEADERS | kind::CONTINUATION);
+        match (&mut self.open, head.kind) {
+            (None, kind::CONTINUATION) => return Step::Fatal,
+            (None, _) if !is_header => return Step::Forward,
+            (Some(open), kind::CONTINUATION) if open.stream == head.stream => {
+                open.fragments.extend_from_slice(&frame[frame::HEAD_LEN..]);
+            }
+            (Some(_), _) => return Step::Fatal,
+            (None, _) => {
+                let Ok(range) = frame::header_fragment(head, frame) else {
+                    return Step::Fatal;
+                };
+                if head.stream == 0 {
+                    return Step::Fatal;
+                }
+                if !head.has(flag::END_HEADERS) {
+                    self.open = Some(Block {
+                        stream: head.stream,
+                        flags: head.flags,
+                        fragments: frame[range].to_vec(),
+                    });
+                    return Step::Forward;
+                }
+                return self.decode(*head, &frame[range], max_table);
+            }
+        }
+        if !head.has(flag::END_HEADERS) {
+            return Step::Forward;
+        }
+        let Some(open) = self.open.take() else {
+            return Step::Fatal;
+        };
+        let first = FrameHead {
+            len: 0,
+            kind: kind::HEADERS,
+            flags: open.flags,
+            stream: open.stream,
+        };
+        self.decode(first, &open.fragments, max_table)
+    }
+
+    fn decode(&mut self, head: FrameHead, block: &[u8], max_table: usize) -> Step {
+        self.decoder.set_max_allowed(max_table);
+        let mut fields = Fields::default();
+        let decoded = self.decoder.decode(block, |name, value, _| match name {
+            b":path" => fields.path = Some(String::from_utf8_lossy(value).into_owned()),
+            b"grpc-timeout" => {
+                fields.timeout = std::str::from_utf8(value)
+                    .ok()
+                    .and_then(|v| crate::grpc::parse_timeout(v).ok());
+            }
+            b"grpc-status" => {
+                fields.status = std::str::from_utf8(value)
+                    .ok()
+                    .and_then(|v| v.parse::<i32>().ok())
+                    .map(Code::from_i32);
+            }
+            b"grpc-message" => {
+                let value = String::from_utf8_lossy(value);
+                fields.message = Some(
+                    percent_encoding::percent_decode_str(&value)
+                        .decode_utf8_lossy()
+                        .into_owned(),
+                );
+            }
+            _ => {}
+        });
+        match decoded {
+            Ok(()) => Step::Block(head, fields),
+            Err(error) => {
+                tracing::debug!(stream = head.stream, %error, "header block does not decode; the receiver fails the connection on it");
+                Step::Fatal
+            }
+        }
+    }
+}
+
+// === impl Relay ===
+
+/// One relayed connection.
+pub(crate) struct Relay {
+    proxy: Arc<Proxy>,
+    shared: Arc<Mutex<Shared>>,
+    /// Wakes the kubelet side to write the relay's own frames to the runtime.
+    runtime_wake: Arc<Notify>,
+    /// Wakes the runtime side to write the relay's own frames to kubelet.
+    kubelet_wake: Arc<Notify>,
+}
+
+impl Relay {
+    pub(crate) fn new(proxy: Arc<Proxy>) -> Self {
+        let shared = Shared {
+            calls: HashMap::new(),
+            runtime_window: frame::DEFAULT_WINDOW,
+            debt: 0,
+            initial_window: frame::DEFAULT_WINDOW,
+            to_runtime: VecDeque::new(),
+            injected_runtime: VecDeque::new(),
+            to_kubelet: BytesMut::new(),
+            runtime_table_limit: frame::DEFAULT_TABLE_SIZE,
+            kubelet_table_limit: frame::DEFAULT_TABLE_SIZE,
+            highest_stream: 0,
+            last_stream: None,
+        };
+        Self {
+            proxy,
+            shared: Arc::new(Mutex::new(shared)),
+            runtime_wake: Arc::new(Notify::new()),
+            kubelet_wake: Arc::new(Notify::new()),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Shared> {
+        lock(&self.shared)
+    }
+
+    /// Relays until either side closes; on `stopping`, sends kubelet GOAWAY and
+    /// returns once its calls have ended.
+    pub(crate) async fn run(
+        self,
+        kubelet: UnixStream,
+        runtime: UnixStream,
+        stopping: watch::Receiver<bool>,
+    ) -> Result<(), RelayError> {
+        let (kubelet_read, kubelet_write) = kubelet.into_split();
+        let (runtime_read, runtime_write) = runtime.into_split();
+        tokio::select! {
+            result = self.kubelet_side(kubelet_read, runtime_write) => result,
+            result = self.runtime_side(runtime_read, kubelet_write, stopping) => result,
+        }
+    }
+
+    /// kubelet → runtime: requests. Returns only on an error; after kubelet closes
+    /// (or is failed) it waits for the runtime side to end the connection.
+    async fn kubelet_side(
+        &self,
+        mut from: OwnedReadHalf,
+        mut to: OwnedWriteHalf,
+    ) -> Result<(), RelayError> {
+        let io = |source| RelayError::Io {
+            side: "runtime",
+            source,
+        };
+        let mut input = BytesMut::with_capacity(READ_CHUNK);
+        let mut preface = frame::PREFACE.len();
+        let mut blocks = Blocks::new();
+        let mut open = true;
+        let mut out = BytesMut::new();
+        loop {
+            reserve(&mut input);
+            if open {
+                tokio::select! {
+                    read = from.read_buf(&mut input) => match read {
+                        Ok(0) | Err(_) => open = false,
+                        Ok(_) => {}
+                    },
+                    () = self.runtime_wake.notified() => {}
+                }
+            } else {
+                self.runtime_wake.notified().await;
+            }
+            if preface > 0 {
+                // The preface goes on as it came; the runtime judges it.
+                let n = preface.min(input.len());
+                out.extend_from_slice(&input.split_to(n));
+                preface -= n;
+            }
+            if preface == 0 && open {
+                open = self.requests(&mut input, &mut blocks, &mut out);
+            }
+            self.lock().pump(&mut out, blocks.at_boundary());
+            if !out.is_empty() {
+                to.write_all(&out).await.map_err(io)?;
+                out.clear();
+            }
+            if !open && !input.is_empty() {
+                // Kubelet closed, or sent what the runtime fails it on: that goes as it came.
+                to.write_all(&input).await.map_err(io)?;
+                input.clear();
+            }
+            if !open {
+                let _ = to.shutdown().await;
+            }
+        }
+    }
+
+    /// Handles every whole frame in `input`; false when nothing more is to be read.
+    fn requests(&self, input: &mut BytesMut, blocks: &mut Blocks, out: &mut BytesMut) -> bool {
+        let mut shared = self.lock();
+        let shared = &mut *shared;
+        while let Some((head, frame)) = frame::next_frame(input) {
+            let step = blocks.read(&head, &frame, shared.runtime_table_limit);
+            match step {
+                Step::Fatal => {
+                    forward(shared, out, head, frame);
+                    return false;
+                }
+                Step::Block(block, fields) => {
+                    forward(shared, out, head, frame);
+                    self.request_block(shared, block, fields);
+                }
+                Step::Forward => match head.kind {
+                    kind::DATA => self.request_data(shared, out, head, frame),
+                    kind::RST_STREAM => {
+                        // The call ends here; a lifecycle call's pre stage finds it gone.
+                        forward(shared, out, head, frame);
+                        shared.end_call(head.stream, Some(Code::Cancelled));
+                    }
+                    kind::SETTINGS => {
+                        for (id, value) in frame::settings(&head, &frame) {
+                            if id == setting::HEADER_TABLE_SIZE {
+                                shared.kubelet_table_limit =
+                                    shared.kubelet_table_limit.max(value as usize);
+                            }
+                        }
+                        forward(shared, out, head, frame);
+                    }
+                    _ => forward(shared, out, head, frame),
+                },
+            }
+        }
+        true
+    }
+
+    /// A whole request header block: a new call, or trailers of one.
+    fn request_block(&self, shared: &mut Shared, head: FrameHead, fields: Fields) {
+        if head.stream <= shared.highest_stream {
+            return;
+        }
+        shared.highest_stream = head.stream;
+        if shared.last_stream.is_some_and(|last| head.stream > last) {
+            // Draining: kubelet had not seen the GOAWAY yet. The runtime must read
+            // the block (its table), and neither side may run the call.
+            push_own(&mut shared.injected_runtime, head.stream, |b| {
+                frame::put_rst_stream(b, head.stream, reason::REFUSED_STREAM)
+            });
+            frame::put_rst_stream(&mut shared.to_kubelet, head.stream, reason::REFUSED_STREAM);
+            self.kubelet_wake.notify_one();
+            return;
+        }
+        let path = fields.path.unwrap_or_default();
+        let method_name = path.rsplit('/').next().unwrap_or(&path).to_owned();
+        let method = Method::from_path(&path);
+        let span = call_span(&method_name, method.is_some());
+        let record = CallRecord::start(Arc::clone(self.proxy.metrics()), method_name, span.clone());
+        let intercept = method.map(|method| Intercept {
+            method,
+            span,
+            deadline: fields.timeout,
+            request: BytesMut::new(),
+            send_window: shared.initial_window,
+            answer_to: None,
+            answer: Answer::default(),
+        });
+        let lifecycle = intercept.is_some();
+        shared.calls.insert(head.stream, Call { record, intercept });
+        if lifecycle && head.has(flag::END_STREAM) {
+            self.start_pre_stage(shared, head.stream);
+        }
+    }
+
+    fn request_data(
+        &self,
+        shared: &mut Shared,
+        out: &mut BytesMut,
+        head: FrameHead,
+        frame: BytesMut,
+    ) {
+        let limit = self.proxy.max_message_bytes();
+        let Some(intercept) = shared
+            .calls
+            .get_mut(&head.stream)
+            .and_then(|c| c.intercept.as_mut())
+            .filter(|i| i.answer_to.is_none())
+        else {
+            forward(shared, out, head, frame);
+            return;
+        };
+        let Ok(payload) = frame::data_payload(&head, &frame) else {
+            // The runtime fails the connection on it; the call goes with it.
+            forward(shared, out, head, frame);
+            return;
+        };
+        if intercept.request.len() + payload.len() > limit {
+            let method = intercept.method;
+            let refusal = Refusal::new(Code::ResourceExhausted, self.proxy.too_large(method));
+            self.refuse(shared, head.stream, &refusal);
+            // Kubelet's connection window for this frame: the runtime never sees it.
+            credit_kubelet(&mut shared.to_kubelet, 0, head.len);
+            self.kubelet_wake.notify_one();
+            return;
+        }
+        intercept.request.extend_from_slice(&frame[payload]);
+        // The relay took these bytes: kubelet gets its window back from the relay.
+        if !head.has(flag::END_STREAM) {
+            credit_kubelet(&mut shared.to_kubelet, head.stream, head.len);
+        }
+        credit_kubelet(&mut shared.to_kubelet, 0, head.len);
+        self.kubelet_wake.notify_one();
+        if head.has(flag::END_STREAM) {
+            self.start_pre_stage(shared, head.stream);
+        }
+    }
+
+    /// The request of a lifecycle call is complete: its pre stage runs on a task
+    /// of its own, so other calls on the connection go on meanwhile.
+    fn start_pre_stage(&self, shared: &mut Shared, stream: u32) {
+        let Some(intercept) = shared
+            .calls
+            .get_mut(&stream)
+            .and_then(|c| c.intercept.as_mut())
+        else {
+            return;
+        };
+        let body = std::mem::take(&mut intercept.request).freeze();
+        let task = PreStage {
+            proxy: Arc::clone(&self.proxy),
+            shared: Arc::clone(&self.shared),
+            runtime_wake: Arc::clone(&self.runtime_wake),
+            kubelet_wake: Arc::clone(&self.kubelet_wake),
+            stream,
+            method: intercept.method,
+            deadline: intercept.deadline,
+        };
+        let span = intercept.span.clone();
+        tokio::spawn(task.run(body).instrument(span));
+    }
+
+    /// Answers a lifecycle call from the relay and cancels it at the runtime.
+    fn refuse(&self, shared: &mut Shared, stream: u32, refusal: &Refusal) {
+        refuse(shared, stream, refusal);
+        self.runtime_wake.notify_one();
+        self.kubelet_wake.notify_one();
+    }
+
+    /// runtime → kubelet: answers. Returns when the runtime closes, or when
+    /// draining and no call is left.
+    async fn runtime_side(
+        &self,
+        mut from: OwnedReadHalf,
+        mut to: OwnedWriteHalf,
+        mut stopping: watch::Receiver<bool>,
+    ) -> Result<(), RelayError> {
+        let io = |source| RelayError::Io {
+            side: "kubelet",
+            source,
+        };
+        let mut input = BytesMut::with_capacity(READ_CHUNK);
+        let mut blocks = Blocks::new();
+        let mut out = BytesMut::new();
+        let mut open = true;
+        let mut draining = false;
+        loop {
+            reserve(&mut input);
+            tokio::select! {
+                read = from.read_buf(&mut input) => match read {
+                    Ok(0) | Err(_) => open = false,
+                    Ok(_) => {}
+                },
+                () = self.kubelet_wake.notified() => {}
+                changed = stopping.changed(), if !draining => {
+                    draining = true;
+                    if changed.is_ok() {
+                        let mut shared = self.lock();
+                        let last = shared.highest_stream;
+                        shared.last_stream = Some(last);
+                        frame::put_goaway(&mut shared.to_kubelet, last, reason::NO_ERROR);
+                    }
+                }
+            }
+            let fatal = !self.answers(&mut input, &mut blocks, &mut out);
+            let done = {
+                let mut shared = self.lock();
+                if blocks.at_boundary() && !shared.to_kubelet.is_empty() {
+                    out.unsplit(shared.to_kubelet.split());
+                }
+                draining && shared.calls.is_empty()
+            };
+            if !out.is_empty() {
+                to.write_all(&out).await.map_err(io)?;
+                out.clear();
+            }
+            if !open || fatal || done {
+                if !input.is_empty() {
+                    to.write_all(&input).await.map_err(io)?;
+                }
+                let _ = to.shutdown().await;
+                return Ok(());
+            }
+        }
+    }
+
+    /// Handles every whole frame from the runtime; false when the connection is
+    /// to end after what is in `out`.
+    fn answers(&self, input: &mut BytesMut, blocks: &mut Blocks, out: &mut BytesMut) -> bool {
+        let mut guard = self.lock();
+        let shared = &mut *guard;
+        let limit = self.proxy.max_message_bytes();
+        let mut wake_runtime = false;
+        while let Some((head, frame)) = frame::next_frame(input) {
+            match blocks.read(&head, &frame, shared.kubelet_table_limit) {
+                Step::Fatal => {
+                    out.unsplit(frame);
+                    return false;
+                }
+                Step::Block(block, fields) => {
+                    out.unsplit(frame);
+                    if let Some(intercept) = shared
+                        .calls
+                        .get_mut(&block.stream)
+                        .and_then(|c| c.intercept.as_mut())
+                    {
+                        let answer = &mut intercept.answer;
+                        answer.code = fields.status.or(answer.code);
+                        if let Some(message) = fields.message {
+                            answer.message = message;
+                        }
+                    }
+                    if block.has(flag::END_STREAM) {
+                        shared.end_call(block.stream, fields.status);
+                    }
+                }
+                Step::Forward => match head.kind {
+                    kind::DATA => {
+                        if let Some(intercept) = shared
+                            .calls
+                            .get_mut(&head.stream)
+                            .and_then(|c| c.intercept.as_mut())
+                        {
+                            // Observed, never changed.
+                            let answer = &mut intercept.answer;
+                            if let Ok(payload) = frame::data_payload(&head, &frame) {
+                                if answer.data.len() + payload.len() <= limit {
+                                    answer.data.extend_from_slice(&frame[payload]);
+                                } else {
+                                    answer.truncated = true;
+                                }
+                            }
+                        }
+                        let end = head.has(flag::END_STREAM);
+                        out.unsplit(frame);
+                        if end {
+                            shared.end_call(head.stream, None);
+                        }
+                    }
+                    kind::WINDOW_UPDATE => {
+                        let increment = i64::from(frame::window_increment(&frame).unwrap_or(0));
+                        if head.stream == 0 {
+                            shared.runtime_window += increment;
+                            wake_runtime = true;
+                            let paid = shared.debt.min(increment);
+                            if paid == 0 {
+                                out.unsplit(frame);
+                            } else {
+                                shared.debt -= paid;
+                                credit_kubelet(out, 0, (increment - paid) as usize);
+                            }
+                        } else if let Some(intercept) = shared
+                            .calls
+                            .get_mut(&head.stream)
+                            .and_then(|c| c.intercept.as_mut())
+                        {
+                            // For the relay's own DATA: kubelet had its window from the relay.
+                            intercept.send_window += increment;
+                            wake_runtime = true;
+                        } else {
+                            out.unsplit(frame);
+                        }
+                    }
+                    kind::SETTINGS => {
+                        for (id, value) in frame::settings(&head, &frame) {
+                            match id {
+                                setting::INITIAL_WINDOW_SIZE => {
+                                    let delta = i64::from(value) - shared.initial_window;
+                                    shared.initial_window = i64::from(value);
+                                    for intercept in shared
+                                        .calls
+                                        .values_mut()
+                                        .filter_map(|c| c.intercept.as_mut())
+                                    {
+                                        intercept.send_window += delta;
+                                    }
+                                    wake_runtime = true;
+                                }
+                                setting::HEADER_TABLE_SIZE => {
+                                    shared.runtime_table_limit =
+                                        shared.runtime_table_limit.max(value as usize);
+                                }
+                                _ => {}
+                            }
+                        }
+                        out.unsplit(frame);
+                    }
+                    kind::RST_STREAM => {
+                        out.unsplit(frame);
+                        shared.end_call(head.stream, Some(Code::Cancelled));
+                    }
+                    _ => out.unsplit(frame),
+                },
+            }
+        }
+        drop(guard);
+        if wake_runtime {
+            self.runtime_wake.notify_one();
+        }
+        true
+    }
+}
+
+// === the pre stage of a lifecycle call ===
+
+/// A lifecycle call whose request is complete, on its own task.
+struct PreStage {
+    proxy: Arc<Proxy>,
+    shared: Arc<Mutex<Shared>>,
+    runtime_wake: Arc<Notify>,
+    kubelet_wake: Arc<Notify>,
+    stream: u32,
+    method: Method,
+    deadline: Option<Duration>,
+}
+
+impl PreStage {
+    /// pre stage (under the caller's deadline) → forward → observe → post stage.
+    async fn run(self, body: Bytes) {
+        let span = Span::current();
+        let pre = self.proxy.pre_stage(self.method, body, &span);
+        let prepared = match self.deadline {
+            Some(deadline) => tokio::time::timeout(deadline, pre)
+                .await
+                .unwrap_or_else(|_| {
+                    Err(Refusal::new(
+                        Code::DeadlineExceeded,
+                        "context deadline exceeded".to_owned(),
+                    ))
+                }),
+            None => pre.await,
+        };
+        let (answer_to, answer) = oneshot::channel();
+        {
+            let mut shared = lock(&self.shared);
+            let shared = &mut *shared;
+            let Some(intercept) = shared
+                .calls
+                .get_mut(&self.stream)
+                .and_then(|c| c.intercept.as_mut())
+            else {
+                // Kubelet cancelled the call meanwhile.
+                return;
+            };
+            match &prepared {
+                Err(refusal) => {
+                    if refusal.code != Code::Unavailable {
+                        tracing::warn!(code = ?refusal.code, message = %refusal.message, "call failed");
+                    }
+                    refuse(shared, self.stream, refusal);
+                    self.kubelet_wake.notify_one();
+                }
+                Ok(prepared) => {
+                    intercept.answer_to = Some(answer_to);
+                    for data in frame::data_frames(self.stream, &prepared.forwarded, true) {
+                        let flow = (data.len() - frame::HEAD_LEN) as i64;
+                        shared.debt += flow;
+                        shared.injected_runtime.push_back(Outbound {
+                            frame: data,
+                            stream: self.stream,
+                            flow,
+                            own: true,
+                        });
+                    }
+                }
+            }
+            self.runtime_wake.notify_one();
+        }
+        let Ok(prepared) = prepared else {
+            return;
+        };
+        // Kubelet has (or is getting) the answer already: post hooks observe it
+        // after the fact and cannot delay it.
+        let Ok(answer) = answer.await else {
+            return;
+        };
+        let code = answer.code.unwrap_or(Code::Unknown);
+        let data: &[u8] = if answer.truncated { &[] } else { &answer.data };
+        let outcome = call_outcome(self.method, code, answer.message, data);
+        self.proxy.post_stage(&prepared, &outcome).await;
+    }
+}
+
+// === helpers ===
+
+/// Room for a whole read: `read_buf` into a full `BytesMut` would read 64 bytes.
+fn reserve(input: &mut BytesMut) {
+    if input.capacity() - input.len() < READ_CHUNK / 4 {
+        input.reserve(READ_CHUNK);
+    }
+}
+
+fn lock(shared: &Mutex<Shared>) -> MutexGuard<'_, Shared> {
+    // A panic elsewhere leaves numbers that are still numbers: carry on with them.
+    shared
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Sends a frame from kubelet on now, or queues it behind others waiting for window.
+fn forward(shared: &mut Shared, out: &mut BytesMut, head: FrameHead, frame: BytesMut) {
+    let flow = if head.kind == kind::DATA {
+        head.len as i64
+    } else {
+        0
+    };
+    if shared.to_runtime.is_empty() && flow <= shared.runtime_window {
+        shared.runtime_window -= flow;
+        out.unsplit(frame);
+    } else {
+        shared.to_runtime.push_back(Outbound {
+            frame: frame.freeze(),
+            stream: head.stream,
+            flow,
+            own: false,
+        });
+    }
+}
+
+fn push_own(queue: &mut VecDeque<Outbound>, stream: u32, write: impl FnOnce(&mut BytesMut)) {
+    let mut frame = BytesMut::new();
+    write(&mut frame);
+    queue.push_back(Outbound {
+        frame: frame.freeze(),
+        stream,
+        flow: 0,
+        own: false,
+    });
+}
+
+fn credit_kubelet(dst: &mut BytesMut, stream: u32, len: usize) {
+    if let Ok(increment) = u32::try_from(len) {
+        if increment > 0 {
+            frame::put_window_update(dst, stream, increment);
+        }
+    }
+}
+
+/// Answers `stream` with `refusal` as a trailers-only response, ends it at
+/// kubelet (RST_STREAM NO_ERROR, as gRPC servers do, so kubelet sends no more of
+/// its body) and cancels it at the runtime.
+fn refuse(shared: &mut Shared, stream: u32, refusal: &Refusal) {
+    frame::put_status_headers(
+        &mut shared.to_kubelet,
+        stream,
+        refusal.code as i32,
+        &refusal.message,
+    );
+    frame::put_rst_stream(&mut shared.to_kubelet, stream, reason::NO_ERROR);
+    push_own(&mut shared.injected_runtime, stream, |b| {
+        frame::put_rst_stream(b, stream, reason::CANCEL)
+    });
+    if let Some(call) = shared.calls.remove(&stream) {
+        call.record.finish(refusal.code);
+    }
+}

@@ -1,0 +1,133 @@
+//! The frame relay: kubelet's HTTP/2 connection carried to the runtime frame by
+//! frame, without terminating HTTP/2 (`--relay frames`).
+//!
+//! Each kubelet connection gets one runtime connection of its own. Frames pass
+//! as they arrive and unchanged, so stream IDs, SETTINGS, PING, GOAWAY,
+//! WINDOW_UPDATE and both HPACK tables are the two ends' own, and any
+//! `:authority` reaches the runtime as it was sent. The relay decodes header
+//! blocks only to learn each call's method and status; lifecycle calls go
+//! through the same stages as on the h2 path ([`crate::Proxy`]'s pre and post
+//! stages) with their request body held and re-emitted ([`conn`]).
+//!
+//! One runtime socket serves both CRI services here: with a separate image
+//! endpoint use the h2 path.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tonic::Code;
+
+use crate::authority::KubeletStream;
+use crate::proxy::Proxy;
+
+pub mod conn;
+pub mod frame;
+
+pub use conn::RelayError;
+
+/// Which way kubelet's calls reach the runtime.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RelayMode {
+    /// HTTP/2 terminated on both legs by h2 ([`crate::server::serve`]).
+    #[default]
+    H2,
+    /// Frames relayed ([`serve`]).
+    Frames,
+}
+
+impl std::str::FromStr for RelayMode {
+    type Err = String;
+
+    fn from_str(value: &str) -> Result<Self, Self::Err> {
+        match value {
+            "h2" => Ok(Self::H2),
+            "frames" => Ok(Self::Frames),
+            other => Err(format!("expected \"h2\" or \"frames\", got {other:?}")),
+        }
+    }
+}
+
+/// Serves kubelet on `listener` by relaying frames to the proxy's runtime socket
+/// until `shutdown` resolves; then sends every connection GOAWAY and waits up to
+/// `drain` for their calls to end.
+pub async fn serve(
+    listener: UnixListener,
+    proxy: Arc<Proxy>,
+    shutdown: impl Future<Output = ()>,
+    drain: Duration,
+) {
+    let (stop, stopping) = watch::channel(false);
+    let mut connections = JoinSet::new();
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    connections.spawn(serve_connection(stream, Arc::clone(&proxy), stopping.clone()));
+                }
+                Err(error) => {
+                    // EMFILE and friends: back off instead of spinning.
+                    tracing::warn!(%error, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            },
+            // Reap ended connections so the set does not grow with kubelet restarts.
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            () = &mut shutdown => break,
+        }
+    }
+    drop(listener);
+    tracing::info!(
+        drain_secs = drain.as_secs(),
+        "shutting down: draining in-flight calls"
+    );
+    let _ = stop.send(true);
+    let drained = async { while connections.join_next().await.is_some() {} };
+    if tokio::time::timeout(drain, drained).await.is_err() {
+        tracing::warn!("drain timed out; closing remaining connections");
+    }
+}
+
+/// One kubelet connection, relayed to a runtime connection dialled for it.
+async fn serve_connection(kubelet: UnixStream, proxy: Arc<Proxy>, stopping: watch::Receiver<bool>) {
+    let path = proxy.runtime().path().to_path_buf();
+    let runtime = match UnixStream::connect(&path).await {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            let message = format!("connection error: dial unix {}: {error}", path.display());
+            answer_unavailable(kubelet, &message).await;
+            return;
+        }
+    };
+    proxy.metrics().backend_connects.inc();
+    if let Err(error) = conn::Relay::new(proxy)
+        .run(kubelet, runtime, stopping)
+        .await
+    {
+        tracing::debug!(%error, "relayed connection ended");
+    }
+}
+
+/// The runtime is down: every call on this connection gets Unavailable naming
+/// its socket, as on the h2 path, then GOAWAY, so that kubelet's next call dials
+/// again (and the relay with it).
+async fn answer_unavailable(kubelet: UnixStream, message: &str) {
+    let handshake = crate::server::kubelet_h2().handshake::<_, Bytes>(KubeletStream::new(kubelet));
+    let Ok(mut connection) = handshake.await else {
+        return;
+    };
+    let mut answered = false;
+    while let Some(Ok((_, mut respond))) = connection.accept().await {
+        let response = crate::grpc::status_response(Code::Unavailable, message).map(|_| ());
+        let _ = respond.send_response(response, true);
+        if !answered {
+            answered = true;
+            connection.graceful_shutdown();
+        }
+    }
+}
