@@ -170,8 +170,135 @@ fn systemd_units_order_the_proxy_between_containerd_and_kubelet() {
     let dropin =
         std::fs::read_to_string(root.join("kubelet.service.d/20-tessera-runtime-proxy.conf"))
             .expect("drop-in");
-    assert!(dropin.contains("--container-runtime-endpoint=unix:///run/tessera/runtime-proxy.sock"));
-    assert!(dropin.contains("--image-service-endpoint=unix:///run/tessera/runtime-proxy.sock"));
+    assert!(
+        dropin
+            .lines()
+            .any(|l| l == "After=tessera-runtime-proxy.socket")
+    );
+    // The endpoint is never set through the environment, which /etc/default/kubelet's
+    // EnvironmentFile= silently overrides.
+    assert!(!dropin.contains("KUBELET_EXTRA_ARGS"), "{dropin}");
+}
+
+/// The KubeletConfiguration drop-in names the socket the socket unit listens on.
+#[test]
+fn kubelet_config_drop_in_points_at_the_proxy_socket() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../systemd");
+    let socket =
+        std::fs::read_to_string(root.join("tessera-runtime-proxy.socket")).expect("socket unit");
+    let listen = socket
+        .lines()
+        .find_map(|l| l.strip_prefix("ListenStream="))
+        .expect("ListenStream=");
+    assert_eq!(listen, tessera_runtime_proxy::config::DEFAULT_LISTEN);
+    let fragment =
+        std::fs::read_to_string(root.join("kubelet.conf.d/50-tessera-runtime-proxy.conf"))
+            .expect("kubelet config drop-in");
+    let config: serde_json::Value = serde_yaml::from_str(&fragment).expect("YAML");
+    assert_eq!(config["apiVersion"], "kubelet.config.k8s.io/v1beta1");
+    assert_eq!(config["kind"], "KubeletConfiguration");
+    let endpoint = format!("unix://{listen}");
+    assert_eq!(config["containerRuntimeEndpoint"], endpoint.as_str());
+    assert_eq!(config["imageServiceEndpoint"], endpoint.as_str());
+    let fields = config.as_object().expect("a mapping").len();
+    assert_eq!(fields, 4, "only the two endpoints: {config}");
+}
+
+/// `systemd-analyze verify` accepts every unit and drop-in we ship, without a warning,
+/// and `systemd-analyze security` rates each service's sandbox at most 3.0 ("OK").
+/// Needs Debian's systemd package (scripts/test.sh installs it); fails without it.
+#[test]
+fn systemd_units_verify_and_are_sandboxed() {
+    let shipped = Path::new(env!("CARGO_MANIFEST_DIR")).join("../systemd");
+    let root = tempfile::tempdir().expect("tempdir");
+    let units = root.path().join("etc/systemd/system");
+    std::fs::create_dir_all(units.join("kubelet.service.d")).expect("mkdir");
+    // verify resolves ExecStart= and the units ours name under --root.
+    std::fs::create_dir_all(root.path().join("usr/lib/systemd")).expect("mkdir");
+    let status = std::process::Command::new("cp")
+        .arg("-a")
+        .arg("/usr/lib/systemd/system")
+        .arg(root.path().join("usr/lib/systemd/"))
+        .status()
+        .expect("cp");
+    assert!(
+        status.success(),
+        "copying /usr/lib/systemd/system: is Debian's systemd package installed?"
+    );
+    let bin = root.path().join("usr/local/bin");
+    std::fs::create_dir_all(&bin).expect("mkdir");
+    for name in [
+        "tessera-runtime-proxy",
+        "tessera-reporter",
+        "tessera-gpu-hook",
+        "kubelet",
+    ] {
+        std::fs::write(bin.join(name), "#!/bin/sh\n").expect("stub");
+        let mut permissions = std::fs::metadata(bin.join(name))
+            .expect("stat")
+            .permissions();
+        std::os::unix::fs::PermissionsExt::set_mode(&mut permissions, 0o755);
+        std::fs::set_permissions(bin.join(name), permissions).expect("chmod");
+    }
+    // A stand-in kubelet unit for our kubelet drop-ins to attach to.
+    std::fs::write(
+        units.join("kubelet.service"),
+        "[Service]\nExecStart=/usr/local/bin/kubelet $KUBELET_CONFIG_ARGS\n",
+    )
+    .expect("kubelet unit");
+    let mut paths = Vec::new();
+    for entry in std::fs::read_dir(&shipped).expect("systemd/") {
+        let path = entry.expect("entry").path();
+        if path
+            .extension()
+            .is_some_and(|e| e == "service" || e == "socket")
+        {
+            let target = units.join(path.file_name().expect("name"));
+            std::fs::copy(&path, &target).expect("copy unit");
+            paths.push(target);
+        }
+    }
+    for entry in std::fs::read_dir(shipped.join("kubelet.service.d")).expect("drop-ins") {
+        let path = entry.expect("entry").path();
+        std::fs::copy(
+            &path,
+            units
+                .join("kubelet.service.d")
+                .join(path.file_name().expect("name")),
+        )
+        .expect("copy drop-in");
+    }
+    paths.push(units.join("kubelet.service"));
+    let output = std::process::Command::new("systemd-analyze")
+        .args(["verify", "--man=no"])
+        .arg(format!("--root={}", root.path().display()))
+        .args(&paths)
+        .output()
+        .expect("systemd-analyze (Debian's systemd package)");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success() && stderr.trim().is_empty(),
+        "systemd-analyze verify: {}\n{stderr}",
+        output.status
+    );
+    for unit in [
+        "tessera-runtime-proxy.service",
+        "tessera-gpu-hook.service",
+        "tessera-reporter.service",
+    ] {
+        let output = std::process::Command::new("systemd-analyze")
+            .args(["security", "--offline=true", "--threshold=30"])
+            .arg(format!("--root={}", root.path().display()))
+            .arg(unit)
+            .output()
+            .expect("systemd-analyze security");
+        let report = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success(),
+            "{unit}: sandbox exposure above 3.0:\n{report}{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
 }
 
 #[tokio::test]
