@@ -30,6 +30,10 @@ pub enum BindError {
     /// This replica does not lead and cannot hand the bind over.
     #[error("this tessera-scheduler replica is not the leader; retry")]
     NotLeader,
+    /// This replica stopped leading while the bind ran (renew deadline passed, the
+    /// Lease moved, or it is shutting down), before writing anything.
+    #[error("this tessera-scheduler replica stopped leading before writing the allocation; retry")]
+    LeadershipLost,
     /// Handing the bind to the leader failed.
     #[error(
         "this tessera-scheduler replica is not the leader; handing the bind to the leader at {url}: {problem}; retry"

@@ -232,6 +232,19 @@ impl Extender {
         self.started.elapsed().as_secs()
     }
 
+    /// Waits until no bind is running, at most `within`; returns how many still
+    /// run. A stopping leader calls it before releasing the Lease.
+    pub async fn drain(&self, within: Duration) -> usize {
+        let deadline = Instant::now() + within;
+        loop {
+            let running = lock(&self.binds).len();
+            if running == 0 || Instant::now() >= deadline {
+                return running;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// Gives back expired in-flight reservations; call periodically.
     pub fn expire_reservations(&self) -> usize {
         let now = self.now();
@@ -251,6 +264,10 @@ impl Extender {
         }
         let mut upgraded = 0;
         for pod in store.state() {
+            // Fencing: stop writing the moment leadership ends, not at the next round.
+            if !self.leader.leading() {
+                break;
+            }
             let Some(annotation) = crate::upgrade::upgraded_annotation(&pod) else {
                 continue;
             };
@@ -484,6 +501,11 @@ impl Extender {
                     .await
                     .map_err(fail);
             };
+            // Fencing: a replica whose renew deadline passed (or that is stopping)
+            // writes no allocation; one written already is seen by the next leader.
+            if !self.leader.leading() {
+                return Err(fail(BindError::LeadershipLost));
+            }
             let written = self.reserve(args, request).map_err(&fail)?;
             let patch = annotate_patch(
                 &args.pod_uid,

@@ -8,7 +8,7 @@ use clap::{Args, Parser, Subcommand};
 use tessera_api::request::RequestOptions;
 use tessera_scheduler::core::Policy;
 use tessera_scheduler::extender::{Extender, ExtenderConfig, serve};
-use tessera_scheduler::leader::{self, Leader, LeaseConfig};
+use tessera_scheduler::leader::{Election, ElectionTiming, Leader, LeaseConfig, parse_duration};
 use tessera_scheduler::ledger::Ledger;
 use tessera_scheduler::simulate::{self, SimulateOptions, Snapshot};
 
@@ -37,6 +37,10 @@ struct PolicyArgs {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Serve the extender API (POST /filter, /prioritize, /bind; GET /healthz, /readyz).
+    ///
+    /// Replicas elect one leader through a Lease; only it binds. On SIGTERM or
+    /// SIGINT the leader stops binding, lets running binds end (5 s at most) and
+    /// releases the Lease, so the next leader takes over at its next round.
     Serve {
         /// Address to listen on.
         #[arg(long, default_value = "0.0.0.0:8888")]
@@ -52,8 +56,29 @@ enum Command {
         #[arg(long, value_name = "SECS", default_value_t = 30)]
         reservation_ttl: u64,
         /// Namespace of the leader-election Lease.
-        #[arg(long, default_value = "tessera-system")]
+        #[arg(
+            long,
+            alias = "leader-elect-resource-namespace",
+            default_value = "tessera-system"
+        )]
         lease_namespace: String,
+        /// Name of the leader-election Lease.
+        #[arg(long, default_value = "tessera-scheduler")]
+        leader_elect_resource_name: String,
+        /// How long the Lease holds without renewal. Another replica takes it over
+        /// only after seeing it unchanged this long by its own clock (the holder's
+        /// renewTime is never compared with a clock). A Go duration: 15s, 1m.
+        #[arg(long, value_name = "DURATION", default_value = "15s", value_parser = parse_duration)]
+        leader_elect_lease_duration: Duration,
+        /// A leader that has not renewed the Lease within this stops binding at
+        /// once (before any other replica can take the Lease); must be below
+        /// --leader-elect-lease-duration.
+        #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+        leader_elect_renew_deadline: Duration,
+        /// Time between election rounds; a follower adds up to 1.2 times this at
+        /// random. 1.2 times it must be below --leader-elect-renew-deadline.
+        #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = parse_duration)]
+        leader_elect_retry_period: Duration,
         /// This replica's identity in the Lease [default: the host name].
         #[arg(long, env = "POD_NAME")]
         identity: Option<String>,
@@ -96,6 +121,10 @@ enum Command {
     },
 }
 
+/// How long a stopping leader lets running binds finish before releasing the
+/// Lease: kube-scheduler stops waiting for a bind after its 5 s httpTimeout anyway.
+const BIND_DRAIN: Duration = Duration::from_secs(5);
+
 fn rss_mib() -> Option<f64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let kib: f64 = status
@@ -128,9 +157,18 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
             policy,
             reservation_ttl,
             lease_namespace,
+            leader_elect_resource_name,
+            leader_elect_lease_duration,
+            leader_elect_renew_deadline,
+            leader_elect_retry_period,
             identity,
             advertise_url,
         } => {
+            let timing = ElectionTiming {
+                renew_deadline: leader_elect_renew_deadline,
+                retry_period: leader_elect_retry_period,
+            };
+            timing.validate(leader_elect_lease_duration)?;
             let advertise_url = advertise_url.or_else(|| {
                 let ip: std::net::IpAddr = std::env::var("POD_IP").ok()?.parse().ok()?;
                 Some(format!("http://{}", SocketAddr::new(ip, listen.port())))
@@ -142,15 +180,16 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
             let identity = identity
                 .or_else(tessera_api::binary::hostname)
                 .unwrap_or_else(|| "tessera-scheduler".into());
-            leader::run(
+            let mut election = Election::start(
                 client.clone(),
                 LeaseConfig {
                     namespace: lease_namespace,
-                    name: "tessera-scheduler".into(),
+                    name: leader_elect_resource_name,
                     identity,
-                    duration: Duration::from_secs(15),
+                    duration: leader_elect_lease_duration,
                     url: advertise_url,
                 },
+                timing,
                 Arc::clone(&leader),
                 Arc::clone(&view.ready),
             );
@@ -168,7 +207,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
                 Some(view.pods),
                 config,
                 view.ready,
-                leader,
+                Arc::clone(&leader),
             );
             let expiring = extender.clone();
             tokio::spawn(async move {
@@ -196,10 +235,24 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
                 .with_context(|| format!("listening on {listen}"))?;
             tracing::info!(%listen, "serving the extender");
             tokio::select! {
-                () = serve(listener, extender) => {}
+                () = serve(listener, extender.clone()) => {}
                 signal = tessera_api::binary::shutdown_signal() => {
                     signal?;
                     tracing::info!("shutting down on a signal");
+                }
+            }
+            // Hand over in order: no renewal and no new bind writes, running binds
+            // end, then the Lease is released so the next leader need not wait it out.
+            election.step_down().await;
+            let running = extender.drain(BIND_DRAIN).await;
+            if running > 0 {
+                tracing::warn!(running, "binds still running at shutdown");
+            }
+            match election.release().await {
+                Ok(true) => tracing::info!("Lease released"),
+                Ok(false) => {}
+                Err(error) => {
+                    tracing::warn!(%error, "releasing the Lease failed; it expires on its own")
                 }
             }
         }

@@ -11,7 +11,7 @@ use tessera_harness::apiserver::ApiServer;
 use tessera_scheduler::extender::{
     Extender, ExtenderArgs, ExtenderBindingArgs, ExtenderConfig, NOT_SYNCED, serve,
 };
-use tessera_scheduler::leader::{self, Leader, LeaseConfig};
+use tessera_scheduler::leader::{Election, ElectionTiming, Leader, LeaseConfig};
 use tessera_scheduler::ledger::Ledger;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -158,7 +158,7 @@ async fn the_lease_is_contended_only_once_synced() {
     let api = ApiServer::start().await.expect("api");
     let synced = Arc::new(AtomicBool::new(false));
     let leading = Arc::new(Leader::new(false));
-    let task = leader::run(
+    let election = Election::start(
         api.client().expect("client"),
         LeaseConfig {
             namespace: "tessera-system".into(),
@@ -166,6 +166,10 @@ async fn the_lease_is_contended_only_once_synced() {
             identity: "a".into(),
             duration: Duration::from_millis(600),
             url: Some("http://a".into()),
+        },
+        ElectionTiming {
+            renew_deadline: Duration::from_millis(400),
+            retry_period: Duration::from_millis(100),
         },
         Arc::clone(&leading),
         Arc::clone(&synced),
@@ -184,5 +188,5 @@ async fn the_lease_is_contended_only_once_synced() {
     );
     synced.store(true, Ordering::SeqCst);
     until("leading", || leading.leading()).await;
-    task.abort();
+    election.abort();
 }
