@@ -605,6 +605,67 @@ pub fn unfit_reason_pod(node: &NodeState, request: &PodGpuRequest, policy: Polic
     }
 }
 
+/// Whether `gpu` could hold one share of `request` with nothing else on it:
+/// healthy, with memory, and big enough. A GPU held by a device-plugin pod counts:
+/// that pod can be preempted like any other.
+fn could_ever_take(gpu: &GpuState, request: &GpuRequest) -> bool {
+    let memory = match request.memory {
+        GpuMemory::None => 0,
+        GpuMemory::Bytes(bytes) => bytes,
+        GpuMemory::Ratio(ratio) => (u128::from(gpu.memory_total) * u128::from(ratio) / 100)
+            .try_into()
+            .unwrap_or(u64::MAX),
+    };
+    gpu.healthy && gpu.memory_total > 0 && request.core <= 100 && memory <= gpu.memory_total
+}
+
+/// Why `request` can never fit on `node`, whatever runs there or is evicted: too
+/// few healthy GPUs big enough for one share. `None` when emptying the node would
+/// make room, so preemption may help.
+pub fn never_fits(node: &NodeState, request: &GpuRequest) -> Option<String> {
+    let capable = node
+        .gpus
+        .iter()
+        .filter(|g| could_ever_take(g, request))
+        .count();
+    if request.count > 0 && capable >= request.count as usize {
+        return None;
+    }
+    let healthy = node.gpus.iter().filter(|g| g.healthy).count();
+    let memory = match request.memory {
+        GpuMemory::None => String::new(),
+        GpuMemory::Bytes(bytes) => format!(" and {} MiB", bytes >> 20),
+        GpuMemory::Ratio(ratio) => format!(" and {ratio}% memory"),
+    };
+    Some(format!(
+        "never fits: {capable} of {healthy} healthy GPUs ({} total) could hold {}% compute{memory} even with nothing running; {} needed",
+        node.gpus.len(),
+        request.core,
+        request.count
+    ))
+}
+
+/// Why the pod can never fit on `node`, even emptied of every pod (device-plugin
+/// pods included), naming the container; `None` when preemption may help. Only
+/// called for nodes the pod does not fit now.
+pub fn never_fits_pod(node: &NodeState, request: &PodGpuRequest, policy: Policy) -> Option<String> {
+    match request.containers.as_slice() {
+        [only] => never_fits(node, &only.gpu).map(|reason| container_unfit(only, &reason)),
+        _ => {
+            // Several containers share GPUs: place them all on the node emptied.
+            let mut empty = node.clone();
+            for gpu in &mut empty.gpus {
+                gpu.core_used = 0;
+                gpu.memory_used = 0;
+                gpu.legacy = false;
+            }
+            allocate_pod(&empty, request, policy)
+                .err()
+                .map(|reason| format!("never fits, even with nothing running: {reason}"))
+        }
+    }
+}
+
 /// The extender score 0..=10 of placing the pod on `node`, or `None` when it
 /// does not fit (for one container, as cheap as [`score_request`]).
 pub fn score_pod(

@@ -30,7 +30,7 @@ use crate::bind::{
     BindDecision, BindError, BindFailure, RollbackDecision, annotate_patch, decide,
     decide_rollback, rollback_patch,
 };
-use crate::core::{Policy, allocate_pod, fits_pod, score_pod, unfit_reason_pod};
+use crate::core::{Policy, allocate_pod, fits_pod, never_fits_pod, score_pod, unfit_reason_pod};
 use crate::leader::Leader;
 use crate::ledger::{Ledger, annotation_of, pod_name};
 
@@ -66,13 +66,16 @@ pub struct ExtenderFilterResult {
     /// Names of nodes that fit.
     #[serde(default)]
     pub node_names: Option<Vec<String>>,
-    /// Node → why it does not fit (preemption may help).
+    /// Node → why it does not fit now (preemption may help: kube-scheduler's
+    /// dry run considers these nodes).
     #[serde(default)]
     pub failed_nodes: BTreeMap<String, String>,
-    /// Node → why it can never fit.
+    /// Node → why it can never fit (no Device CR, too few or too small GPUs, an
+    /// invalid request, an unsynced cache): preemption skips these nodes.
     #[serde(default)]
     pub failed_and_unresolvable_nodes: BTreeMap<String, String>,
-    /// An error that fails the whole call.
+    /// An error that fails the whole call (never used: it makes the pod retry in
+    /// a hot loop; every refusal names the node instead).
     #[serde(default)]
     pub error: String,
 }
@@ -316,23 +319,18 @@ impl Extender {
                 };
             }
             Err(error) => {
-                return ExtenderFilterResult {
-                    error: format!("pod {}: {error}", pod_name(&pod)),
-                    ..Default::default()
-                };
+                // Not `Error`: that fails the whole cycle and the pod retries in a
+                // hot loop of backoffs. Unresolvable on every node, it waits for a
+                // change, and preemption evicts nothing for it.
+                let why = format!("pod {}: {error}", pod_name(&pod));
+                return refuse_all(names, nodes.is_some(), &why);
             }
         };
-        let mut result = ExtenderFilterResult::default();
         if !self.synced() {
             // Not one node is judged from a partial view: each is refused, with why.
-            result.failed_and_unresolvable_nodes = names
-                .into_iter()
-                .map(|name| (name, NOT_SYNCED.to_owned()))
-                .collect();
-            result.node_names = Some(Vec::new());
-            result.nodes = nodes.map(|_| json!({"items": []}));
-            return result;
+            return refuse_all(names, nodes.is_some(), NOT_SYNCED);
         }
+        let mut result = ExtenderFilterResult::default();
         let mut fit = Vec::with_capacity(names.len());
         {
             let ledger = self.ledger();
@@ -346,10 +344,17 @@ impl Extender {
                     Some(node) if fits_pod(node, &request, self.config.gpu_policy) => {
                         fit.push(name);
                     }
-                    Some(node) => {
-                        let reason = unfit_reason_pod(node, &request, self.config.gpu_policy);
-                        result.failed_nodes.insert(name, reason);
-                    }
+                    // Never fits, even emptied: kube-scheduler's preemption must not
+                    // pick it (its own dry run ignores GPU shares and would see room).
+                    Some(node) => match never_fits_pod(node, &request, self.config.gpu_policy) {
+                        Some(reason) => {
+                            result.failed_and_unresolvable_nodes.insert(name, reason);
+                        }
+                        None => {
+                            let reason = unfit_reason_pod(node, &request, self.config.gpu_policy);
+                            result.failed_nodes.insert(name, reason);
+                        }
+                    },
                 }
             }
         }
@@ -787,6 +792,20 @@ impl Extender {
     }
 }
 
+/// Every node unresolvable for `why`; no node fits (an empty list, also of
+/// nodes when kube-scheduler sent nodes rather than names).
+fn refuse_all(names: Vec<String>, sent_nodes: bool, why: &str) -> ExtenderFilterResult {
+    ExtenderFilterResult {
+        failed_and_unresolvable_nodes: names
+            .into_iter()
+            .map(|name| (name, why.to_owned()))
+            .collect(),
+        node_names: Some(Vec::new()),
+        nodes: sent_nodes.then(|| json!({"items": []})),
+        ..ExtenderFilterResult::default()
+    }
+}
+
 fn names_of(nodes: Option<&NodeList>) -> Vec<String> {
     nodes
         .map(|list| {
@@ -821,3 +840,6 @@ pub async fn serve(listener: tokio::net::TcpListener, extender: Extender) {
         });
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,256 @@
+//! The filter answer as kube-scheduler's preemption reads it: nodes the pod can
+//! never fit are unresolvable (the dry run skips them), nodes full only of
+//! current pods are merely failed; an invalid request refuses every node as
+//! unresolvable, naming the pod and the bad value, instead of a hot-looping Error.
+
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+
+use serde_json::{Value, json};
+
+use super::*;
+use crate::core::{GpuShare, Placement};
+
+const GIB: u64 = 1 << 30;
+
+/// A Device CR for `node`: one GPU per `(memory GiB, healthy)`; GPU indexes in
+/// `legacy` are held by a device-plugin pod.
+fn device(node: &str, gpus: &[(u64, bool)], legacy: &[usize]) -> Value {
+    let devices: Vec<Value> = gpus
+        .iter()
+        .enumerate()
+        .map(|(i, &(gib, health))| {
+            json!({"type": "gpu", "id": format!("GPU-{node}-{i}"), "minor": i, "health": health,
+            "resources": {"koordinator.sh/gpu-memory": (gib * GIB).to_string()}})
+        })
+        .collect();
+    let legacy: Vec<Value> = legacy
+        .iter()
+        .map(|i| json!({"podUID": "dp", "containerName": "c", "resourceName": "nvidia.com/gpu", "deviceIDs": [format!("GPU-{node}-{i}")]}))
+        .collect();
+    json!({"apiVersion": "scheduling.koordinator.sh/v1alpha1", "kind": "Device",
+        "metadata": {"name": node, "annotations": {"node.koordinator.sh/devices-checkpoints": json!(legacy).to_string()}},
+        "spec": {"devices": devices}})
+}
+
+fn pod(containers: Value) -> Value {
+    json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "p", "namespace": "default", "uid": "u-p"},
+        "spec": {"containers": containers}})
+}
+
+fn one_container(limits: Value) -> Value {
+    pod(json!([{"name": "main", "image": "x", "resources": {"limits": limits}}]))
+}
+
+fn extender(devices: &[Value]) -> Extender {
+    let mut ledger = Ledger::default();
+    for device in devices {
+        ledger.apply_device(&serde_json::from_value(device.clone()).expect("device"));
+    }
+    Extender::new(
+        Arc::new(Mutex::new(ledger)),
+        None,
+        None,
+        ExtenderConfig::default(),
+        Arc::new(AtomicBool::new(true)),
+        Arc::new(Leader::new(true)),
+    )
+}
+
+/// Books `gib` of GPU `index` on `node` for another pod, as a running pod would.
+fn occupy(extender: &Extender, node: &str, index: u32, core: u64, gib: u64) {
+    let share = GpuShare {
+        uuid: format!("GPU-{node}-{index}"),
+        minor: index,
+        core,
+        memory: gib * GIB,
+        ratio: 0,
+    };
+    extender.ledger().reserve(
+        &format!("other-{node}-{index}"),
+        node,
+        Placement { gpus: vec![share] },
+        u64::MAX,
+    );
+}
+
+fn filter(extender: &Extender, pod: Value, nodes: &[&str]) -> ExtenderFilterResult {
+    extender.filter(serde_json::from_value(json!({"Pod": pod, "NodeNames": nodes})).expect("args"))
+}
+
+fn classes(result: &ExtenderFilterResult) -> (Vec<&str>, Vec<&str>, Vec<&str>) {
+    (
+        result
+            .node_names
+            .iter()
+            .flatten()
+            .map(String::as_str)
+            .collect(),
+        result.failed_nodes.keys().map(String::as_str).collect(),
+        result
+            .failed_and_unresolvable_nodes
+            .keys()
+            .map(String::as_str)
+            .collect(),
+    )
+}
+
+#[test]
+fn too_few_gpus_is_unresolvable_gpus_in_use_are_not() {
+    let extender = extender(&[
+        device("fits", &[(16, true), (16, true)], &[]),
+        device("one-gpu", &[(16, true)], &[]),
+        device("busy", &[(16, true), (16, true)], &[]),
+        device("plugin-held", &[(16, true), (16, true)], &[1]),
+        device("one-sick", &[(16, true), (16, false)], &[]),
+    ]);
+    occupy(&extender, "busy", 0, 25, 4);
+    let result = filter(
+        &extender,
+        one_container(json!({"nvidia.com/gpu": "2"})),
+        &[
+            "fits",
+            "one-gpu",
+            "busy",
+            "plugin-held",
+            "one-sick",
+            "no-device",
+        ],
+    );
+    assert_eq!(
+        classes(&result),
+        (
+            vec!["fits"],
+            // Evicting the pod using GPU 0, or the device-plugin pod, makes room.
+            vec!["busy", "plugin-held"],
+            // Nothing evicted adds a GPU or heals one.
+            vec!["no-device", "one-gpu", "one-sick"],
+        ),
+        "{result:?}"
+    );
+    assert_eq!(
+        result.failed_and_unresolvable_nodes["one-gpu"],
+        "container main: never fits: 1 of 1 healthy GPUs (1 total) could hold 100% compute and 100% memory even with nothing running; 2 needed"
+    );
+    assert_eq!(
+        result.failed_and_unresolvable_nodes["one-sick"],
+        "container main: never fits: 1 of 1 healthy GPUs (2 total) could hold 100% compute and 100% memory even with nothing running; 2 needed"
+    );
+    assert!(result.error.is_empty());
+}
+
+#[test]
+fn more_memory_than_any_gpu_has_is_unresolvable_less_than_is_free_is_not() {
+    let extender = extender(&[
+        device("small", &[(16, true), (16, true)], &[]),
+        device("large", &[(80, true)], &[]),
+    ]);
+    occupy(&extender, "large", 0, 0, 60);
+    let result = filter(
+        &extender,
+        one_container(json!({"koordinator.sh/gpu-memory": "32Gi"})),
+        &["small", "large"],
+    );
+    assert_eq!(
+        classes(&result),
+        (vec![], vec!["large"], vec!["small"]),
+        "{result:?}"
+    );
+    assert_eq!(
+        result.failed_and_unresolvable_nodes["small"],
+        "container main: never fits: 0 of 2 healthy GPUs (2 total) could hold 0% compute and 32768 MiB even with nothing running; 1 needed"
+    );
+    assert!(
+        result.failed_nodes["large"].starts_with("container main: 0 of 1 usable GPUs"),
+        "{result:?}"
+    );
+}
+
+#[test]
+fn containers_that_cannot_share_one_emptied_node_are_unresolvable() {
+    let extender = extender(&[
+        device("one-gpu", &[(16, true)], &[]),
+        device("two-gpus", &[(16, true), (16, true)], &[]),
+    ]);
+    occupy(&extender, "two-gpus", 0, 50, 1);
+    let containers = json!([
+        {"name": "a", "image": "x", "resources": {"limits": {"koordinator.sh/gpu-core": "60"}}},
+        {"name": "b", "image": "x", "resources": {"limits": {"koordinator.sh/gpu-core": "60"}}},
+    ]);
+    let result = filter(&extender, pod(containers), &["one-gpu", "two-gpus"]);
+    // 60% + 60% never fit one GPU; on two GPUs they fit once the 50% pod is gone.
+    assert_eq!(
+        classes(&result),
+        (vec![], vec!["two-gpus"], vec!["one-gpu"]),
+        "{result:?}"
+    );
+    assert!(
+        result.failed_and_unresolvable_nodes["one-gpu"]
+            .starts_with("never fits, even with nothing running: container "),
+        "{result:?}"
+    );
+}
+
+#[test]
+fn an_invalid_request_refuses_every_node_as_unresolvable_without_an_error() {
+    let extender = extender(&[device("n1", &[(16, true)], &[])]);
+    let result = filter(
+        &extender,
+        one_container(json!({"koordinator.sh/gpu-core": "150"})),
+        &["n1", "n2"],
+    );
+    assert_eq!(result.error, "", "an Error makes the pod hot-loop");
+    assert_eq!(result.node_names, Some(vec![]));
+    assert!(result.failed_nodes.is_empty());
+    let why = "pod default/p: container main: koordinator.sh/gpu-core 150: values above 100 must be multiples of 100 (whole GPUs)";
+    for node in ["n1", "n2"] {
+        assert_eq!(
+            result.failed_and_unresolvable_nodes[node], why,
+            "{result:?}"
+        );
+    }
+    // kube-scheduler sending whole nodes gets an empty list back, not the nodes.
+    let with_nodes: ExtenderArgs = serde_json::from_value(json!({
+        "Pod": one_container(json!({"koordinator.sh/gpu-core": "150"})),
+        "Nodes": {"items": [{"metadata": {"name": "n1"}}]},
+    }))
+    .expect("args");
+    let result = extender.filter(with_nodes);
+    assert_eq!(result.nodes, Some(json!({"items": []})));
+    assert_eq!(result.failed_and_unresolvable_nodes["n1"], why);
+}
+
+/// The JSON names are the Go field names of k8s.io/kube-scheduler/extender/v1's
+/// ExtenderFilterResult (no json tags there: encoding/json writes the field names).
+#[test]
+fn the_answer_uses_kube_schedulers_field_names() {
+    let extender = extender(&[
+        device("fits", &[(16, true)], &[]),
+        device("busy", &[(16, true)], &[]),
+    ]);
+    occupy(&extender, "busy", 0, 100, 16);
+    let result = filter(
+        &extender,
+        one_container(json!({"nvidia.com/gpu": "2"})),
+        &["fits", "busy"],
+    );
+    let wire = serde_json::to_value(&result).expect("json");
+    let keys: Vec<&str> = wire
+        .as_object()
+        .expect("object")
+        .keys()
+        .map(String::as_str)
+        .collect();
+    assert_eq!(
+        keys,
+        vec![
+            "Error",
+            "FailedAndUnresolvableNodes",
+            "FailedNodes",
+            "NodeNames"
+        ]
+    );
+    assert!(wire["FailedAndUnresolvableNodes"]["fits"].is_string());
+    assert!(wire["FailedAndUnresolvableNodes"]["busy"].is_string());
+}
