@@ -2,8 +2,9 @@
 # containerd + runc: the real runtime the proxy is tested against; protobuf-compiler:
 # protoc for k8s-cri; gcc + libc6-dev: static test-image binaries; systemd:
 # systemd-socket-activate for the socket-activation test; containernetworking-plugins,
-# openssl, xz-utils and iproute2: the real-cluster tier (pod networks, the service-account
-# key, the compressed binaries in ../shared/k8s/bin, removing the pod bridge).
+# openssl, xz-utils, iproute2 and iptables: the real-cluster tier (pod networks, the
+# service-account key, the compressed binaries in ../shared/k8s/bin, removing the pod
+# bridge, routing the `kubernetes` Service to the API server).
 install_deps() {
     if [ "$(id -u)" != 0 ]; then
         echo "error: run as root: the tests start a private containerd and runc containers" >&2
@@ -20,6 +21,7 @@ install_deps() {
     command -v openssl >/dev/null || missing+=(openssl)
     command -v xz >/dev/null || missing+=(xz-utils)
     command -v ip >/dev/null || missing+=(iproute2)
+    command -v iptables >/dev/null || missing+=(iptables)
     if [ ${#missing[@]} -gt 0 ]; then
         echo "installing: ${missing[*]}"
         apt-get update -qq

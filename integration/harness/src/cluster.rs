@@ -321,6 +321,7 @@ pub struct Cluster {
     processes: BTreeMap<Component, Process>,
     /// The fake GPU node's device nodes and driver files.
     pub gpu_node: FakeGpuNode,
+    api_route: Option<ApiServiceRoute>,
     _lock: nix::fcntl::Flock<std::fs::File>,
 }
 
@@ -331,7 +332,7 @@ impl Cluster {
         if !nix::unistd::Uid::effective().is_root() {
             bail!("the cluster harness needs root (kubelet, containerd, runc, mknod)");
         }
-        crate::containerd::require_tools(&["runc", "cc", "openssl"])?;
+        crate::containerd::require_tools(&["runc", "cc", "openssl", "iptables"])?;
         std::fs::create_dir_all(DEVICE_PLUGIN_DIR)?;
         let lock_file = std::fs::File::create("/var/lib/kubelet/.tessera-cluster.lock")?;
         let lock = nix::fcntl::Flock::lock(lock_file, nix::fcntl::FlockArg::LockExclusiveNonblock)
@@ -363,6 +364,7 @@ impl Cluster {
             k8s,
             processes: BTreeMap::new(),
             gpu_node,
+            api_route: None,
             _lock: lock,
         };
         cluster.write_files()?;
@@ -600,7 +602,9 @@ impl Cluster {
             format!("--etcd-servers=http://127.0.0.1:{ETCD_CLIENT}"),
             format!("--cert-dir={}", self.path("pki")),
             format!("--secure-port={APISERVER_PORT}"),
-            "--bind-address=127.0.0.1".into(),
+            // All addresses: pods on the pod network reach it through the
+            // `kubernetes` Service's address (see `ApiServiceRoute`).
+            "--bind-address=0.0.0.0".into(),
             "--advertise-address=127.0.0.1".into(),
             format!("--token-auth-file={}", self.path("tokens.csv")),
             "--authorization-mode=Node,RBAC".into(),
@@ -616,6 +620,7 @@ impl Cluster {
         let apiserver = self.k8s.path("kube-apiserver");
         self.launch(Component::ApiServer, apiserver, args, vec![])?;
         self.wait_ready(Component::ApiServer).await?;
+        self.api_route = Some(ApiServiceRoute::install()?);
 
         let kcm = self.k8s.path("kube-controller-manager");
         let args = vec![
@@ -862,55 +867,34 @@ impl Cluster {
             .arg(archive))
     }
 
-    /// A pod running tessera-reporter from `image` with the flags the harness
-    /// runs it with, as deploy/reporter.yaml's DaemonSet does (privileged, to open
-    /// the GPUs NVML reports on): host network, since this cluster has no
-    /// kube-proxy for the API Service, and its kubeconfig, the API server's CA,
-    /// the fake NVML library and kubelet's checkpoint from the host.
-    pub fn reporter_pod(&self, namespace: &str, name: &str, image: &str) -> anyhow::Result<Value> {
-        let args = &self
-            .processes
-            .get(&Component::Reporter)
-            .context("this cluster runs no reporter")?
-            .args;
-        let host = |name: &str, path: &Path| {
-            let path = path.display().to_string();
-            (
-                json!({"name": name, "hostPath": {"path": path}}),
-                json!({"name": name, "mountPath": path, "readOnly": true}),
-            )
-        };
-        let dir = self.dir.path();
-        let (volumes, mounts): (Vec<Value>, Vec<Value>) = [
-            host("kubeconfig", &self.kubeconfig_for("reporter")),
-            host("api-ca", &dir.join("pki/apiserver.crt")),
-            host("nvml", &dir.join("nvml")),
-            host(
-                "device-plugins",
-                Path::new("/var/lib/kubelet/device-plugins"),
-            ),
-        ]
-        .into_iter()
-        .unzip();
-        Ok(json!({
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name, "namespace": namespace},
-            "spec": {
-                "nodeName": NODE_NAME,
-                "hostNetwork": true,
-                "containers": [{
-                    "name": "reporter",
-                    "image": image,
-                    "imagePullPolicy": "Never",
-                    "args": args,
-                    "env": [{"name": "RUST_LOG", "value": "info"}],
-                    "securityContext": {"privileged": true},
-                    "volumeMounts": mounts,
-                }],
-                "volumes": volumes,
-            },
-        }))
+    /// deploy/reporter.yaml's DaemonSet as an operator would apply it, with
+    /// `image` (already imported: never pulled) and the host's driver directory
+    /// where this node's (fake) `libnvidia-ml.so.1` is; nothing else changed.
+    pub fn reporter_daemonset(&self, image: &str) -> anyhow::Result<Value> {
+        let mut daemonset = deploy::documents("reporter.yaml")
+            .into_iter()
+            .find(|doc| doc["kind"] == "DaemonSet")
+            .context("deploy/reporter.yaml has no DaemonSet")?;
+        let spec = &mut daemonset["spec"]["template"]["spec"];
+        let container = spec["containers"]
+            .as_array_mut()
+            .and_then(|c| c.first_mut())
+            .context("deploy/reporter.yaml's DaemonSet has no container")?;
+        container["image"] = json!(image);
+        container["imagePullPolicy"] = json!("Never");
+        let driver = spec["volumes"]
+            .as_array_mut()
+            .and_then(|v| v.iter_mut().find(|v| v["name"] == "driver"))
+            .context("deploy/reporter.yaml's DaemonSet has no `driver` volume")?;
+        driver["hostPath"]["path"] = json!(self.dir.path().join("nvml").display().to_string());
+        Ok(daemonset)
+    }
+
+    /// Server-side applies `doc` as the admin.
+    pub async fn apply(&self, doc: &Value) -> anyhow::Result<()> {
+        let client = self.client().await?;
+        let discovery = Discovery::new(client.clone()).run().await?;
+        apply(&client, &discovery, doc).await
     }
 
     /// Kills a container's task as an OOM kill or crash would; kubelet restarts it.
@@ -1216,6 +1200,68 @@ impl Cluster {
             .stderr(Stdio::null())
             .status();
         let _ = clear_dir(Path::new(DEVICE_PLUGIN_DIR));
+        if let Some(route) = self.api_route.take() {
+            route.remove();
+        }
+    }
+}
+
+/// The one Service this cluster routes, as kube-proxy would: the `kubernetes`
+/// Service's address (the first of `--service-cluster-ip-range`), port 443, to the
+/// API server, so pods use in-cluster config as on any cluster. NAT rules in the
+/// host's `nat` table, for the host's own connections (host-network pods) and for
+/// those arriving from the pod bridge; removed at teardown.
+#[derive(Debug)]
+struct ApiServiceRoute;
+
+impl ApiServiceRoute {
+    /// The `kubernetes` Service's ClusterIP.
+    const ADDRESS: &str = "10.96.0.1";
+
+    fn rule(chain: &str) -> Vec<String> {
+        [
+            chain,
+            "-d",
+            Self::ADDRESS,
+            "-p",
+            "tcp",
+            "--dport",
+            "443",
+            "-m",
+            "comment",
+            "--comment",
+            "tessera-harness",
+            "-j",
+            "REDIRECT",
+            "--to-ports",
+            &APISERVER_PORT.to_string(),
+        ]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect()
+    }
+
+    fn install() -> anyhow::Result<Self> {
+        // A crashed run's rules first, so they never pile up.
+        Self.remove();
+        for chain in ["OUTPUT", "PREROUTING"] {
+            run(Command::new("iptables")
+                .args(["-t", "nat", "-A"])
+                .args(Self::rule(chain)))?;
+        }
+        Ok(Self)
+    }
+
+    fn remove(&self) {
+        for chain in ["OUTPUT", "PREROUTING"] {
+            while Command::new("iptables")
+                .args(["-t", "nat", "-D"])
+                .args(Self::rule(chain))
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+            {}
+        }
     }
 }
 

@@ -64,9 +64,10 @@ fn scenarios() -> Vec<(&'static str, Scenario)> {
             "nvidia_device_plugin_as_a_trusted_pod_keeps_working_behind_the_proxy",
             |c| Box::pin(device_plugin_pod(c)),
         ),
-        ("reporter_from_its_built_image_publishes_the_node", |c| {
-            Box::pin(reporter_image(c))
-        }),
+        (
+            "reporter_daemonset_from_its_built_image_publishes_the_node",
+            |c| Box::pin(reporter_image(c)),
+        ),
         ("restarts_lose_nothing", |c| Box::pin(restarts(c))),
     ]
 }
@@ -907,11 +908,14 @@ async fn device_plugin_pod(cluster: &mut Cluster) -> anyhow::Result<()> {
     cluster.start_again(Component::DevicePlugin).await
 }
 
-/// tessera-reporter from the image `tessera image build` makes, as a privileged
-/// pod like deploy/reporter.yaml's: it starts from that image alone, reads NVML
-/// and kubelet's checkpoint, and publishes the node's Device CR again after it
-/// was deleted.
+/// tessera-reporter installed as an operator would: `tessera image build` makes
+/// its image, deploy/reporter.yaml's DaemonSet runs it (in-cluster config through
+/// the `kubernetes` Service, its own service account and RBAC, privileged, NVML
+/// from the host's driver directory), and it publishes the node's Device CR again
+/// after it was deleted.
 async fn reporter_image(cluster: &mut Cluster) -> anyhow::Result<()> {
+    use k8s_openapi::api::core::v1::Node;
+    use kube::api::{ListParams, Patch, PatchParams};
     const NAMESPACE: &str = "tessera-system";
     let tessera = tessera_harness::cluster::tessera_binary("tessera")?;
     let bin_dir = tessera.parent().context("tessera has no directory")?;
@@ -941,40 +945,66 @@ async fn reporter_image(cluster: &mut Cluster) -> anyhow::Result<()> {
     );
     cluster.import_image(std::path::Path::new(archive))?;
 
-    // The pod takes over from the process; the Device CR it must bring back is gone.
+    // The DaemonSet takes over from the process; the Device CR it must bring back
+    // is gone. Its nodeSelector is the label an operator puts on GPU nodes.
     cluster.stop(Component::Reporter)?;
-    let devices = tessera_harness::cluster::device_api(&cluster.client().await?);
-    devices
-        .delete(tessera_harness::cluster::NODE_NAME, &Default::default())
-        .await?;
-    cluster.create_namespace(NAMESPACE).await?;
-    let spec = cluster.reporter_pod(NAMESPACE, "tessera-reporter", reference)?;
-    cluster.create_pod_in("admin", NAMESPACE, &spec).await?;
-    let running = cluster
-        .wait_pod_in(
-            NAMESPACE,
-            "tessera-reporter",
-            Duration::from_secs(90),
-            "Running",
-            tessera_harness::cluster::is_running,
+    let client = cluster.client().await?;
+    let devices = tessera_harness::cluster::device_api(&client);
+    let node = tessera_harness::cluster::NODE_NAME;
+    devices.delete(node, &Default::default()).await?;
+    kube::Api::<Node>::all(client.clone())
+        .patch(
+            node,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"tessera.io/gpu-node": "true"}}})),
         )
         .await?;
+    let daemonset = cluster.reporter_daemonset(reference)?;
+    cluster.apply(&daemonset).await?;
+    let pods: kube::Api<Pod> = kube::Api::namespaced(client.clone(), NAMESPACE);
     let started = Instant::now();
     loop {
+        let running = pods
+            .list(&ListParams::default().labels("app=tessera-reporter"))
+            .await?
+            .items;
         let published = devices
-            .get_opt(tessera_harness::cluster::NODE_NAME)
+            .get_opt(node)
             .await?
             .and_then(|d| d.data["spec"]["devices"].as_array().map(Vec::len));
         if published == Some(cluster.gpu_node.gpus.len()) {
+            ensure!(
+                running.iter().any(tessera_harness::cluster::is_running),
+                "the Device CR came back, but not from the DaemonSet's pod"
+            );
             break;
         }
-        if started.elapsed() > Duration::from_secs(60) {
-            let log = cluster.container_log(&running, "reporter")?;
-            bail!("the reporter pod published {published:?} GPUs in 60 s; its log:\n{log}");
+        if started.elapsed() > Duration::from_secs(90) {
+            let logs: Vec<String> = running
+                .iter()
+                .map(|pod| cluster.container_log(pod, "reporter").unwrap_or_default())
+                .collect();
+            let states: Vec<_> = running.iter().map(|p| p.status.clone()).collect();
+            bail!(
+                "deploy/reporter.yaml's DaemonSet published {published:?} GPUs in 90 s; its pods: {states:?}; their logs:\n{}",
+                logs.join("\n---\n")
+            );
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    cluster.delete_pod_in(NAMESPACE, "tessera-reporter").await?;
+    let daemonsets: kube::Api<k8s_openapi::api::apps::v1::DaemonSet> =
+        kube::Api::namespaced(client.clone(), NAMESPACE);
+    daemonsets
+        .delete("tessera-reporter", &Default::default())
+        .await?;
+    for pod in pods
+        .list(&ListParams::default().labels("app=tessera-reporter"))
+        .await?
+        .items
+    {
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        cluster.delete_pod_in(NAMESPACE, &name).await?;
+    }
     cluster.start_again(Component::Reporter).await
 }
 
