@@ -247,14 +247,19 @@ async fn gpushare_seed_through_filter_prioritize_and_bind() {
         json!(8138 * MIB)
     );
 
-    // A pod without GPUs passes every node; an invalid request says why.
+    // A pod without GPUs passes every node; an invalid request says why, on every
+    // node as unresolvable (no preemption dry run, no hot retry loop), not as an Error.
     assert_eq!(
         s.filter("cpu-only", &["n1", "n2"]).await["NodeNames"],
         json!(["n1", "n2"])
     );
     let invalid = s.filter("invalid", &["n1"]).await;
     assert!(
-        invalid["Error"].as_str().is_some_and(
+        invalid["Error"].as_str().unwrap_or_default().is_empty(),
+        "{invalid}"
+    );
+    assert!(
+        invalid["FailedAndUnresolvableNodes"]["n1"].as_str().is_some_and(
             |e| e.contains("pod default/invalid: container main: koordinator.sh/gpu-core 150")
         ),
         "{invalid}"
