@@ -17,6 +17,9 @@ use tessera_scheduler::simulate::{self, SimulateOptions, Snapshot};
 #[derive(Debug, Parser)]
 #[command(name = "tessera-scheduler", version)]
 struct Cli {
+    /// Log lines as `text` (colour only on a terminal) or `json` (one object per line).
+    #[arg(long, value_name = "text|json", env = tessera_api::binary::LOG_FORMAT_ENV, default_value_t = tessera_api::binary::LogFormat::Text, global = true)]
+    log_format: tessera_api::binary::LogFormat,
     #[command(subcommand)]
     command: Command,
 }
@@ -139,8 +142,9 @@ fn rss_mib() -> Option<f64> {
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    tessera_api::binary::init_logging("info");
-    match real_main(Cli::parse()).await {
+    let cli = Cli::parse();
+    tessera_api::binary::init_logging_as("info", cli.log_format);
+    match real_main(cli).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("tessera-scheduler: {error:#}");

@@ -24,14 +24,17 @@ struct Cli {
         default_value = "/run/tessera/hooks/gpu.sock"
     )]
     socket: PathBuf,
+    /// Log lines as `text` (colour only on a terminal) or `json` (one object per line).
+    #[arg(long, value_name = "text|json", env = tessera_api::binary::LOG_FORMAT_ENV, default_value_t = tessera_api::binary::LogFormat::Text)]
+    log_format: tessera_api::binary::LogFormat,
     #[command(flatten)]
     gpu: GpuHookArgs,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tessera_api::binary::init_logging("info");
     let cli = Cli::parse();
+    tessera_api::binary::init_logging_as("info", cli.log_format);
     if let Some(parent) = cli.socket.parent() {
         std::fs::create_dir_all(parent)
             .with_context(|| format!("creating {}", parent.display()))?;
