@@ -80,6 +80,8 @@ pub enum Indexing {
 #[derive(Debug)]
 pub struct Decoder {
     table: DynamicTable,
+    /// Table inserts and size updates so far.
+    changes: u64,
     max_allowed: usize,
     /// Huffman-decoded name and value, reused from field to field.
     name: Vec<u8>,
@@ -92,10 +94,18 @@ impl Decoder {
     pub fn new(max_table_size: usize) -> Self {
         Self {
             table: DynamicTable::new(max_table_size),
+            changes: 0,
             max_allowed: max_table_size,
             name: Vec::new(),
             value: Vec::new(),
         }
+    }
+
+    /// How many times blocks changed the dynamic table (inserts and size updates):
+    /// one who drops a block, or a field of it, can tell whether the receiver's
+    /// table would still match.
+    pub fn table_changes(&self) -> u64 {
+        self.changes
     }
 
     /// Sets the largest table size update this decoder accepts: the
@@ -116,6 +126,7 @@ impl Decoder {
     ) -> Result<(), DecodeError> {
         let Self {
             table,
+            changes,
             max_allowed,
             name: name_buf,
             value: value_buf,
@@ -136,6 +147,7 @@ impl Decoder {
                     });
                 }
                 table.resize(size);
+                *changes += 1;
                 continue;
             }
             may_resize = false;
@@ -164,6 +176,7 @@ impl Decoder {
             if prefix == 6 {
                 let entry = Entry::new(name, value);
                 table.insert(entry);
+                *changes += 1;
             }
         }
         Ok(())

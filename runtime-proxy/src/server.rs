@@ -115,8 +115,9 @@ pub(crate) fn kubelet_h2() -> h2::server::Builder {
 }
 
 /// One kubelet connection: every CRI call is a stream on it, served on its own task.
-/// It reaches h2 through the authority pass ([`KubeletStream`]).
-async fn serve_connection(
+/// It reaches h2 through the authority pass ([`KubeletStream`]). The frame relay
+/// serves a connection this way when the runtime cannot be dialled for it.
+pub(crate) async fn serve_connection(
     stream: UnixStream,
     proxy: Arc<Proxy>,
     mut stopping: watch::Receiver<bool>,

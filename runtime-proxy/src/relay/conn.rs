@@ -175,15 +175,25 @@ impl Shared {
 }
 
 /// The fields of a header block the relay acts on.
-#[derive(Default)]
-struct Fields {
-    path: Option<String>,
-    timeout: Option<Duration>,
-    status: Option<Code>,
-    message: Option<String>,
+#[derive(Debug, Default)]
+pub struct Fields {
+    /// `:path`: the gRPC method.
+    pub path: Option<String>,
+    /// `grpc-timeout`, when it parses.
+    pub timeout: Option<Duration>,
+    /// `grpc-status`.
+    pub status: Option<Code>,
+    /// `grpc-message`, percent-decoded.
+    pub message: Option<String>,
+    /// A request of a lifecycle call that names its body's length, which the
+    /// hooks may change: it is sent re-encoded without it ([`HeaderBlocks::reencoded`]).
+    pub lifecycle_content_length: bool,
+    /// The block changed the dynamic table.
+    pub changed_table: bool,
 }
 
 /// A header block whose CONTINUATIONs have not all come.
+#[derive(Debug)]
 struct Block {
     stream: u32,
     /// The flags of its HEADERS frame (END_STREAM).
@@ -191,14 +201,23 @@ struct Block {
     fragments: Vec<u8>,
 }
 
-/// One side's header block reader: its decoder and any block still open.
-struct Blocks {
+/// One side's header block reader: its decoder and any block still open. Pure:
+/// fuzzed (`runtime-proxy/fuzz`, `relay_frames`).
+#[derive(Debug)]
+pub struct HeaderBlocks {
     decoder: hpack::Decoder,
     open: Option<Block>,
+    /// The last block as literals that leave the receiver's table alone, without
+    /// a lifecycle call's `content-length`.
+    encoded: BytesMut,
+    /// A re-encoded block changed the sender's table but not the receiver's:
+    /// every block from now on goes re-encoded.
+    pub diverged: bool,
 }
 
 /// What to do with a frame after reading it.
-enum Step {
+#[derive(Debug)]
+pub enum Step {
     /// Pass it on.
     Forward,
     /// Pass it on; a whole header block ended with it.
@@ -208,21 +227,33 @@ enum Step {
     Fatal,
 }
 
-impl Blocks {
-    fn new() -> Self {
+impl Default for HeaderBlocks {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl HeaderBlocks {
+    /// A reader for a new connection: an empty table of the default size.
+    pub fn new() -> Self {
         Self {
             decoder: hpack::Decoder::new(frame::DEFAULT_TABLE_SIZE),
             open: None,
+            encoded: BytesMut::new(),
+            diverged: false,
         }
     }
 
-    fn at_boundary(&self) -> bool {
+    /// Whether no header block is open: the relay's own frames may go in here.
+    pub fn at_boundary(&self) -> bool {
         self.open.is_none()
     }
 
     /// Reads HEADERS and CONTINUATION frames; everything else is [`Step::Forward`],
     /// or [`Step::Fatal`] inside a header block.
-    fn read(&mut self, head: &FrameHead, frame: &[u8], max_table: usize) -> Step {
+    /// Reads one whole frame (header included). `max_table` is the largest
+    /// SETTINGS_HEADER_TABLE_SIZE the decoding side advertised.
+    pub fn read(&mut self, head: &FrameHead, frame: &[u8], max_table: usize) -> Step {
         let is_header = matches!(head.kind, kind::HEADERS | kind::CONTINUATION);
         match (&mut self.open, head.kind) {
             (None, kind::CONTINUATION) => return Step::Fatal,
@@ -264,32 +295,57 @@ impl Blocks {
         self.decode(first, &open.fragments, max_table)
     }
 
+    /// The last block re-encoded as literals: the same header list, without a
+    /// lifecycle call's `content-length`, and no change to the receiver's table.
+    pub fn reencoded(&self) -> &[u8] {
+        &self.encoded
+    }
+
     fn decode(&mut self, head: FrameHead, block: &[u8], max_table: usize) -> Step {
         self.decoder.set_max_allowed(max_table);
+        let changes = self.decoder.table_changes();
         let mut fields = Fields::default();
-        let decoded = self.decoder.decode(block, |name, value, _| match name {
-            b":path" => fields.path = Some(String::from_utf8_lossy(value).into_owned()),
-            b"grpc-timeout" => {
-                fields.timeout = std::str::from_utf8(value)
-                    .ok()
-                    .and_then(|v| crate::grpc::parse_timeout(v).ok());
+        let mut lifecycle = false;
+        let encoded = &mut self.encoded;
+        encoded.clear();
+        // Encoded as it is decoded, whether or not it will be needed: a block
+        // decodes once (its table changes), and copying ~200 bytes costs less
+        // than a second decoder.
+        let decoded = self.decoder.decode(block, |name, value, indexing| {
+            if name == b"content-length" && lifecycle {
+                fields.lifecycle_content_length = true;
+            } else {
+                hpack::encode_literal(name, value, indexing, encoded);
             }
-            b"grpc-status" => {
-                fields.status = std::str::from_utf8(value)
-                    .ok()
-                    .and_then(|v| v.parse::<i32>().ok())
-                    .map(Code::from_i32);
+            match name {
+                b":path" => {
+                    let path = String::from_utf8_lossy(value).into_owned();
+                    lifecycle = Method::from_path(&path).is_some();
+                    fields.path = Some(path);
+                }
+                b"grpc-timeout" => {
+                    fields.timeout = std::str::from_utf8(value)
+                        .ok()
+                        .and_then(|v| crate::grpc::parse_timeout(v).ok());
+                }
+                b"grpc-status" => {
+                    fields.status = std::str::from_utf8(value)
+                        .ok()
+                        .and_then(|v| v.parse::<i32>().ok())
+                        .map(Code::from_i32);
+                }
+                b"grpc-message" => {
+                    let value = String::from_utf8_lossy(value);
+                    fields.message = Some(
+                        percent_encoding::percent_decode_str(&value)
+                            .decode_utf8_lossy()
+                            .into_owned(),
+                    );
+                }
+                _ => {}
             }
-            b"grpc-message" => {
-                let value = String::from_utf8_lossy(value);
-                fields.message = Some(
-                    percent_encoding::percent_decode_str(&value)
-                        .decode_utf8_lossy()
-                        .into_owned(),
-                );
-            }
-            _ => {}
         });
+        fields.changed_table = self.decoder.table_changes() != changes;
         match decoded {
             Ok(()) => Step::Block(head, fields),
             Err(error) => {
@@ -368,7 +424,9 @@ impl Relay {
         };
         let mut input = BytesMut::with_capacity(READ_CHUNK);
         let mut preface = frame::PREFACE.len();
-        let mut blocks = Blocks::new();
+        let mut blocks = HeaderBlocks::new();
+        // The frames of a request header block until its END_HEADERS.
+        let mut held = BytesMut::new();
         let mut open = true;
         let mut out = BytesMut::new();
         loop {
@@ -391,7 +449,7 @@ impl Relay {
                 preface -= n;
             }
             if preface == 0 && open {
-                open = self.requests(&mut input, &mut blocks, &mut out);
+                open = self.requests(&mut input, &mut blocks, &mut held, &mut out);
             }
             self.lock().pump(&mut out, blocks.at_boundary());
             if !out.is_empty() {
@@ -410,19 +468,37 @@ impl Relay {
     }
 
     /// Handles every whole frame in `input`; false when nothing more is to be read.
-    fn requests(&self, input: &mut BytesMut, blocks: &mut Blocks, out: &mut BytesMut) -> bool {
+    fn requests(
+        &self,
+        input: &mut BytesMut,
+        blocks: &mut HeaderBlocks,
+        held: &mut BytesMut,
+        out: &mut BytesMut,
+    ) -> bool {
         let mut shared = self.lock();
         let shared = &mut *shared;
         while let Some((head, frame)) = frame::next_frame(input) {
             let step = blocks.read(&head, &frame, shared.runtime_table_limit);
             match step {
                 Step::Fatal => {
+                    forward(shared, out, block_head(head.stream), held.split());
                     forward(shared, out, head, frame);
                     return false;
                 }
                 Step::Block(block, fields) => {
-                    forward(shared, out, head, frame);
+                    // A block goes on whole, as sent or re-encoded: only now is
+                    // it known which.
+                    held.unsplit(frame);
+                    if blocks.diverged || fields.lifecycle_content_length {
+                        blocks.diverged |= fields.changed_table;
+                        held.clear();
+                        frame::put_block(held, &block, blocks.reencoded());
+                    }
+                    forward(shared, out, block_head(block.stream), held.split());
                     self.request_block(shared, block, fields);
+                }
+                Step::Forward if matches!(head.kind, kind::HEADERS | kind::CONTINUATION) => {
+                    held.unsplit(frame);
                 }
                 Step::Forward => match head.kind {
                     kind::DATA => self.request_data(shared, out, head, frame),
@@ -571,7 +647,7 @@ impl Relay {
             source,
         };
         let mut input = BytesMut::with_capacity(READ_CHUNK);
-        let mut blocks = Blocks::new();
+        let mut blocks = HeaderBlocks::new();
         let mut out = BytesMut::new();
         let mut open = true;
         let mut draining = false;
@@ -617,7 +693,7 @@ impl Relay {
 
     /// Handles every whole frame from the runtime; false when the connection is
     /// to end after what is in `out`.
-    fn answers(&self, input: &mut BytesMut, blocks: &mut Blocks, out: &mut BytesMut) -> bool {
+    fn answers(&self, input: &mut BytesMut, blocks: &mut HeaderBlocks, out: &mut BytesMut) -> bool {
         let mut guard = self.lock();
         let shared = &mut *guard;
         let limit = self.proxy.max_message_bytes();
@@ -845,6 +921,16 @@ fn forward(shared: &mut Shared, out: &mut BytesMut, head: FrameHead, frame: Byte
             flow,
             own: false,
         });
+    }
+}
+
+/// The head `forward` takes for a whole header block: no flow control.
+fn block_head(stream: u32) -> FrameHead {
+    FrameHead {
+        len: 0,
+        kind: kind::HEADERS,
+        flags: 0,
+        stream,
     }
 }
 

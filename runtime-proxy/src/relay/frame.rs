@@ -230,6 +230,28 @@ pub fn data_frames(stream: u32, payload: &Bytes, end_stream: bool) -> Vec<Bytes>
     }
 }
 
+/// Appends `block` (an encoded header block) as the HEADERS frame `first` was,
+/// keeping its END_STREAM, with CONTINUATIONs past [`MIN_MAX_FRAME_SIZE`].
+pub fn put_block(dst: &mut BytesMut, first: &FrameHead, block: &[u8]) {
+    let mut rest = block;
+    let mut kind = kind::HEADERS;
+    let mut flags = first.flags & flag::END_STREAM;
+    loop {
+        let (chunk, after) = rest.split_at(rest.len().min(MIN_MAX_FRAME_SIZE));
+        if after.is_empty() {
+            flags |= flag::END_HEADERS;
+        }
+        put_head(dst, chunk.len(), kind, flags, first.stream);
+        dst.put_slice(chunk);
+        if after.is_empty() {
+            return;
+        }
+        rest = after;
+        kind = kind::CONTINUATION;
+        flags = 0;
+    }
+}
+
 /// Appends a trailers-only gRPC answer (`:status 200`, content type, status and
 /// message) ending `stream`, its fields literals that leave the receiver's
 /// dynamic table as it was: the relay's own header block must not make the
@@ -246,29 +268,13 @@ pub fn put_status_headers(dst: &mut BytesMut, stream: u32, code: i32, message: &
     ] {
         hpack::encode_literal(name, value, hpack::Indexing::Allowed, &mut block);
     }
-    let mut rest = &block[..];
-    let mut first = true;
-    loop {
-        let (chunk, after) = rest.split_at(rest.len().min(MIN_MAX_FRAME_SIZE));
-        let mut flags = if after.is_empty() {
-            flag::END_HEADERS
-        } else {
-            0
-        };
-        let kind = if first {
-            flags |= flag::END_STREAM;
-            kind::HEADERS
-        } else {
-            kind::CONTINUATION
-        };
-        put_head(dst, chunk.len(), kind, flags, stream);
-        dst.put_slice(chunk);
-        first = false;
-        rest = after;
-        if rest.is_empty() {
-            return;
-        }
-    }
+    let head = FrameHead {
+        len: 0,
+        kind: kind::HEADERS,
+        flags: flag::END_STREAM,
+        stream,
+    };
+    put_block(dst, &head, &block);
 }
 
 #[cfg(test)]

@@ -16,19 +16,16 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
-use tonic::Code;
 
-use crate::authority::KubeletStream;
 use crate::proxy::Proxy;
 
 pub mod conn;
 pub mod frame;
 
-pub use conn::RelayError;
+pub use conn::{Fields, HeaderBlocks, RelayError, Step};
 
 /// Which way kubelet's calls reach the runtime.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -95,12 +92,14 @@ pub async fn serve(
 
 /// One kubelet connection, relayed to a runtime connection dialled for it.
 async fn serve_connection(kubelet: UnixStream, proxy: Arc<Proxy>, stopping: watch::Receiver<bool>) {
-    let path = proxy.runtime().path().to_path_buf();
-    let runtime = match UnixStream::connect(&path).await {
+    let runtime = match UnixStream::connect(proxy.runtime().path()).await {
         Ok(runtime) => runtime,
         Err(error) => {
-            let message = format!("connection error: dial unix {}: {error}", path.display());
-            answer_unavailable(kubelet, &message).await;
+            // No runtime to relay to: the h2 path serves this connection, which
+            // answers Unavailable naming the socket and redials per call, so the
+            // connection goes on working once the runtime is back.
+            tracing::debug!(%error, "runtime not reachable; serving this connection on the h2 path");
+            crate::server::serve_connection(kubelet, proxy, stopping).await;
             return;
         }
     };
@@ -110,24 +109,5 @@ async fn serve_connection(kubelet: UnixStream, proxy: Arc<Proxy>, stopping: watc
         .await
     {
         tracing::debug!(%error, "relayed connection ended");
-    }
-}
-
-/// The runtime is down: every call on this connection gets Unavailable naming
-/// its socket, as on the h2 path, then GOAWAY, so that kubelet's next call dials
-/// again (and the relay with it).
-async fn answer_unavailable(kubelet: UnixStream, message: &str) {
-    let handshake = crate::server::kubelet_h2().handshake::<_, Bytes>(KubeletStream::new(kubelet));
-    let Ok(mut connection) = handshake.await else {
-        return;
-    };
-    let mut answered = false;
-    while let Some(Ok((_, mut respond))) = connection.accept().await {
-        let response = crate::grpc::status_response(Code::Unavailable, message).map(|_| ());
-        let _ = respond.send_response(response, true);
-        if !answered {
-            answered = true;
-            connection.graceful_shutdown();
-        }
     }
 }
