@@ -259,9 +259,11 @@ async fn gpushare_seed_through_filter_prioritize_and_bind() {
         "{invalid}"
     );
     assert!(
-        invalid["FailedAndUnresolvableNodes"]["n1"].as_str().is_some_and(
-            |e| e.contains("pod default/invalid: container main: koordinator.sh/gpu-core 150")
-        ),
+        invalid["FailedAndUnresolvableNodes"]["n1"]
+            .as_str()
+            .is_some_and(
+                |e| e.contains("pod default/invalid: container main: koordinator.sh/gpu-core 150")
+            ),
         "{invalid}"
     );
 }
