@@ -1,6 +1,7 @@
 //! The `tessera` command line: `tessera inspect` reads Device CRs, Nodes and Pods
 //! from any kubeconfig and prints who holds which share of which GPU;
-//! `tessera image build` builds the daemons' OCI images.
+//! `tessera image build` builds the daemons' OCI images; `tessera node switch-over`
+//! points a node's kubelet at the runtime proxy and proves it.
 
 use std::path::PathBuf;
 
@@ -13,6 +14,7 @@ use tessera_api::Device;
 use tessera_scheduler::inspect::{render, report};
 
 pub mod images;
+pub mod node;
 
 /// Tessera: fine-grained GPU sharing for Kubernetes.
 #[derive(Debug, Parser)]
@@ -42,6 +44,46 @@ pub enum Command {
     /// OCI images of the cluster daemons.
     #[command(subcommand)]
     Image(ImageCommand),
+    /// Switch this node's kubelet to the runtime proxy, or back (run on the node, as root).
+    #[command(subcommand)]
+    Node(NodeCommand),
+}
+
+/// `tessera node …`.
+#[derive(Debug, Subcommand)]
+pub enum NodeCommand {
+    /// Points kubelet at the proxy where kubelet really reads it (its --config-dir,
+    /// else its --config file, backed up; refused when a command-line flag would
+    /// override either), taints the node `tessera.io/runtime-proxy:NoSchedule`,
+    /// restarts kubelet, and removes the taint only once the proxy's metrics show
+    /// kubelet's calls. Otherwise the taint stays and the reason is printed (exit 1).
+    SwitchOver(SwitchArgs),
+    /// Removes what switch-over wrote (the drop-in, or restores the backed-up
+    /// --config file), restarts kubelet, and checks it no longer calls the proxy.
+    SwitchBack(SwitchArgs),
+}
+
+/// Settings of `tessera node switch-over` and `switch-back`.
+#[derive(Debug, clap::Args)]
+pub struct SwitchArgs {
+    /// This node's name in the cluster [default: $NODE_NAME, else the host name].
+    #[arg(long)]
+    pub node: Option<String>,
+    /// The proxy's socket as kubelet should name it.
+    #[arg(long, default_value = "unix:///run/tessera/runtime-proxy.sock")]
+    pub endpoint: String,
+    /// The proxy's metrics address (its --metrics-addr), where kubelet's calls are counted.
+    #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:9464")]
+    pub proxy_metrics: String,
+    /// How kubelet is restarted.
+    #[arg(long, default_value = "systemctl restart kubelet")]
+    pub restart_command: String,
+    /// kubelet's process ID [default: the process named kubelet].
+    #[arg(long)]
+    pub kubelet_pid: Option<u32>,
+    /// Seconds kubelet has to show up at the proxy after its restart.
+    #[arg(long, value_name = "SECONDS", default_value_t = 60)]
+    pub verify_timeout: u64,
 }
 
 /// `tessera image …`.
@@ -112,6 +154,32 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Inspect { node, json } => {
             let client = client(cli.kubeconfig).await?;
             print!("{}", inspect(client, node.as_deref(), json).await?);
+        }
+        Command::Node(command) => {
+            let (args, over) = match command {
+                NodeCommand::SwitchOver(args) => (args, true),
+                NodeCommand::SwitchBack(args) => (args, false),
+            };
+            let node = args
+                .node
+                .or_else(|| std::env::var("NODE_NAME").ok())
+                .or_else(tessera_api::binary::hostname)
+                .context("no node name: pass --node")?;
+            let switch = node::Switch {
+                node,
+                kubelet_args: node::kubelet_command_line(args.kubelet_pid)?,
+                endpoint: args.endpoint,
+                metrics: args.proxy_metrics,
+                restart_command: args.restart_command,
+                verify_timeout: std::time::Duration::from_secs(args.verify_timeout),
+            };
+            let nodes = Api::all(client(cli.kubeconfig).await?);
+            let done = if over {
+                switch.over(&nodes).await?
+            } else {
+                switch.back(&nodes).await?
+            };
+            println!("{done}");
         }
         Command::Image(ImageCommand::Build {
             out,

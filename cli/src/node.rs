@@ -1,0 +1,471 @@
+//! `tessera node switch-over` / `switch-back`: points a node's kubelet at the
+//! runtime proxy (or back at the runtime), and proves it did.
+//!
+//! Kubelet takes its runtime endpoint from, in order of precedence, its
+//! `--container-runtime-endpoint` flag, its `--config-dir` drop-ins, its
+//! `--config` file. An installer that writes one of them and hopes is what left
+//! nodes silently unswitched before; this one:
+//! 1. reads kubelet's real command line (`/proc/<pid>/cmdline`) and picks the place
+//!    that decides ([`plan`]), refusing when a flag would override it;
+//! 2. taints the node so no new pod lands while the switch is unproven;
+//! 3. writes the setting, restarts kubelet (`--restart-command`);
+//! 4. watches the proxy's own request counter: kubelet polls its runtime every
+//!    second, so the count rises only if kubelet talks to the proxy;
+//! 5. removes the taint only then. Otherwise the taint stays and the reason is
+//!    printed, with a failing exit status.
+//!
+//! `switch-back` undoes exactly what `switch-over` wrote (a drop-in, or the
+//! backup of an edited `--config` file) and proves the counter stops.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use k8s_openapi::api::core::v1::{Node, Taint};
+use kube::Api;
+use kube::api::{Patch, PatchParams};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// The taint a node carries while its switch is unproven.
+pub const TAINT_KEY: &str = "tessera.io/runtime-proxy";
+/// The drop-in written into kubelet's `--config-dir`.
+pub const DROP_IN: &str = "50-tessera-runtime-proxy.conf";
+/// Suffix of the backup of an edited `--config` file.
+pub const BACKUP_SUFFIX: &str = ".tessera-backup";
+
+/// Where kubelet's runtime endpoint is decided, from its command line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Plan {
+    /// A KubeletConfiguration drop-in in this `--config-dir`.
+    DropIn(PathBuf),
+    /// Edit this `--config` file (kubelet has no `--config-dir`).
+    EditConfig(PathBuf),
+}
+
+/// The value of `--name` in `args` (`--name=value` or `--name value`).
+fn flag<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
+    let long = format!("--{name}");
+    let prefixed = format!("{long}=");
+    args.iter().enumerate().find_map(|(i, arg)| {
+        if let Some(value) = arg.strip_prefix(&prefixed) {
+            Some(value)
+        } else if *arg == long {
+            args.get(i + 1).map(String::as_str)
+        } else {
+            None
+        }
+    })
+}
+
+/// Decides where to set the endpoint for a kubelet run with `args`.
+pub fn plan(args: &[String]) -> anyhow::Result<Plan> {
+    for name in ["container-runtime-endpoint", "image-service-endpoint"] {
+        if let Some(value) = flag(args, name) {
+            bail!(
+                "kubelet runs with --{name}={value} on its command line, which wins over any \
+                 configuration file: remove it where your kubelet unit sets it (kubeadm: \
+                 /var/lib/kubelet/kubeadm-flags.env) and run this again"
+            );
+        }
+    }
+    if let Some(dir) = flag(args, "config-dir") {
+        return Ok(Plan::DropIn(PathBuf::from(dir).join(DROP_IN)));
+    }
+    if let Some(file) = flag(args, "config") {
+        return Ok(Plan::EditConfig(PathBuf::from(file)));
+    }
+    bail!(
+        "kubelet runs with neither --config nor --config-dir, so only flags set its runtime \
+         endpoint: give it a --config-dir (systemd/kubelet.service.d/30-tessera-kubeadm-config-dir.conf \
+         does for kubeadm's unit) and run this again"
+    )
+}
+
+/// A KubeletConfiguration drop-in pointing both CRI services at `endpoint`.
+pub fn drop_in(endpoint: &str) -> String {
+    format!(
+        "# Written by `tessera node switch-over`; `tessera node switch-back` removes it.\n\
+         apiVersion: kubelet.config.k8s.io/v1beta1\n\
+         kind: KubeletConfiguration\n\
+         containerRuntimeEndpoint: {endpoint}\n\
+         imageServiceEndpoint: {endpoint}\n"
+    )
+}
+
+/// `config` (a KubeletConfiguration) with both CRI endpoints set to `endpoint`,
+/// everything else kept.
+pub fn edit_config(config: &str, endpoint: &str) -> anyhow::Result<String> {
+    let mut value: serde_yaml::Value =
+        serde_yaml::from_str(config).context("kubelet's --config file is not YAML")?;
+    let map = value
+        .as_mapping_mut()
+        .context("kubelet's --config file is not a YAML mapping")?;
+    if map.get("kind").and_then(|k| k.as_str()) != Some("KubeletConfiguration") {
+        bail!("kubelet's --config file is not a KubeletConfiguration");
+    }
+    for key in ["containerRuntimeEndpoint", "imageServiceEndpoint"] {
+        map.insert(key.into(), endpoint.into());
+    }
+    Ok(serde_yaml::to_string(&value)?)
+}
+
+/// The proxy's CRI calls so far: the sum of `tessera_proxy_requests_total` in a
+/// metrics page.
+pub fn calls_in(metrics: &str) -> u64 {
+    metrics
+        .lines()
+        .filter(|line| line.starts_with("tessera_proxy_requests_total"))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .map(|v| v as u64)
+        .sum()
+}
+
+/// Reads the proxy's metrics page from `addr` (`HOST:PORT`), plain HTTP/1.0.
+async fn scrape(addr: &str) -> anyhow::Result<String> {
+    let mut stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .with_context(|| format!("connecting to the proxy's metrics at {addr}"))?;
+    stream
+        .write_all(format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await?;
+    let (head, body) = response
+        .split_once("\r\n\r\n")
+        .with_context(|| format!("{addr}: not an HTTP response"))?;
+    if !head.starts_with("HTTP/1.1 200") && !head.starts_with("HTTP/1.0 200") {
+        bail!(
+            "{addr}/metrics answered {}",
+            head.lines().next().unwrap_or_default()
+        );
+    }
+    Ok(body.to_owned())
+}
+
+/// kubelet's command line: the process named `kubelet`, or `pid`.
+pub fn kubelet_command_line(pid: Option<u32>) -> anyhow::Result<Vec<String>> {
+    let pid = match pid {
+        Some(pid) => pid,
+        None => {
+            find_kubelet().context("no kubelet process on this machine (or pass --kubelet-pid)")?
+        }
+    };
+    let raw = std::fs::read(format!("/proc/{pid}/cmdline"))
+        .with_context(|| format!("reading kubelet's command line (pid {pid})"))?;
+    Ok(raw
+        .split(|b| *b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect())
+}
+
+fn find_kubelet() -> Option<u32> {
+    std::fs::read_dir("/proc").ok()?.find_map(|entry| {
+        let entry = entry.ok()?;
+        let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+        let comm = std::fs::read_to_string(entry.path().join("comm")).ok()?;
+        (comm.trim() == "kubelet").then_some(pid)
+    })
+}
+
+/// What `switch-over` and `switch-back` act on.
+#[derive(Debug, Clone)]
+pub struct Switch {
+    /// The node's name.
+    pub node: String,
+    /// kubelet's command line.
+    pub kubelet_args: Vec<String>,
+    /// The proxy's socket as kubelet names it (`unix:///run/tessera/runtime-proxy.sock`).
+    pub endpoint: String,
+    /// The proxy's metrics address (`127.0.0.1:9464`).
+    pub metrics: String,
+    /// Restarts kubelet (`systemctl restart kubelet`).
+    pub restart_command: String,
+    /// How long kubelet has to show up at (or leave) the proxy.
+    pub verify_timeout: Duration,
+}
+
+async fn set_taint(nodes: &Api<Node>, node: &str, present: bool) -> anyhow::Result<()> {
+    let current = nodes.get(node).await?;
+    let mut taints: Vec<Taint> = current
+        .spec
+        .and_then(|s| s.taints)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|t| t.key != TAINT_KEY)
+        .collect();
+    if present {
+        taints.push(Taint {
+            key: TAINT_KEY.into(),
+            value: Some("switching".into()),
+            effect: "NoSchedule".into(),
+            time_added: None,
+        });
+    }
+    // The resourceVersion makes this a compare-and-swap with other taint writers.
+    let patch = serde_json::json!({
+        "metadata": {"resourceVersion": current.metadata.resource_version},
+        "spec": {"taints": taints},
+    });
+    nodes
+        .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .with_context(|| {
+            format!(
+                "{} the taint {TAINT_KEY} on node {node}",
+                if present { "setting" } else { "removing" }
+            )
+        })?;
+    Ok(())
+}
+
+async fn restart(command: &str) -> anyhow::Result<()> {
+    let status = tokio::process::Command::new("sh")
+        .args(["-c", command])
+        .status()
+        .await
+        .with_context(|| format!("running {command:?}"))?;
+    if !status.success() {
+        bail!("restarting kubelet: {command:?} exited with {status}");
+    }
+    Ok(())
+}
+
+/// Waits until the proxy has answered `more` calls after this call starts.
+async fn calls_rise(metrics: &str, more: u64, timeout: Duration) -> anyhow::Result<u64> {
+    let started = Instant::now();
+    let mut first = None;
+    let mut last_error = None;
+    while started.elapsed() < timeout {
+        match scrape(metrics).await {
+            Ok(page) => {
+                let calls = calls_in(&page);
+                let base = *first.get_or_insert(calls);
+                if calls >= base + more {
+                    return Ok(calls - base);
+                }
+            }
+            Err(e) => last_error = Some(e),
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    match last_error {
+        Some(e) if first.is_none() => Err(e.context("the proxy's metrics never answered")),
+        _ => bail!(
+            "kubelet made fewer than {more} calls to the proxy in {timeout:?} after its restart: \
+             it does not talk to the proxy (check `systemctl status kubelet`, and that nothing \
+             on its command line sets --container-runtime-endpoint)"
+        ),
+    }
+}
+
+impl Switch {
+    /// Points kubelet at the proxy and proves it; see the module docs. On failure
+    /// the node keeps its taint.
+    pub async fn over(&self, nodes: &Api<Node>) -> anyhow::Result<String> {
+        let plan = plan(&self.kubelet_args)?;
+        set_taint(nodes, &self.node, true).await?;
+        let wrote = match &plan {
+            Plan::DropIn(path) => {
+                write_file(path, &drop_in(&self.endpoint))?;
+                format!("wrote {}", path.display())
+            }
+            Plan::EditConfig(path) => {
+                let config = std::fs::read_to_string(path)
+                    .with_context(|| format!("reading {}", path.display()))?;
+                let backup = backup_of(path);
+                if !backup.exists() {
+                    write_file(&backup, &config)?;
+                }
+                write_file(path, &edit_config(&config, &self.endpoint)?)?;
+                format!(
+                    "set the endpoints in {} (backup {})",
+                    path.display(),
+                    backup.display()
+                )
+            }
+        };
+        restart(&self.restart_command).await?;
+        let calls = calls_rise(&self.metrics, 3, self.verify_timeout)
+            .await
+            .with_context(|| {
+                format!(
+                    "{wrote}; node {} keeps the taint {TAINT_KEY}:NoSchedule until the switch is proven",
+                    self.node
+                )
+            })?;
+        set_taint(nodes, &self.node, false).await?;
+        Ok(format!(
+            "{wrote}; kubelet restarted and made {calls} calls through the proxy; taint {TAINT_KEY} removed from node {}",
+            self.node
+        ))
+    }
+
+    /// Undoes what [`Switch::over`] wrote, restarts kubelet and proves it no longer
+    /// calls the proxy.
+    pub async fn back(&self, nodes: &Api<Node>) -> anyhow::Result<String> {
+        let undone = match plan(&self.kubelet_args)? {
+            Plan::DropIn(path) => {
+                match std::fs::remove_file(&path) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                        bail!("{} does not exist: nothing to switch back", path.display())
+                    }
+                    Err(e) => {
+                        return Err(e).with_context(|| format!("removing {}", path.display()));
+                    }
+                }
+                format!("removed {}", path.display())
+            }
+            Plan::EditConfig(path) => {
+                let backup = backup_of(&path);
+                let original = std::fs::read_to_string(&backup).with_context(|| {
+                    format!(
+                        "reading {} (switch-over's backup): nothing to switch back",
+                        backup.display()
+                    )
+                })?;
+                write_file(&path, &original)?;
+                std::fs::remove_file(&backup)
+                    .with_context(|| format!("removing {}", backup.display()))?;
+                format!("restored {} from its backup", path.display())
+            }
+        };
+        restart(&self.restart_command).await?;
+        // Calls in flight at the restart may still land; after a settling second
+        // the count must stand still for as long again as kubelet's poll period x 3.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let before = calls_in(&scrape(&self.metrics).await?);
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let after = calls_in(&scrape(&self.metrics).await?);
+        if after > before {
+            bail!(
+                "{undone}, but kubelet still made {} calls through the proxy in 3 s after its restart: \
+                 something else sets its endpoint to the proxy",
+                after - before
+            );
+        }
+        set_taint(nodes, &self.node, false).await?;
+        Ok(format!(
+            "{undone}; kubelet restarted and no longer calls the proxy; node {} has no {TAINT_KEY} taint",
+            self.node
+        ))
+    }
+}
+
+fn backup_of(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(BACKUP_SUFFIX);
+    PathBuf::from(name)
+}
+
+/// Writes `text` to `path` through a temporary file and a rename: kubelet never
+/// reads half a file.
+fn write_file(path: &Path, text: &str) -> anyhow::Result<()> {
+    let dir = path
+        .parent()
+        .with_context(|| format!("{} has no directory", path.display()))?;
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let temporary = dir.join(format!(
+        ".{}.tmp",
+        path.file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("tessera")
+    ));
+    std::fs::write(&temporary, text).with_context(|| format!("writing {}", temporary.display()))?;
+    std::fs::rename(&temporary, path).with_context(|| format!("writing {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(line: &str) -> Vec<String> {
+        line.split_whitespace().map(str::to_owned).collect()
+    }
+
+    #[test]
+    fn the_config_dir_wins_then_the_config_file() {
+        assert_eq!(
+            plan(&args("/usr/bin/kubelet --config=/var/lib/kubelet/config.yaml --config-dir /etc/kubernetes/kubelet.conf.d"))
+                .expect("plan"),
+            Plan::DropIn(PathBuf::from("/etc/kubernetes/kubelet.conf.d").join(DROP_IN))
+        );
+        assert_eq!(
+            plan(&args("kubelet --config /var/lib/kubelet/config.yaml --v=2")).expect("plan"),
+            Plan::EditConfig(PathBuf::from("/var/lib/kubelet/config.yaml"))
+        );
+    }
+
+    #[test]
+    fn an_endpoint_flag_or_no_configuration_is_refused_with_the_reason() {
+        let error = plan(&args(
+            "kubelet --config-dir=/d --container-runtime-endpoint=unix:///run/containerd/containerd.sock",
+        ))
+        .expect_err("refused");
+        assert!(
+            error.to_string().contains("--container-runtime-endpoint=unix:///run/containerd/containerd.sock on its command line"),
+            "{error}"
+        );
+        let error = plan(&args("kubelet --v=2")).expect_err("refused");
+        assert!(
+            error
+                .to_string()
+                .contains("neither --config nor --config-dir"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn editing_the_config_sets_both_endpoints_and_keeps_the_rest() {
+        let config = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncgroupDriver: systemd\ncontainerRuntimeEndpoint: unix:///run/containerd/containerd.sock\n";
+        let edited = edit_config(config, "unix:///run/tessera/runtime-proxy.sock").expect("edit");
+        let value: serde_yaml::Value = serde_yaml::from_str(&edited).expect("yaml");
+        assert_eq!(value["cgroupDriver"], "systemd");
+        for key in ["containerRuntimeEndpoint", "imageServiceEndpoint"] {
+            assert_eq!(value[key], "unix:///run/tessera/runtime-proxy.sock");
+        }
+        let error = edit_config("kind: Pod\n", "x").expect_err("refused");
+        assert!(
+            error.to_string().contains("not a KubeletConfiguration"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn the_drop_in_is_a_kubelet_configuration() {
+        let value: serde_yaml::Value =
+            serde_yaml::from_str(&drop_in("unix:///p.sock")).expect("yaml");
+        assert_eq!(value["kind"], "KubeletConfiguration");
+        assert_eq!(value["containerRuntimeEndpoint"], "unix:///p.sock");
+        assert_eq!(value["imageServiceEndpoint"], "unix:///p.sock");
+    }
+
+    #[test]
+    fn calls_are_summed_over_methods_and_codes() {
+        let page = "# TYPE tessera_proxy_requests counter\n\
+                    tessera_proxy_requests_total{method=\"Version\",code=\"Ok\"} 2\n\
+                    tessera_proxy_requests_total{method=\"ListPodSandbox\",code=\"Ok\"} 40\n\
+                    tessera_proxy_request_duration_seconds_count{method=\"Version\"} 2\n# EOF\n";
+        assert_eq!(calls_in(page), 42);
+    }
+
+    #[test]
+    fn files_are_replaced_whole() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("d/config.yaml");
+        write_file(&path, "a").expect("write");
+        write_file(&path, "b").expect("write");
+        assert_eq!(std::fs::read_to_string(&path).expect("read"), "b");
+        assert_eq!(
+            std::fs::read_dir(path.parent().expect("dir"))
+                .expect("ls")
+                .count(),
+            1
+        );
+        assert_eq!(
+            backup_of(&path),
+            dir.path().join("d/config.yaml.tessera-backup")
+        );
+    }
+}
