@@ -28,3 +28,15 @@ install_deps() {
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
     fi
 }
+
+# The Helm chart's checks (scripts/chart.py) use Helm's Go SDK through PyPI's
+# helm-python-sdk (no helm binary): python3 with venv, then the pinned package in
+# target/chart-venv, each only when missing.
+install_chart_deps() {
+    if ! command -v python3 >/dev/null || ! python3 -c 'import ensurepip, venv' 2>/dev/null; then
+        echo "installing: python3 python3-venv"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3 python3-venv >/dev/null
+    fi
+    python3 scripts/chart.py deps
+}

@@ -1,0 +1,26 @@
+{{/* Labels of every object but the CRD: name, part-of, version, commonLabels. */}}
+{{- define "tessera.labels" -}}
+app.kubernetes.io/name: {{ .name }}
+app.kubernetes.io/part-of: tessera
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+{{- with .root.Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* <registry>/<repository>:<tag> of a daemon, its own settings first. */}}
+{{- define "tessera.image" -}}
+{{- $global := .root.Values.image -}}
+{{- $registry := .image.registry | default $global.registry -}}
+{{- $tag := .image.tag | default $global.tag | default .root.Chart.AppVersion -}}
+{{- printf "%s/%s:%s" (trimSuffix "/" $registry) .image.repository $tag -}}
+{{- end }}
+
+{{- define "tessera.pullPolicy" -}}
+{{- .image.pullPolicy | default .root.Values.image.pullPolicy -}}
+{{- end }}
+
+{{/* http://<Service>.<namespace>.svc:<port>, or kubeSchedulerConfig.extender.urlPrefix. */}}
+{{- define "tessera.extenderURL" -}}
+{{- .Values.kubeSchedulerConfig.extender.urlPrefix | default (printf "http://tessera-scheduler.%s.svc:%d" .Release.Namespace (int .Values.scheduler.service.port)) -}}
+{{- end }}
