@@ -29,6 +29,11 @@ pub struct DeviceInfo {
     /// Device type: `gpu`, `rdma`, …
     #[serde(rename = "type", default, skip_serializing_if = "String::is_empty")]
     pub device_type: String,
+    /// The device's properties, for selectors (Koordinator's `labels`): for GPUs the
+    /// model, `node.koordinator.sh/gpu-model` (label-safe), which HAMi's
+    /// `nvidia.com/use-gputype` and Koordinator's `device-allocate-hint` match.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
     /// Device ID; for GPUs the UUID (`GPU-…`).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub id: String,
@@ -102,6 +107,11 @@ mod tests {
     fn json_field_names() {
         let info = DeviceInfo {
             device_type: "gpu".into(),
+            labels: [(
+                "node.koordinator.sh/gpu-model".to_owned(),
+                "NVIDIA-H100-80GB-HBM3".to_owned(),
+            )]
+            .into(),
             id: "GPU-1".into(),
             minor: Some(0),
             health: true,
@@ -116,7 +126,7 @@ mod tests {
         let json = serde_json::to_value(&info).expect("serializes");
         assert_eq!(
             json,
-            serde_json::json!({"type":"gpu","id":"GPU-1","minor":0,"health":true,
+            serde_json::json!({"type":"gpu","labels":{"node.koordinator.sh/gpu-model":"NVIDIA-H100-80GB-HBM3"},"id":"GPU-1","minor":0,"health":true,
                 "resources":{"koordinator.sh/gpu-core":"100"},
                 "topology":{"socketID":0,"nodeID":1,"pcieID":"0000:00:01.0","busID":"0000:19:00.0"}})
         );

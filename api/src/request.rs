@@ -1,6 +1,12 @@
-//! A pod's GPU request, from any of the resource names the scheduler accepts.
+//! A pod's GPU request, from any of the resource names the scheduler accepts, and
+//! from the pod annotations that choose GPUs and placement ([`selection`]).
+//!
+//! One parser for every system Tessera stands in for; each name keeps the meaning
+//! its own system gives it (docs/compat.md).
 
 use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
@@ -8,14 +14,24 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
 use crate::quantity::Quantity;
 use crate::resources::{GPU_CORE, GPU_MEMORY, GPU_MEMORY_RATIO, GPU_SHARED, NVIDIA_GPU};
 
-/// `aliyun.com/gpu-mem`: MiB on one GPU (gpushare).
+pub mod selection;
+
+pub use selection::{GpuSelection, PlacementPolicy};
+
+/// `aliyun.com/gpu-mem`: memory on one GPU (gpushare), in GiB unless the scheduler
+/// is told otherwise (`--gpushare-memory-unit`), as gpushare's device plugin counts it.
 pub const ALIYUN_GPU_MEM: &str = "aliyun.com/gpu-mem";
 /// `nvidia.com/gpumem`: MiB per GPU (HAMi), with `nvidia.com/gpu` as the count.
 pub const HAMI_GPU_MEM: &str = "nvidia.com/gpumem";
+/// `nvidia.com/gpumem-percentage`: percent of each GPU's memory (HAMi), with
+/// `nvidia.com/gpu` as the count.
+pub const HAMI_GPU_MEM_PERCENTAGE: &str = "nvidia.com/gpumem-percentage";
 /// `nvidia.com/gpucores`: percent per GPU (HAMi).
 pub const HAMI_GPU_CORES: &str = "nvidia.com/gpucores";
 /// `volcano.sh/gpu-memory`: memory on one GPU, in a configurable unit.
 pub const VOLCANO_GPU_MEMORY: &str = "volcano.sh/gpu-memory";
+/// `volcano.sh/gpu-number`: whole GPUs (Volcano).
+pub const VOLCANO_GPU_NUMBER: &str = "volcano.sh/gpu-number";
 
 /// Every resource name the scheduler manages.
 pub const MANAGED_RESOURCES: &[&str] = &[
@@ -26,8 +42,10 @@ pub const MANAGED_RESOURCES: &[&str] = &[
     NVIDIA_GPU,
     ALIYUN_GPU_MEM,
     HAMI_GPU_MEM,
+    HAMI_GPU_MEM_PERCENTAGE,
     HAMI_GPU_CORES,
     VOLCANO_GPU_MEMORY,
+    VOLCANO_GPU_NUMBER,
 ];
 
 /// Memory wanted on each GPU.
@@ -59,30 +77,97 @@ impl GpuRequest {
     }
 }
 
+/// The unit of `aliyun.com/gpu-mem`, as gpushare's device plugin `--memory-unit` sets it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MemoryUnit {
+    /// Mebibytes.
+    MiB,
+    /// Gibibytes: gpushare's default.
+    #[default]
+    GiB,
+}
+
+impl MemoryUnit {
+    /// Bytes in one unit.
+    pub fn bytes(self) -> u64 {
+        match self {
+            Self::MiB => 1 << 20,
+            Self::GiB => 1 << 30,
+        }
+    }
+}
+
+impl fmt::Display for MemoryUnit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::MiB => "MiB",
+            Self::GiB => "GiB",
+        })
+    }
+}
+
+/// A memory unit other than `MiB` or `GiB`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("memory unit {0:?}: expected MiB or GiB")]
+pub struct UnknownMemoryUnit(pub String);
+
+impl FromStr for MemoryUnit {
+    type Err = UnknownMemoryUnit;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text.to_ascii_lowercase().as_str() {
+            "mib" => Ok(Self::MiB),
+            "gib" => Ok(Self::GiB),
+            _ => Err(UnknownMemoryUnit(text.to_owned())),
+        }
+    }
+}
+
 /// Settings of request parsing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RequestOptions {
     /// Bytes in one unit of `volcano.sh/gpu-memory` (MiB by default).
     pub volcano_memory_unit: u64,
+    /// The unit of `aliyun.com/gpu-mem` (GiB by default, as gpushare's device plugin).
+    pub gpushare_memory_unit: MemoryUnit,
 }
 
 impl Default for RequestOptions {
     fn default() -> Self {
         Self {
             volcano_memory_unit: 1 << 20,
+            gpushare_memory_unit: MemoryUnit::default(),
         }
     }
 }
 
-/// Why a request is invalid; the message is shown to the user as the filter error.
+/// Why a request is invalid; the message is shown to the user as the filter error
+/// (kube-scheduler puts it in the pod's `FailedScheduling` event).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{container}: {problem}")]
-pub struct RequestError {
-    /// `container NAME` or `init container NAME`.
-    pub container: String,
-    /// What is wrong.
-    pub problem: String,
+pub enum RequestError {
+    /// A container's resources cannot be read or do not make one request.
+    #[error("{container}: {problem}")]
+    Container {
+        /// `container NAME` or `init container NAME`.
+        container: String,
+        /// What is wrong, naming the resource and its value.
+        problem: String,
+    },
+    /// A pod annotation that chooses GPUs or placement cannot be honoured.
+    #[error("annotation {key}: {value:?}: {problem}")]
+    Annotation {
+        /// The annotation.
+        key: String,
+        /// Its value, as written.
+        value: String,
+        /// What is wrong.
+        problem: String,
+    },
 }
+
+/// Above this many GiB, `aliyun.com/gpu-mem` is surely written in MiB: no GPU has
+/// a TiB of memory.
+const GPUSHARE_GIB_SANITY: u64 = 1024;
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 struct Sums {
@@ -110,15 +195,29 @@ fn amounts(
     let mut out = BTreeMap::new();
     for key in MANAGED_RESOURCES {
         if let Some(quantity) = pick(key) {
-            let value = Quantity::parse(&quantity.0).map_err(|e| RequestError {
+            let value = Quantity::parse(&quantity.0).map_err(|e| RequestError::Container {
                 container: who.to_owned(),
                 problem: format!("{key}: {e}"),
             })?;
             let unit = match *key {
-                ALIYUN_GPU_MEM | HAMI_GPU_MEM => 1 << 20,
+                ALIYUN_GPU_MEM => options.gpushare_memory_unit.bytes(),
+                HAMI_GPU_MEM => 1 << 20,
                 VOLCANO_GPU_MEMORY => options.volcano_memory_unit,
                 _ => 1,
             };
+            if *key == ALIYUN_GPU_MEM
+                && options.gpushare_memory_unit == MemoryUnit::GiB
+                && value.value() > GPUSHARE_GIB_SANITY
+            {
+                return Err(RequestError::Container {
+                    container: who.to_owned(),
+                    problem: format!(
+                        "{key} {}: {} GiB is more than any GPU holds; gpushare counts GiB unless its device plugin runs with --memory-unit=MiB, and then tessera-scheduler needs --gpushare-memory-unit MiB",
+                        quantity.0,
+                        value.value()
+                    ),
+                });
+            }
             out.insert(*key, value.value().saturating_mul(unit));
         }
     }
@@ -129,7 +228,7 @@ fn container_request(
     amounts: &BTreeMap<&'static str, u64>,
     who: &str,
 ) -> Result<Option<Sums>, RequestError> {
-    let err = |problem: String| RequestError {
+    let err = |problem: String| RequestError::Container {
         container: who.to_owned(),
         problem,
     };
@@ -143,7 +242,9 @@ fn container_request(
         Ok(value)
     };
     let mut sums = Sums::default();
-    let hami = get(HAMI_GPU_MEM).is_some() || get(HAMI_GPU_CORES).is_some();
+    let hami = [HAMI_GPU_MEM, HAMI_GPU_MEM_PERCENTAGE, HAMI_GPU_CORES]
+        .iter()
+        .any(|key| get(key).is_some());
     if let Some(shared) = get(GPU_SHARED) {
         sums.core = multiple(GPU_SHARED, shared)?;
         sums.ratio = sums.core;
@@ -157,7 +258,29 @@ fn container_request(
     if let Some(bytes) = get(GPU_MEMORY) {
         sums.memory = bytes;
     }
+    // Whole GPUs: the NVIDIA device plugin's name and Volcano's mean the same.
+    let whole = match (get(NVIDIA_GPU), get(VOLCANO_GPU_NUMBER)) {
+        (Some(_), Some(_)) => {
+            return Err(err(format!(
+                "{NVIDIA_GPU} and {VOLCANO_GPU_NUMBER} cannot both be set: each asks for whole GPUs"
+            )));
+        }
+        (Some(count), None) => Some((NVIDIA_GPU, count)),
+        (None, Some(count)) => Some((VOLCANO_GPU_NUMBER, count)),
+        (None, None) => None,
+    };
     if hami {
+        if sums != Sums::default() {
+            return Err(err(format!(
+                "HAMi's {HAMI_GPU_MEM}, {HAMI_GPU_MEM_PERCENTAGE} and {HAMI_GPU_CORES} cannot be combined with koordinator.sh/* GPU resources"
+            )));
+        }
+        if get(VOLCANO_GPU_NUMBER).is_some() {
+            return Err(err(format!(
+                "{VOLCANO_GPU_NUMBER} cannot be combined with HAMi's names: the count is {NVIDIA_GPU}"
+            )));
+        }
+        // HAMi's webhook gives a container with only memory or cores one GPU.
         let count = get(NVIDIA_GPU).unwrap_or(1).max(1);
         let cores = get(HAMI_GPU_CORES).unwrap_or(0);
         if cores > 100 {
@@ -167,11 +290,30 @@ fn container_request(
         }
         sums.count = count;
         sums.core = cores;
-        sums.memory = get(HAMI_GPU_MEM).unwrap_or(0);
-    } else if let Some(count) = get(NVIDIA_GPU) {
+        // HAMi reads 0 of either memory name as unset, and with neither set gives
+        // each GPU's whole memory (its default `defaultMem: 0`).
+        match (
+            get(HAMI_GPU_MEM).filter(|&b| b > 0),
+            get(HAMI_GPU_MEM_PERCENTAGE).filter(|&p| p > 0),
+        ) {
+            (Some(_), Some(_)) => {
+                return Err(err(format!(
+                    "{HAMI_GPU_MEM} and {HAMI_GPU_MEM_PERCENTAGE} cannot both be set: memory is either MiB or a percent of each GPU"
+                )));
+            }
+            (Some(bytes), None) => sums.memory = bytes,
+            (None, Some(percent)) if percent > 100 => {
+                return Err(err(format!(
+                    "{HAMI_GPU_MEM_PERCENTAGE} {percent}: at most 100 (percent of each GPU's memory)"
+                )));
+            }
+            (None, Some(percent)) => sums.ratio = percent,
+            (None, None) => sums.ratio = 100,
+        }
+    } else if let Some((key, count)) = whole {
         if sums != Sums::default() {
             return Err(err(format!(
-                "{NVIDIA_GPU} cannot be combined with koordinator.sh/* GPU resources"
+                "{key} cannot be combined with koordinator.sh/* GPU resources"
             )));
         }
         sums = Sums {
@@ -198,7 +340,7 @@ fn container_request(
 }
 
 fn to_request(sums: Sums, who: &str) -> Result<GpuRequest, RequestError> {
-    let err = |problem: String| RequestError {
+    let err = |problem: String| RequestError::Container {
         container: who.to_owned(),
         problem,
     };
@@ -302,11 +444,18 @@ pub struct ContainerGpuRequest {
 
 /// What a pod asks of GPUs: one request per container that asks for any, init
 /// containers (sidecars among them) in spec order, then app containers in spec
-/// order. Containers that ask for no GPU are not listed: they get none.
+/// order. Containers that ask for no GPU are not listed: they get none. Beside
+/// them, what the pod's annotations say about which GPUs and how to place it.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct PodGpuRequest {
     /// The containers that ask for GPUs.
     pub containers: Vec<ContainerGpuRequest>,
+    /// Which GPUs the pod may get (every GPU when empty).
+    pub selection: GpuSelection,
+    /// Which GPU on a node, overriding the scheduler's `--gpu-policy` for this pod.
+    pub gpu_policy: Option<PlacementPolicy>,
+    /// Which node, overriding the scheduler's `--node-policy` for this pod.
+    pub node_policy: Option<PlacementPolicy>,
 }
 
 /// Scalar totals of GPU requests: what Kubernetes would add up if GPU shares
@@ -450,8 +599,21 @@ pub fn pod_gpu_request(
             });
         }
     }
-    Ok((!containers.is_empty()).then_some(PodGpuRequest { containers }))
+    if containers.is_empty() {
+        // Annotations alone ask for nothing: without a GPU resource there is nothing to place.
+        return Ok(None);
+    }
+    let rules = selection::PodRules::parse(pod.metadata.annotations.as_ref())?;
+    Ok(Some(PodGpuRequest {
+        containers,
+        selection: rules.selection,
+        gpu_policy: rules.gpu_policy,
+        node_policy: rules.node_policy,
+    }))
 }
+
+#[cfg(test)]
+mod compat_tests;
 
 #[cfg(test)]
 mod tests {
@@ -543,11 +705,11 @@ mod tests {
             }))
         );
         assert_eq!(
-            request(&[(ALIYUN_GPU_MEM, "8138")]),
+            request(&[(ALIYUN_GPU_MEM, "8")]),
             Ok(Some(GpuRequest {
                 count: 1,
                 core: 0,
-                memory: GpuMemory::Bytes(8138 << 20)
+                memory: GpuMemory::Bytes(8 << 30)
             }))
         );
         assert_eq!(

@@ -20,3 +20,56 @@ pub const DEVICES_CHECKPOINTS: &str = "node.koordinator.sh/devices-checkpoints";
 pub const DEVICE_TYPE_GPU: &str = "gpu";
 /// Device type key of RDMA devices in the allocation annotation.
 pub const DEVICE_TYPE_RDMA: &str = "rdma";
+
+/// Label of the GPU model (label-safe, e.g. `NVIDIA-H100-80GB-HBM3`): on the node, as
+/// Koordinator names it, and on each GPU of the Device CR (`spec.devices[].labels`), where
+/// Koordinator's `device-allocate-hint` selectors and HAMi's `use-gputype` match it.
+pub const LABEL_GPU_MODEL: &str = "node.koordinator.sh/gpu-model";
+/// Node label of the driver version.
+pub const LABEL_DRIVER_VERSION: &str = "node.koordinator.sh/gpu-driver-version";
+
+/// `text` as a label value: characters other than ASCII letters, digits, `-`, `_`
+/// and `.` become `-`, the ends start and stop with a letter or digit, at most 63
+/// characters. `NVIDIA H100 80GB HBM3` is `NVIDIA-H100-80GB-HBM3`.
+pub fn label_value(text: &str) -> String {
+    let mapped: String = text
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "-_.".contains(c) {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    let mut value: String = mapped
+        .trim_matches(|c: char| !c.is_ascii_alphanumeric())
+        .chars()
+        .take(63)
+        .collect();
+    // Cutting at 63 may leave a separator at the end, which a label may not have.
+    while value.ends_with(|c: char| !c.is_ascii_alphanumeric()) {
+        value.pop();
+    }
+    value
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn label_values_are_label_safe() {
+        assert_eq!(
+            label_value("NVIDIA H100 80GB HBM3"),
+            "NVIDIA-H100-80GB-HBM3"
+        );
+        assert_eq!(
+            label_value(" Tesla V100-SXM2-16GB "),
+            "Tesla-V100-SXM2-16GB"
+        );
+        assert_eq!(label_value("550.54.15"), "550.54.15");
+        let long = format!("{}-x", "a".repeat(62));
+        assert_eq!(label_value(&long), "a".repeat(62));
+    }
+}

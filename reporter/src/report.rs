@@ -5,16 +5,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use tessera_api::resources::{
     DEVICE_ALLOCATED, DEVICE_TYPE_GPU, GPU_CORE, GPU_MEMORY, GPU_MEMORY_RATIO, NVIDIA_GPU,
+    label_value,
 };
+pub use tessera_api::resources::{LABEL_DRIVER_VERSION, LABEL_GPU_MODEL};
 use tessera_api::{DeviceInfo, DeviceSpec, DeviceTopology, LegacyDeviceEntry};
 
 use crate::checkpoint::{Checkpoint, CheckpointEntry, gpu_index};
 use crate::gpu::NodeGpus;
-
-/// Node label of the GPU model.
-pub const LABEL_GPU_MODEL: &str = "node.koordinator.sh/gpu-model";
-/// Node label of the driver version.
-pub const LABEL_DRIVER_VERSION: &str = "node.koordinator.sh/gpu-driver-version";
 
 /// Which extended resources the node advertises besides `koordinator.sh/*`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,7 +35,9 @@ fn quantity(value: u64) -> Quantity {
     Quantity(value.to_string())
 }
 
-/// The Device CR spec: one `gpu` entry per GPU, healthy or not.
+/// The Device CR spec: one `gpu` entry per GPU, healthy or not, each labelled
+/// with its model (the scheduler matches HAMi's `use-gputype` and Koordinator's
+/// device hints against it; a node may hold GPUs of several models).
 pub fn device_spec(gpus: &NodeGpus, unhealthy: &BTreeSet<String>) -> DeviceSpec {
     let devices = gpus
         .gpus
@@ -50,6 +49,7 @@ pub fn device_spec(gpus: &NodeGpus, unhealthy: &BTreeSet<String>) -> DeviceSpec 
                 .unwrap_or(-1);
             DeviceInfo {
                 device_type: DEVICE_TYPE_GPU.into(),
+                labels: BTreeMap::from([(LABEL_GPU_MODEL.to_owned(), label_value(&gpu.model))]),
                 id: gpu.uuid.clone(),
                 minor: i32::try_from(gpu.minor).ok(),
                 health: !unhealthy.contains(&gpu.uuid),
@@ -105,29 +105,15 @@ pub fn node_capacity(
 
 /// Labels naming the GPU model and driver version (label-safe values).
 pub fn node_labels(gpus: &NodeGpus) -> BTreeMap<String, String> {
-    let safe = |text: &str| -> String {
-        let mapped: String = text
-            .chars()
-            .map(|c| {
-                if c.is_ascii_alphanumeric() || "-_.".contains(c) {
-                    c
-                } else {
-                    '-'
-                }
-            })
-            .collect();
-        mapped
-            .trim_matches(|c: char| !c.is_ascii_alphanumeric())
-            .chars()
-            .take(63)
-            .collect()
-    };
     let mut labels = BTreeMap::new();
     if let Some(gpu) = gpus.gpus.first() {
-        labels.insert(LABEL_GPU_MODEL.to_owned(), safe(&gpu.model));
+        labels.insert(LABEL_GPU_MODEL.to_owned(), label_value(&gpu.model));
     }
     if !gpus.driver_version.is_empty() {
-        labels.insert(LABEL_DRIVER_VERSION.to_owned(), safe(&gpus.driver_version));
+        labels.insert(
+            LABEL_DRIVER_VERSION.to_owned(),
+            label_value(&gpus.driver_version),
+        );
     }
     labels
 }
@@ -235,6 +221,11 @@ mod tests {
         assert_eq!(
             spec.devices[1].topology.as_ref().map(|t| t.node_id),
             Some(0)
+        );
+        // Each GPU carries its model, for HAMi's use-gputype and Koordinator's hints.
+        assert_eq!(
+            spec.devices[1].labels[LABEL_GPU_MODEL],
+            "NVIDIA-H100-80GB-HBM3"
         );
     }
 

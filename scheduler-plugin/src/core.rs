@@ -1,11 +1,15 @@
 //! The allocation core: per-node, per-GPU accounting and the choice of GPUs.
 //! Pure: no I/O, no clocks, no locks.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use tessera_api::request::{
-    ContainerGpuRequest, ContainerRole, GpuMemory, GpuRequest, PodGpuRequest,
+    ContainerGpuRequest, ContainerRole, GpuMemory, GpuRequest, GpuSelection, PlacementPolicy,
+    PodGpuRequest,
 };
+use tessera_api::resources::LABEL_GPU_MODEL;
 
 /// One GPU's capacity and use.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -30,11 +34,16 @@ pub struct GpuState {
     pub pcie: String,
     /// UUIDs of NVLink peers.
     pub nvlink_peers: Vec<String>,
+    /// The Device CR's labels of this GPU (the model among them); shared, as
+    /// every copy of the node's state holds them.
+    pub labels: Arc<BTreeMap<String, String>>,
+    /// Ruled out for the pod being placed by its GPU selection (never set in the ledger).
+    pub excluded: bool,
 }
 
 impl GpuState {
     fn usable(&self) -> bool {
-        self.healthy && !self.legacy
+        self.healthy && !self.legacy && !self.excluded
     }
 
     fn free_core(&self) -> u64 {
@@ -336,7 +345,8 @@ pub fn score(node: &NodeState, placement: &Placement, policy: Policy) -> i64 {
 fn score_added(node: &NodeState, added_core: u64, added_memory: u64, policy: Policy) -> i64 {
     let (mut usable, mut memory_total, mut core_used, mut memory_used) =
         (0u64, 0u64, added_core, added_memory);
-    for gpu in node.gpus.iter().filter(|g| g.usable()) {
+    // The node's fullness, whatever the pod's selection rules out.
+    for gpu in node.gpus.iter().filter(|g| g.healthy && !g.legacy) {
         usable += 1;
         memory_total += gpu.memory_total;
         core_used += gpu.core_used;
@@ -514,7 +524,7 @@ fn allocate_init(
 /// [`allocate`] decides); then each init container, in order, beside the sidecars
 /// started before it, on GPUs the pod books already where it can. The pod books,
 /// per GPU and resource, the most any phase uses.
-pub fn allocate_pod(
+fn allocate_pod_on(
     node: &NodeState,
     request: &PodGpuRequest,
     policy: Policy,
@@ -586,23 +596,118 @@ pub fn allocate_pod(
     })
 }
 
+// === A pod's own choices: which GPUs, which policies ===
+
+impl From<PlacementPolicy> for Policy {
+    fn from(policy: PlacementPolicy) -> Self {
+        match policy {
+            PlacementPolicy::Binpack => Self::Binpack,
+            PlacementPolicy::Spread => Self::Spread,
+        }
+    }
+}
+
+/// Which GPU on a node for `request`: its own (`hami.io/gpu-scheduler-policy`), else `default`.
+pub fn gpu_policy_of(request: &PodGpuRequest, default: Policy) -> Policy {
+    request.gpu_policy.map_or(default, Policy::from)
+}
+
+/// Which node for `request`: its own (`hami.io/node-scheduler-policy`), else `default`.
+pub fn node_policy_of(request: &PodGpuRequest, default: Policy) -> Policy {
+    request.node_policy.map_or(default, Policy::from)
+}
+
+/// The node as the pod may use it: the GPUs its selection rules out are marked
+/// excluded (kept, so that messages count them). No copy when it selects nothing.
+fn as_selected<'a>(node: &'a NodeState, selection: &GpuSelection) -> Cow<'a, NodeState> {
+    if selection.is_empty() {
+        return Cow::Borrowed(node);
+    }
+    let mut node = node.clone();
+    for gpu in &mut node.gpus {
+        gpu.excluded = !selection.allows(&gpu.uuid, &gpu.labels);
+    }
+    Cow::Owned(node)
+}
+
+/// `reason`, saying how many of the node's GPUs the pod's selection rules out.
+fn with_selection(reason: String, node: &NodeState, selection: &GpuSelection) -> String {
+    let excluded = node.gpus.iter().filter(|g| g.excluded).count();
+    if excluded == 0 {
+        return reason;
+    }
+    format!(
+        "{reason}; {excluded} of {} GPUs ruled out by {}",
+        node.gpus.len(),
+        selection.describe()
+    )
+}
+
+/// Why no node could ever give the pod a GPU: its selection rules out every GPU
+/// of every node (a model or UUID no node has). Names the annotations, their
+/// values and the models the cluster has; `None` when some GPU passes.
+pub fn selected_nowhere<'a>(
+    nodes: impl IntoIterator<Item = &'a NodeState>,
+    selection: &GpuSelection,
+) -> Option<String> {
+    if selection.is_empty() {
+        return None;
+    }
+    let mut models = std::collections::BTreeSet::new();
+    for gpu in nodes.into_iter().flat_map(|node| &node.gpus) {
+        if selection.allows(&gpu.uuid, &gpu.labels) {
+            return None;
+        }
+        models.insert(
+            gpu.labels
+                .get(LABEL_GPU_MODEL)
+                .map_or("(model not reported)", String::as_str),
+        );
+    }
+    let models = if models.is_empty() {
+        "none".to_owned()
+    } else {
+        models.into_iter().collect::<Vec<_>>().join(", ")
+    };
+    Some(format!(
+        "{} rules out every GPU of every node: no node has such a GPU (GPU models in the cluster: {models})",
+        selection.describe()
+    ))
+}
+
+/// Chooses GPUs for every container of a pod on `node`, or says which container
+/// does not fit and why: [`allocate_pod_on`] over the GPUs the pod's selection
+/// allows, by the pod's own GPU policy when it names one, else `policy`.
+pub fn allocate_pod(
+    node: &NodeState,
+    request: &PodGpuRequest,
+    policy: Policy,
+) -> Result<PodPlacement, String> {
+    let node = as_selected(node, &request.selection);
+    allocate_pod_on(&node, request, gpu_policy_of(request, policy))
+        .map_err(|reason| with_selection(reason, &node, &request.selection))
+}
+
 /// Whether the pod fits on `node` when placed by `policy`, as bind will place it
 /// (for one container, as cheap as [`fits`]).
 pub fn fits_pod(node: &NodeState, request: &PodGpuRequest, policy: Policy) -> bool {
+    let node = as_selected(node, &request.selection);
     match request.containers.as_slice() {
-        [only] => fits(node, &only.gpu),
-        _ => allocate_pod(node, request, policy).is_ok(),
+        [only] => fits(&node, &only.gpu),
+        _ => allocate_pod_on(&node, request, gpu_policy_of(request, policy)).is_ok(),
     }
 }
 
 /// Why the pod does not fit on `node`, naming the container that does not.
 pub fn unfit_reason_pod(node: &NodeState, request: &PodGpuRequest, policy: Policy) -> String {
-    match request.containers.as_slice() {
-        [only] => container_unfit(only, &unfit_reason(node, &only.gpu)),
-        _ => allocate_pod(node, request, policy)
+    let node = as_selected(node, &request.selection);
+    let reason = match request.containers.as_slice() {
+        [only] => container_unfit(only, &unfit_reason(&node, &only.gpu)),
+        _ => allocate_pod_on(&node, request, gpu_policy_of(request, policy))
             .err()
             .unwrap_or_else(|| "fits".into()),
-    }
+    };
+    with_selection(reason, &node, &request.selection)
 }
 
 /// Whether `gpu` could hold one share of `request` with nothing else on it:
@@ -616,7 +721,11 @@ fn could_ever_take(gpu: &GpuState, request: &GpuRequest) -> bool {
             .try_into()
             .unwrap_or(u64::MAX),
     };
-    gpu.healthy && gpu.memory_total > 0 && request.core <= 100 && memory <= gpu.memory_total
+    gpu.healthy
+        && !gpu.excluded
+        && gpu.memory_total > 0
+        && request.core <= 100
+        && memory <= gpu.memory_total
 }
 
 /// Why `request` can never fit on `node`, whatever runs there or is evicted: too
@@ -647,38 +756,47 @@ pub fn never_fits(node: &NodeState, request: &GpuRequest) -> Option<String> {
 
 /// Why the pod can never fit on `node`, even emptied of every pod (device-plugin
 /// pods included), naming the container; `None` when preemption may help. Only
-/// called for nodes the pod does not fit now.
+/// called for nodes the pod does not fit now. GPUs the pod's selection rules out
+/// never count: no eviction changes a GPU's model or UUID.
 pub fn never_fits_pod(node: &NodeState, request: &PodGpuRequest, policy: Policy) -> Option<String> {
-    match request.containers.as_slice() {
-        [only] => never_fits(node, &only.gpu).map(|reason| container_unfit(only, &reason)),
+    let node = as_selected(node, &request.selection);
+    let reason = match request.containers.as_slice() {
+        [only] => never_fits(&node, &only.gpu).map(|reason| container_unfit(only, &reason)),
         _ => {
             // Several containers share GPUs: place them all on the node emptied.
-            let mut empty = node.clone();
+            let mut empty = node.clone().into_owned();
             for gpu in &mut empty.gpus {
                 gpu.core_used = 0;
                 gpu.memory_used = 0;
                 gpu.legacy = false;
             }
-            allocate_pod(&empty, request, policy)
+            allocate_pod_on(&empty, request, gpu_policy_of(request, policy))
                 .err()
                 .map(|reason| format!("never fits, even with nothing running: {reason}"))
         }
-    }
+    }?;
+    Some(with_selection(reason, &node, &request.selection))
 }
 
 /// The extender score 0..=10 of placing the pod on `node`, or `None` when it
-/// does not fit (for one container, as cheap as [`score_request`]).
+/// does not fit (for one container, as cheap as [`score_request`]). The pod's own
+/// policies, when it names them, stand in for `gpu_policy` and `node_policy`.
 pub fn score_pod(
     node: &NodeState,
     request: &PodGpuRequest,
     gpu_policy: Policy,
     node_policy: Policy,
 ) -> Option<i64> {
+    let node = as_selected(node, &request.selection);
+    let (gpu_policy, node_policy) = (
+        gpu_policy_of(request, gpu_policy),
+        node_policy_of(request, node_policy),
+    );
     match request.containers.as_slice() {
-        [only] => score_request(node, &only.gpu, gpu_policy, node_policy),
-        _ => allocate_pod(node, request, gpu_policy)
+        [only] => score_request(&node, &only.gpu, gpu_policy, node_policy),
+        _ => allocate_pod_on(&node, request, gpu_policy)
             .ok()
-            .map(|placement| score(node, &placement.booked, node_policy)),
+            .map(|placement| score(&node, &placement.booked, node_policy)),
     }
 }
 

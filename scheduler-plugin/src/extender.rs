@@ -30,7 +30,9 @@ use crate::bind::{
     BindDecision, BindError, BindFailure, RollbackDecision, annotate_patch, decide,
     decide_rollback, rollback_patch,
 };
-use crate::core::{Policy, allocate_pod, fits_pod, never_fits_pod, score_pod, unfit_reason_pod};
+use crate::core::{
+    Policy, allocate_pod, fits_pod, never_fits_pod, score_pod, selected_nowhere, unfit_reason_pod,
+};
 use crate::leader::Leader;
 use crate::ledger::{Ledger, annotation_of, pod_name};
 
@@ -329,6 +331,13 @@ impl Extender {
         if !self.synced() {
             // Not one node is judged from a partial view: each is refused, with why.
             return refuse_all(names, nodes.is_some(), NOT_SYNCED);
+        }
+        // A selection no GPU of the cluster passes (a model or UUID no node has) is
+        // the pod's mistake, like an invalid request: the same on every node.
+        let nowhere = selected_nowhere(self.ledger().nodes(), &request.selection);
+        if let Some(why) = nowhere {
+            let why = format!("pod {}: {why}", pod_name(&pod));
+            return refuse_all(names, nodes.is_some(), &why);
         }
         let mut result = ExtenderFilterResult::default();
         let mut fit = Vec::with_capacity(names.len());

@@ -106,6 +106,7 @@ pub fn device_gpus(device: &Device) -> Vec<GpuState> {
                 .as_ref()
                 .map(|t| t.pcie_id.clone())
                 .unwrap_or_default(),
+            labels: std::sync::Arc::new(d.labels.clone()),
             ..GpuState::default()
         })
         .collect()
@@ -476,6 +477,7 @@ mod tests {
         let devices = (0..gpus)
             .map(|i| DeviceInfo {
                 device_type: "gpu".into(),
+                labels: BTreeMap::new(),
                 id: format!("GPU-{i}"),
                 minor: Some(i as i32),
                 health: true,

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use tessera_api::request::RequestOptions;
+use tessera_api::request::{MemoryUnit, RequestOptions};
 use tessera_scheduler::core::Policy;
 use tessera_scheduler::extender::{Extender, ExtenderConfig, serve};
 use tessera_scheduler::leader::{Election, ElectionTiming, Leader, LeaseConfig, parse_duration};
@@ -35,6 +35,19 @@ struct PolicyArgs {
     /// Bytes in one unit of volcano.sh/gpu-memory.
     #[arg(long, value_name = "BYTES", default_value_t = 1 << 20)]
     volcano_memory_unit: u64,
+    /// The unit of aliyun.com/gpu-mem: GiB, as gpushare's device plugin counts by
+    /// default, or MiB for clusters whose gpushare ran with --memory-unit=MiB.
+    #[arg(long, value_name = "MiB|GiB", default_value_t = MemoryUnit::GiB)]
+    gpushare_memory_unit: MemoryUnit,
+}
+
+impl PolicyArgs {
+    fn request_options(&self) -> RequestOptions {
+        RequestOptions {
+            volcano_memory_unit: self.volcano_memory_unit,
+            gpushare_memory_unit: self.gpushare_memory_unit,
+        }
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -200,9 +213,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
             let config = ExtenderConfig {
                 gpu_policy: policy.gpu_policy,
                 node_policy: policy.node_policy,
-                request: RequestOptions {
-                    volcano_memory_unit: policy.volcano_memory_unit,
-                },
+                request: policy.request_options(),
                 reservation_ttl: Duration::from_secs(reservation_ttl),
             };
             let extender = Extender::new(
@@ -296,9 +307,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
             let options = SimulateOptions {
                 gpu_policy: policy.gpu_policy,
                 node_policy: policy.node_policy,
-                request: RequestOptions {
-                    volcano_memory_unit: policy.volcano_memory_unit,
-                },
+                request: policy.request_options(),
                 nodes_to_score,
             };
             let placing = Instant::now();

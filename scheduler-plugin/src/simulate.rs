@@ -10,7 +10,7 @@ use serde_json::Value;
 use tessera_api::request::{RequestOptions, pod_gpu_request};
 use tessera_api::{Device, DeviceInfo, DeviceSpec, DeviceTopology};
 
-use crate::core::{PodPlacement, Policy, allocate_pod, score};
+use crate::core::{PodPlacement, Policy, allocate_pod, node_policy_of, score, selected_nowhere};
 use crate::ledger::{Ledger, annotation_of, pod_name};
 
 /// Why a snapshot cannot be read.
@@ -169,6 +169,16 @@ pub fn simulate(ledger: &mut Ledger, pending: &[Pod], options: &SimulateOptions)
                 continue;
             }
         };
+        if let Some(why) = selected_nowhere(ledger.nodes(), &request.selection) {
+            outcomes.push(Outcome {
+                pod: who,
+                node: None,
+                annotation: None,
+                reason: Some(why),
+            });
+            continue;
+        }
+        let node_policy = node_policy_of(&request, options.node_policy);
         // Like kube-scheduler: look at nodes round-robin from where the last pod
         // stopped, until `window` feasible nodes are found, then score those.
         let mut best: Option<(i64, &str, PodPlacement)> = None;
@@ -184,7 +194,7 @@ pub fn simulate(ledger: &mut Ledger, pending: &[Pod], options: &SimulateOptions)
             match allocate_pod(node, &request, options.gpu_policy) {
                 Ok(placement) => {
                     feasible += 1;
-                    let value = score(node, &placement.booked, options.node_policy);
+                    let value = score(node, &placement.booked, node_policy);
                     if best
                         .as_ref()
                         .is_none_or(|(b, n, _)| value > *b || (value == *b && name.as_str() < *n))
@@ -242,6 +252,7 @@ pub fn synthetic_cluster(nodes: usize, gpus: u32, running: usize) -> Snapshot {
         let devices = (0..gpus)
             .map(|g| DeviceInfo {
                 device_type: "gpu".into(),
+                labels: BTreeMap::new(),
                 id: format!("GPU-{n:05}-{g:02}"),
                 minor: i32::try_from(g).ok(),
                 health: true,
@@ -425,6 +436,156 @@ spec:
         }
         assert!(parsed.gpus_of_container("sidecar").is_empty());
         assert_eq!(ledger.node("n1").expect("node").gpus[1].core_used, 50);
+    }
+
+    /// Two nodes of different models; pods written as HAMi, Volcano, gpushare and
+    /// Koordinator users write them, with their annotations.
+    const MIXED: &str = r#"
+apiVersion: v1
+kind: List
+items:
+- apiVersion: scheduling.koordinator.sh/v1alpha1
+  kind: Device
+  metadata: {name: a100}
+  spec:
+    devices:
+    - {type: gpu, id: GPU-a0, minor: 0, health: true, labels: {node.koordinator.sh/gpu-model: NVIDIA-A100-SXM4-80GB}, resources: {koordinator.sh/gpu-memory: "85899345920"}}
+    - {type: gpu, id: GPU-a1, minor: 1, health: true, labels: {node.koordinator.sh/gpu-model: NVIDIA-A100-SXM4-80GB}, resources: {koordinator.sh/gpu-memory: "85899345920"}}
+- apiVersion: scheduling.koordinator.sh/v1alpha1
+  kind: Device
+  metadata: {name: h100}
+  spec:
+    devices:
+    - {type: gpu, id: GPU-h0, minor: 0, health: true, labels: {node.koordinator.sh/gpu-model: NVIDIA-H100-80GB-HBM3}, resources: {koordinator.sh/gpu-memory: "85899345920"}}
+    - {type: gpu, id: GPU-h1, minor: 1, health: true, labels: {node.koordinator.sh/gpu-model: NVIDIA-H100-80GB-HBM3}, resources: {koordinator.sh/gpu-memory: "85899345920"}}
+"#;
+
+    const COMPAT_PODS: &str = r#"
+apiVersion: v1
+kind: Pod
+metadata:
+  name: hami-h100
+  namespace: default
+  annotations:
+    nvidia.com/use-gputype: "H100"
+    hami.io/gpu-scheduler-policy: "spread"
+spec:
+  containers:
+    - name: ubuntu-container
+      image: ubuntu:18.04
+      resources:
+        limits:
+          nvidia.com/gpu: 2
+          nvidia.com/gpumem-percentage: 25
+          nvidia.com/gpucores: 30
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: volcano-whole, namespace: default}
+spec:
+  schedulerName: volcano
+  containers:
+    - name: cuda-container
+      image: nvidia/cuda:9.0-devel
+      resources:
+        limits:
+          volcano.sh/gpu-number: 1
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: koord-a100
+  namespace: default
+  annotations:
+    scheduling.koordinator.sh/device-allocate-hint: '{"gpu":{"selector":{"matchLabels":{"node.koordinator.sh/gpu-model":"NVIDIA-A100-SXM4-80GB"}}}}'
+spec:
+  containers:
+  - name: main
+    image: nginx
+    resources: {limits: {koordinator.sh/gpu: "50"}}
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: gpushare
+  namespace: default
+spec:
+  containers:
+  - name: binpack-1
+    image: cheyang/gpu-player:v2
+    resources:
+      limits:
+        # GiB
+        aliyun.com/gpu-mem: 3
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: wants-v100
+  namespace: default
+  annotations: {nvidia.com/use-gputype: "V100"}
+spec:
+  containers:
+    - {name: c, image: x, resources: {limits: {nvidia.com/gpu: 1}}}
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: bad-policy
+  namespace: default
+  annotations: {hami.io/gpu-scheduler-policy: "fast"}
+spec:
+  containers:
+    - {name: c, image: x, resources: {limits: {nvidia.com/gpu: 1}}}
+"#;
+
+    #[test]
+    fn simulates_other_systems_manifests_with_their_annotations() {
+        let snapshot = parse_snapshot(MIXED, "cluster").expect("parses");
+        let pending = parse_snapshot(COMPAT_PODS, "pods").expect("parses").pods;
+        let mut ledger = ledger_of(&snapshot);
+        let outcomes = simulate(&mut ledger, &pending, &SimulateOptions::default());
+        let gpus_of = |index: usize| -> Vec<(String, Option<u64>, Option<u64>)> {
+            let annotation = outcomes[index].annotation.as_deref().expect("placed");
+            tessera_api::DeviceAllocations::parse(annotation)
+                .expect("valid")
+                .gpus()
+                .iter()
+                .map(|a| (a.id.clone(), a.gpu_core(), a.gpu_memory_ratio()))
+                .collect()
+        };
+        // HAMi: two H100s, 30% compute and a quarter of the memory on each.
+        assert_eq!(outcomes[0].node.as_deref(), Some("h100"), "{outcomes:?}");
+        assert_eq!(
+            gpus_of(0),
+            [
+                ("GPU-h0".to_owned(), Some(30), Some(25)),
+                ("GPU-h1".to_owned(), Some(30), Some(25))
+            ]
+        );
+        // Volcano: a whole GPU, so an empty one: only the A100 node has any left.
+        assert_eq!(outcomes[1].node.as_deref(), Some("a100"), "{outcomes:?}");
+        assert_eq!(gpus_of(1)[0].1, Some(100));
+        // Koordinator's hint: an A100, the one left.
+        assert_eq!(outcomes[2].node.as_deref(), Some("a100"), "{outcomes:?}");
+        assert_eq!(gpus_of(2)[0].0, "GPU-a1");
+        // gpushare: 3 GiB.
+        let annotation = outcomes[3].annotation.as_deref().expect("placed");
+        let parsed = tessera_api::DeviceAllocations::parse(annotation).expect("valid");
+        assert_eq!(parsed.gpus()[0].gpu_memory(), Some(3 << 30));
+        // Refusals name the annotation and its value.
+        assert_eq!(
+            outcomes[4].reason.as_deref(),
+            Some(
+                r#"nvidia.com/use-gputype="V100" rules out every GPU of every node: no node has such a GPU (GPU models in the cluster: NVIDIA-A100-SXM4-80GB, NVIDIA-H100-80GB-HBM3)"#
+            )
+        );
+        assert_eq!(
+            outcomes[5].reason.as_deref(),
+            Some(
+                r#"annotation hami.io/gpu-scheduler-policy: "fast": "fast": expected binpack or spread, optionally with topology-aware or numa"#
+            )
+        );
     }
 
     #[test]

@@ -289,6 +289,7 @@ fn pod(containers: &[(&str, ContainerRole, GpuRequest)]) -> PodGpuRequest {
                 gpu: *gpu,
             })
             .collect(),
+        ..PodGpuRequest::default()
     }
 }
 
@@ -479,6 +480,7 @@ fn pod_request() -> impl Strategy<Value = PodGpuRequest> {
                     gpu,
                 })
                 .collect(),
+            ..PodGpuRequest::default()
         }
     })
 }
@@ -575,6 +577,7 @@ proptest! {
                     gpu: share(core, ratio),
                 }).collect()
             },
+            ..PodGpuRequest::default()
         };
         let n = node("n", vec![gpu(0, 16384, 16384)]);
         let effective = request.effective();
@@ -584,4 +587,128 @@ proptest! {
             prop_assert_eq!(shares_of(&placement.booked.gpus), [("GPU-0", effective.core, effective.memory_ratio)]);
         }
     }
+}
+
+// === A pod's own choices: which GPUs, which policies ===
+
+fn with_rules(annotations: &[(&str, &str)], gpu: GpuRequest) -> PodGpuRequest {
+    let annotations: BTreeMap<String, String> = annotations
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    let rules = tessera_api::request::selection::PodRules::parse(Some(&annotations))
+        .expect("valid annotations");
+    PodGpuRequest {
+        selection: rules.selection,
+        gpu_policy: rules.gpu_policy,
+        node_policy: rules.node_policy,
+        ..pod(&[("main", ContainerRole::App, gpu)])
+    }
+}
+
+fn of_model(mut gpu: GpuState, model: &str) -> GpuState {
+    gpu.labels = Arc::new(BTreeMap::from([(
+        LABEL_GPU_MODEL.to_owned(),
+        model.to_owned(),
+    )]));
+    gpu
+}
+
+fn chosen(placement: &PodPlacement) -> Vec<&str> {
+    placement
+        .booked
+        .gpus
+        .iter()
+        .map(|s| s.uuid.as_str())
+        .collect()
+}
+
+/// A node of two models: HAMi's type and UUID lists choose among its GPUs; binpack
+/// would otherwise take the fuller GPU 0.
+#[test]
+fn selection_rules_out_gpus_by_model_and_uuid() {
+    let n = node(
+        "n",
+        vec![
+            of_model(gpu(0, 16384, 8192), "Tesla-V100-PCIE-16GB"),
+            of_model(gpu(1, 16384, 16384), "Tesla-T4"),
+            of_model(gpu(2, 16384, 16384), "Tesla-T4"),
+        ],
+    );
+    let quarter = mib(1024);
+    let place = |annotations: &[(&str, &str)]| {
+        allocate_pod(&n, &with_rules(annotations, quarter), Policy::Binpack)
+    };
+    assert_eq!(chosen(&place(&[]).expect("fits")), ["GPU-0"]);
+    assert_eq!(
+        chosen(&place(&[("nvidia.com/use-gputype", "t4")]).expect("fits")),
+        ["GPU-1"]
+    );
+    assert_eq!(
+        chosen(
+            &place(&[
+                ("nvidia.com/nouse-gputype", "V100"),
+                ("nvidia.com/nouse-gpuuuid", "GPU-1")
+            ])
+            .expect("fits")
+        ),
+        ["GPU-2"]
+    );
+    assert_eq!(
+        chosen(&place(&[("nvidia.com/use-gpuuuid", "GPU-2, GPU-9")]).expect("fits")),
+        ["GPU-2"]
+    );
+    let error = place(&[("nvidia.com/use-gputype", "A100")]).expect_err("no A100 here");
+    assert_eq!(
+        error,
+        r#"container main: 0 of 0 usable GPUs (3 total) have 0% compute and 1024 MiB free; 1 needed; 3 of 3 GPUs ruled out by nvidia.com/use-gputype="A100""#
+    );
+    let request = with_rules(&[("nvidia.com/use-gputype", "A100")], quarter);
+    assert!(!fits_pod(&n, &request, Policy::Binpack));
+    assert!(never_fits_pod(&n, &request, Policy::Binpack).is_some());
+    assert_eq!(
+        score_pod(&n, &request, Policy::Binpack, Policy::Binpack),
+        None
+    );
+    assert_eq!(
+        selected_nowhere([&n], &request.selection).as_deref(),
+        Some(
+            r#"nvidia.com/use-gputype="A100" rules out every GPU of every node: no node has such a GPU (GPU models in the cluster: Tesla-T4, Tesla-V100-PCIE-16GB)"#
+        )
+    );
+    let t4 = with_rules(&[("nvidia.com/use-gputype", "T4")], quarter);
+    assert_eq!(selected_nowhere([&n], &t4.selection), None);
+}
+
+/// `hami.io/gpu-scheduler-policy: spread` takes the emptiest GPU although the
+/// scheduler's default is binpack, and the other way round.
+#[test]
+fn the_pods_gpu_policy_overrides_the_default() {
+    let n = node("n", vec![gpu(0, 16384, 8192), gpu(1, 16384, 16384)]);
+    let quarter = mib(1024);
+    let spread = with_rules(&[("hami.io/gpu-scheduler-policy", "spread")], quarter);
+    assert_eq!(
+        chosen(&allocate_pod(&n, &spread, Policy::Binpack).expect("fits")),
+        ["GPU-1"]
+    );
+    let binpack = with_rules(&[("hami.io/gpu-scheduler-policy", "binpack")], quarter);
+    assert_eq!(
+        chosen(&allocate_pod(&n, &binpack, Policy::Spread).expect("fits")),
+        ["GPU-0"]
+    );
+    assert_eq!(gpu_policy_of(&spread, Policy::Binpack), Policy::Spread);
+    assert_eq!(node_policy_of(&spread, Policy::Binpack), Policy::Binpack);
+}
+
+/// The score of a node is its fullness whatever the pod's selection rules out:
+/// a pod limited to one GPU of an otherwise full node still sees it full.
+#[test]
+fn a_selection_does_not_change_how_full_a_node_looks() {
+    let n = node("n", vec![gpu(0, 16384, 0), gpu(1, 16384, 16384)]);
+    let request = with_rules(&[("nvidia.com/use-gpuuuid", "GPU-1")], mib(8192));
+    let plain = pod(&[("main", ContainerRole::App, mib(8192))]);
+    assert_eq!(
+        score_pod(&n, &request, Policy::Binpack, Policy::Binpack),
+        score_pod(&n, &plain, Policy::Binpack, Policy::Binpack)
+    );
 }

@@ -254,3 +254,190 @@ fn the_answer_uses_kube_schedulers_field_names() {
     assert!(wire["FailedAndUnresolvableNodes"]["fits"].is_string());
     assert!(wire["FailedAndUnresolvableNodes"]["busy"].is_string());
 }
+
+// === A pod's own choices: GPU model and UUID, per-pod policies ===
+
+/// A Device CR for `node` with `count` healthy 80 GiB GPUs of `model` (label-safe).
+fn device_of_model(node: &str, model: &str, count: usize) -> Value {
+    let devices: Vec<Value> = (0..count)
+        .map(|i| {
+            json!({"type": "gpu", "id": format!("GPU-{node}-{i}"), "minor": i, "health": true,
+            "labels": {"node.koordinator.sh/gpu-model": model},
+            "resources": {"koordinator.sh/gpu-memory": (80 * GIB).to_string()}})
+        })
+        .collect();
+    json!({"apiVersion": "scheduling.koordinator.sh/v1alpha1", "kind": "Device",
+        "metadata": {"name": node}, "spec": {"devices": devices}})
+}
+
+fn annotated(annotations: Value, limits: Value) -> Value {
+    let mut pod = one_container(limits);
+    pod["metadata"]["annotations"] = annotations;
+    pod
+}
+
+fn mixed_cluster() -> Extender {
+    extender(&[
+        device_of_model("a100", "NVIDIA-A100-SXM4-80GB", 2),
+        device_of_model("h100", "NVIDIA-H100-80GB-HBM3", 2),
+    ])
+}
+
+#[test]
+fn use_gputype_keeps_the_pod_on_gpus_of_that_model() {
+    let extender = mixed_cluster();
+    let result = filter(
+        &extender,
+        annotated(
+            json!({"nvidia.com/use-gputype": "A100"}),
+            json!({"nvidia.com/gpu": "1"}),
+        ),
+        &["a100", "h100"],
+    );
+    // No eviction turns an H100 into an A100: unresolvable, so preemption skips it.
+    assert_eq!(
+        classes(&result),
+        (vec!["a100"], vec![], vec!["h100"]),
+        "{result:?}"
+    );
+    assert_eq!(
+        result.failed_and_unresolvable_nodes["h100"],
+        r#"container main: never fits: 0 of 2 healthy GPUs (2 total) could hold 100% compute and 100% memory even with nothing running; 1 needed; 2 of 2 GPUs ruled out by nvidia.com/use-gputype="A100""#
+    );
+    let result = filter(
+        &extender,
+        annotated(
+            json!({"nvidia.com/nouse-gputype": "a100"}),
+            json!({"nvidia.com/gpu": "1"}),
+        ),
+        &["a100", "h100"],
+    );
+    assert_eq!(
+        classes(&result),
+        (vec!["h100"], vec![], vec!["a100"]),
+        "{result:?}"
+    );
+}
+
+#[test]
+fn a_model_no_node_has_refuses_every_node_naming_the_annotation() {
+    let extender = mixed_cluster();
+    let result = filter(
+        &extender,
+        annotated(
+            json!({"nvidia.com/use-gputype": "V100"}),
+            json!({"nvidia.com/gpu": "1"}),
+        ),
+        &["a100", "h100"],
+    );
+    assert_eq!(result.error, "");
+    let why = r#"pod default/p: nvidia.com/use-gputype="V100" rules out every GPU of every node: no node has such a GPU (GPU models in the cluster: NVIDIA-A100-SXM4-80GB, NVIDIA-H100-80GB-HBM3)"#;
+    for node in ["a100", "h100"] {
+        assert_eq!(
+            result.failed_and_unresolvable_nodes[node], why,
+            "{result:?}"
+        );
+    }
+    // The same for a Koordinator hint on the model label.
+    let hint =
+        r#"{"gpu":{"selector":{"matchLabels":{"node.koordinator.sh/gpu-model":"NVIDIA-V100"}}}}"#;
+    let result = filter(
+        &extender,
+        annotated(
+            json!({"scheduling.koordinator.sh/device-allocate-hint": hint}),
+            json!({"koordinator.sh/gpu": "50"}),
+        ),
+        &["a100"],
+    );
+    assert!(
+        result.failed_and_unresolvable_nodes["a100"].starts_with(
+            "pod default/p: scheduling.koordinator.sh/device-allocate-hint=\"{\\\"gpu\\\""
+        ),
+        "{result:?}"
+    );
+}
+
+#[test]
+fn a_koordinator_hint_selects_gpus_by_model_label() {
+    let extender = mixed_cluster();
+    let hint = r#"{"gpu":{"selector":{"matchLabels":{"node.koordinator.sh/gpu-model":"NVIDIA-H100-80GB-HBM3"}}}}"#;
+    let result = filter(
+        &extender,
+        annotated(
+            json!({"scheduling.koordinator.sh/device-allocate-hint": hint}),
+            json!({"koordinator.sh/gpu": "50"}),
+        ),
+        &["a100", "h100"],
+    );
+    assert_eq!(
+        classes(&result),
+        (vec!["h100"], vec![], vec!["a100"]),
+        "{result:?}"
+    );
+}
+
+#[test]
+fn an_invalid_annotation_refuses_every_node_naming_it_and_its_value() {
+    let extender = mixed_cluster();
+    for (annotations, why) in [
+        (
+            json!({"hami.io/node-scheduler-policy": "fastest"}),
+            r#"pod default/p: annotation hami.io/node-scheduler-policy: "fastest": "fastest": expected binpack or spread"#,
+        ),
+        (
+            json!({"scheduling.koordinator.sh/device-allocate-hint": r#"{"rdma":{"vfSelector":{}}}"#}),
+            r#"pod default/p: annotation scheduling.koordinator.sh/device-allocate-hint: "{\"rdma\":{\"vfSelector\":{}}}": rdma: Tessera allocates only gpu devices"#,
+        ),
+    ] {
+        let result = filter(
+            &extender,
+            annotated(annotations, json!({"nvidia.com/gpu": "1"})),
+            &["a100", "h100"],
+        );
+        assert_eq!(result.error, "");
+        assert_eq!(result.node_names, Some(vec![]));
+        for node in ["a100", "h100"] {
+            assert_eq!(
+                result.failed_and_unresolvable_nodes[node], why,
+                "{result:?}"
+            );
+        }
+    }
+    // Conflicting resource names, the same way.
+    let result = filter(
+        &extender,
+        one_container(
+            json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1024", "nvidia.com/gpumem-percentage": "50"}),
+        ),
+        &["a100"],
+    );
+    assert_eq!(
+        result.failed_and_unresolvable_nodes["a100"],
+        "pod default/p: container main: nvidia.com/gpumem and nvidia.com/gpumem-percentage cannot both be set: memory is either MiB or a percent of each GPU"
+    );
+}
+
+#[test]
+fn hami_node_policy_overrides_the_default_for_its_pod() {
+    let extender = mixed_cluster();
+    occupy(&extender, "a100", 0, 50, 40);
+    let limits =
+        json!({"nvidia.com/gpu": "1", "nvidia.com/gpucores": "10", "nvidia.com/gpumem": "1024"});
+    let prioritize = |pod: Value| {
+        extender.prioritize(
+            serde_json::from_value(json!({"Pod": pod, "NodeNames": ["a100", "h100"]}))
+                .expect("args"),
+        )
+    };
+    let best = |scores: Vec<HostPriority>| {
+        scores
+            .into_iter()
+            .max_by_key(|p| p.score)
+            .map(|p| p.host)
+            .unwrap_or_default()
+    };
+    // The default, binpack: the fuller node.
+    assert_eq!(best(prioritize(one_container(limits.clone()))), "a100");
+    let spread = annotated(json!({"hami.io/node-scheduler-policy": "spread"}), limits);
+    assert_eq!(best(prioritize(spread)), "h100");
+}

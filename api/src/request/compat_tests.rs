@@ -1,0 +1,616 @@
+//! One table per system Tessera stands in for: manifests written the way that
+//! system's own documentation writes them, and the request Tessera reads from each.
+
+use super::selection::{GpuMatch, LabelOperator, LabelRequirement};
+use super::*;
+use crate::resources::LABEL_GPU_MODEL;
+
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+
+/// What a manifest should read as: each GPU container's request, or the error.
+type Expected = Result<Vec<GpuRequest>, &'static str>;
+
+fn gpus(count: u32, core: u64, memory: GpuMemory) -> GpuRequest {
+    GpuRequest {
+        count,
+        core,
+        memory,
+    }
+}
+
+fn parse(manifest: &str, options: &RequestOptions) -> Result<Option<PodGpuRequest>, RequestError> {
+    let pod: Pod = serde_yaml::from_str(manifest).expect("the manifest is a Pod");
+    pod_gpu_request(&pod, options)
+}
+
+fn check(system: &str, cases: &[(&str, &str, Expected)], options: &RequestOptions) {
+    for (name, manifest, expected) in cases {
+        let got = parse(manifest, options)
+            .map(|request| {
+                request
+                    .map(|r| r.containers.iter().map(|c| c.gpu).collect::<Vec<_>>())
+                    .unwrap_or_default()
+            })
+            .map_err(|e| e.to_string());
+        match (expected, &got) {
+            (Ok(want), Ok(got)) => assert_eq!(got, want, "{system} {name}"),
+            (Err(want), Err(got)) => assert_eq!(got, want, "{system} {name}"),
+            _ => panic!("{system} {name}: expected {expected:?}, got {got:?}"),
+        }
+    }
+}
+
+// === HAMi (README, docs/ and examples/nvidia/) ===
+
+#[test]
+fn hami() {
+    let cases: &[(&str, &str, Expected)] = &[
+        (
+            "default_use.yaml",
+            r#"
+apiVersion: v1
+kind: Pod
+metadata:
+  name: gpu-pod
+spec:
+  containers:
+    - name: ubuntu-container
+      image: ubuntu:18.04
+      command: ["bash", "-c", "sleep 86400"]
+      resources:
+        limits:
+          nvidia.com/gpu: 2 # requesting 2 vGPUs
+          nvidia.com/gpumem: 3000 # Each vGPU contains 3000m device memory （Optional,Integer）
+          nvidia.com/gpucores: 30 # Each vGPU uses 30% of the entire GPU （Optional,Integer)
+"#,
+            Ok(vec![gpus(2, 30, GpuMemory::Bytes(3000 * MIB))]),
+        ),
+        (
+            "use_memory_fraction.yaml",
+            r#"
+apiVersion: v1
+kind: Pod
+metadata:
+  name: gpu-pod
+spec:
+  containers:
+    - name: ubuntu-container
+      image: ubuntu:18.04
+      command: ["bash", "-c", "sleep 86400"]
+      resources:
+        limits:
+          nvidia.com/gpu: 2 # requesting 2 vGPUs
+          nvidia.com/gpumem-percentage: 50 # Each vGPU contains 50% device memory of that GPU （Optional,Integer)
+          nvidia.com/gpucores: 30 # Each vGPU uses 30% of the entire GPU （Optional,Integer)
+"#,
+            Ok(vec![gpus(2, 30, GpuMemory::Ratio(50))]),
+        ),
+        (
+            "cores only: HAMi gives each GPU's whole memory (defaultMem 0)",
+            r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: gpu-pod}
+spec:
+  containers:
+    - name: ubuntu-container
+      image: ubuntu:18.04
+      resources:
+        limits:
+          nvidia.com/gpu: 1
+          nvidia.com/gpucores: 30
+"#,
+            Ok(vec![gpus(1, 30, GpuMemory::Ratio(100))]),
+        ),
+        (
+            "gpumem-percentage 0 reads as unset, as in HAMi",
+            r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: gpu-pod}
+spec:
+  containers:
+    - name: c
+      image: ubuntu:18.04
+      resources:
+        limits:
+          nvidia.com/gpu: 1
+          nvidia.com/gpumem-percentage: 0
+          nvidia.com/gpucores: 20
+"#,
+            Ok(vec![gpus(1, 20, GpuMemory::Ratio(100))]),
+        ),
+        (
+            "gpumem and gpumem-percentage conflict",
+            r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: gpu-pod}
+spec:
+  containers:
+    - name: ubuntu-container
+      image: ubuntu:18.04
+      resources:
+        limits:
+          nvidia.com/gpu: 1
+          nvidia.com/gpumem: 3000
+          nvidia.com/gpumem-percentage: 50
+"#,
+            Err(
+                "container ubuntu-container: nvidia.com/gpumem and nvidia.com/gpumem-percentage cannot both be set: memory is either MiB or a percent of each GPU",
+            ),
+        ),
+        (
+            "gpumem-percentage above 100",
+            r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: gpu-pod}
+spec:
+  containers:
+    - name: c
+      image: ubuntu:18.04
+      resources:
+        limits:
+          nvidia.com/gpu: 1
+          nvidia.com/gpumem-percentage: 150
+"#,
+            Err(
+                "container c: nvidia.com/gpumem-percentage 150: at most 100 (percent of each GPU's memory)",
+            ),
+        ),
+    ];
+    check("HAMi", cases, &RequestOptions::default());
+}
+
+/// `examples/nvidia/specify_card_type_to_use.yaml`, `specify_scheduling_policy.yaml`
+/// and the UUID annotations of HAMi's docs.
+#[test]
+fn hami_annotations() {
+    let manifest = r#"
+apiVersion: v1
+kind: Pod
+metadata:
+  name: gpu-pod
+  annotations:
+    nvidia.com/use-gputype: "A100,V100" # Specify the card type for this job, use comma to separate, will not launch job on non-specified card
+    nvidia.com/nouse-gpuuuid: "GPU-123456"
+    hami.io/node-scheduler-policy: "spread"
+    hami.io/gpu-scheduler-policy: "binpack"
+spec:
+  containers:
+    - name: ubuntu-container
+      image: ubuntu:18.04
+      command: ["bash", "-c", "sleep 86400"]
+      resources:
+        limits:
+          nvidia.com/gpu: 2 # requesting 2 vGPUs
+"#;
+    let request = parse(manifest, &RequestOptions::default())
+        .expect("valid")
+        .expect("asks for GPUs");
+    assert_eq!(request.gpu_policy, Some(PlacementPolicy::Binpack));
+    assert_eq!(request.node_policy, Some(PlacementPolicy::Spread));
+    let matches: Vec<&GpuMatch> = request.selection.rules.iter().map(|r| &r.matches).collect();
+    assert_eq!(
+        matches,
+        [
+            &GpuMatch::ModelIn(vec!["A100".into(), "V100".into()]),
+            &GpuMatch::UuidNotIn(vec!["GPU-123456".into()]),
+        ]
+    );
+    let model = |m: &str| BTreeMap::from([(LABEL_GPU_MODEL.to_owned(), m.to_owned())]);
+    // HAMi: the type is a substring of the model, in any case.
+    assert!(
+        request
+            .selection
+            .allows("GPU-a", &model("NVIDIA-A100-SXM4-80GB"))
+    );
+    assert!(
+        request
+            .selection
+            .allows("GPU-a", &model("Tesla-V100-PCIE-32GB"))
+    );
+    assert!(
+        !request
+            .selection
+            .allows("GPU-a", &model("NVIDIA-H100-80GB-HBM3"))
+    );
+    assert!(
+        !request
+            .selection
+            .allows("GPU-123456", &model("NVIDIA-A100-SXM4-80GB"))
+    );
+    assert!(
+        !request.selection.allows("GPU-a", &BTreeMap::new()),
+        "no model reported"
+    );
+    assert_eq!(
+        request.selection.describe(),
+        r#"nvidia.com/use-gputype="A100,V100", nvidia.com/nouse-gpuuuid="GPU-123456""#
+    );
+}
+
+#[test]
+fn hami_annotations_refused() {
+    let cases: &[(&str, &str, &str)] = &[
+        (
+            "hami.io/gpu-scheduler-policy",
+            "pack",
+            r#"annotation hami.io/gpu-scheduler-policy: "pack": "pack": expected binpack or spread, optionally with topology-aware or numa"#,
+        ),
+        (
+            "hami.io/gpu-scheduler-policy",
+            "binpack,spread",
+            r#"annotation hami.io/gpu-scheduler-policy: "binpack,spread": names both binpack and spread"#,
+        ),
+        (
+            "hami.io/gpu-scheduler-policy",
+            "mutex",
+            r#"annotation hami.io/gpu-scheduler-policy: "mutex": mutex (only idle GPUs) is not supported; ask for whole GPUs with nvidia.com/gpu instead"#,
+        ),
+        (
+            "hami.io/node-scheduler-policy",
+            "numa",
+            r#"annotation hami.io/node-scheduler-policy: "numa": "numa": expected binpack or spread"#,
+        ),
+        (
+            "nvidia.com/use-gputype",
+            ", ,",
+            r#"annotation nvidia.com/use-gputype: ", ,": names nothing between its commas"#,
+        ),
+        ("nvidia.com/use-gputype", "A100,  ", ""),
+        ("nvidia.com/use-gpuuuid", "  ", ""),
+        ("hami.io/gpu-scheduler-policy", "spread,topology-aware", ""),
+    ];
+    for (key, value, expected) in cases {
+        let mut pod: Pod = serde_yaml::from_str(
+            r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: gpu-pod}
+spec:
+  containers:
+    - name: c
+      image: ubuntu:18.04
+      resources: {limits: {nvidia.com/gpu: 1}}
+"#,
+        )
+        .expect("pod");
+        pod.metadata.annotations = Some([((*key).to_owned(), (*value).to_owned())].into());
+        let got = pod_gpu_request(&pod, &RequestOptions::default());
+        match got {
+            Ok(_) => assert_eq!(*expected, "", "{key}={value:?} was accepted"),
+            Err(error) => assert_eq!(error.to_string(), *expected, "{key}={value:?}"),
+        }
+    }
+}
+
+// === Volcano (docs/user-guide/how_to_use_gpu_number.md, how_to_use_gpu_sharing.md) ===
+
+#[test]
+fn volcano() {
+    let cases: &[(&str, &str, Expected)] = &[
+        (
+            "gpu-number",
+            r#"
+apiVersion: v1
+kind: Pod
+metadata:
+  name: gpu-pod1
+spec:
+  schedulerName: volcano
+  containers:
+    - name: cuda-container
+      image: nvidia/cuda:9.0-devel
+      command: ["sleep"]
+      args: ["100000"]
+      resources:
+        limits:
+          volcano.sh/gpu-number: 1 # requesting 1 gpu cards
+"#,
+            Ok(vec![gpus(1, 100, GpuMemory::Ratio(100))]),
+        ),
+        (
+            "gpu-number 2",
+            r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: gpu-pod2}
+spec:
+  schedulerName: volcano
+  containers:
+    - name: cuda-container
+      image: nvidia/cuda:9.0-devel
+      resources:
+        limits:
+          volcano.sh/gpu-number: 2
+"#,
+            Ok(vec![gpus(2, 100, GpuMemory::Ratio(100))]),
+        ),
+        (
+            "gpu-memory",
+            r#"
+apiVersion: v1
+kind: Pod
+metadata:
+  name: gpu-pod1
+spec:
+  schedulerName: volcano
+  containers:
+    - name: cuda-container
+      image: nvidia/cuda:9.0-devel
+      command: ["sleep"]
+      args: ["100000"]
+      resources:
+        limits:
+          volcano.sh/gpu-memory: 1024 # requesting 1024MB GPU memory
+"#,
+            Ok(vec![gpus(1, 0, GpuMemory::Bytes(1024 * MIB))]),
+        ),
+        (
+            "gpu-number with nvidia.com/gpu",
+            r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: both}
+spec:
+  containers:
+    - name: c
+      image: x
+      resources: {limits: {volcano.sh/gpu-number: 1, nvidia.com/gpu: 1}}
+"#,
+            Err(
+                "container c: nvidia.com/gpu and volcano.sh/gpu-number cannot both be set: each asks for whole GPUs",
+            ),
+        ),
+        (
+            "gpu-number with gpu-memory",
+            r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: both}
+spec:
+  containers:
+    - name: c
+      image: x
+      resources: {limits: {volcano.sh/gpu-number: 1, volcano.sh/gpu-memory: 1024}}
+"#,
+            Err(
+                "container c: volcano.sh/gpu-memory cannot be combined with other GPU memory resources",
+            ),
+        ),
+        (
+            "gpu-number with a koordinator share",
+            r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: both}
+spec:
+  containers:
+    - name: c
+      image: x
+      resources: {limits: {volcano.sh/gpu-number: 1, koordinator.sh/gpu-core: 50}}
+"#,
+            Err(
+                "container c: volcano.sh/gpu-number cannot be combined with koordinator.sh/* GPU resources",
+            ),
+        ),
+    ];
+    check("Volcano", cases, &RequestOptions::default());
+}
+
+// === gpushare (gpushare-scheduler-extender docs/userguide.md) ===
+
+#[test]
+fn gpushare() {
+    let userguide = r#"
+apiVersion: v1
+kind: Pod
+metadata:
+  name: binpack-1
+spec:
+  containers:
+  - name: binpack-1
+    image: cheyang/gpu-player:v2
+    resources:
+      limits:
+        # GiB
+        aliyun.com/gpu-mem: 3
+"#;
+    let seeded = r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: wants-8138}
+spec:
+  containers:
+  - name: main
+    image: x
+    resources: {limits: {aliyun.com/gpu-mem: 8138}}
+"#;
+    check(
+        "gpushare (GiB, its default)",
+        &[
+            (
+                "userguide",
+                userguide,
+                Ok(vec![gpus(1, 0, GpuMemory::Bytes(3 * GIB))]),
+            ),
+            (
+                "a MiB value read as GiB",
+                seeded,
+                Err(
+                    "container main: aliyun.com/gpu-mem 8138: 8138 GiB is more than any GPU holds; gpushare counts GiB unless its device plugin runs with --memory-unit=MiB, and then tessera-scheduler needs --gpushare-memory-unit MiB",
+                ),
+            ),
+        ],
+        &RequestOptions::default(),
+    );
+    let mib = RequestOptions {
+        gpushare_memory_unit: MemoryUnit::MiB,
+        ..RequestOptions::default()
+    };
+    check(
+        "gpushare (--memory-unit=MiB)",
+        &[
+            (
+                "userguide",
+                userguide,
+                Ok(vec![gpus(1, 0, GpuMemory::Bytes(3 * MIB))]),
+            ),
+            (
+                "8138 MiB",
+                seeded,
+                Ok(vec![gpus(1, 0, GpuMemory::Bytes(8138 * MIB))]),
+            ),
+        ],
+        &mib,
+    );
+    assert_eq!("MiB".parse(), Ok(MemoryUnit::MiB));
+    assert_eq!("gib".parse(), Ok(MemoryUnit::GiB));
+    assert_eq!(
+        "MB".parse::<MemoryUnit>()
+            .expect_err("not a unit")
+            .to_string(),
+        r#"memory unit "MB": expected MiB or GiB"#
+    );
+}
+
+// === Koordinator (docs: fine-grained device scheduling, device-allocate-hint) ===
+
+#[test]
+fn koordinator_hint() {
+    let manifest = r#"
+apiVersion: v1
+kind: Pod
+metadata:
+  name: pod-example
+  namespace: default
+  annotations:
+    scheduling.koordinator.sh/device-allocate-hint: |-
+      {
+        "gpu": {
+          "selector": {
+            "matchLabels": {"node.koordinator.sh/gpu-model": "NVIDIA-H100-80GB-HBM3"},
+            "matchExpressions": [{"key": "zone", "operator": "NotIn", "values": ["b"]}]
+          },
+          "requiredTopologyScope": "Node"
+        }
+      }
+spec:
+  schedulerName: koord-scheduler
+  containers:
+  - name: main
+    image: nginx:1.15.1
+    resources:
+      limits:
+        cpu: "1"
+        memory: "1Gi"
+        koordinator.sh/gpu: "100"
+"#;
+    let request = parse(manifest, &RequestOptions::default())
+        .expect("valid")
+        .expect("asks for GPUs");
+    assert_eq!(
+        request.selection.rules[0].matches,
+        GpuMatch::Labels(vec![
+            LabelRequirement {
+                key: LABEL_GPU_MODEL.into(),
+                operator: LabelOperator::In,
+                values: vec!["NVIDIA-H100-80GB-HBM3".into()]
+            },
+            LabelRequirement {
+                key: "zone".into(),
+                operator: LabelOperator::NotIn,
+                values: vec!["b".into()]
+            },
+        ])
+    );
+    let h100 = BTreeMap::from([(
+        LABEL_GPU_MODEL.to_owned(),
+        "NVIDIA-H100-80GB-HBM3".to_owned(),
+    )]);
+    assert!(request.selection.allows("GPU-a", &h100));
+    let mut zone_b = h100.clone();
+    zone_b.insert("zone".into(), "b".into());
+    assert!(!request.selection.allows("GPU-a", &zone_b));
+    assert!(!request.selection.allows("GPU-a", &BTreeMap::new()));
+
+    let refused: &[(&str, &str)] = &[
+        (
+            r#"{"rdma": {"vfSelector": {}}}"#,
+            "rdma: Tessera allocates only gpu devices",
+        ),
+        (
+            r#"{"gpu": {"allocateStrategy": "ApplyForAll"}}"#,
+            r#"gpu.allocateStrategy "ApplyForAll": not supported; the GPU count comes from the resources"#,
+        ),
+        (
+            r#"{"gpu": {"requiredTopologyScope": "PCIe"}}"#,
+            r#"gpu.requiredTopologyScope "PCIe": not supported (Tessera prefers NVLink, PCIe switch, NUMA node, but does not require them)"#,
+        ),
+        (
+            r#"{"gpu": {"exclusivePolicy": "DeviceLevel"}}"#,
+            r#"gpu.exclusivePolicy "DeviceLevel": not supported"#,
+        ),
+        (
+            r#"{"gpu": {"selector": {"matchExpressions": [{"key": "k", "operator": "Gt", "values": ["1"]}]}}}"#,
+            r#"gpu.selector.matchExpressions[0].operator "Gt": expected In, NotIn, Exists or DoesNotExist"#,
+        ),
+        (
+            r#"{"gpu": {"selector": {"matchExpressions": [{"key": "k", "operator": "In"}]}}}"#,
+            "gpu.selector.matchExpressions[0]: In needs values",
+        ),
+        (
+            r#"["gpu"]"#,
+            "not a map of device type to hint: invalid type: sequence, expected a map at line 1 column 0",
+        ),
+    ];
+    for (hint, problem) in refused {
+        let mut pod: Pod = serde_yaml::from_str(manifest).expect("pod");
+        pod.metadata.annotations = Some(
+            [(
+                selection::KOORDINATOR_DEVICE_ALLOCATE_HINT.to_owned(),
+                (*hint).to_owned(),
+            )]
+            .into(),
+        );
+        let error = pod_gpu_request(&pod, &RequestOptions::default()).expect_err(hint);
+        assert_eq!(
+            error.to_string(),
+            format!(
+                "annotation scheduling.koordinator.sh/device-allocate-hint: {hint:?}: {problem}"
+            )
+        );
+    }
+    // An empty hint, or one for a device type with nothing in it, asks nothing.
+    let mut pod: Pod = serde_yaml::from_str(manifest).expect("pod");
+    pod.metadata.annotations = Some(
+        [(
+            selection::KOORDINATOR_DEVICE_ALLOCATE_HINT.to_owned(),
+            r#"{"gpu": {}, "rdma": null}"#.to_owned(),
+        )]
+        .into(),
+    );
+    let request = pod_gpu_request(&pod, &RequestOptions::default())
+        .expect("valid")
+        .expect("asks for GPUs");
+    assert!(request.selection.is_empty());
+}
+
+/// A pod with annotations and no GPU resource asks for nothing: the annotations
+/// are not read (and not refused).
+#[test]
+fn annotations_alone_ask_for_nothing() {
+    let manifest = r#"
+apiVersion: v1
+kind: Pod
+metadata:
+  name: cpu
+  annotations: {hami.io/gpu-scheduler-policy: "nonsense"}
+spec:
+  containers: [{name: c, image: x}]
+"#;
+    assert_eq!(parse(manifest, &RequestOptions::default()), Ok(None));
+}
