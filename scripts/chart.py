@@ -55,6 +55,7 @@ HEADER = (
 BAD_VALUES = [
     ({"scheduler": {"gpuPolicy": "pack"}}, "/scheduler/gpuPolicy"),
     ({"scheduler": {"replicas": 0}}, "/scheduler/replicas"),
+    ({"scheduler": {"gpushareMemoryUnit": "KiB"}}, "/scheduler/gpushareMemoryUnit"),
     ({"scheduler": {"replicas": "2"}}, "/scheduler/replicas"),
     ({"scheduler": {"serviceAccount": {"name": "Tessera_Scheduler"}}}, "/scheduler/serviceAccount/name"),
     ({"scheduler": {"podDisruptionBudget": {"maxUnavailable": "half"}}}, "/scheduler/podDisruptionBudget/maxUnavailable"),
