@@ -456,6 +456,8 @@ pub struct PodGpuRequest {
     pub gpu_policy: Option<PlacementPolicy>,
     /// Which node, overriding the scheduler's `--node-policy` for this pod.
     pub node_policy: Option<PlacementPolicy>,
+    /// The pod's sharing group: its GPU containers share the group's one GPU.
+    pub sharing_group: Option<String>,
 }
 
 /// Scalar totals of GPU requests: what Kubernetes would add up if GPU shares
@@ -604,11 +606,32 @@ pub fn pod_gpu_request(
         return Ok(None);
     }
     let rules = selection::PodRules::parse(pod.metadata.annotations.as_ref())?;
+    if let Some(group) = &rules.sharing_group {
+        // A group is one GPU: a container asking for more could never be in it.
+        if let Some(many) = containers.iter().find(|c| c.gpu.count != 1) {
+            let annotations = pod.metadata.annotations.as_ref();
+            let (key, value) = [selection::SHARING_GROUP, selection::KUBESHARE_GPUID]
+                .into_iter()
+                .find_map(|key| Some((key, annotations?.get(key)?.clone())))
+                .unwrap_or((selection::SHARING_GROUP, group.clone()));
+            return Err(RequestError::Annotation {
+                key: key.to_owned(),
+                value,
+                problem: format!(
+                    "a sharing group shares one GPU; {} {} asks for {}",
+                    many.role.noun(),
+                    many.name,
+                    many.gpu.count
+                ),
+            });
+        }
+    }
     Ok(Some(PodGpuRequest {
         containers,
         selection: rules.selection,
         gpu_policy: rules.gpu_policy,
         node_policy: rules.node_policy,
+        sharing_group: rules.sharing_group,
     }))
 }
 

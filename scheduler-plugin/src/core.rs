@@ -37,8 +37,14 @@ pub struct GpuState {
     /// The Device CR's labels of this GPU (the model among them); shared, as
     /// every copy of the node's state holds them.
     pub labels: Arc<BTreeMap<String, String>>,
-    /// Ruled out for the pod being placed by its GPU selection (never set in the ledger).
+    /// Sharing group → how many of its pods use this GPU (normally one group at most).
+    pub groups: BTreeMap<String, u32>,
+    /// Ruled out for the pod being placed, whatever is evicted: by its GPU selection,
+    /// or as not its sharing group's GPU (never set in the ledger).
     pub excluded: bool,
+    /// Closed to the pod being placed until pods leave: held by a sharing group not
+    /// its own, or in use while its new group needs an idle GPU (never set in the ledger).
+    pub closed: bool,
 }
 
 impl GpuState {
@@ -105,6 +111,8 @@ pub struct GpuShare {
 pub struct Placement {
     /// One share per GPU, in the order the pod sees them.
     pub gpus: Vec<GpuShare>,
+    /// The pod's sharing group, which holds these GPUs while it has pods there.
+    pub group: Option<String>,
 }
 
 /// What `request` takes of one GPU: compute, memory bytes, memory percent.
@@ -118,7 +126,7 @@ struct Take {
 /// What `request` takes of `gpu`, when it fits. No allocation: this runs for
 /// every GPU of every candidate node.
 fn take(gpu: &GpuState, request: &GpuRequest) -> Option<Take> {
-    if !gpu.usable() || gpu.memory_total == 0 {
+    if !gpu.usable() || gpu.closed || gpu.memory_total == 0 {
         return None;
     }
     let (memory, ratio) = match request.memory {
@@ -234,6 +242,7 @@ pub fn allocate(
         return match best {
             Some((index, t, _)) => Ok(Placement {
                 gpus: vec![to_share(&node.gpus[index], t)],
+                group: None,
             }),
             None => Err(unfit_reason(node, request)),
         };
@@ -302,6 +311,7 @@ pub fn allocate(
             .into_iter()
             .map(|rank| to_share(gpu_of(rank), candidates[rank].1))
             .collect(),
+        group: None,
     })
 }
 
@@ -382,6 +392,18 @@ pub fn account(node: &mut NodeState, placement: &Placement, add: bool) {
             } else {
                 gpu.core_used = gpu.core_used.saturating_sub(share.core);
                 gpu.memory_used = gpu.memory_used.saturating_sub(share.memory);
+            }
+            if let Some(group) = &placement.group {
+                let pods = gpu.groups.entry(group.clone()).or_default();
+                if add {
+                    *pods += 1;
+                } else {
+                    *pods = pods.saturating_sub(1);
+                }
+                // The group's last pod left: the GPU is anyone's again.
+                if *pods == 0 {
+                    gpu.groups.remove(group);
+                }
             }
         }
     }
@@ -572,6 +594,7 @@ fn allocate_pod_on(
                     &mut during,
                     &Placement {
                         gpus: grants[sidecar].clone(),
+                        group: None,
                     },
                     true,
                 );
@@ -584,7 +607,10 @@ fn allocate_pod_on(
     let mut booked: Vec<GpuShare> = booked.into_values().collect();
     booked.sort_by_key(|share| share.minor);
     Ok(PodPlacement {
-        booked: Placement { gpus: booked },
+        booked: Placement {
+            gpus: booked,
+            group: None,
+        },
         containers: containers
             .iter()
             .zip(grants)
@@ -617,30 +643,99 @@ pub fn node_policy_of(request: &PodGpuRequest, default: Policy) -> Policy {
     request.node_policy.map_or(default, Policy::from)
 }
 
-/// The node as the pod may use it: the GPUs its selection rules out are marked
-/// excluded (kept, so that messages count them). No copy when it selects nothing.
-fn as_selected<'a>(node: &'a NodeState, selection: &GpuSelection) -> Cow<'a, NodeState> {
-    if selection.is_empty() {
+/// The node as the pod may use it. GPUs its selection rules out are marked
+/// excluded (kept, so that messages count them). Sharing groups: a GPU holding a
+/// group is closed to every pod outside it; a pod of a group that holds a GPU here
+/// may use that GPU only; a pod of a new group takes an idle GPU. No copy when
+/// none of this applies.
+fn as_selected<'a>(node: &'a NodeState, request: &PodGpuRequest) -> Cow<'a, NodeState> {
+    let group = request.sharing_group.as_deref();
+    let groups_here = node.gpus.iter().any(|g| !g.groups.is_empty());
+    if request.selection.is_empty() && group.is_none() && !groups_here {
         return Cow::Borrowed(node);
     }
+    let home_here = group.is_some_and(|g| node.gpus.iter().any(|gpu| gpu.groups.contains_key(g)));
     let mut node = node.clone();
     for gpu in &mut node.gpus {
-        gpu.excluded = !selection.allows(&gpu.uuid, &gpu.labels);
+        gpu.excluded = !request.selection.allows(&gpu.uuid, &gpu.labels);
+        match group {
+            None => gpu.closed = !gpu.groups.is_empty(),
+            Some(g) if home_here => gpu.excluded |= !gpu.groups.contains_key(g),
+            Some(_) => {
+                gpu.closed = !gpu.groups.is_empty() || gpu.core_used > 0 || gpu.memory_used > 0;
+            }
+        }
     }
     Cow::Owned(node)
 }
 
-/// `reason`, saying how many of the node's GPUs the pod's selection rules out.
-fn with_selection(reason: String, node: &NodeState, selection: &GpuSelection) -> String {
-    let excluded = node.gpus.iter().filter(|g| g.excluded).count();
-    if excluded == 0 {
-        return reason;
+/// `reason`, saying what the pod's selection and sharing group leave it of the node.
+fn with_selection(reason: String, node: &NodeState, request: &PodGpuRequest) -> String {
+    let total = node.gpus.len();
+    let mut reason = reason;
+    let ruled_out = node
+        .gpus
+        .iter()
+        .filter(|g| !request.selection.allows(&g.uuid, &g.labels))
+        .count();
+    if ruled_out > 0 {
+        reason.push_str(&format!(
+            "; {ruled_out} of {total} GPUs ruled out by {}",
+            request.selection.describe()
+        ));
     }
-    format!(
-        "{reason}; {excluded} of {} GPUs ruled out by {}",
-        node.gpus.len(),
-        selection.describe()
-    )
+    let held = node.gpus.iter().filter(|g| !g.groups.is_empty()).count();
+    match request.sharing_group.as_deref() {
+        Some(group) if node.gpus.iter().any(|g| g.groups.contains_key(group)) => {
+            reason.push_str(&format!(
+                "; sharing group {group:?} holds a GPU here and its pods use that GPU only"
+            ));
+        }
+        Some(group) => {
+            let idle = node.gpus.iter().filter(|g| g.usable() && !g.closed).count();
+            reason.push_str(&format!(
+                "; sharing group {group:?} is new and takes an idle GPU ({idle} of {total} idle)"
+            ));
+        }
+        None if held > 0 => {
+            reason.push_str(&format!(
+                "; {held} of {total} GPUs held by sharing groups, which share them with no other pod"
+            ));
+        }
+        None => {}
+    }
+    reason
+}
+
+/// Where the pod's sharing group lives while it has pods: its node and GPU.
+/// `None` for a pod in no group, or a group holding no GPU (a new group).
+pub fn group_home<'a>(
+    nodes: impl IntoIterator<Item = &'a NodeState>,
+    request: &PodGpuRequest,
+) -> Option<(String, String)> {
+    let group = request.sharing_group.as_deref()?;
+    nodes.into_iter().find_map(|node| {
+        node.gpus
+            .iter()
+            .find(|gpu| gpu.groups.contains_key(group))
+            .map(|gpu| (node.name.clone(), gpu.uuid.clone()))
+    })
+}
+
+/// Why the pod cannot go to `node` because its sharing group lives on another
+/// node (`home`, from [`group_home`]): a group is one GPU while it has pods.
+pub fn group_elsewhere(
+    home: Option<&(String, String)>,
+    request: &PodGpuRequest,
+    node: &str,
+) -> Option<String> {
+    let (home, uuid) = home?;
+    let group = request.sharing_group.as_deref()?;
+    (home != node).then(|| {
+        format!(
+            "sharing group {group:?} holds GPU {uuid} on node {home}: its pods share that GPU only"
+        )
+    })
 }
 
 /// Why no node could ever give the pod a GPU: its selection rules out every GPU
@@ -683,15 +778,17 @@ pub fn allocate_pod(
     request: &PodGpuRequest,
     policy: Policy,
 ) -> Result<PodPlacement, String> {
-    let node = as_selected(node, &request.selection);
-    allocate_pod_on(&node, request, gpu_policy_of(request, policy))
-        .map_err(|reason| with_selection(reason, &node, &request.selection))
+    let node = as_selected(node, request);
+    let mut placement = allocate_pod_on(&node, request, gpu_policy_of(request, policy))
+        .map_err(|reason| with_selection(reason, &node, request))?;
+    placement.booked.group.clone_from(&request.sharing_group);
+    Ok(placement)
 }
 
 /// Whether the pod fits on `node` when placed by `policy`, as bind will place it
 /// (for one container, as cheap as [`fits`]).
 pub fn fits_pod(node: &NodeState, request: &PodGpuRequest, policy: Policy) -> bool {
-    let node = as_selected(node, &request.selection);
+    let node = as_selected(node, request);
     match request.containers.as_slice() {
         [only] => fits(&node, &only.gpu),
         _ => allocate_pod_on(&node, request, gpu_policy_of(request, policy)).is_ok(),
@@ -700,14 +797,14 @@ pub fn fits_pod(node: &NodeState, request: &PodGpuRequest, policy: Policy) -> bo
 
 /// Why the pod does not fit on `node`, naming the container that does not.
 pub fn unfit_reason_pod(node: &NodeState, request: &PodGpuRequest, policy: Policy) -> String {
-    let node = as_selected(node, &request.selection);
+    let node = as_selected(node, request);
     let reason = match request.containers.as_slice() {
         [only] => container_unfit(only, &unfit_reason(&node, &only.gpu)),
         _ => allocate_pod_on(&node, request, gpu_policy_of(request, policy))
             .err()
             .unwrap_or_else(|| "fits".into()),
     };
-    with_selection(reason, &node, &request.selection)
+    with_selection(reason, &node, request)
 }
 
 /// Whether `gpu` could hold one share of `request` with nothing else on it:
@@ -759,7 +856,7 @@ pub fn never_fits(node: &NodeState, request: &GpuRequest) -> Option<String> {
 /// called for nodes the pod does not fit now. GPUs the pod's selection rules out
 /// never count: no eviction changes a GPU's model or UUID.
 pub fn never_fits_pod(node: &NodeState, request: &PodGpuRequest, policy: Policy) -> Option<String> {
-    let node = as_selected(node, &request.selection);
+    let node = as_selected(node, request);
     let reason = match request.containers.as_slice() {
         [only] => never_fits(&node, &only.gpu).map(|reason| container_unfit(only, &reason)),
         _ => {
@@ -769,13 +866,14 @@ pub fn never_fits_pod(node: &NodeState, request: &PodGpuRequest, policy: Policy)
                 gpu.core_used = 0;
                 gpu.memory_used = 0;
                 gpu.legacy = false;
+                gpu.closed = false;
             }
             allocate_pod_on(&empty, request, gpu_policy_of(request, policy))
                 .err()
                 .map(|reason| format!("never fits, even with nothing running: {reason}"))
         }
     }?;
-    Some(with_selection(reason, &node, &request.selection))
+    Some(with_selection(reason, &node, request))
 }
 
 /// The extender score 0..=10 of placing the pod on `node`, or `None` when it
@@ -787,7 +885,7 @@ pub fn score_pod(
     gpu_policy: Policy,
     node_policy: Policy,
 ) -> Option<i64> {
-    let node = as_selected(node, &request.selection);
+    let node = as_selected(node, request);
     let (gpu_policy, node_policy) = (
         gpu_policy_of(request, gpu_policy),
         node_policy_of(request, node_policy),

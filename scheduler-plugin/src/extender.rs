@@ -31,7 +31,8 @@ use crate::bind::{
     decide_rollback, rollback_patch,
 };
 use crate::core::{
-    Policy, allocate_pod, fits_pod, never_fits_pod, score_pod, selected_nowhere, unfit_reason_pod,
+    Policy, allocate_pod, fits_pod, group_elsewhere, group_home, never_fits_pod, score_pod,
+    selected_nowhere, unfit_reason_pod,
 };
 use crate::leader::Leader;
 use crate::ledger::{Ledger, annotation_of, pod_name};
@@ -343,7 +344,14 @@ impl Extender {
         let mut fit = Vec::with_capacity(names.len());
         {
             let ledger = self.ledger();
+            let home = group_home(ledger.nodes(), &request);
             for name in names {
+                // A sharing group that holds a GPU on another node: unresolvable here,
+                // as no eviction here moves the group.
+                if let Some(why) = group_elsewhere(home.as_ref(), &request, &name) {
+                    result.failed_and_unresolvable_nodes.insert(name, why);
+                    continue;
+                }
                 match ledger.node(&name) {
                     None => {
                         result
@@ -564,6 +572,15 @@ impl Extender {
         request: &PodGpuRequest,
     ) -> Result<String, BindError> {
         let mut ledger = self.ledger();
+        // Under the ledger's lock: two binds of one new sharing group never take
+        // GPUs on two nodes.
+        let home = group_home(ledger.nodes(), request);
+        if let Some(reason) = group_elsewhere(home.as_ref(), request, &args.node) {
+            return Err(BindError::Unfit {
+                node: args.node.clone(),
+                reason,
+            });
+        }
         let node = ledger.node(&args.node).ok_or_else(|| BindError::NoDevice {
             node: args.node.clone(),
         })?;

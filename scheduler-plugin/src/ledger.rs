@@ -154,7 +154,23 @@ pub fn placement_of(allocations: &DeviceAllocations, gpus: &[GpuState]) -> Place
     };
     Placement {
         gpus: allocations.gpus().iter().map(share).collect(),
+        group: allocations.gpus().iter().find_map(sharing_group_of),
     }
+}
+
+/// Where the allocation annotation names a pod's sharing group: in each GPU entry's
+/// `extension`, beside the per-container grants. Read from there, not from the
+/// pod's own annotations, because only the scheduler writes this one (the admission
+/// policy): a pod that changes its group annotation later does not move its GPU.
+pub const SHARING_GROUP_EXTENSION: &str = "sharingGroup";
+
+fn sharing_group_of(entry: &DeviceAllocation) -> Option<String> {
+    entry
+        .extension
+        .as_ref()?
+        .get(SHARING_GROUP_EXTENSION)?
+        .as_str()
+        .map(str::to_owned)
 }
 
 fn share_resources(share: &GpuShare) -> BTreeMap<String, Quantity> {
@@ -190,7 +206,11 @@ pub fn annotation_of(placement: &PodPlacement) -> String {
                     })
                     .collect(),
             ),
-            extension: None,
+            extension: placement
+                .booked
+                .group
+                .as_ref()
+                .map(|group| serde_json::json!({ SHARING_GROUP_EXTENSION: group })),
         })
         .collect();
     DeviceAllocations {
@@ -549,6 +569,50 @@ mod tests {
         assert_eq!(ledger.node("n1").expect("node").gpus[0].core_used, 0);
     }
 
+    /// A sharing group is written into the allocation annotation and counted per
+    /// GPU from it: the GPU is the group's while a pod of the group holds it, in
+    /// flight or running, through a Device update, until its last pod ends.
+    #[test]
+    fn sharing_groups_are_counted_from_the_allocation_annotation() {
+        const GROUP_0: &str = r#"{"gpu":[{"minor":0,"id":"GPU-0","resources":{"koordinator.sh/gpu-core":25,"koordinator.sh/gpu-memory-ratio":25},"extension":{"sharingGroup":"a"}}]}"#;
+        let share = GpuShare {
+            uuid: "GPU-0".into(),
+            minor: 0,
+            core: 25,
+            memory: 4 << 30,
+            ratio: 25,
+        };
+        let placement = PodPlacement {
+            booked: Placement {
+                gpus: vec![share.clone()],
+                group: Some("a".into()),
+            },
+            containers: vec![ContainerPlacement {
+                name: "main".into(),
+                gpus: vec![share],
+            }],
+        };
+        let text = annotation_of(&placement);
+        assert!(text.contains(r#""sharingGroup":"a""#), "{text}");
+        let back = placement_of(&DeviceAllocations::parse(&text).expect("valid"), &[]);
+        assert_eq!(back.group.as_deref(), Some("a"));
+
+        let mut ledger = Ledger::default();
+        ledger.apply_device(&device("n1", 2, &[]));
+        let groups = |ledger: &Ledger| ledger.node("n1").expect("node").gpus[0].groups.clone();
+        ledger.reserve("p0", "n1", placement.booked.clone(), 100);
+        assert_eq!(groups(&ledger), BTreeMap::from([("a".to_owned(), 1)]));
+        ledger.apply_pod(&pod("p1", Some("n1"), Some(GROUP_0), "Running"));
+        assert_eq!(groups(&ledger), BTreeMap::from([("a".to_owned(), 2)]));
+        ledger.apply_device(&device("n1", 2, &[]));
+        assert_eq!(groups(&ledger), BTreeMap::from([("a".to_owned(), 2)]));
+        assert!(ledger.release("p0"));
+        ledger.apply_pod(&pod("p1", Some("n1"), Some(GROUP_0), "Running"));
+        assert_eq!(groups(&ledger), BTreeMap::from([("a".to_owned(), 1)]));
+        ledger.apply_pod(&pod("p1", Some("n1"), Some(GROUP_0), "Succeeded"));
+        assert!(groups(&ledger).is_empty());
+    }
+
     #[test]
     fn ratios_resolve_when_the_device_arrives_after_the_pod() {
         let mut ledger = Ledger::default();
@@ -658,6 +722,7 @@ mod tests {
         let placement = PodPlacement {
             booked: Placement {
                 gpus: vec![share.clone()],
+                group: None,
             },
             containers: vec![ContainerPlacement {
                 name: "main".into(),
@@ -696,6 +761,7 @@ mod tests {
                     memory: 8 << 30,
                     ratio: 50,
                 }],
+                group: None,
             },
             containers: vec![quarter("a"), quarter("b")],
         };

@@ -10,7 +10,10 @@ use serde_json::Value;
 use tessera_api::request::{RequestOptions, pod_gpu_request};
 use tessera_api::{Device, DeviceInfo, DeviceSpec, DeviceTopology};
 
-use crate::core::{PodPlacement, Policy, allocate_pod, node_policy_of, score, selected_nowhere};
+use crate::core::{
+    PodPlacement, Policy, allocate_pod, group_elsewhere, group_home, node_policy_of, score,
+    selected_nowhere,
+};
 use crate::ledger::{Ledger, annotation_of, pod_name};
 
 /// Why a snapshot cannot be read.
@@ -179,6 +182,7 @@ pub fn simulate(ledger: &mut Ledger, pending: &[Pod], options: &SimulateOptions)
             continue;
         }
         let node_policy = node_policy_of(&request, options.node_policy);
+        let home = group_home(ledger.nodes(), &request);
         // Like kube-scheduler: look at nodes round-robin from where the last pod
         // stopped, until `window` feasible nodes are found, then score those.
         let mut best: Option<(i64, &str, PodPlacement)> = None;
@@ -191,6 +195,10 @@ pub fn simulate(ledger: &mut Ledger, pending: &[Pod], options: &SimulateOptions)
             let Some(node) = ledger.node(name) else {
                 continue;
             };
+            if let Some(why) = group_elsewhere(home.as_ref(), &request, name) {
+                *reasons.entry(why).or_default() += 1;
+                continue;
+            }
             match allocate_pod(node, &request, options.gpu_policy) {
                 Ok(placement) => {
                     feasible += 1;
@@ -585,6 +593,40 @@ spec:
             Some(
                 r#"annotation hami.io/gpu-scheduler-policy: "fast": "fast": expected binpack or spread, optionally with topology-aware or numa"#
             )
+        );
+    }
+
+    #[test]
+    fn simulates_sharing_groups() {
+        let snapshot = parse_snapshot(MIXED, "cluster").expect("parses");
+        let member = |name: &str, group: &str| {
+            format!(
+                "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: default, annotations: {{lsalab.nthu/GPUID: {group}}}}}\nspec:\n  containers: [{{name: c, image: x, resources: {{limits: {{koordinator.sh/gpu: \"25\"}}}}}}]\n---\n"
+            )
+        };
+        let pods = [
+            member("a-0", "a"),
+            member("b-0", "b"),
+            member("a-1", "a"),
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: loner, namespace: default}\nspec:\n  containers: [{name: c, image: x, resources: {limits: {koordinator.sh/gpu: \"25\"}}}]\n".to_owned(),
+        ]
+        .concat();
+        let pending = parse_snapshot(&pods, "pods").expect("parses").pods;
+        let mut ledger = ledger_of(&snapshot);
+        let outcomes = simulate(&mut ledger, &pending, &SimulateOptions::default());
+        let gpu = |index: usize| {
+            let annotation = outcomes[index].annotation.as_deref().expect("placed");
+            tessera_api::DeviceAllocations::parse(annotation)
+                .expect("valid")
+                .gpus()[0]
+                .id
+                .clone()
+        };
+        assert_eq!(gpu(0), gpu(2), "{outcomes:?}");
+        let taken = [gpu(0), gpu(1), gpu(3)];
+        assert!(
+            taken[0] != taken[1] && taken[0] != taken[2] && taken[1] != taken[2],
+            "{outcomes:?}"
         );
     }
 

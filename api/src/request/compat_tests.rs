@@ -614,3 +614,81 @@ spec:
 "#;
     assert_eq!(parse(manifest, &RequestOptions::default()), Ok(None));
 }
+
+// === Sharing groups: Tessera's annotation, and KubeShare's GPUID ===
+
+#[test]
+fn sharing_groups() {
+    // KubeShare's manifest once its gpu_request and gpu_mem are resources (the
+    // admission policy translates them); the GPUID is read here.
+    let kubeshare = r#"
+apiVersion: v1
+kind: Pod
+metadata:
+  name: sharepod1
+  annotations:
+    "lsalab.nthu/gpu_request": "0.5"
+    "lsalab.nthu/gpu_limit": "0.5"
+    "lsalab.nthu/gpu_mem": "1073741824"
+    "lsalab.nthu/GPUID": "abcde"
+spec:
+  containers:
+  - name: sleep
+    image: busybox
+    command: ["sh", "-c", "sleep infinity"]
+    resources:
+      limits:
+        koordinator.sh/gpu-core: "50"
+        koordinator.sh/gpu-memory: "1073741824"
+"#;
+    let request = parse(kubeshare, &RequestOptions::default())
+        .expect("valid")
+        .expect("asks for GPUs");
+    assert_eq!(request.sharing_group.as_deref(), Some("abcde"));
+
+    let with = |annotations: &[(&str, &str)], limits: &str| -> Result<Option<String>, String> {
+        let mut pod: Pod = serde_yaml::from_str(&format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: p}}\nspec:\n  containers:\n  - {{name: c, image: x, resources: {{limits: {limits}}}}}\n"
+        ))
+        .expect("pod");
+        pod.metadata.annotations = Some(
+            annotations
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        );
+        pod_gpu_request(&pod, &RequestOptions::default())
+            .map(|r| r.and_then(|r| r.sharing_group))
+            .map_err(|e| e.to_string())
+    };
+    let quarter = r#"{koordinator.sh/gpu: "25"}"#;
+    assert_eq!(
+        with(&[("tessera.io/sharing-group", " train ")], quarter),
+        Ok(Some("train".into()))
+    );
+    assert_eq!(
+        with(
+            &[
+                ("tessera.io/sharing-group", "a"),
+                ("lsalab.nthu/GPUID", "a")
+            ],
+            quarter
+        ),
+        Ok(Some("a".into()))
+    );
+    assert_eq!(
+        with(
+            &[("tessera.io/sharing-group", "a"), ("lsalab.nthu/GPUID", "b")],
+            quarter
+        ),
+        Err(r#"annotation lsalab.nthu/GPUID: "b": names another sharing group than tessera.io/sharing-group ("a")"#.into())
+    );
+    assert_eq!(
+        with(&[("lsalab.nthu/GPUID", " ")], quarter),
+        Err(r#"annotation lsalab.nthu/GPUID: " ": names no sharing group"#.into())
+    );
+    assert_eq!(
+        with(&[("lsalab.nthu/GPUID", "abc")], r#"{nvidia.com/gpu: "2"}"#),
+        Err(r#"annotation lsalab.nthu/GPUID: "abc": a sharing group shares one GPU; container c asks for 2"#.into())
+    );
+}

@@ -25,6 +25,11 @@ pub const HAMI_GPU_SCHEDULER_POLICY: &str = "hami.io/gpu-scheduler-policy";
 pub const HAMI_NODE_SCHEDULER_POLICY: &str = "hami.io/node-scheduler-policy";
 /// Koordinator: per device type, a selector on device labels and how to allocate.
 pub const KOORDINATOR_DEVICE_ALLOCATE_HINT: &str = "scheduling.koordinator.sh/device-allocate-hint";
+/// Tessera: the sharing group of the pod. Pods of one group share one GPU, which
+/// no pod outside the group gets while the group has pods there.
+pub const SHARING_GROUP: &str = "tessera.io/sharing-group";
+/// KubeShare: the pod's GPUID, a sharing group in Tessera's terms.
+pub const KUBESHARE_GPUID: &str = "lsalab.nthu/GPUID";
 
 /// Where to put work, as a pod may ask for itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -160,6 +165,8 @@ pub struct PodRules {
     pub gpu_policy: Option<PlacementPolicy>,
     /// Which node.
     pub node_policy: Option<PlacementPolicy>,
+    /// The sharing group ([`SHARING_GROUP`] or KubeShare's [`KUBESHARE_GPUID`]).
+    pub sharing_group: Option<String>,
 }
 
 fn refuse(key: &str, value: &str, problem: impl Into<String>) -> RequestError {
@@ -415,6 +422,21 @@ impl PodRules {
         }
         if let Some(value) = get(HAMI_NODE_SCHEDULER_POLICY) {
             rules.node_policy = hami_policy(HAMI_NODE_SCHEDULER_POLICY, value, true)?;
+        }
+        for key in [SHARING_GROUP, KUBESHARE_GPUID] {
+            let Some(value) = get(key) else { continue };
+            let name = value.trim();
+            if name.is_empty() {
+                return Err(refuse(key, value, "names no sharing group"));
+            }
+            if let Some(other) = rules.sharing_group.as_deref().filter(|g| *g != name) {
+                return Err(refuse(
+                    key,
+                    value,
+                    format!("names another sharing group than {SHARING_GROUP} ({other:?})"),
+                ));
+            }
+            rules.sharing_group = Some(name.to_owned());
         }
         Ok(rules)
     }

@@ -712,3 +712,125 @@ fn a_selection_does_not_change_how_full_a_node_looks() {
         score_pod(&n, &plain, Policy::Binpack, Policy::Binpack)
     );
 }
+
+// === Sharing groups ===
+
+fn in_group(group: &str, gpu: GpuRequest) -> PodGpuRequest {
+    PodGpuRequest {
+        sharing_group: Some(group.into()),
+        ..pod(&[("main", ContainerRole::App, gpu)])
+    }
+}
+
+fn quarter_share() -> GpuRequest {
+    GpuRequest {
+        count: 1,
+        core: 25,
+        memory: GpuMemory::Ratio(25),
+    }
+}
+
+/// Places `request` on `n` and books it, as bind and the ledger do.
+fn place_and_book(n: &mut NodeState, request: &PodGpuRequest, policy: Policy) -> Placement {
+    let placement = allocate_pod(n, request, policy).expect("fits").booked;
+    account(n, &placement, true);
+    placement
+}
+
+/// KubeShare's rules: a new group takes a free GPU; its next pods share that GPU;
+/// no pod outside the group gets it; when its last pod leaves it is anyone's.
+#[test]
+fn a_sharing_group_holds_one_gpu_while_it_has_pods() {
+    let mut n = node(
+        "n",
+        vec![
+            gpu(0, 16384, 8192),
+            gpu(1, 16384, 16384),
+            gpu(2, 16384, 16384),
+        ],
+    );
+    let a1 = in_group("a", quarter_share());
+    // Binpack would take the half-used GPU 0; a new group takes an idle one.
+    let first = place_and_book(&mut n, &a1, Policy::Binpack);
+    assert_eq!(first.gpus[0].uuid, "GPU-1");
+    assert_eq!(first.group.as_deref(), Some("a"));
+    assert_eq!(n.gpus[1].groups.get("a"), Some(&1));
+    // Spread would take the idle GPU 2; the group's pods share its GPU.
+    let second = place_and_book(&mut n, &in_group("a", quarter_share()), Policy::Spread);
+    assert_eq!(second.gpus[0].uuid, "GPU-1");
+    assert_eq!(n.gpus[1].groups.get("a"), Some(&2));
+    // Binpack would take the group's GPU (fuller than GPU 2): not outside the group.
+    let plain = pod(&[("main", ContainerRole::App, quarter_share())]);
+    assert_eq!(
+        allocate_pod(&n, &plain, Policy::Binpack)
+            .expect("fits")
+            .booked
+            .gpus[0]
+            .uuid,
+        "GPU-0"
+    );
+    // Another group: the other idle GPU.
+    let other = place_and_book(&mut n, &in_group("b", quarter_share()), Policy::Binpack);
+    assert_eq!(other.gpus[0].uuid, "GPU-2");
+    // A third group finds no idle GPU: busy, not impossible (evictions free one).
+    let third = in_group("c", quarter_share());
+    assert!(!fits_pod(&n, &third, Policy::Binpack));
+    assert_eq!(never_fits_pod(&n, &third, Policy::Binpack), None);
+    assert_eq!(
+        unfit_reason_pod(&n, &third, Policy::Binpack),
+        r#"container main: 0 of 3 usable GPUs (3 total) have 25% compute and 25% memory free; 1 needed; sharing group "c" is new and takes an idle GPU (0 of 3 idle)"#
+    );
+    // The group's last pod leaves: GPU 1 is anyone's again.
+    account(&mut n, &second, false);
+    assert_eq!(n.gpus[1].groups.get("a"), Some(&1));
+    account(&mut n, &first, false);
+    assert!(n.gpus[1].groups.is_empty());
+    assert_eq!(
+        allocate_pod(&n, &third, Policy::Binpack)
+            .expect("fits")
+            .booked
+            .gpus[0]
+            .uuid,
+        "GPU-1"
+    );
+}
+
+/// A group's GPU full: its next pod waits on that GPU (preemption of the group's
+/// pods may make room there); every other node is unresolvable.
+#[test]
+fn a_full_group_waits_for_its_own_gpu() {
+    let mut n = node("n", vec![gpu(0, 16384, 16384), gpu(1, 16384, 16384)]);
+    let half = GpuRequest {
+        count: 1,
+        core: 50,
+        memory: GpuMemory::Ratio(50),
+    };
+    place_and_book(&mut n, &in_group("a", half), Policy::Binpack);
+    place_and_book(&mut n, &in_group("a", half), Policy::Binpack);
+    let third = in_group("a", half);
+    assert!(!fits_pod(&n, &third, Policy::Binpack));
+    assert_eq!(never_fits_pod(&n, &third, Policy::Binpack), None);
+    assert_eq!(
+        unfit_reason_pod(&n, &third, Policy::Binpack),
+        r#"container main: 0 of 1 usable GPUs (2 total) have 50% compute and 50% memory free; 1 needed; sharing group "a" holds a GPU here and its pods use that GPU only"#
+    );
+    // Too big for the group's GPU even emptied: never.
+    let whole_and_more = in_group(
+        "a",
+        GpuRequest {
+            count: 1,
+            core: 0,
+            memory: GpuMemory::Bytes(20000 * MIB),
+        },
+    );
+    assert!(never_fits_pod(&n, &whole_and_more, Policy::Binpack).is_some());
+    let home = group_home([&n], &third);
+    assert_eq!(home, Some(("n".to_owned(), "GPU-0".to_owned())));
+    assert_eq!(group_elsewhere(home.as_ref(), &third, "n"), None);
+    assert_eq!(
+        group_elsewhere(home.as_ref(), &third, "m").as_deref(),
+        Some(r#"sharing group "a" holds GPU GPU-0 on node n: its pods share that GPU only"#)
+    );
+    let plain = pod(&[("main", ContainerRole::App, half)]);
+    assert_eq!(group_elsewhere(home.as_ref(), &plain, "m"), None);
+}

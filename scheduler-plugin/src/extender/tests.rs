@@ -70,7 +70,10 @@ fn occupy(extender: &Extender, node: &str, index: u32, core: u64, gib: u64) {
     extender.ledger().reserve(
         &format!("other-{node}-{index}"),
         node,
-        Placement { gpus: vec![share] },
+        Placement {
+            gpus: vec![share],
+            group: None,
+        },
         u64::MAX,
     );
 }
@@ -440,4 +443,79 @@ fn hami_node_policy_overrides_the_default_for_its_pod() {
     assert_eq!(best(prioritize(one_container(limits.clone()))), "a100");
     let spread = annotated(json!({"hami.io/node-scheduler-policy": "spread"}), limits);
     assert_eq!(best(prioritize(spread)), "h100");
+}
+
+/// A sharing group that holds a GPU on one node: its pods are unresolvable on
+/// every other node, and a bind elsewhere (two binds of a new group racing) is refused.
+#[test]
+fn a_sharing_group_lives_on_one_node() {
+    let extender = mixed_cluster();
+    let share = GpuShare {
+        uuid: "GPU-h100-1".into(),
+        minor: 1,
+        core: 25,
+        memory: 20 * GIB,
+        ratio: 25,
+    };
+    extender.ledger().reserve(
+        "member-0",
+        "h100",
+        Placement {
+            gpus: vec![share],
+            group: Some("train".into()),
+        },
+        u64::MAX,
+    );
+    let member = annotated(
+        json!({"tessera.io/sharing-group": "train"}),
+        json!({"koordinator.sh/gpu": "25"}),
+    );
+    let result = filter(&extender, member.clone(), &["a100", "h100"]);
+    assert_eq!(
+        classes(&result),
+        (vec!["h100"], vec![], vec!["a100"]),
+        "{result:?}"
+    );
+    assert_eq!(
+        result.failed_and_unresolvable_nodes["a100"],
+        r#"sharing group "train" holds GPU GPU-h100-1 on node h100: its pods share that GPU only"#
+    );
+    let request = pod_gpu_request(
+        &serde_json::from_value(member).expect("pod"),
+        &RequestOptions::default(),
+    )
+    .expect("valid")
+    .expect("asks for GPUs");
+    let args = |node: &str| ExtenderBindingArgs {
+        pod_name: "p".into(),
+        pod_namespace: "default".into(),
+        pod_uid: "u-p".into(),
+        node: node.into(),
+    };
+    let refused = extender
+        .reserve(&args("a100"), &request)
+        .expect_err("the group lives on h100");
+    assert!(
+        refused
+            .to_string()
+            .contains(r#"sharing group "train" holds GPU GPU-h100-1"#),
+        "{refused}"
+    );
+    let written = extender.reserve(&args("h100"), &request).expect("fits");
+    assert!(written.contains(r#""id":"GPU-h100-1""#), "{written}");
+    assert!(written.contains(r#""sharingGroup":"train""#), "{written}");
+    // A pod outside the group never gets its GPU.
+    let outsider = extender
+        .reserve(
+            &ExtenderBindingArgs {
+                pod_uid: "u-q".into(),
+                ..args("h100")
+            },
+            &PodGpuRequest {
+                sharing_group: None,
+                ..request
+            },
+        )
+        .expect("fits");
+    assert!(outsider.contains(r#""id":"GPU-h100-0""#), "{outsider}");
 }
