@@ -9,7 +9,7 @@ use tessera_runtime_proxy::relay::{HeaderBlocks, Step};
 
 fuzz_target!(|data: &[u8]| {
     let mut input = BytesMut::from(data);
-    let mut blocks = HeaderBlocks::new();
+    let mut blocks = HeaderBlocks::requests();
     while let Some((head, bytes)) = frame::next_frame(&mut input) {
         let _ = frame::data_payload(&head, &bytes);
         let _ = frame::window_increment(&bytes);

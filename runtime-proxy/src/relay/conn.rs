@@ -210,6 +210,8 @@ pub struct HeaderBlocks {
     /// The last block as literals that leave the receiver's table alone, without
     /// a lifecycle call's `content-length`.
     encoded: BytesMut,
+    /// Requests: blocks are re-encoded as they are decoded, for when they must be.
+    reencode: bool,
     /// A re-encoded block changed the sender's table but not the receiver's:
     /// every block from now on goes re-encoded.
     pub diverged: bool,
@@ -227,20 +229,24 @@ pub enum Step {
     Fatal,
 }
 
-impl Default for HeaderBlocks {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 impl HeaderBlocks {
-    /// A reader for a new connection: an empty table of the default size.
-    pub fn new() -> Self {
+    /// A reader of a new connection's answers: an empty table of the default size.
+    pub fn answers() -> Self {
         Self {
             decoder: hpack::Decoder::new(frame::DEFAULT_TABLE_SIZE),
             open: None,
             encoded: BytesMut::new(),
+            reencode: false,
             diverged: false,
+        }
+    }
+
+    /// A reader of a new connection's requests, which also re-encodes each block
+    /// ([`HeaderBlocks::reencoded`]).
+    pub fn requests() -> Self {
+        Self {
+            reencode: true,
+            ..Self::answers()
         }
     }
 
@@ -306,6 +312,7 @@ impl HeaderBlocks {
         let changes = self.decoder.table_changes();
         let mut fields = Fields::default();
         let mut lifecycle = false;
+        let reencode = self.reencode;
         let encoded = &mut self.encoded;
         encoded.clear();
         // Encoded as it is decoded, whether or not it will be needed: a block
@@ -314,7 +321,7 @@ impl HeaderBlocks {
         let decoded = self.decoder.decode(block, |name, value, indexing| {
             if name == b"content-length" && lifecycle {
                 fields.lifecycle_content_length = true;
-            } else {
+            } else if reencode {
                 hpack::encode_literal(name, value, indexing, encoded);
             }
             match name {
@@ -424,7 +431,7 @@ impl Relay {
         };
         let mut input = BytesMut::with_capacity(READ_CHUNK);
         let mut preface = frame::PREFACE.len();
-        let mut blocks = HeaderBlocks::new();
+        let mut blocks = HeaderBlocks::requests();
         // The frames of a request header block until its END_HEADERS.
         let mut held = BytesMut::new();
         let mut open = true;
@@ -506,6 +513,10 @@ impl Relay {
                         // The call ends here; a lifecycle call's pre stage finds it gone.
                         forward(shared, out, head, frame);
                         shared.end_call(head.stream, Some(Code::Cancelled));
+                        if shared.last_stream.is_some() {
+                            // Draining: the runtime side ends the connection with the last call.
+                            self.kubelet_wake.notify_one();
+                        }
                     }
                     kind::SETTINGS => {
                         for (id, value) in frame::settings(&head, &frame) {
@@ -647,7 +658,7 @@ impl Relay {
             source,
         };
         let mut input = BytesMut::with_capacity(READ_CHUNK);
-        let mut blocks = HeaderBlocks::new();
+        let mut blocks = HeaderBlocks::answers();
         let mut out = BytesMut::new();
         let mut open = true;
         let mut draining = false;

@@ -27,14 +27,24 @@ pub mod frame;
 
 pub use conn::{Fields, HeaderBlocks, RelayError, Step};
 
-/// Which way kubelet's calls reach the runtime.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// Which way kubelet's calls reach the runtime (`--relay`, `relay = "…"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum RelayMode {
     /// HTTP/2 terminated on both legs by h2 ([`crate::server::serve`]).
     #[default]
     H2,
     /// Frames relayed ([`serve`]).
     Frames,
+}
+
+impl std::fmt::Display for RelayMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::H2 => "h2",
+            Self::Frames => "frames",
+        })
+    }
 }
 
 impl std::str::FromStr for RelayMode {
