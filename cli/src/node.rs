@@ -185,7 +185,26 @@ pub struct Switch {
     pub verify_timeout: Duration,
 }
 
+/// Sets or removes the switch taint, retrying when another writer changed the
+/// node's taints in between (the write is a compare-and-swap).
 async fn set_taint(nodes: &Api<Node>, node: &str, present: bool) -> anyhow::Result<()> {
+    let mut attempt = 0;
+    loop {
+        match try_set_taint(nodes, node, present).await {
+            Err(kube::Error::Api(e)) if e.code == 409 && attempt < 5 => attempt += 1,
+            result => {
+                return result.with_context(|| {
+                    format!(
+                        "{} the taint {TAINT_KEY} on node {node}",
+                        if present { "setting" } else { "removing" }
+                    )
+                });
+            }
+        }
+    }
+}
+
+async fn try_set_taint(nodes: &Api<Node>, node: &str, present: bool) -> Result<(), kube::Error> {
     let current = nodes.get(node).await?;
     let mut taints: Vec<Taint> = current
         .spec
@@ -209,13 +228,7 @@ async fn set_taint(nodes: &Api<Node>, node: &str, present: bool) -> anyhow::Resu
     });
     nodes
         .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .with_context(|| {
-            format!(
-                "{} the taint {TAINT_KEY} on node {node}",
-                if present { "setting" } else { "removing" }
-            )
-        })?;
+        .await?;
     Ok(())
 }
 
@@ -285,15 +298,16 @@ impl Switch {
                 )
             }
         };
-        restart(&self.restart_command).await?;
+        let keeps = || {
+            format!(
+                "{wrote}; node {} keeps the taint {TAINT_KEY}:NoSchedule until the switch is proven",
+                self.node
+            )
+        };
+        restart(&self.restart_command).await.with_context(keeps)?;
         let calls = calls_rise(&self.metrics, 3, self.verify_timeout)
             .await
-            .with_context(|| {
-                format!(
-                    "{wrote}; node {} keeps the taint {TAINT_KEY}:NoSchedule until the switch is proven",
-                    self.node
-                )
-            })?;
+            .with_context(keeps)?;
         set_taint(nodes, &self.node, false).await?;
         Ok(format!(
             "{wrote}; kubelet restarted and made {calls} calls through the proxy; taint {TAINT_KEY} removed from node {}",

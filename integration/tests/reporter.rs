@@ -92,6 +92,7 @@ async fn discovery_publish_health_and_legacy_pods() {
         capacity: CapacityOptions {
             aliases: true,
             nvidia_gpu: false,
+            ..CapacityOptions::default()
         },
         recovery_after: Duration::from_secs(3600),
     };
@@ -167,9 +168,10 @@ async fn discovery_publish_health_and_legacy_pods() {
         node["status"]["allocatable"]["nvidia.com/gpumem"],
         (3 * 81920).to_string()
     );
+    // GiB, gpushare's default unit, as tessera-scheduler reads aliyun.com/gpu-mem.
     assert_eq!(
         node["status"]["capacity"]["aliyun.com/gpu-mem"],
-        (3 * 81920).to_string()
+        (3 * 80).to_string()
     );
 
     // Nothing changes: nothing is written.

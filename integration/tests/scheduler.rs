@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use tessera_api::request::{MemoryUnit, RequestOptions};
 use tessera_integration::apiserver::ApiServer;
 use tessera_scheduler::extender::{Extender, ExtenderConfig, serve};
 use tessera_scheduler::leader::{EXTENDER_URL_ANNOTATION, Leader, LeaseConfig, try_lead};
@@ -107,7 +108,14 @@ async fn start_with(api: ApiServer, leader: Leader) -> Scheduler {
         ledger,
         Some(client),
         Some(view.pods),
-        ExtenderConfig::default(),
+        // The gpushare seed counts MiB, as gpushare's device plugin with --memory-unit=MiB.
+        ExtenderConfig {
+            request: RequestOptions {
+                gpushare_memory_unit: MemoryUnit::MiB,
+                ..RequestOptions::default()
+            },
+            ..ExtenderConfig::default()
+        },
         view.ready.clone(),
         Arc::new(leader),
     );

@@ -87,6 +87,10 @@ enum Command {
         /// Advertise nvidia.com/gpu (only where no NVIDIA device plugin serves it).
         #[arg(long)]
         advertise_nvidia_gpu: bool,
+        /// The unit of the aliyun.com/gpu-mem capacity: as tessera-scheduler's
+        /// --gpushare-memory-unit (GiB, gpushare's default, or MiB).
+        #[arg(long, value_name = "MiB|GiB", default_value_t = tessera_api::request::MemoryUnit::GiB)]
+        gpushare_memory_unit: tessera_api::request::MemoryUnit,
         /// Seconds after its last critical XID before a GPU counts as healthy again.
         #[arg(long, value_name = "SECS", default_value_t = 300)]
         recovery_after: u64,
@@ -175,6 +179,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
             interval,
             no_alias_resources,
             advertise_nvidia_gpu,
+            gpushare_memory_unit,
             recovery_after,
             metrics_addr,
         } => {
@@ -195,6 +200,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
                 capacity: CapacityOptions {
                     aliases: !no_alias_resources,
                     nvidia_gpu: advertise_nvidia_gpu,
+                    gpushare_memory_unit,
                 },
                 recovery_after: Duration::from_secs(recovery_after),
             };

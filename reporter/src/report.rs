@@ -20,6 +20,9 @@ pub struct CapacityOptions {
     pub aliases: bool,
     /// `nvidia.com/gpu` (only when no device plugin serves it).
     pub nvidia_gpu: bool,
+    /// The unit of `aliyun.com/gpu-mem`: the same as tessera-scheduler's
+    /// `--gpushare-memory-unit`, so capacity and requests count alike.
+    pub gpushare_memory_unit: tessera_api::request::MemoryUnit,
 }
 
 impl Default for CapacityOptions {
@@ -27,6 +30,7 @@ impl Default for CapacityOptions {
         Self {
             aliases: true,
             nvidia_gpu: false,
+            gpushare_memory_unit: tessera_api::request::MemoryUnit::default(),
         }
     }
 }
@@ -92,7 +96,15 @@ pub fn node_capacity(
     ]);
     if options.aliases {
         // Each alias in its own system's unit.
-        capacity.insert("aliyun.com/gpu-mem".into(), quantity(mib));
+        capacity.insert(
+            "aliyun.com/gpu-mem".into(),
+            quantity(
+                healthy
+                    .iter()
+                    .map(|g| g.memory_bytes / options.gpushare_memory_unit.bytes())
+                    .sum(),
+            ),
+        );
         capacity.insert("nvidia.com/gpumem".into(), quantity(mib));
         capacity.insert("nvidia.com/gpucores".into(), quantity(100 * count));
         capacity.insert("volcano.sh/gpu-memory".into(), quantity(mib));
@@ -238,11 +250,13 @@ mod tests {
             &CapacityOptions {
                 aliases: true,
                 nvidia_gpu: true,
+                ..CapacityOptions::default()
             },
         );
         assert_eq!(capacity[GPU_CORE], quantity(100));
         assert_eq!(capacity[GPU_MEMORY_RATIO], quantity(100));
-        assert_eq!(capacity["aliyun.com/gpu-mem"], quantity(80 * 1024));
+        // GiB per GPU, gpushare's default unit, as tessera-scheduler reads requests.
+        assert_eq!(capacity["aliyun.com/gpu-mem"], quantity(80));
         assert_eq!(capacity["nvidia.com/gpucores"], quantity(100));
         assert_eq!(capacity[NVIDIA_GPU], quantity(1));
         let plain = node_capacity(
@@ -251,6 +265,7 @@ mod tests {
             &CapacityOptions {
                 aliases: false,
                 nvidia_gpu: false,
+                ..CapacityOptions::default()
             },
         );
         assert_eq!(plain.len(), 3);

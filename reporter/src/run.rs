@@ -268,6 +268,7 @@ mod tests {
             capacity: CapacityOptions {
                 aliases: false,
                 nvidia_gpu: false,
+                ..CapacityOptions::default()
             },
             recovery_after: Duration::from_secs(3600),
         };

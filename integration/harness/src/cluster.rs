@@ -858,6 +858,28 @@ impl Cluster {
         Ok(text)
     }
 
+    /// kubelet's `--config` file.
+    pub fn kubelet_config_path(&self) -> PathBuf {
+        self.dir.path().join("kubelet.yaml")
+    }
+
+    /// The proxy's metrics address.
+    pub fn proxy_metrics_addr(&self) -> String {
+        format!("127.0.0.1:{PROXY_METRICS_PORT}")
+    }
+
+    /// Points kubelet's runtime and image endpoints at `socket` in its `--config`
+    /// file, as a node looks before (or after) Tessera, and restarts it.
+    pub async fn set_kubelet_endpoint(&mut self, socket: &Path) -> anyhow::Result<()> {
+        let path = self.kubelet_config_path();
+        let mut config: serde_yaml::Value = serde_yaml::from_str(&std::fs::read_to_string(&path)?)?;
+        for key in ["containerRuntimeEndpoint", "imageServiceEndpoint"] {
+            config[key] = format!("unix://{}", socket.display()).into();
+        }
+        std::fs::write(&path, serde_yaml::to_string(&config)?)?;
+        self.restart(Component::Kubelet).await
+    }
+
     /// Imports an OCI image archive into the node's containerd, where kubelet finds it.
     pub fn import_image(&self, archive: &Path) -> anyhow::Result<()> {
         run(Command::new(self.k8s.path("ctr"))
@@ -882,10 +904,32 @@ impl Cluster {
             .context("deploy/reporter.yaml's DaemonSet has no container")?;
         container["image"] = json!(image);
         container["imagePullPolicy"] = json!("Never");
+        // The volume holding the library `--nvml-library` names, whatever it is called.
+        let library = container["args"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find_map(|a| a.as_str()?.strip_prefix("--nvml-library="))
+            .context("deploy/reporter.yaml's reporter has no --nvml-library")?
+            .to_owned();
+        let volume = container["volumeMounts"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|m| {
+                m["mountPath"]
+                    .as_str()
+                    .is_some_and(|p| library.starts_with(&format!("{}/", p.trim_end_matches('/'))))
+            })
+            .and_then(|m| m["name"].as_str())
+            .with_context(|| {
+                format!("no volume of deploy/reporter.yaml's reporter holds {library}")
+            })?
+            .to_owned();
         let driver = spec["volumes"]
             .as_array_mut()
-            .and_then(|v| v.iter_mut().find(|v| v["name"] == "driver"))
-            .context("deploy/reporter.yaml's DaemonSet has no `driver` volume")?;
+            .and_then(|v| v.iter_mut().find(|v| v["name"] == volume.as_str()))
+            .with_context(|| format!("deploy/reporter.yaml's DaemonSet has no volume {volume}"))?;
         driver["hostPath"]["path"] = json!(self.dir.path().join("nvml").display().to_string());
         Ok(daemonset)
     }

@@ -68,6 +68,10 @@ fn scenarios() -> Vec<(&'static str, Scenario)> {
             "reporter_daemonset_from_its_built_image_publishes_the_node",
             |c| Box::pin(reporter_image(c)),
         ),
+        (
+            "node_switch_over_is_proven_before_the_taint_goes_and_undone_by_switch_back",
+            |c| Box::pin(switch_over(c)),
+        ),
         ("restarts_lose_nothing", |c| Box::pin(restarts(c))),
     ]
 }
@@ -211,7 +215,7 @@ async fn fractional_pods(cluster: &mut Cluster) -> anyhow::Result<()> {
             json!({"nvidia.com/gpumem": "4096", "nvidia.com/gpucores": "30"}),
             Some("30"),
         ),
-        ("frac-gpushare", json!({"aliyun.com/gpu-mem": "2048"}), None),
+        ("frac-gpushare", json!({"aliyun.com/gpu-mem": "2"}), None),
         (
             "frac-volcano",
             json!({"volcano.sh/gpu-memory": "1024"}),
@@ -961,11 +965,18 @@ async fn reporter_image(cluster: &mut Cluster) -> anyhow::Result<()> {
         .await?;
     let daemonset = cluster.reporter_daemonset(reference)?;
     cluster.apply(&daemonset).await?;
+    let selector = daemonset["spec"]["selector"]["matchLabels"]
+        .as_object()
+        .context("the DaemonSet has no matchLabels")?
+        .iter()
+        .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
+        .collect::<Vec<_>>()
+        .join(",");
     let pods: kube::Api<Pod> = kube::Api::namespaced(client.clone(), NAMESPACE);
     let started = Instant::now();
     loop {
         let running = pods
-            .list(&ListParams::default().labels("app=tessera-reporter"))
+            .list(&ListParams::default().labels(&selector))
             .await?
             .items;
         let published = devices
@@ -998,7 +1009,7 @@ async fn reporter_image(cluster: &mut Cluster) -> anyhow::Result<()> {
         .delete("tessera-reporter", &Default::default())
         .await?;
     for pod in pods
-        .list(&ListParams::default().labels("app=tessera-reporter"))
+        .list(&ListParams::default().labels(&selector))
         .await?
         .items
     {
@@ -1006,6 +1017,169 @@ async fn reporter_image(cluster: &mut Cluster) -> anyhow::Result<()> {
         cluster.delete_pod_in(NAMESPACE, &name).await?;
     }
     cluster.start_again(Component::Reporter).await
+}
+
+/// Runs `tessera node <verb>` against this node, restarting kubelet whenever its
+/// `--restart-command` asks (it touches a file; kubelet here is the harness's
+/// child, not a systemd unit). Returns whether it succeeded, its output, and
+/// whether the node carried the switch taint while it ran.
+async fn tessera_node(
+    cluster: &mut Cluster,
+    verb: &str,
+    restart: bool,
+    verify_timeout: u32,
+) -> anyhow::Result<(bool, String, bool)> {
+    let flag = tempfile::NamedTempFile::new()?.into_temp_path();
+    std::fs::remove_file(&flag)?;
+    let restart_command = if restart {
+        format!("touch {}", flag.display())
+    } else {
+        "true".to_owned()
+    };
+    let mut child =
+        tokio::process::Command::new(tessera_harness::cluster::tessera_binary("tessera")?)
+            .arg("--kubeconfig")
+            .arg(cluster.kubeconfig())
+            .args(["node", verb, "--node", tessera_harness::cluster::NODE_NAME])
+            .arg(format!(
+                "--endpoint=unix://{}",
+                cluster.proxy_socket().display()
+            ))
+            .arg(format!("--proxy-metrics={}", cluster.proxy_metrics_addr()))
+            .arg(format!("--restart-command={restart_command}"))
+            .arg(format!("--verify-timeout={verify_timeout}"))
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()?;
+    let nodes: kube::Api<k8s_openapi::api::core::v1::Node> =
+        kube::Api::all(cluster.client().await?);
+    let mut tainted = false;
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        let node = nodes.get(tessera_harness::cluster::NODE_NAME).await?;
+        tainted |= node_taints(&node)
+            .iter()
+            .any(|t| t == "tessera.io/runtime-proxy");
+        if flag.exists() {
+            std::fs::remove_file(&flag)?;
+            cluster.restart(Component::Kubelet).await?;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let output = child.wait_with_output().await?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Ok((status.success(), text, tainted))
+}
+
+fn node_taints(node: &k8s_openapi::api::core::v1::Node) -> Vec<String> {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .into_iter()
+        .flatten()
+        .map(|t| t.key.clone())
+        .collect()
+}
+
+/// A node whose kubelet talks to containerd, as before Tessera: `tessera node
+/// switch-over` finds kubelet's `--config` file from its command line, sets the
+/// proxy there (keeping a backup), taints the node, restarts kubelet and lifts the
+/// taint only once the proxy counts kubelet's calls; a GPU pod then gets its grant
+/// through the hook. `switch-back` restores the file and proves kubelet left the
+/// proxy. A switch whose kubelet never restarts keeps the taint and says why.
+async fn switch_over(cluster: &mut Cluster) -> anyhow::Result<()> {
+    let config = cluster.kubelet_config_path();
+    let backup = std::path::PathBuf::from(format!("{}.tessera-backup", config.display()));
+    let containerd = cluster.containerd_socket();
+    cluster.set_kubelet_endpoint(&containerd).await?;
+    let endpoint = |cluster: &Cluster| -> anyhow::Result<String> {
+        let text = std::fs::read_to_string(cluster.kubelet_config_path())?;
+        let config: serde_yaml::Value = serde_yaml::from_str(&text)?;
+        Ok(config["containerRuntimeEndpoint"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned())
+    };
+    let nodes: kube::Api<k8s_openapi::api::core::v1::Node> =
+        kube::Api::all(cluster.client().await?);
+    let proxy = format!("unix://{}", cluster.proxy_socket().display());
+
+    let (ok, output, tainted) = tessera_node(cluster, "switch-over", true, 60).await?;
+    ensure!(ok, "switch-over failed: {output}");
+    ensure!(
+        tainted,
+        "the node was never tainted while switching: {output}"
+    );
+    ensure!(
+        endpoint(cluster)? == proxy && backup.is_file(),
+        "after switch-over kubelet's config names {:?} (backup there: {}): {output}",
+        endpoint(cluster)?,
+        backup.is_file()
+    );
+    let node = nodes.get(tessera_harness::cluster::NODE_NAME).await?;
+    ensure!(
+        node_taints(&node).is_empty(),
+        "taints left after a proven switch: {:?}",
+        node_taints(&node)
+    );
+    let name = "after-switch-over";
+    create_one(cluster, name, json!({"koordinator.sh/gpu": "20"})).await?;
+    let running = cluster.wait_running(name).await?;
+    let specs = cluster.container_specs(&running)?;
+    assert_grant(
+        name,
+        "main",
+        specs.get("main").context("no spec")?,
+        &allocated_gpus(&running)?,
+    )?;
+    cluster.delete_pod(name).await?;
+
+    let (ok, output, _) = tessera_node(cluster, "switch-back", true, 60).await?;
+    ensure!(ok, "switch-back failed: {output}");
+    ensure!(
+        endpoint(cluster)? == format!("unix://{}", containerd.display()) && !backup.exists(),
+        "after switch-back kubelet's config names {:?}: {output}",
+        endpoint(cluster)?
+    );
+
+    // kubelet is never restarted: the switch cannot be proven, the taint stays.
+    let (ok, output, _) = tessera_node(cluster, "switch-over", false, 5).await?;
+    ensure!(
+        !ok,
+        "a switch-over whose kubelet never restarted succeeded: {output}"
+    );
+    ensure!(
+        output.contains("keeps the taint tessera.io/runtime-proxy:NoSchedule")
+            && output.contains("does not talk to the proxy"),
+        "the failed switch-over does not say why: {output}"
+    );
+    let node = nodes.get(tessera_harness::cluster::NODE_NAME).await?;
+    ensure!(
+        node_taints(&node)
+            .iter()
+            .any(|t| t == "tessera.io/runtime-proxy"),
+        "the taint is gone after an unproven switch"
+    );
+
+    // Back to how the other scenarios expect the node: kubelet through the proxy, untainted.
+    std::fs::remove_file(&backup)?;
+    let proxy_socket = cluster.proxy_socket();
+    cluster.set_kubelet_endpoint(&proxy_socket).await?;
+    nodes
+        .patch(
+            tessera_harness::cluster::NODE_NAME,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"taints": []}})),
+        )
+        .await?;
+    Ok(())
 }
 
 fn restart_count(pod: &Pod) -> i32 {
