@@ -24,3 +24,11 @@ app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
 {{- define "tessera.extenderURL" -}}
 {{- .Values.kubeSchedulerConfig.extender.urlPrefix | default (printf "http://tessera-scheduler.%s.svc:%d" .Release.Namespace (int .Values.scheduler.service.port)) -}}
 {{- end }}
+
+{{/*
+The GPU resource names, besides koordinator.sh/gpu*, that tessera-scheduler manages:
+a CEL list, for the admission policies.
+*/}}
+{{- define "tessera.gpuResourceNames" -}}
+['nvidia.com/gpu', 'nvidia.com/gpumem', 'nvidia.com/gpumem-percentage', 'nvidia.com/gpucores', 'aliyun.com/gpu-mem', 'volcano.sh/gpu-memory', 'volcano.sh/gpu-number']
+{{- end }}

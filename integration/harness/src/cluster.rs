@@ -937,7 +937,7 @@ impl Cluster {
     /// Server-side applies `doc` as the admin.
     pub async fn apply(&self, doc: &Value) -> anyhow::Result<()> {
         let client = self.client().await?;
-        let discovery = Discovery::new(client.clone()).run().await?;
+        let discovery = discover(&client).await?;
         apply(&client, &discovery, doc).await
     }
 
@@ -1531,10 +1531,29 @@ fn scheduler_config(kubeconfig: &Path) -> anyhow::Result<String> {
     Ok(serde_yaml::to_string(&config)?)
 }
 
+/// The API server's resources. A CRD created just before is listed in its group
+/// before its version is served (404 until it is established): retried for 10 s.
+async fn discover(client: &kube::Client) -> anyhow::Result<Discovery> {
+    let started = Instant::now();
+    loop {
+        match Discovery::new(client.clone()).run().await {
+            Ok(discovery) => return Ok(discovery),
+            Err(kube::Error::Api(e))
+                if e.code == 404 && started.elapsed() < Duration::from_secs(10) =>
+            {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => {
+                return Err(anyhow::Error::new(e).context("discovering the API server's resources"));
+            }
+        }
+    }
+}
+
 /// Applies the documents of `deploy/<name>` (server-side apply), except
 /// workloads and Services: the harness runs Tessera's daemons as processes.
 async fn apply_manifests(client: &kube::Client, name: &str) -> anyhow::Result<()> {
-    let discovery = Discovery::new(client.clone()).run().await?;
+    let discovery = discover(client).await?;
     for doc in deploy::documents(name) {
         let kind = doc["kind"].as_str().unwrap_or_default();
         if matches!(
@@ -1582,7 +1601,7 @@ async fn apply(client: &kube::Client, discovery: &Discovery, doc: &Value) -> any
 /// RBAC for the test identities: the tenant may manage pods in `default` (as a
 /// namespace admin may), the second scheduler may bind and patch pods anywhere.
 async fn apply_test_rbac(client: &kube::Client) -> anyhow::Result<()> {
-    let discovery = Discovery::new(client.clone()).run().await?;
+    let discovery = discover(client).await?;
     let docs = [
         json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
                "metadata": {"name": "tenant", "namespace": "default"},

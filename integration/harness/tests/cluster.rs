@@ -72,6 +72,10 @@ fn scenarios() -> Vec<(&'static str, Scenario)> {
             "node_switch_over_is_proven_before_the_taint_goes_and_undone_by_switch_back",
             |c| Box::pin(switch_over(c)),
         ),
+        (
+            "kubeshare_annotation_pods_are_translated_at_admission_and_share_by_group",
+            |c| Box::pin(kubeshare(c)),
+        ),
         ("restarts_lose_nothing", |c| Box::pin(restarts(c))),
     ]
 }
@@ -1179,6 +1183,124 @@ async fn switch_over(cluster: &mut Cluster) -> anyhow::Result<()> {
             &kube::api::Patch::Merge(json!({"spec": {"taints": []}})),
         )
         .await?;
+    Ok(())
+}
+
+/// KubeShare's pods, written as its documentation writes them: no GPU resource,
+/// only `lsalab.nthu/*` annotations. The admission policies (deploy/) turn them
+/// into `koordinator.sh/*` resources, so kube-scheduler calls the extender; pods of
+/// one GPUID share one GPU, another GPUID takes another, each container limited to
+/// its own request. What Tessera cannot honour is refused at creation, naming the
+/// annotation.
+async fn kubeshare(cluster: &mut Cluster) -> anyhow::Result<()> {
+    let share = |name: &str, annotations: Value| {
+        let mut spec = pod(name, &[("main", json!({}))], &[]);
+        spec["metadata"]["annotations"] = annotations;
+        spec
+    };
+    let pods = [
+        ("ks-a1", "team-a", "0.5"),
+        ("ks-a2", "team-a", "0.3"),
+        ("ks-b1", "team-b", "0.4"),
+    ];
+    for (name, group, request) in pods {
+        let spec = share(
+            name,
+            json!({"lsalab.nthu/gpu_request": request, "lsalab.nthu/gpu_limit": request,
+                   "lsalab.nthu/gpu_mem": "1073741824", "lsalab.nthu/GPUID": group}),
+        );
+        cluster.create_pod("tenant", &spec).await?;
+    }
+    let mut gpus = std::collections::BTreeMap::new();
+    for (name, group, request) in pods {
+        let running = cluster.wait_running(name).await?;
+        let limits = running
+            .spec
+            .as_ref()
+            .and_then(|s| s.containers.first())
+            .and_then(|c| c.resources.as_ref())
+            .and_then(|r| r.limits.clone())
+            .unwrap_or_default();
+        let core = (request.parse::<f64>()? * 100.0).round() as u64;
+        ensure!(
+            limits.get("koordinator.sh/gpu-core").map(|q| q.0.as_str())
+                == Some(core.to_string().as_str())
+                && limits
+                    .get("koordinator.sh/gpu-memory")
+                    .map(|q| q.0.as_str())
+                    == Some("1073741824"),
+            "pod {name}: admission gave limits {limits:?}, want gpu-core {core} and gpu-memory 1073741824"
+        );
+        let granted = allocated_gpus(&running)?;
+        ensure!(
+            granted.len() == 1,
+            "pod {name} granted {granted:?}, want one GPU"
+        );
+        let specs = cluster.container_specs(&running)?;
+        let spec = specs.get("main").context("no spec")?;
+        ensure!(
+            runtime_env(spec, "CUDA_DEVICE_SM_LIMIT") == Some(core.to_string())
+                && runtime_env(spec, "CUDA_DEVICE_MEMORY_LIMIT_0").as_deref() == Some("1024m"),
+            "pod {name}: limiter env SM {:?} memory {:?}, want {core} and 1024m",
+            env_values(spec, "CUDA_DEVICE_SM_LIMIT"),
+            env_values(spec, "CUDA_DEVICE_MEMORY_LIMIT_0")
+        );
+        gpus.entry(group)
+            .or_insert_with(BTreeSet::new)
+            .insert(granted[0].0.clone());
+    }
+    let (a, b) = (&gpus["team-a"], &gpus["team-b"]);
+    ensure!(
+        a.len() == 1 && b.len() == 1 && a != b,
+        "GPUID team-a got {a:?}, team-b {b:?}: want one GPU each, not the same"
+    );
+
+    // Refused at creation, naming the annotation and the value.
+    for (name, annotations, want) in [
+        (
+            "ks-burst",
+            json!({"lsalab.nthu/gpu_request": "0.5", "lsalab.nthu/gpu_limit": "1.0"}),
+            "annotation lsalab.nthu/gpu_limit \"1.0\": Tessera limits a share to its gpu_request",
+        ),
+        (
+            "ks-bad",
+            json!({"lsalab.nthu/gpu_request": "half"}),
+            "annotation lsalab.nthu/gpu_request \"half\": a fraction of one GPU",
+        ),
+    ] {
+        match cluster
+            .create_pod("tenant", &share(name, annotations))
+            .await
+        {
+            Ok(_) => {
+                cluster.delete_pod(name).await?;
+                bail!("pod {name} was created; want a refusal saying {want:?}");
+            }
+            Err(e) => {
+                let text = format!("{e:#}");
+                ensure!(
+                    text.contains(want),
+                    "pod {name} refused with {text:?}, want {want:?}"
+                );
+            }
+        }
+    }
+    let mut both = share("ks-both", json!({"lsalab.nthu/gpu_request": "0.5"}));
+    both["spec"]["containers"][0]["resources"] =
+        json!({"limits": {"koordinator.sh/gpu-core": "30"}});
+    match cluster.create_pod("tenant", &both).await {
+        Ok(_) => {
+            cluster.delete_pod("ks-both").await?;
+            bail!("a pod asking both by annotation and by resource was created");
+        }
+        Err(e) => ensure!(
+            format!("{e:#}").contains("both ask for GPUs"),
+            "ks-both refused with {e:#}"
+        ),
+    }
+    for (name, _, _) in pods {
+        cluster.delete_pod(name).await?;
+    }
     Ok(())
 }
 
