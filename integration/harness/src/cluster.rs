@@ -300,6 +300,11 @@ pub struct ClusterOptions {
     pub device_plugin: bool,
     /// Extra flags for tessera-runtime-proxy.
     pub proxy_args: Vec<String>,
+    /// Run Tessera's cluster side as the harness does: deploy/'s CRD, RBAC and
+    /// admission policies applied, tessera-scheduler and tessera-reporter as
+    /// processes. `false` leaves all of it to an install (the Helm chart), and
+    /// kube-scheduler's extender URL to [`Cluster::set_extender_url`].
+    pub cluster_side: bool,
 }
 
 impl Default for ClusterOptions {
@@ -308,6 +313,7 @@ impl Default for ClusterOptions {
             gpus: 4,
             device_plugin: true,
             proxy_args: Vec::new(),
+            cluster_side: true,
         }
     }
 }
@@ -369,7 +375,7 @@ impl Cluster {
         };
         cluster.write_files()?;
         let started = Instant::now();
-        cluster.start_control_plane().await?;
+        cluster.start_control_plane(&options).await?;
         cluster.start_node(&options).await?;
         tracing::info!(elapsed = ?started.elapsed(), "cluster up");
         Ok(cluster)
@@ -571,12 +577,15 @@ impl Cluster {
         std::fs::write(dir.join("kubelet.yaml"), kubelet_config(dir))?;
         std::fs::write(
             dir.join("kube-scheduler.yaml"),
-            scheduler_config(&self.kubeconfig_for("kube-scheduler"))?,
+            scheduler_config(
+                &self.kubeconfig_for("kube-scheduler"),
+                &format!("http://127.0.0.1:{EXTENDER_PORT}"),
+            )?,
         )?;
         Ok(())
     }
 
-    async fn start_control_plane(&mut self) -> anyhow::Result<()> {
+    async fn start_control_plane(&mut self, options: &ClusterOptions) -> anyhow::Result<()> {
         for port in [
             ETCD_CLIENT,
             ETCD_PEER,
@@ -640,12 +649,20 @@ impl Cluster {
         // Tessera's manifests, as an operator applies them (RBAC and policy only: the
         // scheduler and reporter run here as processes, not from images).
         let client = self.client().await?;
-        apply_manifests(&client, "crd-device.yaml").await?;
-        apply_manifests(&client, "reporter.yaml").await?;
-        apply_manifests(&client, "scheduler.yaml").await?;
-        apply_manifests(&client, "admission-policy.yaml").await?;
+        if options.cluster_side {
+            apply_manifests(&client, "crd-device.yaml").await?;
+            apply_manifests(&client, "reporter.yaml").await?;
+            apply_manifests(&client, "scheduler.yaml").await?;
+            apply_manifests(&client, "admission-policy.yaml").await?;
+        }
         apply_test_rbac(&client).await?;
 
+        if !options.cluster_side {
+            // No extender yet: kube-scheduler places pods that ask for no GPU (the
+            // install's own) and waits for `set_extender_url` for the others.
+            self.launch_kube_scheduler()?;
+            return Ok(());
+        }
         let extender = tessera_binary("tessera-scheduler")?;
         let args = vec![
             "serve".into(),
@@ -660,14 +677,28 @@ impl Cluster {
             args,
             vec![("RUST_LOG".into(), "info".into())],
         )?;
+        self.launch_kube_scheduler()?;
+        self.wait_ready(Component::Extender).await?;
+        Ok(())
+    }
+
+    fn launch_kube_scheduler(&mut self) -> anyhow::Result<()> {
         let scheduler = self.k8s.path("kube-scheduler");
         let args = vec![
             format!("--config={}", self.path("kube-scheduler.yaml")),
             "--secure-port=0".into(),
         ];
-        self.launch(Component::Scheduler, scheduler, args, vec![])?;
-        self.wait_ready(Component::Extender).await?;
-        Ok(())
+        self.launch(Component::Scheduler, scheduler, args, vec![])
+    }
+
+    /// Points kube-scheduler's extender at `url` (deploy/'s extender settings
+    /// otherwise) and restarts it: for an extender installed as pods.
+    pub async fn set_extender_url(&mut self, url: &str) -> anyhow::Result<()> {
+        std::fs::write(
+            self.dir.path().join("kube-scheduler.yaml"),
+            scheduler_config(&self.kubeconfig_for("kube-scheduler"), url)?,
+        )?;
+        self.restart(Component::Scheduler).await
     }
 
     async fn start_node(&mut self, options: &ClusterOptions) -> anyhow::Result<()> {
@@ -741,6 +772,9 @@ impl Cluster {
             self.wait_ready(Component::DevicePlugin).await?;
         }
 
+        if !options.cluster_side {
+            return Ok(());
+        }
         let args = vec![
             "run".into(),
             format!("--node-name={NODE_NAME}"),
@@ -1513,9 +1547,9 @@ nodeStatusUpdateFrequency: 2s
     )
 }
 
-/// deploy/scheduler-config.yaml with this cluster's kubeconfig and a loopback
-/// URL for the extender: the extender settings themselves are the deploy's.
-fn scheduler_config(kubeconfig: &Path) -> anyhow::Result<String> {
+/// deploy/scheduler-config.yaml with this cluster's kubeconfig and `url` for the
+/// extender: the extender settings themselves are the deploy's.
+fn scheduler_config(kubeconfig: &Path, url: &str) -> anyhow::Result<String> {
     let mut config = deploy::documents("scheduler-config.yaml")
         .into_iter()
         .next()
@@ -1526,7 +1560,7 @@ fn scheduler_config(kubeconfig: &Path) -> anyhow::Result<String> {
         .as_array_mut()
         .context("deploy/scheduler-config.yaml has no extenders")?;
     for extender in extenders {
-        extender["urlPrefix"] = json!(format!("http://127.0.0.1:{EXTENDER_PORT}"));
+        extender["urlPrefix"] = json!(url);
     }
     Ok(serde_yaml::to_string(&config)?)
 }

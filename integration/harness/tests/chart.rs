@@ -1,0 +1,359 @@
+//! Tessera installed the way an operator installs it, on a real one-node cluster
+//! that has none of it: `tessera image build` makes the daemons' images, the Helm
+//! chart (through `scripts/chart.py`, Helm's own Go SDK) installs the CRD, RBAC,
+//! admission policies, tessera-scheduler and the reporter DaemonSet; kube-scheduler
+//! calls the installed extender. A fractional pod then gets exactly its grant and a
+//! tenant's forged allocation is refused; an upgrade changes a setting and rolls the
+//! scheduler; an uninstall leaves nothing of Tessera in the cluster. The node side
+//! (proxy, GPU hook) is the harness's, as systemd would run it.
+//!
+//! Needs root, the Kubernetes binaries (see tessera-harness) and python3.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail, ensure};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::Api;
+use kube::api::{ListParams, Patch, PatchParams};
+use serde_json::json;
+use tessera_harness::cluster::{
+    Cluster, ClusterOptions, K8sBinaries, NODE_NAME, allocated_gpus, env_values, probe_pod,
+    repo_root, tessera_binary,
+};
+
+const NAMESPACE: &str = "tessera-system";
+const TAG: &str = "chart-test";
+
+fn main() -> std::process::ExitCode {
+    tessera_harness::init_tracing();
+    if std::env::args().any(|a| a == "--list") {
+        println!("install_upgrade_uninstall_from_the_chart: test");
+        return std::process::ExitCode::SUCCESS;
+    }
+    let filter: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    if !filter.is_empty()
+        && !filter
+            .iter()
+            .any(|f| "install_upgrade_uninstall_from_the_chart".contains(f.as_str()))
+    {
+        return std::process::ExitCode::SUCCESS;
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    match runtime.block_on(run()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("test install_upgrade_uninstall_from_the_chart ... FAILED\n{e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// `python3 scripts/chart.py <verb> …` against the cluster, with the values this
+/// cluster needs: the images built here (never pulled), one scheduler replica, and
+/// the driver directory where the fake NVML library is.
+fn chart(cluster: &Cluster, verb: &str, extra: &[&str]) -> anyhow::Result<String> {
+    let driver = cluster.dir().join("nvml");
+    let mut command = Command::new("python3");
+    command
+        .current_dir(repo_root())
+        .args(["scripts/chart.py", verb, "--kubeconfig"])
+        .arg(cluster.kubeconfig())
+        .args(["--namespace", NAMESPACE]);
+    if verb != "uninstall" {
+        command.args([
+            "--set",
+            &format!("image.tag={TAG}"),
+            "--set",
+            "image.pullPolicy=Never",
+            "--set",
+            "scheduler.replicas=1",
+            "--set",
+            &format!("reporter.driverLibraryDir={}", driver.display()),
+        ]);
+    }
+    for value in extra {
+        command.args(["--set", value]);
+    }
+    let output = command
+        .output()
+        .context("running python3 scripts/chart.py")?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    ensure!(output.status.success(), "chart.py {verb} failed: {text}");
+    Ok(text)
+}
+
+/// The Running, Ready pods of `selector` in the install's namespace (90 s).
+async fn ready_pods(cluster: &Cluster, selector: &str, what: &str) -> anyhow::Result<Vec<Pod>> {
+    let pods: Api<Pod> = Api::namespaced(cluster.client().await?, NAMESPACE);
+    let started = Instant::now();
+    loop {
+        let ready: Vec<Pod> = pods
+            .list(&ListParams::default().labels(selector))
+            .await?
+            .items
+            .into_iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .filter(|p| {
+                p.status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+            })
+            .collect();
+        if !ready.is_empty() {
+            return Ok(ready);
+        }
+        if started.elapsed() > Duration::from_secs(90) {
+            let all = pods.list(&ListParams::default()).await?.items;
+            let states: Vec<_> = all
+                .iter()
+                .map(|p| (p.metadata.name.clone(), p.status.clone()))
+                .collect();
+            bail!("no Ready {what} pod ({selector}) in 90 s; pods in {NAMESPACE}: {states:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Points kube-scheduler at the Ready scheduler pod run with `arg` (the spec being
+/// rolled out), and returns its name.
+async fn use_scheduler_pod(cluster: &mut Cluster, arg: &str) -> anyhow::Result<String> {
+    let started = Instant::now();
+    loop {
+        let pods = ready_pods(
+            cluster,
+            "app.kubernetes.io/name=tessera-scheduler",
+            "tessera-scheduler",
+        )
+        .await?;
+        // During a rollout the old pod may still be Ready: wait for one of this spec.
+        let current = pods.iter().find(|p| {
+            p.spec
+                .as_ref()
+                .and_then(|s| s.containers.first())
+                .and_then(|c| c.args.as_ref())
+                .is_some_and(|args| args.iter().any(|a| a == arg))
+        });
+        if let Some(pod) = current {
+            let ip = pod
+                .status
+                .as_ref()
+                .and_then(|s| s.pod_ip.clone())
+                .context("the scheduler pod has no IP")?;
+            cluster
+                .set_extender_url(&format!("http://{ip}:8888"))
+                .await?;
+            return Ok(pod.metadata.name.clone().unwrap_or_default());
+        }
+        if started.elapsed() > Duration::from_secs(90) {
+            bail!("no Ready tessera-scheduler pod runs with {arg} in 90 s");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// A quarter-GPU pod placed through the installed extender and started through
+/// the node's proxy: exactly one GPU, its UUID the only visible device, a 25% limit.
+async fn fractional_pod(cluster: &mut Cluster, name: &str) -> anyhow::Result<()> {
+    let spec = probe_pod(name, &[("main", json!({"koordinator.sh/gpu": "25"}))], &[]);
+    cluster.create_pod("tenant", &spec).await?;
+    let running = cluster.wait_running(name).await?;
+    let granted = allocated_gpus(&running)?;
+    ensure!(
+        granted.len() == 1,
+        "pod {name} granted {granted:?}, want one GPU"
+    );
+    let specs = cluster.container_specs(&running)?;
+    let spec = specs.get("main").context("no spec for main")?;
+    ensure!(
+        env_values(spec, "NVIDIA_VISIBLE_DEVICES") == [granted[0].0.clone()]
+            && env_values(spec, "CUDA_DEVICE_SM_LIMIT") == ["25"],
+        "pod {name}: NVIDIA_VISIBLE_DEVICES {:?}, SM limit {:?}; granted {granted:?}",
+        env_values(spec, "NVIDIA_VISIBLE_DEVICES"),
+        env_values(spec, "CUDA_DEVICE_SM_LIMIT")
+    );
+    cluster.delete_pod(name).await
+}
+
+async fn run() -> anyhow::Result<()> {
+    let Some(binaries) = K8sBinaries::require_or_skip("chart tests")? else {
+        return Ok(());
+    };
+    let begun = Instant::now();
+    let mut cluster = Cluster::start(
+        binaries,
+        ClusterOptions {
+            cluster_side: false,
+            ..ClusterOptions::default()
+        },
+    )
+    .await?;
+    println!(
+        "cluster without Tessera's cluster side up in {:.1} s ({})",
+        begun.elapsed().as_secs_f64(),
+        cluster.dir().display()
+    );
+
+    // The images, as an operator builds them.
+    let tessera = tessera_binary("tessera")?;
+    let images = tempfile::tempdir()?;
+    let output = Command::new(&tessera)
+        .args(["image", "build", "--tag", TAG, "--out"])
+        .arg(images.path())
+        .arg("--bin-dir")
+        .arg(tessera.parent().context("tessera has no directory")?)
+        .args(["tessera-scheduler", "tessera-reporter"])
+        .output()?;
+    ensure!(
+        output.status.success(),
+        "tessera image build: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    for name in ["tessera-scheduler", "tessera-reporter"] {
+        cluster.import_image(&images.path().join(format!("{name}.tar")))?;
+    }
+
+    // The reporter's DaemonSet runs on nodes labelled as GPU nodes.
+    let client = cluster.client().await?;
+    let nodes: Api<Node> = Api::all(client.clone());
+    nodes
+        .patch(
+            NODE_NAME,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"tessera.io/gpu-node": "true"}}})),
+        )
+        .await?;
+
+    let output = chart(&cluster, "install", &[])?;
+    println!("install: {}", output.trim());
+    ready_pods(
+        &cluster,
+        "app.kubernetes.io/name=tessera-reporter",
+        "tessera-reporter",
+    )
+    .await?;
+    let devices = tessera_harness::cluster::device_api(&client);
+    let started = Instant::now();
+    while devices
+        .get_opt(NODE_NAME)
+        .await?
+        .and_then(|d| d.data["spec"]["devices"].as_array().map(Vec::len))
+        != Some(cluster.gpu_node.gpus.len())
+    {
+        ensure!(
+            started.elapsed() < Duration::from_secs(60),
+            "the installed reporter did not publish the node's GPUs in 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    use_scheduler_pod(&mut cluster, "--gpu-policy=binpack").await?;
+    fractional_pod(&mut cluster, "installed-quarter").await?;
+
+    // The installed admission policy: a tenant's own allocation is refused.
+    let gpu = &cluster.gpu_node.gpus[0].uuid;
+    let mut forged = probe_pod("forged", &[("main", json!({}))], &[]);
+    forged["metadata"]["annotations"] = json!({
+        tessera_harness::cluster::ALLOCATED:
+            json!({"gpu": [{"minor": 0, "id": gpu, "resources": {"koordinator.sh/gpu-core": 100}}]}).to_string()
+    });
+    match cluster.create_pod("tenant", &forged).await {
+        Ok(_) => bail!("the installed admission policy let a tenant write an allocation"),
+        Err(e) => ensure!(
+            format!("{e:#}").contains("only tessera-scheduler"),
+            "forged pod refused, but not by the installed policy: {e:#}"
+        ),
+    }
+
+    // Upgrade: a changed setting reaches the scheduler, which rolls, and still places.
+    let output = chart(&cluster, "upgrade", &["scheduler.gpuPolicy=spread"])?;
+    println!("upgrade: {}", output.trim());
+    use_scheduler_pod(&mut cluster, "--gpu-policy=spread").await?;
+    fractional_pod(&mut cluster, "upgraded-quarter").await?;
+
+    // Uninstall: nothing of Tessera is left but the namespace.
+    let output = chart(&cluster, "uninstall", &[])?;
+    println!("uninstall: {}", output.trim());
+    let started = Instant::now();
+    loop {
+        let left = leftovers(&cluster).await?;
+        if left.is_empty() {
+            break;
+        }
+        ensure!(
+            started.elapsed() < Duration::from_secs(60),
+            "60 s after uninstall these are left: {left:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    println!(
+        "test install_upgrade_uninstall_from_the_chart ... ok ({:.1} s)",
+        begun.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// What of the install is still in the cluster: objects labelled as part of
+/// Tessera (cluster-wide and in its namespace), the Device CRD, and pods.
+async fn leftovers(cluster: &Cluster) -> anyhow::Result<Vec<String>> {
+    use kube::discovery::{Discovery, Scope};
+    let client = cluster.client().await?;
+    // While the CRD goes away its group may be listed but no longer served.
+    let discovery = match Discovery::new(client.clone()).run().await {
+        Ok(discovery) => discovery,
+        Err(e) => return Ok(vec![format!("(discovery failed: {e})")]),
+    };
+    let mut left = Vec::new();
+    let params = ListParams::default().labels("app.kubernetes.io/part-of=tessera");
+    for group in discovery.groups() {
+        for (resource, caps) in group.recommended_resources() {
+            if !caps.supports_operation(kube::discovery::verbs::LIST)
+                || resource.kind == "Namespace"
+                || resource.kind == "Event"
+            {
+                continue;
+            }
+            let api: Api<kube::api::DynamicObject> = match caps.scope {
+                Scope::Cluster => Api::all_with(client.clone(), &resource),
+                Scope::Namespaced => Api::namespaced_with(client.clone(), NAMESPACE, &resource),
+            };
+            if let Ok(list) = api.list(&params).await {
+                left.extend(list.items.iter().map(|o| {
+                    format!(
+                        "{} {}",
+                        resource.kind,
+                        o.metadata.name.clone().unwrap_or_default()
+                    )
+                }));
+            }
+        }
+    }
+    let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
+        Api::all(client.clone());
+    if crds
+        .get_opt("devices.scheduling.koordinator.sh")
+        .await?
+        .is_some()
+    {
+        left.push("CustomResourceDefinition devices.scheduling.koordinator.sh".into());
+    }
+    let pods: Api<Pod> = Api::namespaced(client, NAMESPACE);
+    left.extend(
+        pods.list(&ListParams::default())
+            .await?
+            .items
+            .iter()
+            .map(|p| format!("Pod {}", p.metadata.name.clone().unwrap_or_default())),
+    );
+    Ok(left)
+}
