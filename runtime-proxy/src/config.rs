@@ -11,6 +11,8 @@ use tessera_api::binary::metrics::MetricsListen;
 use tessera_hooks::args::GpuHookArgs;
 use tessera_hooks::gpu::{PrivilegedPolicy, TrustedGpuAgent};
 
+use crate::relay::RelayMode;
+
 /// Default socket kubelet talks to.
 pub const DEFAULT_LISTEN: &str = "/run/tessera/runtime-proxy.sock";
 /// Default runtime socket.
@@ -78,6 +80,11 @@ pub struct Cli {
     /// Turn the embedded GPU hook off (e.g. when tessera-gpu-hook runs as an external hook).
     #[arg(long)]
     pub no_gpu_hook: bool,
+    /// How kubelet's calls reach the runtime: `h2` terminates HTTP/2 on both sides,
+    /// `frames` relays HTTP/2 frames on one runtime connection per kubelet
+    /// connection (the image endpoint must be the runtime's) [default: h2].
+    #[arg(long, value_name = "h2|frames")]
+    pub relay: Option<RelayMode>,
     /// Embedded GPU hook settings (flags only, except trusted_gpu_agents and
     /// privileged, which the file may also set).
     #[command(flatten, next_help_heading = "GPU hook")]
@@ -96,6 +103,7 @@ pub struct FileConfig {
     drain_timeout: Option<u64>,
     max_message_bytes: Option<usize>,
     hooks_dir: Option<PathBuf>,
+    relay: Option<RelayMode>,
     gpu_hook: Option<bool>,
     /// The GPU hook's trusted agents; `--trusted-gpu-agents` replaces the list.
     trusted_gpu_agents: Option<Vec<TrustedGpuAgent>>,
@@ -147,6 +155,8 @@ pub struct Config {
     pub max_message_bytes: usize,
     /// External hook registrations.
     pub hooks_dir: PathBuf,
+    /// How kubelet's calls reach the runtime.
+    pub relay: RelayMode,
     /// The embedded GPU hook's settings; `None` when it is off.
     pub gpu_hook: Option<GpuHookArgs>,
 }
@@ -204,6 +214,17 @@ impl Config {
                 ),
             });
         }
+        let relay = cli.relay.or(file.relay).unwrap_or_default();
+        if relay == RelayMode::Frames && image_endpoint != runtime_endpoint {
+            return Err(ConfigError::Invalid {
+                setting: "relay",
+                problem: format!(
+                    "frames relays every call to the runtime endpoint {}, but the image endpoint is {}; use h2",
+                    runtime_endpoint.display(),
+                    image_endpoint.display()
+                ),
+            });
+        }
         let max_message_bytes = cli
             .max_message_bytes
             .or(file.max_message_bytes)
@@ -234,6 +255,7 @@ impl Config {
                 .hooks_dir
                 .or(file.hooks_dir)
                 .unwrap_or_else(|| DEFAULT_HOOKS_DIR.into()),
+            relay,
             gpu_hook: (!cli.no_gpu_hook && file.gpu_hook.unwrap_or(true)).then(|| {
                 let mut gpu = cli.gpu;
                 if gpu.trusted_gpu_agents.is_empty() {
@@ -277,6 +299,39 @@ mod tests {
             "metrics on by default, on loopback"
         );
         assert_eq!(config.log_format, LogFormat::Text);
+        assert_eq!(
+            config.relay,
+            RelayMode::H2,
+            "the h2 path until frames passes critest"
+        );
+    }
+
+    #[test]
+    fn relay_from_flag_or_file_and_only_with_one_endpoint() {
+        let config = Config::resolve(Cli {
+            relay: Some(RelayMode::Frames),
+            ..Cli::default()
+        })
+        .expect("valid");
+        assert_eq!(config.relay, RelayMode::Frames);
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("proxy.toml");
+        std::fs::write(
+            &file,
+            "relay = \"frames\"\nimage_endpoint = \"/run/images.sock\"\n",
+        )
+        .expect("write");
+        let err = Config::resolve(Cli {
+            config: Some(file),
+            ..Cli::default()
+        })
+        .expect_err("two endpoints");
+        assert_eq!(
+            err.to_string(),
+            "setting relay: frames relays every call to the runtime endpoint \
+             /run/containerd/containerd.sock, but the image endpoint is /run/images.sock; use h2"
+        );
+        assert!(Cli::try_parse_from(["p", "--relay", "bytes"]).is_err());
     }
 
     #[test]

@@ -7,6 +7,7 @@ use tessera_runtime_proxy::dispatch::HookRegistry;
 use tessera_runtime_proxy::gpu::EmbeddedGpuHook;
 use tessera_runtime_proxy::hook::Hook;
 use tessera_runtime_proxy::metrics::Metrics;
+use tessera_runtime_proxy::relay::{self, RelayMode};
 use tessera_runtime_proxy::{Cli, Config, Proxy, ProxyOptions, resync_until_ready, server};
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -65,7 +66,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
     let proxy = Arc::new(Proxy::new(&options, hooks, Arc::clone(&metrics)));
     let (listener, source) = server::listen(&config.listen)
         .with_context(|| format!("listening on {}", config.listen.display()))?;
-    tracing::info!(listen = %config.listen.display(), ?source, runtime = %config.runtime_endpoint.display(), "serving CRI");
+    tracing::info!(listen = %config.listen.display(), ?source, runtime = %config.runtime_endpoint.display(), relay = %config.relay, "serving CRI");
     if let Some(addr) = config.metrics_addr {
         // Not fatal: every pod on the node depends on the proxy, and a taken port
         // must not cost them their runtime over metrics.
@@ -82,6 +83,9 @@ async fn run(config: Config) -> anyhow::Result<()> {
             _ = interrupt.recv() => {},
         }
     };
-    server::serve(listener, proxy, shutdown, config.drain_timeout).await;
+    match config.relay {
+        RelayMode::H2 => server::serve(listener, proxy, shutdown, config.drain_timeout).await,
+        RelayMode::Frames => relay::serve(listener, proxy, shutdown, config.drain_timeout).await,
+    }
     Ok(())
 }

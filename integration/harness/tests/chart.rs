@@ -5,7 +5,8 @@
 //! calls the installed extender. A fractional pod then gets exactly its grant and a
 //! tenant's forged allocation is refused; an upgrade changes a setting and rolls the
 //! scheduler; an uninstall leaves nothing of Tessera in the cluster. The node side
-//! (proxy, GPU hook) is the harness's, as systemd would run it.
+//! (proxy, GPU hook) is the harness's, as systemd would run it, with the proxy's
+//! frame relay (`--relay frames`) between kubelet and containerd.
 //!
 //! Needs root, the Kubernetes binaries (see tessera-harness) and python3.
 
@@ -195,6 +196,9 @@ async fn run() -> anyhow::Result<()> {
         binaries,
         ClusterOptions {
             cluster_side: false,
+            // This cluster's kubelet talks through the frame relay (the main tier's
+            // through the default h2 path): every call of a real kubelet, both ways.
+            proxy_args: vec!["--relay=frames".into()],
             ..ClusterOptions::default()
         },
     )
@@ -203,6 +207,13 @@ async fn run() -> anyhow::Result<()> {
         "cluster without Tessera's cluster side up in {:.1} s ({})",
         begun.elapsed().as_secs_f64(),
         cluster.dir().display()
+    );
+
+    ensure!(
+        cluster
+            .log(tessera_harness::cluster::Component::RuntimeProxy)
+            .contains("relay=frames"),
+        "the proxy does not say it serves kubelet through the frame relay"
     );
 
     // The images, as an operator builds them.
