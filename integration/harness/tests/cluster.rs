@@ -73,6 +73,10 @@ fn scenarios() -> Vec<(&'static str, Scenario)> {
             |c| Box::pin(switch_over(c)),
         ),
         (
+            "hami_volcano_and_koordinator_manifests_get_their_own_semantics",
+            |c| Box::pin(compat_manifests(c)),
+        ),
+        (
             "kubeshare_annotation_pods_are_translated_at_admission_and_share_by_group",
             |c| Box::pin(kubeshare(c)),
         ),
@@ -1184,6 +1188,124 @@ async fn switch_over(cluster: &mut Cluster) -> anyhow::Result<()> {
         )
         .await?;
     Ok(())
+}
+
+/// Manifests as HAMi, Volcano and Koordinator document them, on the real
+/// cluster: HAMi's memory and cores pinned to one GPU by `nvidia.com/use-gpuuuid`
+/// and kept off another by `nouse-gpuuuid`; Volcano's `gpu-number` as a whole
+/// GPU; Koordinator's device hint selecting the GPU model, and one naming a model
+/// the cluster lacks refused with the reason in the pod's events.
+async fn compat_manifests(cluster: &mut Cluster) -> anyhow::Result<()> {
+    let uuid = |i: usize| cluster.gpu_node.gpus[i].uuid.clone();
+    let with = |name: &str, limits: Value, annotations: Value| {
+        let mut spec = pod(name, &[("main", limits)], &[]);
+        spec["metadata"]["annotations"] = annotations;
+        spec
+    };
+    // (pod, its spec, the GPUs it may get, SM limit, memory limit of GPU 0)
+    let model = "NVIDIA-H100-80GB-HBM3";
+    let cases = [
+        (
+            "hami-pinned",
+            with(
+                "hami-pinned",
+                json!({"nvidia.com/gpumem": "3000", "nvidia.com/gpucores": "30"}),
+                json!({"nvidia.com/use-gpuuuid": uuid(2)}),
+            ),
+            vec![uuid(2)],
+            Some("30"),
+            Some("3000m"),
+        ),
+        (
+            "hami-excluded",
+            with(
+                "hami-excluded",
+                json!({"nvidia.com/gpumem-percentage": "50"}),
+                json!({"nvidia.com/nouse-gpuuuid": format!("{},{}", uuid(0), uuid(1)),
+                       "hami.io/gpu-scheduler-policy": "spread"}),
+            ),
+            vec![uuid(2), uuid(3)],
+            None,
+            None,
+        ),
+        (
+            "volcano-whole",
+            with(
+                "volcano-whole",
+                json!({"volcano.sh/gpu-number": "1"}),
+                json!({}),
+            ),
+            (0..cluster.gpu_node.gpus.len()).map(uuid).collect(),
+            None,
+            None,
+        ),
+        (
+            "koordinator-hint",
+            with(
+                "koordinator-hint",
+                json!({"koordinator.sh/gpu-core": "20", "koordinator.sh/gpu-memory-ratio": "20"}),
+                json!({"scheduling.koordinator.sh/device-allocate-hint":
+                       json!({"gpu": {"selector": {"matchLabels": {"node.koordinator.sh/gpu-model": model}}}}).to_string()}),
+            ),
+            (0..cluster.gpu_node.gpus.len()).map(uuid).collect(),
+            Some("20"),
+            None,
+        ),
+    ];
+    for (_, spec, _, _, _) in &cases {
+        cluster.create_pod("tenant", spec).await?;
+    }
+    for (name, _, allowed, sm, memory) in &cases {
+        let running = cluster.wait_running(name).await?;
+        let granted = allocated_gpus(&running)?;
+        ensure!(
+            granted.len() == 1 && allowed.contains(&granted[0].0),
+            "pod {name} granted {granted:?}, want one of {allowed:?}"
+        );
+        let specs = cluster.container_specs(&running)?;
+        let spec = specs.get("main").context("no spec")?;
+        ensure!(
+            env_values(spec, "NVIDIA_VISIBLE_DEVICES") == [granted[0].0.clone()],
+            "pod {name}: NVIDIA_VISIBLE_DEVICES {:?}, granted {granted:?}",
+            env_values(spec, "NVIDIA_VISIBLE_DEVICES")
+        );
+        ensure!(
+            runtime_env(spec, "CUDA_DEVICE_SM_LIMIT").as_deref() == *sm
+                && (memory.is_none()
+                    || runtime_env(spec, "CUDA_DEVICE_MEMORY_LIMIT_0").as_deref() == *memory),
+            "pod {name}: SM limit {:?} (want {sm:?}), memory limit {:?} (want {memory:?})",
+            env_values(spec, "CUDA_DEVICE_SM_LIMIT"),
+            env_values(spec, "CUDA_DEVICE_MEMORY_LIMIT_0")
+        );
+    }
+    for (name, _, _, _, _) in &cases {
+        cluster.delete_pod(name).await?;
+    }
+
+    // A model no GPU of the cluster is: refused, the reason in the pod's events.
+    let name = "koordinator-no-such-model";
+    let spec = with(
+        name,
+        json!({"koordinator.sh/gpu-core": "20"}),
+        json!({"scheduling.koordinator.sh/device-allocate-hint":
+               json!({"gpu": {"selector": {"matchLabels": {"node.koordinator.sh/gpu-model": "A100"}}}}).to_string()}),
+    );
+    cluster.create_pod("tenant", &spec).await?;
+    let started = Instant::now();
+    loop {
+        let events = cluster.events_of(name).await?;
+        if events
+            .iter()
+            .any(|e| e.starts_with("FailedScheduling") && e.contains("device-allocate-hint"))
+        {
+            break;
+        }
+        if started.elapsed() > Duration::from_secs(60) {
+            bail!("pod {name}: no FailedScheduling event naming the hint after 60 s: {events:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    cluster.delete_pod(name).await
 }
 
 /// KubeShare's pods, written as its documentation writes them: no GPU resource,
