@@ -22,10 +22,10 @@ pub struct XidEvent {
     pub xid: u64,
 }
 
-/// Which GPUs are unhealthy, and since when.
+/// Which GPUs are unhealthy, since when, and their last critical XID.
 #[derive(Debug, Clone)]
 pub struct HealthTracker {
-    unhealthy: BTreeMap<String, Instant>,
+    unhealthy: BTreeMap<String, (Instant, u64)>,
     recovery_after: Duration,
 }
 
@@ -43,7 +43,9 @@ impl HealthTracker {
         if APPLICATION_XIDS.contains(&event.xid) {
             return false;
         }
-        self.unhealthy.insert(event.uuid.clone(), now).is_none()
+        self.unhealthy
+            .insert(event.uuid.clone(), (now, event.xid))
+            .is_none()
     }
 
     /// Marks GPUs healthy whose last critical XID is old enough; returns whether any recovered.
@@ -51,13 +53,21 @@ impl HealthTracker {
         let before = self.unhealthy.len();
         let after = self.recovery_after;
         self.unhealthy
-            .retain(|_, since| now.duration_since(*since) < after);
+            .retain(|_, (since, _)| now.duration_since(*since) < after);
         self.unhealthy.len() != before
     }
 
     /// The unhealthy GPUs' UUIDs.
     pub fn unhealthy(&self) -> BTreeSet<String> {
         self.unhealthy.keys().cloned().collect()
+    }
+
+    /// The unhealthy GPUs' UUIDs, each with its last critical XID.
+    pub fn unhealthy_xids(&self) -> BTreeMap<String, u64> {
+        self.unhealthy
+            .iter()
+            .map(|(uuid, (_, xid))| (uuid.clone(), *xid))
+            .collect()
     }
 }
 
@@ -143,6 +153,11 @@ mod tests {
             "already unhealthy"
         );
         assert_eq!(tracker.unhealthy(), BTreeSet::from(["GPU-1".to_owned()]));
+        assert_eq!(
+            tracker.unhealthy_xids(),
+            BTreeMap::from([("GPU-1".to_owned(), 48)]),
+            "the last critical XID"
+        );
         assert!(!tracker.recover(t0 + Duration::from_secs(30)));
         assert!(tracker.recover(t0 + Duration::from_secs(61)));
         assert!(tracker.unhealthy().is_empty());

@@ -4,9 +4,11 @@
 //! - [`checkpoint`]: kubelet's device checkpoint → legacy pods' GPUs;
 //! - [`report`]: the pure step from those to the Device CR and node capacity;
 //! - [`publish`]: writing them to the API server, only on change;
-//! - [`metrics`]: what it saw and how publishing went, for Prometheus.
+//! - [`metrics`]: what it saw and how publishing went, for Prometheus;
+//! - [`events`]: Kubernetes Events on the Node when a GPU turns unhealthy or recovers.
 
 pub use tessera_api::checkpoint;
+pub mod events;
 pub mod gpu;
 pub mod health;
 pub mod metrics;

@@ -12,6 +12,7 @@ use tessera_api::binary::LogFormat;
 use tessera_api::binary::metrics::MetricsListen;
 use tessera_api::{Device, LegacyDeviceEntry};
 use tessera_reporter::checkpoint::{CheckpointEntry, gpu_index, is_device_uuid, parse_checkpoint};
+use tessera_reporter::events::{GpuEvents, KubeNodeEvents};
 use tessera_reporter::gpu::{GpuSource, NodeGpus, NvmlSource, library_path};
 use tessera_reporter::metrics::{DEFAULT_METRICS_ADDR, ReporterMetrics};
 use tessera_reporter::publish::Publisher;
@@ -211,6 +212,10 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
                     tracing::error!(%addr, %error, "metrics endpoint not served (--metrics-addr)");
                 }
             }
+            let (events, recording) = GpuEvents::spawn(
+                KubeNodeEvents::new(client.clone(), node_name.clone(), config.recovery_after),
+                metrics.events.clone(),
+            );
             tracing::info!(node = %node_name, "reporting");
             let shutdown = async {
                 if let Err(error) = tessera_api::binary::shutdown_signal().await {
@@ -223,11 +228,19 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
                 Publisher::new(client, node_name),
                 config,
                 &metrics,
+                events,
                 rx,
                 shutdown,
             )
             .await;
             stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            // The loop dropped its handle: Events already queued are written, briefly.
+            if tokio::time::timeout(Duration::from_secs(5), recording)
+                .await
+                .is_err()
+            {
+                tracing::warn!("stopped before every GPU health Event was recorded");
+            }
         }
     }
     Ok(())

@@ -58,6 +58,15 @@ pub struct XidLabels {
     pub xid: String,
 }
 
+/// Labels of `tessera_reporter_events_total`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EventLabels {
+    /// The Event's reason: `GpuUnhealthy` or `GpuHealthy`.
+    pub reason: String,
+    /// `recorded` or `failed`.
+    pub outcome: String,
+}
+
 /// Every metric the reporter exports.
 #[derive(Debug)]
 pub struct ReporterMetrics {
@@ -84,6 +93,9 @@ pub struct ReporterMetrics {
     /// `tessera_reporter_checkpoint_errors_total`: reads of kubelet's checkpoint that
     /// failed or did not parse (the last good one is kept).
     pub checkpoint_errors: Counter,
+    /// `tessera_reporter_events_total{reason,outcome}`: Kubernetes Events about GPU
+    /// health written on the Node, or not.
+    pub events: Family<EventLabels, Counter>,
 }
 
 impl Default for ReporterMetrics {
@@ -100,6 +112,7 @@ impl Default for ReporterMetrics {
             xid_errors: Family::default(),
             discovery_failures: Counter::default(),
             checkpoint_errors: Counter::default(),
+            events: Family::default(),
         };
         registry.register(
             "publishes",
@@ -145,6 +158,11 @@ impl Default for ReporterMetrics {
             "checkpoint_errors",
             "Reads of kubelet's device checkpoint that failed or did not parse",
             metrics.checkpoint_errors.clone(),
+        );
+        registry.register(
+            "events",
+            "Kubernetes Events about GPU health on the node, by reason and outcome",
+            metrics.events.clone(),
         );
         Self {
             registry: Arc::new(registry),

@@ -1,6 +1,6 @@
 //! The reporter loop: discover, read the checkpoint, publish on change.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -9,6 +9,7 @@ use tessera_api::LegacyDeviceEntry;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::checkpoint::{Checkpoint, parse_checkpoint};
+use crate::events::{GpuEvents, health_changes};
 use crate::gpu::{GpuSource, NodeGpus};
 use crate::health::{HealthTracker, XidEvent};
 use crate::metrics::{PublishOutcome, PublishedObject, ReporterMetrics};
@@ -66,7 +67,7 @@ fn read_checkpoint(path: &PathBuf, last: &mut Last, metrics: &ReporterMetrics) {
     }
 }
 
-/// Runs until `shutdown` resolves, with metrics nobody reads.
+/// Runs until `shutdown` resolves, with metrics nobody reads and no Events.
 pub async fn run(
     source: Arc<dyn GpuSource>,
     publisher: Publisher,
@@ -75,20 +76,33 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()>,
 ) {
     let metrics = ReporterMetrics::default();
-    run_with_metrics(source, publisher, config, &metrics, xids, shutdown).await;
+    run_with_metrics(
+        source,
+        publisher,
+        config,
+        &metrics,
+        GpuEvents::none(),
+        xids,
+        shutdown,
+    )
+    .await;
 }
 
-/// Runs until `shutdown` resolves, recording into `metrics`.
+/// Runs until `shutdown` resolves, recording into `metrics` and announcing GPU health
+/// changes to `events`.
 pub async fn run_with_metrics(
     source: Arc<dyn GpuSource>,
     publisher: Publisher,
     config: LoopConfig,
     metrics: &ReporterMetrics,
+    events: GpuEvents,
     mut xids: UnboundedReceiver<XidEvent>,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
     let mut last = Last::default();
     let mut health = HealthTracker::new(config.recovery_after);
+    // The unhealthy GPUs (and their XIDs) the node has been told about.
+    let mut announced = BTreeMap::new();
     let mut resync = tokio::time::interval(config.interval);
     let mut poll = tokio::time::interval(config.checkpoint_poll);
     tokio::pin!(shutdown);
@@ -138,6 +152,11 @@ pub async fn run_with_metrics(
             },
             () = &mut shutdown => return,
         }
+        let unhealthy = health.unhealthy_xids();
+        for change in health_changes(&announced, &unhealthy) {
+            events.send(change);
+        }
+        announced = unhealthy;
         if publish(&publisher, &config, &last, &health.unhealthy(), metrics).await {
             metrics.record_published_at(SystemTime::now());
         }
@@ -212,9 +231,15 @@ mod tests {
     use serde_json::json;
     use tessera_harness::apiserver::ApiServer;
 
+    use k8s_openapi::api::events::v1::Event;
+    use kube::Api;
+    use kube::api::ListParams;
+    use prometheus_client::metrics::family::Family;
+
     use super::*;
+    use crate::events::{EventError, GpuHealthChange, KubeNodeEvents, NodeEventSink};
     use crate::gpu::{DiscoveryError, GpuInfo};
-    use crate::metrics::ReporterMetrics;
+    use crate::metrics::{EventLabels, ReporterMetrics};
 
     const LEGACY_UID: &str = "513cb897-0262-4868-826f-aa943ee45a38";
 
@@ -279,6 +304,7 @@ mod tests {
                 publisher,
                 config,
                 &metrics,
+                GpuEvents::none(),
                 xid_rx,
                 async move {
                     let _ = stopped.await;
@@ -392,5 +418,259 @@ mod tests {
             "{body}"
         );
         let _ = stop.send(());
+    }
+
+    // === GPU health Events ===
+
+    /// Runs the loop for `gpu-node-1` on `api` with a legacy pod in kubelet's checkpoint,
+    /// GPUs healthy again `recovery_after` after a critical XID, and Events going to
+    /// `events`; returns the metrics, the XID sender, and what stops it.
+    async fn start_with_events(
+        api: &ApiServer,
+        dir: &Path,
+        recovery_after: Duration,
+        events: GpuEvents,
+    ) -> (
+        Arc<ReporterMetrics>,
+        tokio::sync::mpsc::UnboundedSender<XidEvent>,
+        tokio::sync::oneshot::Sender<()>,
+    ) {
+        let checkpoint = dir.join("kubelet_internal_checkpoint");
+        std::fs::copy(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../../shared/fixtures/kubelet-checkpoint/one-gpu-numa0.json"),
+            &checkpoint,
+        )
+        .expect("checkpoint fixture");
+        api.insert(
+            "v1",
+            "nodes",
+            json!({"apiVersion":"v1","kind":"Node","metadata":{"name":"gpu-node-1"},"status":{"capacity":{"cpu":"8"}}}),
+        );
+        api.insert(
+            "v1",
+            "pods",
+            json!({"apiVersion":"v1","kind":"Pod","metadata":{"name":"legacy","namespace":"default","uid":LEGACY_UID},
+                "spec":{"nodeName":"gpu-node-1","containers":[{"name":"app","image":"x"}]}}),
+        );
+        let metrics = Arc::new(ReporterMetrics::default());
+        let (xid_tx, xid_rx) = tokio::sync::mpsc::unbounded_channel();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let config = LoopConfig {
+            checkpoint,
+            legacy_resources: vec!["nvidia.com/gpu".into()],
+            interval: Duration::from_secs(3600),
+            checkpoint_poll: Duration::from_millis(20),
+            capacity: CapacityOptions::default(),
+            recovery_after,
+        };
+        let publisher = Publisher::new(api.client().expect("client"), "gpu-node-1");
+        let loop_metrics = Arc::clone(&metrics);
+        tokio::spawn(async move {
+            run_with_metrics(
+                Arc::new(TwoGpus),
+                publisher,
+                config,
+                &loop_metrics,
+                events,
+                xid_rx,
+                async move {
+                    let _ = stopped.await;
+                },
+            )
+            .await;
+        });
+        (metrics, xid_tx, stop)
+    }
+
+    /// Records what it is given.
+    #[derive(Debug, Clone, Default)]
+    struct RecordingSink(Arc<std::sync::Mutex<Vec<GpuHealthChange>>>);
+
+    impl RecordingSink {
+        fn seen(&self) -> Vec<GpuHealthChange> {
+            self.0.lock().expect("not poisoned").clone()
+        }
+    }
+
+    impl NodeEventSink for RecordingSink {
+        async fn record(&self, change: &GpuHealthChange) -> Result<(), EventError> {
+            self.0.lock().expect("not poisoned").push(change.clone());
+            Ok(())
+        }
+    }
+
+    async fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+        for _ in 0..400 {
+            if done() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!("never: {what}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_critical_xid_announces_unhealthy_once_and_recovery_healthy() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let api = ApiServer::start().await.expect("api server");
+        let sink = RecordingSink::default();
+        let counts = Family::default();
+        let (events, _task) = GpuEvents::spawn(sink.clone(), counts.clone());
+        let (_metrics, xids, stop) =
+            start_with_events(&api, dir.path(), Duration::from_millis(600), events).await;
+        let send = |uuid: &str, xid| {
+            xids.send(XidEvent {
+                uuid: uuid.into(),
+                xid,
+            })
+            .expect("loop running")
+        };
+        // An application XID leaves the GPU healthy: nothing to say.
+        send("GPU-1", 13);
+        // A critical one takes it out; another on the same GPU says nothing new.
+        send("GPU-1", 79);
+        send("GPU-1", 48);
+        wait_for("the unhealthy GPU's Event", || !sink.seen().is_empty()).await;
+        assert_eq!(
+            sink.seen(),
+            vec![GpuHealthChange::Unhealthy {
+                uuid: "GPU-1".into(),
+                xid: 79
+            }]
+        );
+        wait_for("recovery", || sink.seen().len() == 2).await;
+        assert_eq!(
+            sink.seen()[1],
+            GpuHealthChange::Healthy {
+                uuid: "GPU-1".into()
+            }
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(sink.seen().len(), 2, "{:?}", sink.seen());
+        let _ = stop.send(());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn gpu_health_events_go_on_the_node_and_never_on_device_plugin_pods() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let api = ApiServer::start().await.expect("api server");
+        let client = api.client().expect("client");
+        let recorder_metrics = ReporterMetrics::default();
+        let (events, _task) = GpuEvents::spawn(
+            KubeNodeEvents::new(client.clone(), "gpu-node-1", Duration::from_millis(600)),
+            recorder_metrics.events.clone(),
+        );
+        let (metrics, xids, stop) =
+            start_with_events(&api, dir.path(), Duration::from_millis(600), events).await;
+        // The legacy pod is published before the XID arrives.
+        wait_for("the Device with the legacy pod", || {
+            metrics
+                .encode()
+                .contains("tessera_reporter_legacy_pods 1\n")
+        })
+        .await;
+        xids.send(XidEvent {
+            uuid: "GPU-1".into(),
+            xid: 79,
+        })
+        .expect("loop running");
+        let listed = Api::<Event>::namespaced(client.clone(), "default");
+        let mut all = Vec::new();
+        for _ in 0..400 {
+            all = listed
+                .list(&ListParams::default())
+                .await
+                .expect("events listed")
+                .items;
+            if all.len() >= 2 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        all.sort_by_key(|e| e.event_time.clone().map(|t| t.0));
+        let seen: Vec<_> = all
+            .iter()
+            .map(|e| {
+                let regarding = e.regarding.clone().unwrap_or_default();
+                (
+                    regarding.kind.unwrap_or_default(),
+                    regarding.name.unwrap_or_default(),
+                    e.type_.clone().unwrap_or_default(),
+                    e.reason.clone().unwrap_or_default(),
+                    e.note.clone().unwrap_or_default(),
+                )
+            })
+            .collect();
+        let node = |type_: &str, reason: &str, note: &str| {
+            (
+                "Node".to_owned(),
+                "gpu-node-1".to_owned(),
+                type_.to_owned(),
+                reason.to_owned(),
+                note.to_owned(),
+            )
+        };
+        assert_eq!(
+            seen,
+            vec![
+                node(
+                    "Warning",
+                    "GpuUnhealthy",
+                    "GPU GPU-1 unhealthy: XID 79; taken out of the node's capacity until 600ms pass without a critical XID"
+                ),
+                node(
+                    "Normal",
+                    "GpuHealthy",
+                    "GPU GPU-1 healthy again: no critical XID for 600ms; back in the node's capacity"
+                ),
+            ]
+        );
+        assert!(
+            all.iter()
+                .all(|e| e.reporting_controller.as_deref() == Some("tessera.io/reporter")),
+            "{all:#?}"
+        );
+        let text = recorder_metrics.encode();
+        for line in [
+            "tessera_reporter_events_total{reason=\"GpuUnhealthy\",outcome=\"recorded\"} 1\n",
+            "tessera_reporter_events_total{reason=\"GpuHealthy\",outcome=\"recorded\"} 1\n",
+        ] {
+            assert!(text.contains(line), "lacks {line:?}:\n{text}");
+        }
+        let _ = stop.send(());
+    }
+
+    #[tokio::test]
+    async fn an_event_the_api_server_refuses_is_counted_and_the_rest_go_on() {
+        // Nothing listens on port 1.
+        let config = kube::Config::new("http://127.0.0.1:1".parse().expect("url"));
+        let client = kube::Client::try_from(config).expect("client");
+        let counts = Family::default();
+        let (events, task) = GpuEvents::spawn(
+            KubeNodeEvents::new(client, "gpu-node-1", Duration::from_secs(300)),
+            counts.clone(),
+        );
+        events.send(GpuHealthChange::Unhealthy {
+            uuid: "GPU-0".into(),
+            xid: 79,
+        });
+        events.send(GpuHealthChange::Healthy {
+            uuid: "GPU-0".into(),
+        });
+        drop(events);
+        tokio::time::timeout(Duration::from_secs(30), task)
+            .await
+            .expect("the task ends once its handle is gone")
+            .expect("no panic");
+        let failed = |reason: &str| {
+            counts
+                .get_or_create(&EventLabels {
+                    reason: reason.into(),
+                    outcome: "failed".into(),
+                })
+                .get()
+        };
+        assert_eq!((failed("GpuUnhealthy"), failed("GpuHealthy")), (1, 1));
     }
 }

@@ -32,6 +32,8 @@ fn reporter_rbac_covers_what_it_calls() {
         ("devices", "get"),
         ("devices", "create"),
         ("devices", "patch"),
+        ("events", "create"),
+        ("events", "patch"),
     ] {
         assert!(
             role_allows(role, resource, verb),
