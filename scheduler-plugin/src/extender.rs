@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client as HttpClient;
 use hyper_util::client::legacy::connect::HttpConnector;
 use std::sync::{Arc, Mutex};
@@ -152,10 +153,32 @@ pub struct Extender {
     config: ExtenderConfig,
     ready: Arc<AtomicBool>,
     leader: Arc<Leader>,
-    http: HttpClient<HttpConnector, Full<Bytes>>,
+    forwarder: Forwarder,
     started: Instant,
     /// Pod UID → the node and answer of its bind still running.
     binds: Arc<Mutex<HashMap<String, (String, RunningBind)>>>,
+}
+
+/// How a follower reaches the leader to hand it a bind.
+#[derive(Clone)]
+enum Forwarder {
+    /// Plain HTTP (the leader's URL is `http://`): a plain-HTTP extender.
+    Plain(HttpClient<HttpConnector, Full<Bytes>>),
+    /// HTTPS with this replica's certificate as client certificate, the leader's
+    /// verified against the peer CA under a fixed name (it is dialled by pod IP).
+    Tls(HttpClient<HttpsConnector<HttpConnector>, Full<Bytes>>),
+}
+
+impl Forwarder {
+    async fn request(
+        &self,
+        request: Request<Full<Bytes>>,
+    ) -> Result<Response<Incoming>, hyper_util::client::legacy::Error> {
+        match self {
+            Self::Plain(client) => client.request(request).await,
+            Self::Tls(client) => client.request(request).await,
+        }
+    }
 }
 
 /// A bind running in its own task; every caller for its pod awaits the same answer.
@@ -216,11 +239,32 @@ impl Extender {
             config,
             ready,
             leader,
-            http: HttpClient::builder(hyper_util::rt::TokioExecutor::new())
-                .build(HttpConnector::new()),
+            forwarder: Forwarder::Plain(
+                HttpClient::builder(hyper_util::rt::TokioExecutor::new())
+                    .build(HttpConnector::new()),
+            ),
             started: Instant::now(),
             binds: Arc::default(),
         }
+    }
+
+    /// Hands binds to the leader over HTTPS: `tls` trusts the peer CA and presents
+    /// this replica's certificate; the leader's certificate must name `server_name`.
+    pub fn with_peer_tls(
+        mut self,
+        tls: rustls::ClientConfig,
+        server_name: rustls::pki_types::ServerName<'static>,
+    ) -> Self {
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(server_name))
+            .enable_http1()
+            .build();
+        self.forwarder = Forwarder::Tls(
+            HttpClient::builder(hyper_util::rt::TokioExecutor::new()).build(connector),
+        );
+        self
     }
 
     fn ledger(&self) -> std::sync::MutexGuard<'_, Ledger> {
@@ -728,7 +772,7 @@ impl Extender {
         };
         let call = async {
             let response = self
-                .http
+                .forwarder
                 .request(request)
                 .await
                 .map_err(|e| e.to_string())?;
@@ -800,7 +844,7 @@ impl Extender {
                 format!("{path}: invalid JSON: {e}").into_bytes(),
             )
         };
-        let encoded = match path.trim_end_matches('/').rsplit('/').next().unwrap_or("") {
+        let encoded = match verb(&path) {
             "filter" => serde_json::from_slice::<ExtenderArgs>(&body)
                 .map(|args| serde_json::to_vec(&self.filter(args))),
             "prioritize" => serde_json::from_slice::<ExtenderArgs>(&body)
@@ -816,6 +860,13 @@ impl Extender {
             Ok(Err(e)) | Err(e) => bad(e),
         }
     }
+}
+
+/// The verb a request path names: its last segment (kube-scheduler sends
+/// `<urlPrefix>/<verb>`). Access checks ([`crate::transport::BindAccess`]) and routing
+/// both use it, so they never disagree about which verb a path calls.
+pub fn verb(path: &str) -> &str {
+    path.trim_end_matches('/').rsplit('/').next().unwrap_or("")
 }
 
 /// Every node unresolvable for `why`; no node fits (an empty list, also of

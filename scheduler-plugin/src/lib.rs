@@ -2,12 +2,16 @@
 //! by UUID, and writes the allocation on the pod before binding it.
 //!
 //! - [`bind`]: the bind path's decisions and preconditioned writes;
+//! - [`certs`]: the CA and certificates of the extender's mutual TLS;
 //! - [`core`]: the pure allocator (accounting, binpack/spread, topology);
 //! - [`ledger`]: GPU use derived from Device CRs, pods and in-flight allocations;
+//! - [`transport`]: who may call the extender: mutual TLS, `bind` only for
+//!   kube-scheduler, plain HTTP only on loopback, the probe port;
 //! - [`upgrade`]: pod-level allocation annotations of running pods rewritten into
 //!   per-container grants;
 
 pub mod bind;
+pub mod certs;
 pub mod cluster;
 pub mod core;
 pub mod extender;
@@ -15,4 +19,5 @@ pub mod inspect;
 pub mod leader;
 pub mod ledger;
 pub mod simulate;
+pub mod transport;
 pub mod upgrade;

@@ -11,6 +11,9 @@ use tessera_scheduler::extender::{Extender, ExtenderConfig, serve};
 use tessera_scheduler::leader::{Election, ElectionTiming, Leader, LeaseConfig, parse_duration};
 use tessera_scheduler::ledger::Ledger;
 use tessera_scheduler::simulate::{self, SimulateOptions, Snapshot};
+use tessera_scheduler::transport::{
+    self, BindAccess, DEFAULT_BIND_CLIENT, DEFAULT_PEER_CLIENT, TlsFiles, Transport,
+};
 
 /// A kube-scheduler extender that shares GPUs: it picks GPUs per node by UUID and
 /// writes scheduling.koordinator.sh/device-allocated on the pod before binding it.
@@ -50,17 +53,63 @@ impl PolicyArgs {
     }
 }
 
+// Parsed once at startup: the size of `Serve` costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Serve the extender API (POST /filter, /prioritize, /bind; GET /healthz, /readyz).
+    ///
+    /// Over mutual TLS (--tls-cert-file, --tls-key-file, --client-ca-file): every
+    /// client presents a certificate signed by the client CA; only
+    /// --bind-client-name may bind. Plain HTTP only on loopback (tessera-scheduler
+    /// beside kube-scheduler in one pod), or anywhere with --insecure-listen.
     ///
     /// Replicas elect one leader through a Lease; only it binds. On SIGTERM or
     /// SIGINT the leader stops binding, lets running binds end (5 s at most) and
     /// releases the Lease, so the next leader takes over at its next round.
     Serve {
-        /// Address to listen on.
+        /// Address to listen on. Plain HTTP (no TLS files) only on a loopback
+        /// address, unless --insecure-listen.
         #[arg(long, default_value = "0.0.0.0:8888")]
         listen: SocketAddr,
+        /// The extender's certificate (PEM; chain allowed). Its EKU must allow
+        /// serverAuth and, for followers to hand binds to the leader, clientAuth.
+        #[arg(long, value_name = "PATH")]
+        tls_cert_file: Option<PathBuf>,
+        /// The private key of --tls-cert-file (PEM: PKCS#8, PKCS#1 or SEC1).
+        #[arg(long, value_name = "PATH")]
+        tls_key_file: Option<PathBuf>,
+        /// CA certificates (PEM) that sign clients' certificates: a client without
+        /// a certificate signed by one of them is refused in the TLS handshake.
+        #[arg(long, value_name = "PATH")]
+        client_ca_file: Option<PathBuf>,
+        /// A client identity (certificate CN or DNS SAN) allowed to POST /bind;
+        /// repeat for more. Other verified clients may call filter and prioritize.
+        #[arg(long = "bind-client-name", value_name = "NAME", default_values_t = [DEFAULT_BIND_CLIENT.to_owned()])]
+        bind_client_names: Vec<String>,
+        /// The identity in the replicas' own certificate: a follower presents it when
+        /// handing kube-scheduler's bind to the leader, and it may bind only such a
+        /// handed-over bind. Empty: no hand-over (a bind sent to a follower fails and
+        /// kube-scheduler retries).
+        #[arg(long, value_name = "NAME", default_value = DEFAULT_PEER_CLIENT)]
+        peer_client_name: String,
+        /// CA certificates (PEM) a follower trusts for the leader's certificate
+        /// [default: --client-ca-file].
+        #[arg(long, value_name = "PATH")]
+        peer_ca_file: Option<PathBuf>,
+        /// The name a follower checks in the leader's certificate (the leader is
+        /// dialled by pod IP) [default: the first DNS SAN of --tls-cert-file].
+        #[arg(long, value_name = "NAME")]
+        peer_server_name: Option<String>,
+        /// Plain HTTP for kubelet's probes, GET /healthz and /readyz only, e.g.
+        /// 0.0.0.0:8889 (kubelet has no client certificate for the TLS port).
+        #[arg(long, value_name = "ADDR")]
+        probe_listen: Option<SocketAddr>,
+        /// Serve plain HTTP on a non-loopback --listen with no authentication.
+        /// INSECURE: anything that can reach the port can bind any pending pod to
+        /// any node with tessera-scheduler's rights. Only for a migration.
+        #[arg(long)]
+        insecure_listen: bool,
         /// kubeconfig file [default: $KUBECONFIG, ~/.kube/config, or in-cluster].
         #[arg(long, value_name = "PATH")]
         kubeconfig: Option<PathBuf>,
@@ -104,6 +153,24 @@ enum Command {
         /// sent to a follower fail and kube-scheduler retries them].
         #[arg(long, value_name = "URL")]
         advertise_url: Option<String>,
+    },
+    /// Write a CA and the extender's certificates (PEM) into a directory: ca.crt and
+    /// ca.key; tessera-scheduler.crt/.key (CN tessera-scheduler, the Service's DNS
+    /// names; serving and client); tessera-kube-scheduler.crt/.key (CN
+    /// tessera-kube-scheduler, client). Existing files are not overwritten.
+    Certs {
+        /// The directory (created if missing).
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+        /// The namespace of the extender's Service.
+        #[arg(long, default_value = "tessera-system")]
+        namespace: String,
+        /// The extender's Service.
+        #[arg(long, default_value = "tessera-scheduler")]
+        service: String,
+        /// Days the CA and the certificates are valid.
+        #[arg(long, default_value_t = 365)]
+        days: i64,
     },
     /// Place pending pods on a cluster snapshot and print each pod's node and
     /// annotation, or why it fits nowhere.
@@ -153,6 +220,79 @@ fn rss_mib() -> Option<f64> {
     Some(kib / 1024.0)
 }
 
+/// What mutual TLS needs, read from the files at startup.
+struct TlsSetup {
+    server: Arc<rustls::ServerConfig>,
+    peer: rustls::ClientConfig,
+    peer_server_name: rustls::pki_types::ServerName<'static>,
+}
+
+impl TlsSetup {
+    fn load(
+        files: &TlsFiles,
+        peer_ca: Option<&std::path::Path>,
+        peer_server_name: Option<&str>,
+    ) -> anyhow::Result<Self> {
+        Ok(Self {
+            server: transport::server_config(files)?,
+            peer: transport::peer_client_config(files, peer_ca.unwrap_or(&files.client_ca))?,
+            peer_server_name: transport::peer_server_name(peer_server_name, &files.cert)?,
+        })
+    }
+}
+
+/// `certs`: the CA and certificates into `out`, never over an existing file.
+fn write_certs(
+    out: &std::path::Path,
+    service: &str,
+    namespace: &str,
+    days: i64,
+) -> anyhow::Result<()> {
+    use std::io::Write;
+    let certs = tessera_scheduler::certs::generate(service, namespace, days)
+        .context("generating the certificates")?;
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    let files = [
+        ("ca.crt", &certs.ca.cert, false),
+        ("ca.key", &certs.ca.key, true),
+        ("tessera-scheduler.crt", &certs.scheduler.cert, false),
+        ("tessera-scheduler.key", &certs.scheduler.key, true),
+        (
+            "tessera-kube-scheduler.crt",
+            &certs.kube_scheduler.cert,
+            false,
+        ),
+        (
+            "tessera-kube-scheduler.key",
+            &certs.kube_scheduler.key,
+            true,
+        ),
+    ];
+    for (name, _, _) in &files {
+        let path = out.join(name);
+        anyhow::ensure!(
+            !path.exists(),
+            "{} exists; not overwriting it",
+            path.display()
+        );
+    }
+    for (name, text, secret) in files {
+        let path = out.join(name);
+        let mut options = std::fs::OpenOptions::new();
+        options.write(true).create_new(true);
+        if secret {
+            use std::os::unix::fs::OpenOptionsExt;
+            options.mode(0o600);
+        }
+        options
+            .open(&path)
+            .and_then(|mut file| file.write_all(text.as_bytes()))
+            .with_context(|| format!("writing {}", path.display()))?;
+        println!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
@@ -170,6 +310,15 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Serve {
             listen,
+            tls_cert_file,
+            tls_key_file,
+            client_ca_file,
+            bind_client_names,
+            peer_client_name,
+            peer_ca_file,
+            peer_server_name,
+            probe_listen,
+            insecure_listen,
             kubeconfig,
             policy,
             reservation_ttl,
@@ -186,9 +335,38 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
                 retry_period: leader_elect_retry_period,
             };
             timing.validate(leader_elect_lease_duration)?;
+            // How to listen is settled, and the TLS files read, before anything
+            // touches the cluster: a bad setting exits naming it.
+            let transport = transport::choose_transport(
+                listen,
+                tls_cert_file,
+                tls_key_file,
+                client_ca_file,
+                insecure_listen,
+            )?;
+            let tls = match &transport {
+                Transport::MutualTls(files) => Some(TlsSetup::load(
+                    files,
+                    peer_ca_file.as_deref(),
+                    peer_server_name.as_deref(),
+                )?),
+                Transport::PlainLoopback => None,
+                Transport::PlainInsecure => {
+                    tracing::warn!(
+                        %listen,
+                        "INSECURE: plain HTTP with no authentication (--insecure-listen): anything that reaches this port can bind any pending pod to any node"
+                    );
+                    None
+                }
+            };
+            let access = Arc::new(BindAccess {
+                bind_clients: bind_client_names,
+                peer: Some(peer_client_name).filter(|name| !name.is_empty()),
+            });
+            let scheme = if tls.is_some() { "https" } else { "http" };
             let advertise_url = advertise_url.or_else(|| {
                 let ip: std::net::IpAddr = std::env::var("POD_IP").ok()?.parse().ok()?;
-                Some(format!("http://{}", SocketAddr::new(ip, listen.port())))
+                Some(format!("{scheme}://{}", SocketAddr::new(ip, listen.port())))
             });
             let client = tessera_api::client::kube_client(kubeconfig.as_deref()).await?;
             let ledger = Arc::new(Mutex::new(Ledger::default()));
@@ -224,6 +402,12 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
                 view.ready,
                 Arc::clone(&leader),
             );
+            let extender = match &tls {
+                Some(tls) if access.peer.is_some() => {
+                    extender.with_peer_tls(tls.peer.clone(), tls.peer_server_name.clone())
+                }
+                _ => extender,
+            };
             let expiring = extender.clone();
             tokio::spawn(async move {
                 loop {
@@ -248,9 +432,30 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
             let listener = tokio::net::TcpListener::bind(listen)
                 .await
                 .with_context(|| format!("listening on {listen}"))?;
-            tracing::info!(%listen, "serving the extender");
+            if let Some(probe_listen) = probe_listen {
+                let probes = tokio::net::TcpListener::bind(probe_listen)
+                    .await
+                    .with_context(|| format!("--probe-listen {probe_listen}"))?;
+                tracing::info!(%probe_listen, "serving /healthz and /readyz, plain HTTP");
+                tokio::spawn(transport::serve_probes(probes, extender.clone()));
+            }
+            let serving = match tls {
+                Some(tls) => {
+                    tracing::info!(%listen, bind_clients = ?access.bind_clients, peer = ?access.peer, "serving the extender over mutual TLS");
+                    futures_util::future::Either::Left(transport::serve_tls(
+                        listener,
+                        tls.server,
+                        extender.clone(),
+                        access,
+                    ))
+                }
+                None => {
+                    tracing::info!(%listen, "serving the extender, plain HTTP");
+                    futures_util::future::Either::Right(serve(listener, extender.clone()))
+                }
+            };
             tokio::select! {
-                () = serve(listener, extender.clone()) => {}
+                () = serving => {}
                 signal = tessera_api::binary::shutdown_signal() => {
                     signal?;
                     tracing::info!("shutting down on a signal");
@@ -271,6 +476,12 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
                 }
             }
         }
+        Command::Certs {
+            out,
+            namespace,
+            service,
+            days,
+        } => write_certs(&out, &service, &namespace, days)?,
         Command::Simulate {
             cluster,
             pods,

@@ -118,3 +118,72 @@ fn forwarding_to_the_leader_answers_inside_the_extender_http_timeout() {
         "forwarding waits {forward} s, kube-scheduler's httpTimeout is {timeout} s"
     );
 }
+
+/// The deploy's default is the authenticated extender: mutual TLS on the extender
+/// port, kube-scheduler configured with its client certificate and the name the
+/// replicas' certificate (`tessera-scheduler certs`) carries, and the identity that
+/// certificate gives kube-scheduler is the one allowed to bind.
+#[test]
+fn the_extender_serves_mutual_tls_by_default_and_kube_scheduler_may_bind() {
+    let config = &documents("scheduler-config.yaml")[0];
+    let extender = &config["extenders"][0];
+    assert!(
+        extender["urlPrefix"]
+            .as_str()
+            .is_some_and(|url| url.starts_with("https://")),
+        "{extender}"
+    );
+    assert_eq!(extender["enableHTTPS"], true);
+    let tls = &extender["tlsConfig"];
+    for key in ["certFile", "keyFile", "caFile"] {
+        assert!(
+            tls[key].as_str().is_some_and(|p| p.starts_with('/')),
+            "{key}: {tls}"
+        );
+    }
+    assert!(tls.get("insecure").is_none_or(|v| v == false), "{tls}");
+
+    let docs = documents("scheduler.yaml");
+    let deployment = docs
+        .iter()
+        .find(|d| d["kind"] == "Deployment")
+        .expect("Deployment");
+    let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+    let args: Vec<&str> = container["args"]
+        .as_array()
+        .expect("args")
+        .iter()
+        .filter_map(|a| a.as_str())
+        .collect();
+    let value = |flag: &str| {
+        args.iter()
+            .find_map(|a| a.strip_prefix(&format!("{flag}=")))
+            .unwrap_or_else(|| panic!("no {flag} in {args:?}"))
+    };
+    assert!(!args.contains(&"--insecure-listen"), "{args:?}");
+    for flag in ["--tls-cert-file", "--tls-key-file", "--client-ca-file"] {
+        value(flag);
+    }
+    assert_eq!(value("--peer-server-name"), tls["serverName"]);
+    let certs = tessera_scheduler::certs::generate("tessera-scheduler", "tessera-system", 1)
+        .expect("certs");
+    let names = |pem: &str| {
+        let der = <rustls::pki_types::CertificateDer as rustls::pki_types::pem::PemObject>::from_pem_slice(pem.as_bytes())
+            .expect("pem");
+        tessera_scheduler::transport::ClientIdentity::from_der(&der).expect("identity")
+    };
+    assert!(names(&certs.scheduler.cert).is(value("--peer-server-name")));
+    assert!(names(&certs.scheduler.cert).is(value("--peer-client-name")));
+    assert!(names(&certs.kube_scheduler.cert).is(value("--bind-client-name")));
+    // kubelet probes the plain probe port, never the mutual-TLS one.
+    let probe = value("--probe-listen").rsplit(':').next().expect("port");
+    let ports = container["ports"].as_array().expect("ports");
+    let probes = ports
+        .iter()
+        .find(|p| p["name"] == "probes")
+        .expect("probes port");
+    assert_eq!(probes["containerPort"].to_string(), probe);
+    for probe in ["readinessProbe", "livenessProbe"] {
+        assert_eq!(container[probe]["httpGet"]["port"], "probes", "{probe}");
+    }
+}
