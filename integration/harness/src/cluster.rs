@@ -303,7 +303,7 @@ pub struct ClusterOptions {
     /// Run Tessera's cluster side as the harness does: deploy/'s CRD, RBAC and
     /// admission policies applied, tessera-scheduler and tessera-reporter as
     /// processes. `false` leaves all of it to an install (the Helm chart), and
-    /// kube-scheduler's extender URL to [`Cluster::set_extender_url`].
+    /// kube-scheduler's extender URL to [`Cluster::set_extender`].
     pub cluster_side: bool,
 }
 
@@ -659,7 +659,7 @@ impl Cluster {
 
         if !options.cluster_side {
             // No extender yet: kube-scheduler places pods that ask for no GPU (the
-            // install's own) and waits for `set_extender_url` for the others.
+            // install's own) and waits for `set_extender` for the others.
             self.launch_kube_scheduler()?;
             return Ok(());
         }
@@ -692,11 +692,31 @@ impl Cluster {
     }
 
     /// Points kube-scheduler's extender at `url` (deploy/'s extender settings
-    /// otherwise) and restarts it: for an extender installed as pods.
-    pub async fn set_extender_url(&mut self, url: &str) -> anyhow::Result<()> {
+    /// otherwise) and restarts it: for an extender installed as pods. An `https`
+    /// URL takes `tls`, kube-scheduler's client certificate and what to trust.
+    pub async fn set_extender(
+        &mut self,
+        url: &str,
+        tls: Option<&ExtenderTls>,
+    ) -> anyhow::Result<()> {
+        let mut config: Value = serde_yaml::from_str(&scheduler_config(
+            &self.kubeconfig_for("kube-scheduler"),
+            url,
+        )?)?;
+        if let Some(tls) = tls {
+            for extender in config["extenders"].as_array_mut().into_iter().flatten() {
+                extender["enableHTTPS"] = json!(true);
+                extender["tlsConfig"] = json!({
+                    "certFile": tls.cert.display().to_string(),
+                    "keyFile": tls.key.display().to_string(),
+                    "caFile": tls.ca.display().to_string(),
+                    "serverName": tls.server_name,
+                });
+            }
+        }
         std::fs::write(
             self.dir.path().join("kube-scheduler.yaml"),
-            scheduler_config(&self.kubeconfig_for("kube-scheduler"), url)?,
+            serde_yaml::to_string(&config)?,
         )?;
         self.restart(Component::Scheduler).await
     }
@@ -1547,8 +1567,23 @@ nodeStatusUpdateFrequency: 2s
     )
 }
 
+/// kube-scheduler's client certificate for an extender serving mutual TLS.
+#[derive(Debug, Clone)]
+pub struct ExtenderTls {
+    /// Client certificate (PEM).
+    pub cert: PathBuf,
+    /// Its key.
+    pub key: PathBuf,
+    /// The CA the extender's serving certificate is checked against.
+    pub ca: PathBuf,
+    /// The name the serving certificate must carry.
+    pub server_name: String,
+}
+
 /// deploy/scheduler-config.yaml with this cluster's kubeconfig and `url` for the
-/// extender: the extender settings themselves are the deploy's.
+/// extender: the extender settings themselves are the deploy's. A plain `http`
+/// URL (the harness's loopback extender) drops deploy/'s TLS settings, whose
+/// certificate files are a control-plane host's.
 fn scheduler_config(kubeconfig: &Path, url: &str) -> anyhow::Result<String> {
     let mut config = deploy::documents("scheduler-config.yaml")
         .into_iter()
@@ -1561,6 +1596,12 @@ fn scheduler_config(kubeconfig: &Path, url: &str) -> anyhow::Result<String> {
         .context("deploy/scheduler-config.yaml has no extenders")?;
     for extender in extenders {
         extender["urlPrefix"] = json!(url);
+        if url.starts_with("http://") {
+            if let Some(fields) = extender.as_object_mut() {
+                fields.remove("tlsConfig");
+            }
+            extender["enableHTTPS"] = json!(false);
+        }
     }
     Ok(serde_yaml::to_string(&config)?)
 }

@@ -19,8 +19,8 @@ use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams};
 use serde_json::json;
 use tessera_harness::cluster::{
-    Cluster, ClusterOptions, K8sBinaries, NODE_NAME, allocated_gpus, env_values, probe_pod,
-    repo_root, tessera_binary,
+    Cluster, ClusterOptions, ExtenderTls, K8sBinaries, NODE_NAME, allocated_gpus, env_values,
+    probe_pod, repo_root, tessera_binary,
 };
 
 const NAMESPACE: &str = "tessera-system";
@@ -77,6 +77,8 @@ fn chart(cluster: &Cluster, verb: &str, extra: &[&str]) -> anyhow::Result<String
             "scheduler.replicas=1",
             "--set",
             &format!("reporter.driverLibraryDir={}", driver.display()),
+            "--set",
+            "reporter.advertiseNvidiaGpu=true",
         ]);
     }
     for value in extra {
@@ -152,8 +154,15 @@ async fn use_scheduler_pod(cluster: &mut Cluster, arg: &str) -> anyhow::Result<S
                 .as_ref()
                 .and_then(|s| s.pod_ip.clone())
                 .context("the scheduler pod has no IP")?;
+            let pki = cluster.dir().join("extender-pki");
+            let tls = ExtenderTls {
+                cert: pki.join("tessera-kube-scheduler.crt"),
+                key: pki.join("tessera-kube-scheduler.key"),
+                ca: pki.join("ca.crt"),
+                server_name: format!("tessera-scheduler.{NAMESPACE}.svc"),
+            };
             cluster
-                .set_extender_url(&format!("http://{ip}:8888"))
+                .set_extender(&format!("https://{ip}:8888"), Some(&tls))
                 .await?;
             return Ok(pod.metadata.name.clone().unwrap_or_default());
         }
@@ -187,6 +196,45 @@ async fn fractional_pod(cluster: &mut Cluster, name: &str) -> anyhow::Result<()>
     cluster.delete_pod(name).await
 }
 
+/// HAMi's documented example (`nvidia.com/gpu: 1` with `nvidia.com/gpumem: 3000`)
+/// on a node where Tessera serves nvidia.com/gpu: one GPU, 3000 MiB of it, and
+/// kubelet hands out no device-plugin GPU besides.
+async fn hami_documented_pod(cluster: &mut Cluster) -> anyhow::Result<()> {
+    let name = "hami-example";
+    let spec = probe_pod(
+        name,
+        &[(
+            "main",
+            json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3000"}),
+        )],
+        &[],
+    );
+    cluster.create_pod("tenant", &spec).await?;
+    let running = cluster.wait_running(name).await?;
+    let granted = allocated_gpus(&running)?;
+    ensure!(
+        granted.len() == 1,
+        "pod {name} granted {granted:?}, want one GPU"
+    );
+    let specs = cluster.container_specs(&running)?;
+    let spec = specs.get("main").context("no spec for main")?;
+    ensure!(
+        env_values(spec, "NVIDIA_VISIBLE_DEVICES") == [granted[0].0.clone()]
+            && env_values(spec, "CUDA_DEVICE_MEMORY_LIMIT_0") == ["3000m"],
+        "pod {name}: NVIDIA_VISIBLE_DEVICES {:?}, memory limit {:?}; granted {granted:?}",
+        env_values(spec, "NVIDIA_VISIBLE_DEVICES"),
+        env_values(spec, "CUDA_DEVICE_MEMORY_LIMIT_0")
+    );
+    let checkpoint =
+        std::fs::read_to_string(tessera_harness::cluster::KUBELET_CHECKPOINT).unwrap_or_default();
+    let uid = running.metadata.uid.clone().unwrap_or_default();
+    ensure!(
+        !checkpoint.contains(&uid),
+        "kubelet's checkpoint gives pod {name} a device-plugin device: {checkpoint}"
+    );
+    cluster.delete_pod(name).await
+}
+
 async fn run() -> anyhow::Result<()> {
     let Some(binaries) = K8sBinaries::require_or_skip("chart tests")? else {
         return Ok(());
@@ -199,6 +247,11 @@ async fn run() -> anyhow::Result<()> {
             // This cluster's kubelet talks through the frame relay (the main tier's
             // through the default h2 path): every call of a real kubelet, both ways.
             proxy_args: vec!["--relay=frames".into()],
+            // Tessera in place of NVIDIA's device plugin: the reporter advertises
+            // nvidia.com/gpu (chart value reporter.advertiseNvidiaGpu), so HAMi's
+            // manifests, which ask nvidia.com/gpu with their memory, get no whole
+            // device-plugin GPU besides their share.
+            device_plugin: false,
             ..ClusterOptions::default()
         },
     )
@@ -208,7 +261,25 @@ async fn run() -> anyhow::Result<()> {
         begun.elapsed().as_secs_f64(),
         cluster.dir().display()
     );
+    let outcome = install_upgrade_uninstall(&mut cluster).await;
+    if outcome.is_err() {
+        use tessera_harness::cluster::Component;
+        for component in [Component::RuntimeProxy, Component::Kubelet] {
+            println!(
+                "--- {component} log (tail) ---\n{}",
+                cluster.log_tail(component, 40)
+            );
+        }
+    }
+    outcome?;
+    println!(
+        "test install_upgrade_uninstall_from_the_chart ... ok ({:.1} s)",
+        begun.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
 
+async fn install_upgrade_uninstall(cluster: &mut Cluster) -> anyhow::Result<()> {
     ensure!(
         cluster
             .log(tessera_harness::cluster::Component::RuntimeProxy)
@@ -246,10 +317,44 @@ async fn run() -> anyhow::Result<()> {
         )
         .await?;
 
-    let output = chart(&cluster, "install", &[])?;
+    // The extender serves mutual TLS: its CA and certificates, as the operator
+    // makes them, the serving one in the Secret the chart mounts, kube-scheduler's
+    // client one on the "control-plane host".
+    let pki = cluster.dir().join("extender-pki");
+    let output = Command::new(tessera_binary("tessera-scheduler")?)
+        .args(["certs", "--namespace", NAMESPACE, "--out"])
+        .arg(&pki)
+        .output()?;
+    ensure!(
+        output.status.success(),
+        "tessera-scheduler certs: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let output = chart(cluster, "install", &[])?;
     println!("install: {}", output.trim());
+    let read = |name: &str| -> anyhow::Result<k8s_openapi::ByteString> {
+        Ok(k8s_openapi::ByteString(std::fs::read(pki.join(name))?))
+    };
+    let secret = k8s_openapi::api::core::v1::Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some("tessera-scheduler-tls".into()),
+            ..Default::default()
+        },
+        data: Some(
+            [
+                ("tls.crt".to_owned(), read("tessera-scheduler.crt")?),
+                ("tls.key".to_owned(), read("tessera-scheduler.key")?),
+                ("ca.crt".to_owned(), read("ca.crt")?),
+            ]
+            .into(),
+        ),
+        ..Default::default()
+    };
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(client.clone(), NAMESPACE);
+    secrets.create(&Default::default(), &secret).await?;
     ready_pods(
-        &cluster,
+        cluster,
         "app.kubernetes.io/name=tessera-reporter",
         "tessera-reporter",
     )
@@ -268,8 +373,9 @@ async fn run() -> anyhow::Result<()> {
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    use_scheduler_pod(&mut cluster, "--gpu-policy=binpack").await?;
-    fractional_pod(&mut cluster, "installed-quarter").await?;
+    use_scheduler_pod(cluster, "--gpu-policy=binpack").await?;
+    fractional_pod(cluster, "installed-quarter").await?;
+    hami_documented_pod(cluster).await?;
 
     // The installed admission policy: a tenant's own allocation is refused.
     let gpu = &cluster.gpu_node.gpus[0].uuid;
@@ -287,17 +393,20 @@ async fn run() -> anyhow::Result<()> {
     }
 
     // Upgrade: a changed setting reaches the scheduler, which rolls, and still places.
-    let output = chart(&cluster, "upgrade", &["scheduler.gpuPolicy=spread"])?;
+    let output = chart(cluster, "upgrade", &["scheduler.gpuPolicy=spread"])?;
     println!("upgrade: {}", output.trim());
-    use_scheduler_pod(&mut cluster, "--gpu-policy=spread").await?;
-    fractional_pod(&mut cluster, "upgraded-quarter").await?;
+    use_scheduler_pod(cluster, "--gpu-policy=spread").await?;
+    fractional_pod(cluster, "upgraded-quarter").await?;
 
-    // Uninstall: nothing of Tessera is left but the namespace.
-    let output = chart(&cluster, "uninstall", &[])?;
+    // Uninstall: nothing of Tessera is left but the namespace and the operator's Secret.
+    let output = chart(cluster, "uninstall", &[])?;
     println!("uninstall: {}", output.trim());
+    secrets
+        .delete("tessera-scheduler-tls", &Default::default())
+        .await?;
     let started = Instant::now();
     loop {
-        let left = leftovers(&cluster).await?;
+        let left = leftovers(cluster).await?;
         if left.is_empty() {
             break;
         }
@@ -307,10 +416,6 @@ async fn run() -> anyhow::Result<()> {
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    println!(
-        "test install_upgrade_uninstall_from_the_chart ... ok ({:.1} s)",
-        begun.elapsed().as_secs_f64()
-    );
     Ok(())
 }
 
