@@ -53,6 +53,8 @@ HEADER = (
 
 # Bad values and the key each failure must name (`lint` checks every one).
 BAD_VALUES = [
+    ({"monitoring": {"serviceMonitor": {"enabled": True}}, "reporter": {"metricsPort": 0}}, "reporter.metricsPort"),
+    ({"monitoring": {"prometheusRule": {"publishStaleSeconds": 5}}}, "/monitoring/prometheusRule/publishStaleSeconds"),
     ({"scheduler": {"gpuPolicy": "pack"}}, "/scheduler/gpuPolicy"),
     ({"scheduler": {"replicas": 0}}, "/scheduler/replicas"),
     ({"scheduler": {"gpushareMemoryUnit": "KiB"}}, "/scheduler/gpushareMemoryUnit"),

@@ -20,11 +20,6 @@ app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
 {{- .image.pullPolicy | default .root.Values.image.pullPolicy -}}
 {{- end }}
 
-{{/* http://<Service>.<namespace>.svc:<port>, or kubeSchedulerConfig.extender.urlPrefix. */}}
-{{- define "tessera.extenderURL" -}}
-{{- .Values.kubeSchedulerConfig.extender.urlPrefix | default (printf "http://tessera-scheduler.%s.svc:%d" .Release.Namespace (int .Values.scheduler.service.port)) -}}
-{{- end }}
-
 {{/*
 The GPU resource names, besides koordinator.sh/gpu*, that tessera-scheduler manages:
 a CEL list, for the admission policies.
