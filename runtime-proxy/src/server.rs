@@ -67,6 +67,22 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
     drain: Duration,
 ) {
+    accept_until(listener, proxy, shutdown, drain, serve_connection).await;
+}
+
+/// The accept loop both paths share: each connection served by `connection`
+/// until `shutdown` resolves; then `true` on the watch tells every connection to
+/// stop taking calls, and they get up to `drain` to end.
+pub(crate) async fn accept_until<F, Fut>(
+    listener: UnixListener,
+    proxy: Arc<Proxy>,
+    shutdown: impl Future<Output = ()>,
+    drain: Duration,
+    connection: F,
+) where
+    F: Fn(UnixStream, Arc<Proxy>, watch::Receiver<bool>) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
     let (stop, stopping) = watch::channel(false);
     let mut connections = JoinSet::new();
     tokio::pin!(shutdown);
@@ -74,7 +90,7 @@ pub async fn serve(
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
-                    connections.spawn(serve_connection(stream, Arc::clone(&proxy), stopping.clone()));
+                    connections.spawn(connection(stream, Arc::clone(&proxy), stopping.clone()));
                 }
                 Err(error) => {
                     // EMFILE and friends: back off instead of spinning.

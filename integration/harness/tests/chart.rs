@@ -173,11 +173,18 @@ async fn use_scheduler_pod(cluster: &mut Cluster, arg: &str) -> anyhow::Result<S
     }
 }
 
-/// A quarter-GPU pod placed through the installed extender and started through
-/// the node's proxy: exactly one GPU, its UUID the only visible device, a 25% limit.
-async fn fractional_pod(cluster: &mut Cluster, name: &str) -> anyhow::Result<()> {
-    let spec = probe_pod(name, &[("main", json!({"koordinator.sh/gpu": "25"}))], &[]);
-    cluster.create_pod("tenant", &spec).await?;
+/// Creates pod `name` as the tenant with `limits` on one container and checks it
+/// runs with exactly one GPU, that GPU's UUID its only visible device, and the
+/// limiter `env` (key, value) it was granted. Returns it, Running.
+async fn one_gpu_pod(
+    cluster: &mut Cluster,
+    name: &str,
+    limits: serde_json::Value,
+    env: (&str, &str),
+) -> anyhow::Result<Pod> {
+    cluster
+        .create_pod("tenant", &probe_pod(name, &[("main", limits)], &[]))
+        .await?;
     let running = cluster.wait_running(name).await?;
     let granted = allocated_gpus(&running)?;
     ensure!(
@@ -186,13 +193,22 @@ async fn fractional_pod(cluster: &mut Cluster, name: &str) -> anyhow::Result<()>
     );
     let specs = cluster.container_specs(&running)?;
     let spec = specs.get("main").context("no spec for main")?;
+    let (key, value) = env;
     ensure!(
         env_values(spec, "NVIDIA_VISIBLE_DEVICES") == [granted[0].0.clone()]
-            && env_values(spec, "CUDA_DEVICE_SM_LIMIT") == ["25"],
-        "pod {name}: NVIDIA_VISIBLE_DEVICES {:?}, SM limit {:?}; granted {granted:?}",
+            && env_values(spec, key) == [value],
+        "pod {name}: NVIDIA_VISIBLE_DEVICES {:?}, {key} {:?} (want {value}); granted {granted:?}",
         env_values(spec, "NVIDIA_VISIBLE_DEVICES"),
-        env_values(spec, "CUDA_DEVICE_SM_LIMIT")
+        env_values(spec, key)
     );
+    Ok(running)
+}
+
+/// A quarter-GPU pod placed through the installed extender and started through
+/// the node's proxy: exactly one GPU, its UUID the only visible device, a 25% limit.
+async fn fractional_pod(cluster: &mut Cluster, name: &str) -> anyhow::Result<()> {
+    let limits = json!({"koordinator.sh/gpu": "25"});
+    one_gpu_pod(cluster, name, limits, ("CUDA_DEVICE_SM_LIMIT", "25")).await?;
     cluster.delete_pod(name).await
 }
 
@@ -201,30 +217,14 @@ async fn fractional_pod(cluster: &mut Cluster, name: &str) -> anyhow::Result<()>
 /// kubelet hands out no device-plugin GPU besides.
 async fn hami_documented_pod(cluster: &mut Cluster) -> anyhow::Result<()> {
     let name = "hami-example";
-    let spec = probe_pod(
+    let limits = json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3000"});
+    let running = one_gpu_pod(
+        cluster,
         name,
-        &[(
-            "main",
-            json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3000"}),
-        )],
-        &[],
-    );
-    cluster.create_pod("tenant", &spec).await?;
-    let running = cluster.wait_running(name).await?;
-    let granted = allocated_gpus(&running)?;
-    ensure!(
-        granted.len() == 1,
-        "pod {name} granted {granted:?}, want one GPU"
-    );
-    let specs = cluster.container_specs(&running)?;
-    let spec = specs.get("main").context("no spec for main")?;
-    ensure!(
-        env_values(spec, "NVIDIA_VISIBLE_DEVICES") == [granted[0].0.clone()]
-            && env_values(spec, "CUDA_DEVICE_MEMORY_LIMIT_0") == ["3000m"],
-        "pod {name}: NVIDIA_VISIBLE_DEVICES {:?}, memory limit {:?}; granted {granted:?}",
-        env_values(spec, "NVIDIA_VISIBLE_DEVICES"),
-        env_values(spec, "CUDA_DEVICE_MEMORY_LIMIT_0")
-    );
+        limits,
+        ("CUDA_DEVICE_MEMORY_LIMIT_0", "3000m"),
+    )
+    .await?;
     let checkpoint =
         std::fs::read_to_string(tessera_harness::cluster::KUBELET_CHECKPOINT).unwrap_or_default();
     let uid = running.metadata.uid.clone().unwrap_or_default();

@@ -18,7 +18,6 @@ use std::time::Duration;
 
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::watch;
-use tokio::task::JoinSet;
 
 use crate::proxy::Proxy;
 
@@ -68,36 +67,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
     drain: Duration,
 ) {
-    let (stop, stopping) = watch::channel(false);
-    let mut connections = JoinSet::new();
-    tokio::pin!(shutdown);
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => {
-                    connections.spawn(serve_connection(stream, Arc::clone(&proxy), stopping.clone()));
-                }
-                Err(error) => {
-                    // EMFILE and friends: back off instead of spinning.
-                    tracing::warn!(%error, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-            },
-            // Reap ended connections so the set does not grow with kubelet restarts.
-            Some(_) = connections.join_next(), if !connections.is_empty() => {}
-            () = &mut shutdown => break,
-        }
-    }
-    drop(listener);
-    tracing::info!(
-        drain_secs = drain.as_secs(),
-        "shutting down: draining in-flight calls"
-    );
-    let _ = stop.send(true);
-    let drained = async { while connections.join_next().await.is_some() {} };
-    if tokio::time::timeout(drain, drained).await.is_err() {
-        tracing::warn!("drain timed out; closing remaining connections");
-    }
+    crate::server::accept_until(listener, proxy, shutdown, drain, serve_connection).await;
 }
 
 /// One kubelet connection, relayed to a runtime connection dialled for it.
