@@ -605,7 +605,13 @@ pub fn pod_gpu_request(
         // Annotations alone ask for nothing: without a GPU resource there is nothing to place.
         return Ok(None);
     }
-    let rules = selection::PodRules::parse(pod.metadata.annotations.as_ref())?;
+    let mut rules = selection::PodRules::parse(pod.metadata.annotations.as_ref())?;
+    // A group is a namespace's own: the same name in another namespace is another
+    // group, so no tenant can join (or squat) another tenant's GPU by its name.
+    if let Some(name) = rules.sharing_group.take() {
+        let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
+        rules.sharing_group = Some(format!("{namespace}/{name}"));
+    }
     if let Some(group) = &rules.sharing_group {
         // A group is one GPU: a container asking for more could never be in it.
         if let Some(many) = containers.iter().find(|c| c.gpu.count != 1) {

@@ -644,7 +644,14 @@ spec:
     let request = parse(kubeshare, &RequestOptions::default())
         .expect("valid")
         .expect("asks for GPUs");
-    assert_eq!(request.sharing_group.as_deref(), Some("abcde"));
+    // Groups are per namespace: the same name elsewhere is another group.
+    assert_eq!(request.sharing_group.as_deref(), Some("default/abcde"));
+    let mut elsewhere: Pod = serde_yaml::from_str(kubeshare).expect("pod");
+    elsewhere.metadata.namespace = Some("team-b".into());
+    let other = pod_gpu_request(&elsewhere, &RequestOptions::default())
+        .expect("valid")
+        .expect("asks for GPUs");
+    assert_eq!(other.sharing_group.as_deref(), Some("team-b/abcde"));
 
     let with = |annotations: &[(&str, &str)], limits: &str| -> Result<Option<String>, String> {
         let mut pod: Pod = serde_yaml::from_str(&format!(
@@ -664,7 +671,7 @@ spec:
     let quarter = r#"{koordinator.sh/gpu: "25"}"#;
     assert_eq!(
         with(&[("tessera.io/sharing-group", " train ")], quarter),
-        Ok(Some("train".into()))
+        Ok(Some("default/train".into()))
     );
     assert_eq!(
         with(
@@ -674,7 +681,7 @@ spec:
             ],
             quarter
         ),
-        Ok(Some("a".into()))
+        Ok(Some("default/a".into()))
     );
     assert_eq!(
         with(

@@ -462,7 +462,7 @@ fn a_sharing_group_lives_on_one_node() {
         "h100",
         Placement {
             gpus: vec![share],
-            group: Some("train".into()),
+            group: Some("default/train".into()),
         },
         u64::MAX,
     );
@@ -478,7 +478,15 @@ fn a_sharing_group_lives_on_one_node() {
     );
     assert_eq!(
         result.failed_and_unresolvable_nodes["a100"],
-        r#"sharing group "train" holds GPU GPU-h100-1 on node h100: its pods share that GPU only"#
+        r#"sharing group "default/train" holds GPU GPU-h100-1 on node h100: its pods share that GPU only"#
+    );
+    // The same name in another namespace is another group: not pinned to h100.
+    let mut stranger = member.clone();
+    stranger["metadata"]["namespace"] = json!("team-b");
+    let result = filter(&extender, stranger, &["a100", "h100"]);
+    assert!(
+        result.failed_and_unresolvable_nodes.is_empty() && !classes(&result).0.is_empty(),
+        "a pod of team-b joined default's group: {result:?}"
     );
     let request = pod_gpu_request(
         &serde_json::from_value(member).expect("pod"),
@@ -498,12 +506,15 @@ fn a_sharing_group_lives_on_one_node() {
     assert!(
         refused
             .to_string()
-            .contains(r#"sharing group "train" holds GPU GPU-h100-1"#),
+            .contains(r#"sharing group "default/train" holds GPU GPU-h100-1"#),
         "{refused}"
     );
     let written = extender.reserve(&args("h100"), &request).expect("fits");
     assert!(written.contains(r#""id":"GPU-h100-1""#), "{written}");
-    assert!(written.contains(r#""sharingGroup":"train""#), "{written}");
+    assert!(
+        written.contains(r#""sharingGroup":"default/train""#),
+        "{written}"
+    );
     // A pod outside the group never gets its GPU.
     let outsider = extender
         .reserve(
