@@ -120,8 +120,15 @@ pub fn calls_in(metrics: &str) -> u64 {
         .sum()
 }
 
-/// Reads the proxy's metrics page from `addr` (`HOST:PORT`), plain HTTP/1.0.
+/// Reads the proxy's metrics page from `addr` (`HOST:PORT`), plain HTTP/1.0,
+/// within 5 s: a peer that never answers must not hold the tool (and the taint).
 async fn scrape(addr: &str) -> anyhow::Result<String> {
+    tokio::time::timeout(Duration::from_secs(5), scrape_now(addr))
+        .await
+        .with_context(|| format!("{addr}/metrics did not answer within 5 s"))?
+}
+
+async fn scrape_now(addr: &str) -> anyhow::Result<String> {
     let mut stream = tokio::net::TcpStream::connect(addr)
         .await
         .with_context(|| format!("connecting to the proxy's metrics at {addr}"))?;
@@ -146,10 +153,17 @@ async fn scrape(addr: &str) -> anyhow::Result<String> {
 pub fn kubelet_command_line(pid: Option<u32>) -> anyhow::Result<Vec<String>> {
     let pid = match pid {
         Some(pid) => pid,
-        None => {
-            find_kubelet().context("no kubelet process on this machine (or pass --kubelet-pid)")?
-        }
+        None => find_kubelet()?,
     };
+    // Only the host's kubelet decides where this writes: a container's process
+    // named kubelet (its /proc is the host's too) must not point it at files
+    // the container controls.
+    if !same_mount_namespace(pid) {
+        bail!(
+            "process {pid} is not in this host's mount namespace (a container's?): \
+             refusing to take its command line as kubelet's"
+        );
+    }
     let raw = std::fs::read(format!("/proc/{pid}/cmdline"))
         .with_context(|| format!("reading kubelet's command line (pid {pid})"))?;
     Ok(raw
@@ -159,13 +173,33 @@ pub fn kubelet_command_line(pid: Option<u32>) -> anyhow::Result<Vec<String>> {
         .collect())
 }
 
-fn find_kubelet() -> Option<u32> {
-    std::fs::read_dir("/proc").ok()?.find_map(|entry| {
-        let entry = entry.ok()?;
-        let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
-        let comm = std::fs::read_to_string(entry.path().join("comm")).ok()?;
-        (comm.trim() == "kubelet").then_some(pid)
-    })
+fn same_mount_namespace(pid: u32) -> bool {
+    match (
+        std::fs::read_link(format!("/proc/{pid}/ns/mnt")),
+        std::fs::read_link("/proc/self/ns/mnt"),
+    ) {
+        (Ok(theirs), Ok(ours)) => theirs == ours,
+        _ => false,
+    }
+}
+
+/// The one process named `kubelet` in this host's mount namespace; more than
+/// one is refused rather than guessed.
+fn find_kubelet() -> anyhow::Result<u32> {
+    let found: Vec<u32> = std::fs::read_dir("/proc")
+        .context("reading /proc")?
+        .filter_map(|entry| {
+            let entry = entry.ok()?;
+            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let comm = std::fs::read_to_string(entry.path().join("comm")).ok()?;
+            (comm.trim() == "kubelet" && same_mount_namespace(pid)).then_some(pid)
+        })
+        .collect();
+    match found[..] {
+        [pid] => Ok(pid),
+        [] => bail!("no kubelet process in this host's mount namespace (or pass --kubelet-pid)"),
+        _ => bail!("several kubelet processes ({found:?}): pass --kubelet-pid"),
+    }
 }
 
 /// What `switch-over` and `switch-back` act on.
@@ -373,21 +407,42 @@ fn backup_of(path: &Path) -> PathBuf {
     PathBuf::from(name)
 }
 
-/// Writes `text` to `path` through a temporary file and a rename: kubelet never
-/// reads half a file.
+/// Writes `text` to `path` through a new temporary file (created exclusively,
+/// never through a link) and a rename: kubelet never reads half a file, and
+/// nothing planted in the directory redirects the write. The directory must be
+/// root's and writable by no one else.
 fn write_file(path: &Path, text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::MetadataExt;
     let dir = path
         .parent()
         .with_context(|| format!("{} has no directory", path.display()))?;
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let temporary = dir.join(format!(
-        ".{}.tmp",
-        path.file_name()
-            .and_then(|n| n.to_str())
-            .unwrap_or("tessera")
-    ));
-    std::fs::write(&temporary, text).with_context(|| format!("writing {}", temporary.display()))?;
-    std::fs::rename(&temporary, path).with_context(|| format!("writing {}", path.display()))
+    let meta = std::fs::metadata(dir).with_context(|| format!("reading {}", dir.display()))?;
+    // Ours (root's, run as root) and writable by no one else.
+    let us = std::fs::metadata("/proc/self").map_or(0, |m| m.uid());
+    if meta.uid() != us || meta.mode() & 0o022 != 0 {
+        bail!(
+            "{} is not ours alone (owner {}, mode {:o}): refusing to write kubelet's configuration there",
+            dir.display(),
+            meta.uid(),
+            meta.mode() & 0o7777
+        );
+    }
+    let mut temporary = tempfile::NamedTempFile::new_in(dir)
+        .with_context(|| format!("creating a temporary file in {}", dir.display()))?;
+    temporary
+        .write_all(text.as_bytes())
+        .with_context(|| format!("writing {}", temporary.path().display()))?;
+    // Readable as kubelet configuration usually is; tempfile creates it 0600.
+    temporary
+        .as_file()
+        .set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644))
+        .with_context(|| format!("writing {}", temporary.path().display()))?;
+    temporary
+        .persist(path)
+        .with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
 }
 
 #[cfg(test)]
@@ -462,6 +517,23 @@ mod tests {
                     tessera_proxy_requests_total{method=\"ListPodSandbox\",code=\"Ok\"} 40\n\
                     tessera_proxy_request_duration_seconds_count{method=\"Version\"} 2\n# EOF\n";
         assert_eq!(calls_in(page), 42);
+    }
+
+    #[test]
+    fn a_directory_others_may_write_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("dir");
+        let open = dir.path().join("open");
+        std::fs::create_dir(&open).expect("mkdir");
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+        let error = write_file(&open.join("config.yaml"), "x").expect_err("refused");
+        assert!(error.to_string().contains("not ours alone"), "{error}");
+    }
+
+    #[test]
+    fn only_processes_of_this_mount_namespace_count() {
+        assert!(same_mount_namespace(std::process::id()));
+        assert!(!same_mount_namespace(u32::MAX));
     }
 
     #[test]
