@@ -1389,6 +1389,11 @@ async fn kubeshare(cluster: &mut Cluster) -> anyhow::Result<()> {
             json!({"lsalab.nthu/gpu_request": "half"}),
             "annotation lsalab.nthu/gpu_request \"half\": a fraction of one GPU",
         ),
+        (
+            "ks-tiny",
+            json!({"lsalab.nthu/gpu_request": "0.001"}),
+            "annotation lsalab.nthu/gpu_request \"0.001\": a fraction of one GPU, at least 0.005",
+        ),
     ] {
         match cluster
             .create_pod("tenant", &share(name, annotations))
@@ -1418,6 +1423,20 @@ async fn kubeshare(cluster: &mut Cluster) -> anyhow::Result<()> {
         Err(e) => ensure!(
             format!("{e:#}").contains("both ask for GPUs"),
             "ks-both refused with {e:#}"
+        ),
+    }
+    // An init container asking for a GPU resource is asking too.
+    let mut init = share("ks-init-both", json!({"lsalab.nthu/gpu_request": "0.5"}));
+    init["spec"]["initContainers"] = json!([{"name": "warm", "image": "tessera.local/probe:1",
+        "imagePullPolicy": "Never", "resources": {"limits": {"koordinator.sh/gpu-core": "100"}}}]);
+    match cluster.create_pod("tenant", &init).await {
+        Ok(_) => {
+            cluster.delete_pod("ks-init-both").await?;
+            bail!("a pod asking by annotation and by an init container's resource was created");
+        }
+        Err(e) => ensure!(
+            format!("{e:#}").contains("both ask for GPUs"),
+            "ks-init-both refused with {e:#}"
         ),
     }
     for (name, _, _) in pods {
