@@ -257,7 +257,9 @@ impl Extender {
     ) -> Self {
         let connector = hyper_rustls::HttpsConnectorBuilder::new()
             .with_tls_config(tls)
-            .https_or_http()
+            // Never plain: an http:// URL in the Lease must not carry kube-scheduler's
+            // bind in the clear, nor be trusted to answer it.
+            .https_only()
             .with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(server_name))
             .enable_http1()
             .build();
@@ -911,11 +913,21 @@ pub async fn serve(listener: tokio::net::TcpListener, extender: Extender) {
                 let extender = extender.clone();
                 async move { Ok::<_, Infallible>(extender.handle(request).await) }
             });
-            let _ = hyper::server::conn::http1::Builder::new()
+            let _ = crate::extender::http1_server()
                 .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
                 .await;
         });
     }
+}
+
+/// The HTTP/1 server every listener uses: a client has 5 s to send its request
+/// headers, so idle connections cannot pile up until file descriptors run out.
+pub(crate) fn http1_server() -> hyper::server::conn::http1::Builder {
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(std::time::Duration::from_secs(5));
+    builder
 }
 
 #[cfg(test)]

@@ -544,7 +544,7 @@ pub async fn serve_tls(
                     Ok(extender.handle(request).await)
                 }
             });
-            let _ = hyper::server::conn::http1::Builder::new()
+            let _ = crate::extender::http1_server()
                 .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
                 .await;
         });
@@ -573,7 +573,7 @@ pub async fn serve_probes(listener: TcpListener, extender: Extender) {
                     })
                 }
             });
-            let _ = hyper::server::conn::http1::Builder::new()
+            let _ = crate::extender::http1_server()
                 .serve_connection(hyper_util::rt::TokioIo::new(tcp), service)
                 .await;
         });

@@ -443,3 +443,23 @@ fn bad_tls_files_are_refused_at_startup_naming_the_flag() {
         "{stderr}"
     );
 }
+
+/// A client that connects and sends nothing is dropped once the header timeout
+/// passes, so idle connections cannot exhaust the extender's file descriptors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_connection_is_closed_after_the_header_timeout() {
+    use tokio::io::AsyncReadExt;
+    let (_api, extender) = cluster().await;
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("listen");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(serve(listener, extender));
+    let mut idle = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let mut buffer = [0u8; 256];
+    let read = tokio::time::timeout(std::time::Duration::from_secs(10), idle.read(&mut buffer))
+        .await
+        .expect("the server closes an idle connection within 10 s");
+    // Closed (0 bytes) or answered 408 and closed: either way the slot is free.
+    let read = read.unwrap_or(0);
+    let text = String::from_utf8_lossy(&buffer[..read]);
+    assert!(read == 0 || text.starts_with("HTTP/1.1 408"), "{text}");
+}
