@@ -916,7 +916,35 @@ async fn device_plugin_pod(cluster: &mut Cluster) -> anyhow::Result<()> {
             cluster.kill_container(&id)?;
         }
     }
+    // The pod's plugin removes the socket both plugins use when it stops: the
+    // process may start again only once that container is gone, not merely its
+    // pod object (deleted at once with a grace period of 0).
+    let plugin = cluster
+        .wait_pod_in(
+            AGENTS_NAMESPACE,
+            NAME,
+            Duration::from_secs(30),
+            "Running",
+            tessera_harness::cluster::is_running,
+        )
+        .await?;
+    let ids: Vec<String> = plugin
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .into_iter()
+        .flatten()
+        .filter_map(|s| s.container_id.clone())
+        .collect();
     cluster.delete_pod_in(AGENTS_NAMESPACE, NAME).await?;
+    let started = Instant::now();
+    while ids.iter().any(|id| cluster.oci_spec(id).is_ok()) {
+        ensure!(
+            started.elapsed() < Duration::from_secs(30),
+            "the device plugin pod's container still runs 30 s after its pod was deleted"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     cluster.start_again(Component::DevicePlugin).await
 }
 
