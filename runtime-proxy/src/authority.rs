@@ -30,6 +30,12 @@ use bytes::{Buf, BufMut, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use crate::hpack;
+// The frame layout the frame relay reads and writes too: one definition of it.
+use crate::relay::frame::flag::{END_HEADERS, END_STREAM, PADDED, PRIORITY};
+use crate::relay::frame::kind::{CONTINUATION, HEADERS};
+use crate::relay::frame::{
+    FrameHead, HEAD_LEN as FRAME_HEAD_LEN, PREFACE, put_head as put_frame_head,
+};
 
 /// SETTINGS_HEADER_TABLE_SIZE the proxy's HTTP/2 server advertises to kubelet
 /// (h2's default): the most kubelet's dynamic table may hold.
@@ -48,17 +54,7 @@ const MAX_CONTINUATIONS: usize = {
 /// What the pass puts in place of an `:authority` h2 would refuse.
 pub const NORMALISED_AUTHORITY: &[u8] = b"localhost";
 
-const PREFACE_LEN: usize = 24;
-const FRAME_HEAD_LEN: usize = 9;
 const PRIORITY_LEN: usize = 5;
-
-const HEADERS: u8 = 0x1;
-const CONTINUATION: u8 = 0x9;
-
-const END_STREAM: u8 = 0x1;
-const END_HEADERS: u8 = 0x4;
-const PADDED: u8 = 0x8;
-const PRIORITY: u8 = 0x20;
 
 /// Whether h2 takes `value` as `:authority`: it parses it as a URI authority.
 pub fn h2_accepts_authority(value: &[u8]) -> bool {
@@ -109,32 +105,6 @@ struct PendingBlock {
     continuations: usize,
 }
 
-struct FrameHead {
-    len: usize,
-    kind: u8,
-    flags: u8,
-    stream_id: u32,
-}
-
-impl FrameHead {
-    fn parse(bytes: &[u8]) -> Option<Self> {
-        let head: &[u8; FRAME_HEAD_LEN] = bytes.get(..FRAME_HEAD_LEN)?.try_into().ok()?;
-        Some(Self {
-            len: usize::from(head[0]) << 16 | usize::from(head[1]) << 8 | usize::from(head[2]),
-            kind: head[3],
-            flags: head[4],
-            stream_id: u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff,
-        })
-    }
-}
-
-fn put_frame_head(dst: &mut BytesMut, len: usize, kind: u8, flags: u8, stream_id: u32) {
-    dst.put_uint(len as u64, 3);
-    dst.put_u8(kind);
-    dst.put_u8(flags);
-    dst.put_u32(stream_id);
-}
-
 impl Default for AuthorityNormaliser {
     fn default() -> Self {
         Self::new()
@@ -145,7 +115,7 @@ impl AuthorityNormaliser {
     /// A pass for a new connection, before its preface.
     pub fn new() -> Self {
         Self {
-            state: State::Preface(PREFACE_LEN),
+            state: State::Preface(PREFACE.len()),
             block: None,
             decoder: hpack::Decoder::new(HEADER_TABLE_SIZE),
             rewriting: false,
@@ -240,11 +210,7 @@ impl AuthorityNormaliser {
                 }
             }
         } else {
-            let Some(block) = self
-                .block
-                .as_mut()
-                .filter(|b| b.stream_id == head.stream_id)
-            else {
+            let Some(block) = self.block.as_mut().filter(|b| b.stream_id == head.stream) else {
                 // h2: unexpected CONTINUATION, or one for another stream.
                 self.step_aside(output);
                 output.unsplit(frame);
@@ -273,7 +239,7 @@ impl AuthorityNormaliser {
     /// Reads a HEADERS frame as h2 does; hands the frame back where h2 would fail
     /// the connection on it.
     fn start_block(&self, head: &FrameHead, frame: BytesMut) -> Result<PendingBlock, BytesMut> {
-        if head.stream_id == 0 {
+        if head.stream == 0 {
             return Err(frame);
         }
         let mut start = FRAME_HEAD_LEN;
@@ -299,7 +265,7 @@ impl AuthorityNormaliser {
         }
         end -= pad;
         Ok(PendingBlock {
-            stream_id: head.stream_id,
+            stream_id: head.stream,
             flags: head.flags,
             priority,
             raw: frame,

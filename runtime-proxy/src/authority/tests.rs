@@ -94,7 +94,7 @@ fn frames(bytes: &[u8]) -> Vec<Parsed> {
         frames.push(Parsed {
             kind: head.kind,
             flags: head.flags,
-            stream: head.stream_id,
+            stream: head.stream,
             payload,
         });
     }
