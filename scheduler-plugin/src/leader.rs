@@ -468,6 +468,16 @@ impl Candidate {
         format!("{}/{}", self.config.namespace, self.config.name)
     }
 
+    /// The Lease as it is now, if it exists.
+    async fn read(&self, api: &Api<Lease>) -> Result<Option<Lease>, LeaseError> {
+        api.get_opt(&self.config.name)
+            .await
+            .map_err(|source| LeaseError::Read {
+                lease: self.lease_name(),
+                source,
+            })
+    }
+
     /// Whole seconds, at least 1: the Lease carries seconds, and rounding up only
     /// makes others wait longer.
     fn duration_seconds(&self) -> i32 {
@@ -485,13 +495,7 @@ impl Candidate {
         leader: &Leader,
     ) -> Result<LeaseDecision, LeaseError> {
         let started = Instant::now();
-        let current = api
-            .get_opt(&self.config.name)
-            .await
-            .map_err(|source| LeaseError::Read {
-                lease: self.lease_name(),
-                source,
-            })?;
+        let current = self.read(api).await?;
         let record = current.as_ref().map(LeaseRecord::of);
         let (decision, observed) = decide(
             record.as_ref(),
@@ -632,13 +636,7 @@ impl Candidate {
     /// resourceVersion read. Returns whether a Lease we held was released. Call only
     /// once this replica has stopped leading and stopped its rounds.
     pub async fn release(&mut self, api: &Api<Lease>) -> Result<bool, LeaseError> {
-        let read = api
-            .get_opt(&self.config.name)
-            .await
-            .map_err(|source| LeaseError::Read {
-                lease: self.lease_name(),
-                source,
-            })?;
+        let read = self.read(api).await?;
         let Some(mut lease) = read else {
             return Ok(false);
         };
