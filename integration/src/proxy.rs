@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use tessera_runtime_proxy::hook::Hook;
 use tessera_runtime_proxy::metrics::Metrics;
+use tessera_runtime_proxy::relay;
+pub use tessera_runtime_proxy::relay::RelayMode;
 use tessera_runtime_proxy::{Proxy, ProxyOptions, server};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -24,8 +26,19 @@ pub struct RunningProxy {
 }
 
 impl RunningProxy {
-    /// Starts a proxy on `socket` in front of `runtime`, with `hooks`; loads its store first.
+    /// Starts a proxy on `socket` in front of `runtime`, with `hooks`, serving
+    /// kubelet's connections the default way; loads its store first.
     pub async fn start(
+        socket: &Path,
+        runtime: &Path,
+        hooks: Vec<Arc<dyn Hook>>,
+    ) -> anyhow::Result<Self> {
+        Self::start_mode(RelayMode::default(), socket, runtime, hooks).await
+    }
+
+    /// [`Self::start`] with the connection handling `mode` (`--relay`).
+    pub async fn start_mode(
+        mode: RelayMode,
         socket: &Path,
         runtime: &Path,
         hooks: Vec<Arc<dyn Hook>>,
@@ -42,14 +55,17 @@ impl RunningProxy {
         }
         let (listener, _) = server::listen(socket)?;
         let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(server::serve(
-            listener,
-            Arc::clone(&proxy),
-            async move {
-                let _ = stopped.await;
-            },
-            Duration::from_secs(5),
-        ));
+        let shutdown = async move {
+            let _ = stopped.await;
+        };
+        let served = Arc::clone(&proxy);
+        let drain = Duration::from_secs(5);
+        let task = tokio::spawn(async move {
+            match mode {
+                RelayMode::H2 => server::serve(listener, served, shutdown, drain).await,
+                RelayMode::Frames => relay::serve(listener, served, shutdown, drain).await,
+            }
+        });
         Ok(Self {
             socket: socket.to_path_buf(),
             proxy,
@@ -76,4 +92,26 @@ impl Drop for RunningProxy {
             task.abort();
         }
     }
+}
+
+/// Declares each listed case as two tests, `<case>::h2` and `<case>::frames`: the
+/// case, an `async fn(RelayMode)`, runs once behind each way the proxy serves
+/// kubelet, so both keep every promise the suite checks. Optional tokio test
+/// arguments follow the name in parentheses.
+#[macro_export]
+macro_rules! each_relay_mode {
+    ($($case:ident $(($($args:tt)*))?;)*) => {
+        $(
+            mod $case {
+                #[tokio::test $(($($args)*))?]
+                async fn h2() {
+                    super::$case($crate::proxy::RelayMode::H2).await;
+                }
+                #[tokio::test $(($($args)*))?]
+                async fn frames() {
+                    super::$case($crate::proxy::RelayMode::Frames).await;
+                }
+            }
+        )*
+    };
 }

@@ -14,7 +14,7 @@ use tessera_hooks::server::GpuHook;
 use tessera_integration::fake_runtime::{FakeRuntime, Script, grpc_headers, reply};
 use tessera_integration::gpu_node::FakeGpuNode;
 use tessera_integration::hook_server::{FnHook, RunningHookServer, serve};
-use tessera_integration::proxy::RunningProxy;
+use tessera_integration::proxy::{RelayMode, RunningProxy};
 use tessera_integration::raw::{RawClient, frame};
 use tessera_protos::hook::v1::{ContainerHookResponse, DeviceNode, KeyValue};
 use tessera_runtime_proxy::dispatch::HookRegistry;
@@ -40,7 +40,7 @@ fn created() -> Script {
     })
 }
 
-async fn setup() -> Setup {
+async fn setup(mode: RelayMode) -> Setup {
     tessera_integration::init_tracing();
     let dir = tempfile::Builder::new()
         .prefix("text-")
@@ -50,7 +50,8 @@ async fn setup() -> Setup {
     let fake =
         FakeRuntime::start(&dir.path().join("runtime.sock"), created()).expect("fake runtime");
     let registry = HookRegistry::new(dir.path().join("hooks.d"));
-    let proxy = RunningProxy::start(
+    let proxy = RunningProxy::start_mode(
+        mode,
         &dir.path().join("proxy.sock"),
         fake.socket(),
         vec![registry.clone()],
@@ -179,9 +180,8 @@ fn message(status: &http::HeaderMap) -> String {
     tessera_runtime_proxy::grpc::status_message(status).unwrap_or_default()
 }
 
-#[tokio::test]
-async fn two_hooks_merge_in_file_order() {
-    let s = setup().await;
+async fn two_hooks_merge_in_file_order(mode: RelayMode) {
+    let s = setup(mode).await;
     let _a: RunningHookServer = serve(
         &s.socket("a.sock"),
         fixed(setting(&[("X", "a"), ("Y", "a")], Some("/dev/a"))),
@@ -211,9 +211,8 @@ async fn two_hooks_merge_in_file_order() {
     assert_eq!(devices[0].host_path, "/dev/b");
 }
 
-#[tokio::test]
-async fn slow_hook_under_fail_and_ignore() {
-    let s = setup().await;
+async fn slow_hook_under_fail_and_ignore(mode: RelayMode) {
+    let s = setup(mode).await;
     let slow = FnHook(|_: &tessera_protos::hook::v1::ContainerHookRequest| {
         std::thread::sleep(Duration::from_secs(2));
         Ok(setting(&[("SLOW", "1")], None))
@@ -245,9 +244,8 @@ async fn slow_hook_under_fail_and_ignore() {
     );
 }
 
-#[tokio::test]
-async fn hook_that_is_down_under_fail_and_ignore() {
-    let s = setup().await;
+async fn hook_that_is_down_under_fail_and_ignore(mode: RelayMode) {
+    let s = setup(mode).await;
     s.register("10-down.toml", &s.socket("nobody.sock"), "Fail", "2s");
     let (status, sent) = s.create(&[]).await;
     assert_eq!(
@@ -269,9 +267,8 @@ async fn hook_that_is_down_under_fail_and_ignore() {
     assert!(sent.is_some());
 }
 
-#[tokio::test]
-async fn refusal_reaches_kubelet_with_the_hooks_code() {
-    let s = setup().await;
+async fn refusal_reaches_kubelet_with_the_hooks_code(mode: RelayMode) {
+    let s = setup(mode).await;
     let refusing = FnHook(|_: &tessera_protos::hook::v1::ContainerHookRequest| {
         Err(tonic::Status::permission_denied("no GPUs on Sundays"))
     });
@@ -287,9 +284,8 @@ async fn refusal_reaches_kubelet_with_the_hooks_code() {
     assert!(sent.is_none());
 }
 
-#[tokio::test]
-async fn registry_watch_picks_up_new_files_without_restart() {
-    let s = setup().await;
+async fn registry_watch_picks_up_new_files_without_restart(mode: RelayMode) {
+    let s = setup(mode).await;
     let _w = s.registry.watch(Duration::from_millis(50));
     let _a = serve(
         &s.socket("a.sock"),
@@ -314,9 +310,8 @@ async fn registry_watch_picks_up_new_files_without_restart() {
     assert!(envs(&sent.expect("forwarded")).contains(&("WATCHED".into(), "yes".into())));
 }
 
-#[tokio::test]
-async fn tessera_gpu_hook_server_as_an_external_hook() {
-    let s = setup().await;
+async fn tessera_gpu_hook_server_as_an_external_hook(mode: RelayMode) {
+    let s = setup(mode).await;
     let node = FakeGpuNode::create(s.dir.path(), 2).expect("fake GPUs (root)");
     let config = GpuHookConfig {
         device_root: node.device_root.clone(),
@@ -360,4 +355,13 @@ async fn tessera_gpu_hook_server_as_an_external_hook() {
         message(&status)
     );
     assert!(sent.is_none());
+}
+
+tessera_integration::each_relay_mode! {
+    two_hooks_merge_in_file_order;
+    slow_hook_under_fail_and_ignore;
+    hook_that_is_down_under_fail_and_ignore;
+    refusal_reaches_kubelet_with_the_hooks_code;
+    registry_watch_picks_up_new_files_without_restart;
+    tessera_gpu_hook_server_as_an_external_hook;
 }

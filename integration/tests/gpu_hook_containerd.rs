@@ -12,7 +12,7 @@ use tessera_integration::containerd::Containerd;
 use tessera_integration::gpu_node::{FakeGpuNode, NVIDIA_MAJOR};
 use tessera_integration::image::PROBE_IMAGE;
 use tessera_integration::kubelet::{KubeletDriver, PodSpec, spec_env};
-use tessera_integration::proxy::RunningProxy;
+use tessera_integration::proxy::{RelayMode, RunningProxy};
 use tessera_runtime_proxy::gpu::EmbeddedGpuHook;
 
 struct Node {
@@ -22,7 +22,7 @@ struct Node {
     dir: tempfile::TempDir,
 }
 
-async fn node() -> Node {
+async fn node(mode: RelayMode) -> Node {
     tessera_integration::init_tracing();
     let containerd = Containerd::start().await.expect("containerd");
     let dir = tempfile::Builder::new()
@@ -38,7 +38,8 @@ async fn node() -> Node {
         config,
         Arc::new(HostProbe::new(tessera_integration::probe_paths(&gpus))),
     );
-    let proxy = RunningProxy::start(
+    let proxy = RunningProxy::start_mode(
+        mode,
         &dir.path().join("proxy.sock"),
         &containerd.socket(),
         vec![Arc::new(EmbeddedGpuHook::new(hook))],
@@ -148,9 +149,8 @@ async fn run(
     (pod, spec, running.containers[0].clone())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn gpu_pods_get_exactly_their_gpus() {
-    let node = node().await;
+async fn gpu_pods_get_exactly_their_gpus(mode: RelayMode) {
+    let node = node(mode).await;
     let uuid = |minor: usize| node.gpus.gpus[minor].uuid.clone();
     let ctl = ("/dev/nvidiactl".to_owned(), NVIDIA_MAJOR, 255);
     let uvm = ("/dev/nvidia-uvm".to_owned(), 235, 0);
@@ -262,9 +262,8 @@ async fn gpu_pods_get_exactly_their_gpus() {
     assert!(seen_inside(&pod, "main").await.is_empty());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bad_annotations_fail_create_container_and_start_nothing() {
-    let node = node().await;
+async fn bad_annotations_fail_create_container_and_start_nothing(mode: RelayMode) {
+    let node = node(mode).await;
     let mut kubelet = KubeletDriver::connect(&node.proxy.socket)
         .await
         .expect("kubelet");
@@ -316,12 +315,11 @@ async fn bad_annotations_fail_create_container_and_start_nothing() {
 
 /// Containerd 1.6/1.7 still serve CRI v1alpha2: a container created on it goes
 /// through the same GPU rewrite, so that service is no way around the hook.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_container_created_over_cri_v1alpha2_gets_the_same_rewrite() {
+async fn a_container_created_over_cri_v1alpha2_gets_the_same_rewrite(mode: RelayMode) {
     use k8s_cri::v1alpha2;
     use prost::Message;
 
-    let node = node().await;
+    let node = node(mode).await;
     let uuid = node.gpus.gpus[2].uuid.clone();
     let mut pod = PodSpec::new("gpu", "legacy-api");
     pod.log_directory = Some(node.dir.path().join("logs").join("legacy-api"));
@@ -375,11 +373,10 @@ async fn a_container_created_over_cri_v1alpha2_gets_the_same_rewrite() {
 
 /// A pod with no allocation keeps NVIDIA_VISIBLE_DEVICES naming a GPU only when
 /// kubelet's checkpoint records the device plugin giving it that GPU.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn only_device_plugin_grants_in_kubelets_checkpoint_survive() {
+async fn only_device_plugin_grants_in_kubelets_checkpoint_survive(mode: RelayMode) {
     use tessera_integration::gpu_node::PluginGrant;
 
-    let node = node().await;
+    let node = node(mode).await;
     let uuid = |minor: usize| node.gpus.gpus[minor].uuid.clone();
     let legacy_uid = "0c0ffee0-0000-4000-8000-000000000001";
     node.gpus
@@ -440,4 +437,11 @@ async fn only_device_plugin_grants_in_kubelets_checkpoint_survive() {
         "{}",
         error.message()
     );
+}
+
+tessera_integration::each_relay_mode! {
+    gpu_pods_get_exactly_their_gpus(flavor = "multi_thread", worker_threads = 2);
+    bad_annotations_fail_create_container_and_start_nothing(flavor = "multi_thread", worker_threads = 2);
+    a_container_created_over_cri_v1alpha2_gets_the_same_rewrite(flavor = "multi_thread", worker_threads = 2);
+    only_device_plugin_grants_in_kubelets_checkpoint_survive(flavor = "multi_thread", worker_threads = 2);
 }

@@ -8,7 +8,7 @@ use tessera_integration::containerd::Containerd;
 use tessera_integration::hooks::RecordingHook;
 use tessera_integration::image::PAUSE_IMAGE;
 use tessera_integration::kubelet::{KubeletDriver, PodSpec};
-use tessera_integration::proxy::RunningProxy;
+use tessera_integration::proxy::{RelayMode, RunningProxy};
 use tessera_runtime_proxy::hook::Hook;
 
 fn env_of(spec: &serde_json::Value) -> Vec<String> {
@@ -52,10 +52,10 @@ async fn harness() -> (Containerd, tempfile::TempDir) {
     (containerd, dir)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pod_lifecycle_through_proxy_equals_direct() {
+async fn pod_lifecycle_through_proxy_equals_direct(mode: RelayMode) {
     let (containerd, dir) = harness().await;
-    let proxy = RunningProxy::start(
+    let proxy = RunningProxy::start_mode(
+        mode,
         &dir.path().join("proxy.sock"),
         &containerd.socket(),
         vec![Arc::new(NoEnvHook)],
@@ -125,11 +125,11 @@ impl Hook for NoEnvHook {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn hooks_see_every_lifecycle_call_and_rewrite_reaches_containerd() {
+async fn hooks_see_every_lifecycle_call_and_rewrite_reaches_containerd(mode: RelayMode) {
     let (containerd, dir) = harness().await;
     let hook = RecordingHook::default();
-    let proxy = RunningProxy::start(
+    let proxy = RunningProxy::start_mode(
+        mode,
         &dir.path().join("proxy.sock"),
         &containerd.socket(),
         vec![Arc::new(hook.clone())],
@@ -231,12 +231,16 @@ async fn hooks_see_every_lifecycle_call_and_rewrite_reaches_containerd() {
     assert_eq!(start.ok, Some(true));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn image_calls_pass_through() {
+async fn image_calls_pass_through(mode: RelayMode) {
     let (containerd, dir) = harness().await;
-    let proxy = RunningProxy::start(&dir.path().join("proxy.sock"), &containerd.socket(), vec![])
-        .await
-        .expect("proxy");
+    let proxy = RunningProxy::start_mode(
+        mode,
+        &dir.path().join("proxy.sock"),
+        &containerd.socket(),
+        vec![],
+    )
+    .await
+    .expect("proxy");
     let mut direct = KubeletDriver::connect(&containerd.socket())
         .await
         .expect("direct");
@@ -325,12 +329,16 @@ async fn image_calls_pass_through() {
     assert_eq!(a.message(), b.message());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn containerd_restart_mid_test() {
+async fn containerd_restart_mid_test(mode: RelayMode) {
     let (mut containerd, dir) = harness().await;
-    let proxy = RunningProxy::start(&dir.path().join("proxy.sock"), &containerd.socket(), vec![])
-        .await
-        .expect("proxy");
+    let proxy = RunningProxy::start_mode(
+        mode,
+        &dir.path().join("proxy.sock"),
+        &containerd.socket(),
+        vec![],
+    )
+    .await
+    .expect("proxy");
     let mut kubelet = KubeletDriver::connect(&proxy.socket)
         .await
         .expect("proxied");
@@ -379,11 +387,10 @@ async fn containerd_restart_mid_test() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn proxy_restart_mid_test_keeps_containers_and_hook_context() {
+async fn proxy_restart_mid_test_keeps_containers_and_hook_context(mode: RelayMode) {
     let (containerd, dir) = harness().await;
     let socket = dir.path().join("proxy.sock");
-    let first = RunningProxy::start(&socket, &containerd.socket(), vec![])
+    let first = RunningProxy::start_mode(mode, &socket, &containerd.socket(), vec![])
         .await
         .expect("proxy");
     let mut kubelet = KubeletDriver::connect(&socket).await.expect("proxied");
@@ -404,9 +411,14 @@ async fn proxy_restart_mid_test_keeps_containers_and_hook_context() {
     first.shutdown().await;
 
     let hook = RecordingHook::default();
-    let second = RunningProxy::start(&socket, &containerd.socket(), vec![Arc::new(hook.clone())])
-        .await
-        .expect("proxy again");
+    let second = RunningProxy::start_mode(
+        mode,
+        &socket,
+        &containerd.socket(),
+        vec![Arc::new(hook.clone())],
+    )
+    .await
+    .expect("proxy again");
     assert_eq!(
         second.proxy.store().len(),
         (1, 2),
@@ -439,4 +451,12 @@ async fn proxy_restart_mid_test_keeps_containers_and_hook_context() {
         containers: vec![running.containers[0].clone(), second_id],
     };
     kubelet.stop_and_remove_pod(&all).await.expect("teardown");
+}
+
+tessera_integration::each_relay_mode! {
+    pod_lifecycle_through_proxy_equals_direct(flavor = "multi_thread", worker_threads = 2);
+    hooks_see_every_lifecycle_call_and_rewrite_reaches_containerd(flavor = "multi_thread", worker_threads = 2);
+    image_calls_pass_through(flavor = "multi_thread", worker_threads = 2);
+    containerd_restart_mid_test(flavor = "multi_thread", worker_threads = 2);
+    proxy_restart_mid_test_keeps_containers_and_hook_context(flavor = "multi_thread", worker_threads = 2);
 }

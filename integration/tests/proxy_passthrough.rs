@@ -11,7 +11,7 @@ use k8s_cri::v1 as cri;
 use prost::Message;
 use tessera_integration::fake_runtime::{FakeRuntime, Script, grpc_headers, reply};
 use tessera_integration::hooks::RecordingHook;
-use tessera_integration::proxy::RunningProxy;
+use tessera_integration::proxy::{RelayMode, RunningProxy};
 use tessera_integration::raw::{RawClient, frame};
 use tokio::sync::mpsc;
 
@@ -37,6 +37,7 @@ fn echo_script() -> Script {
 }
 
 async fn setup(
+    mode: RelayMode,
     script: Script,
     hooks: Vec<Arc<dyn tessera_runtime_proxy::Hook>>,
 ) -> (tempfile::TempDir, FakeRuntime, RunningProxy) {
@@ -46,15 +47,15 @@ async fn setup(
         .tempdir_in("/tmp")
         .expect("tempdir");
     let fake = FakeRuntime::start(&dir.path().join("runtime.sock"), script).expect("fake runtime");
-    let proxy = RunningProxy::start(&dir.path().join("proxy.sock"), fake.socket(), hooks)
-        .await
-        .expect("proxy");
+    let proxy =
+        RunningProxy::start_mode(mode, &dir.path().join("proxy.sock"), fake.socket(), hooks)
+            .await
+            .expect("proxy");
     (dir, fake, proxy)
 }
 
-#[tokio::test]
-async fn unknown_method_passes_byte_for_byte_with_metadata_and_trailers() {
-    let (_dir, fake, proxy) = setup(echo_script(), vec![]).await;
+async fn unknown_method_passes_byte_for_byte_with_metadata_and_trailers(mode: RelayMode) {
+    let (_dir, fake, proxy) = setup(mode, echo_script(), vec![]).await;
     let mut client = RawClient::connect(&proxy.socket).await.expect("connect");
     // Not valid protobuf on purpose: passthrough must not decode.
     let body = frame(&[0xff, 0x00, 0x13, 0x37, 0xde, 0xad]);
@@ -84,8 +85,7 @@ async fn unknown_method_passes_byte_for_byte_with_metadata_and_trailers() {
     assert_eq!(trailers["x-runtime-trailer"], "kept");
 }
 
-#[tokio::test]
-async fn error_status_message_and_details_are_unchanged() {
+async fn error_status_message_and_details_are_unchanged(mode: RelayMode) {
     let script: Script = Arc::new(|_| {
         let mut headers = grpc_headers();
         // Trailers-only error, as grpc-go sends it.
@@ -101,7 +101,7 @@ async fn error_status_message_and_details_are_unchanged() {
         let (_tx, rx) = mpsc::channel(1);
         (headers, rx)
     });
-    let (_dir, _fake, proxy) = setup(script, vec![]).await;
+    let (_dir, _fake, proxy) = setup(mode, script, vec![]).await;
     let mut client = RawClient::connect(&proxy.socket).await.expect("connect");
     let start = cri::StartContainerRequest {
         container_id: "x".into(),
@@ -128,6 +128,7 @@ async fn error_status_message_and_details_are_unchanged() {
 /// Opens GetContainerEvents through a proxy in front of `script` and checks that
 /// the first event ("event-1") arrives on its own; returns the still-open stream.
 async fn watch_events(
+    mode: RelayMode,
     script: Script,
 ) -> (
     tempfile::TempDir,
@@ -135,7 +136,7 @@ async fn watch_events(
     RunningProxy,
     hyper::body::Incoming,
 ) {
-    let (dir, fake, proxy) = setup(script, vec![]).await;
+    let (dir, fake, proxy) = setup(mode, script, vec![]).await;
     let mut client = RawClient::connect(&proxy.socket).await.expect("connect");
     let response = client
         .send(
@@ -157,8 +158,7 @@ async fn watch_events(
     (dir, fake, proxy, body)
 }
 
-#[tokio::test]
-async fn server_streaming_is_streamed_not_buffered() {
+async fn server_streaming_is_streamed_not_buffered(mode: RelayMode) {
     let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
     let release_rx = Arc::new(std::sync::Mutex::new(release_rx));
     let script: Script = Arc::new(move |recorded| {
@@ -183,7 +183,7 @@ async fn server_streaming_is_streamed_not_buffered() {
         });
         (grpc_headers(), rx)
     });
-    let (_dir, _fake, _proxy, body) = watch_events(script).await;
+    let (_dir, _fake, _proxy, body) = watch_events(mode, script).await;
     release_tx.send(()).expect("release");
     let rest = body.collect().await.expect("rest");
     let trailers = rest.trailers().cloned().expect("trailers");
@@ -236,15 +236,14 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
         .any(|window| window == needle)
 }
 
-#[tokio::test]
-async fn rewritten_create_container_keeps_unknown_fields() {
+async fn rewritten_create_container_keeps_unknown_fields(mode: RelayMode) {
     // v1alpha2 carries the same messages and must get the same treatment.
     for service in ["runtime.v1", "runtime.v1alpha2"] {
-        check_create_rewrite(&format!("/{service}.RuntimeService/CreateContainer")).await;
+        check_create_rewrite(mode, &format!("/{service}.RuntimeService/CreateContainer")).await;
     }
 }
 
-async fn check_create_rewrite(path: &str) {
+async fn check_create_rewrite(mode: RelayMode, path: &str) {
     let create_reply: Script = Arc::new(|_| {
         let body = frame(
             &cri::CreateContainerResponse {
@@ -255,7 +254,7 @@ async fn check_create_rewrite(path: &str) {
         reply(grpc_headers(), body, ok_trailers(&[]))
     });
     let hook = RecordingHook::default();
-    let (_dir, fake, _proxy_guard) = setup(create_reply, vec![Arc::new(hook.clone())]).await;
+    let (_dir, fake, _proxy_guard) = setup(mode, create_reply, vec![Arc::new(hook.clone())]).await;
     let mut client = RawClient::connect(&_proxy_guard.socket)
         .await
         .expect("connect");
@@ -296,9 +295,10 @@ async fn check_create_rewrite(path: &str) {
     );
 }
 
-#[tokio::test]
-async fn malformed_intercepted_messages_get_named_errors_and_never_reach_the_runtime() {
-    let (_dir, fake, proxy) = setup(echo_script(), vec![]).await;
+async fn malformed_intercepted_messages_get_named_errors_and_never_reach_the_runtime(
+    mode: RelayMode,
+) {
+    let (_dir, fake, proxy) = setup(mode, echo_script(), vec![]).await;
     let mut client = RawClient::connect(&proxy.socket).await.expect("connect");
     let cases: [(&str, Bytes, &str); 4] = [
         (
@@ -338,8 +338,7 @@ async fn malformed_intercepted_messages_get_named_errors_and_never_reach_the_run
     );
 }
 
-#[tokio::test]
-async fn a_stream_kubelet_cancels_is_cancelled_at_the_runtime() {
+async fn a_stream_kubelet_cancels_is_cancelled_at_the_runtime(mode: RelayMode) {
     let (closed_tx, mut closed_rx) = mpsc::channel::<()>(1);
     let script: Script = Arc::new(move |recorded| {
         if !recorded.path.ends_with("/GetContainerEvents") {
@@ -355,15 +354,14 @@ async fn a_stream_kubelet_cancels_is_cancelled_at_the_runtime() {
         });
         (grpc_headers(), rx)
     });
-    let (_dir, _fake, _proxy, body) = watch_events(script).await;
+    let (_dir, _fake, _proxy, body) = watch_events(mode, script).await;
     drop(body);
     tokio::time::timeout(Duration::from_secs(5), closed_rx.recv())
         .await
         .expect("the runtime's stream is cancelled when kubelet cancels");
 }
 
-#[tokio::test]
-async fn shutdown_drains_a_call_in_flight_and_takes_no_new_ones() {
+async fn shutdown_drains_a_call_in_flight_and_takes_no_new_ones(mode: RelayMode) {
     let (release_tx, release_rx) = tokio::sync::oneshot::channel::<()>();
     let release_rx = Arc::new(std::sync::Mutex::new(Some(release_rx)));
     let script: Script = Arc::new(move |recorded| {
@@ -383,7 +381,7 @@ async fn shutdown_drains_a_call_in_flight_and_takes_no_new_ones() {
         });
         (grpc_headers(), rx)
     });
-    let (_dir, _fake, proxy) = setup(script, vec![]).await;
+    let (_dir, _fake, proxy) = setup(mode, script, vec![]).await;
     let socket = proxy.socket.clone();
     let mut client = RawClient::connect(&socket).await.expect("connect");
     let in_flight = tokio::spawn(async move {
@@ -418,9 +416,8 @@ fn mirror_script() -> Script {
     Arc::new(|recorded| reply(grpc_headers(), recorded.body.clone(), ok_trailers(&[])))
 }
 
-#[tokio::test]
-async fn bodies_larger_than_every_flow_control_window_pass_intact() {
-    let (_dir, fake, proxy) = setup(mirror_script(), vec![]).await;
+async fn bodies_larger_than_every_flow_control_window_pass_intact(mode: RelayMode) {
+    let (_dir, fake, proxy) = setup(mode, mirror_script(), vec![]).await;
     let mut client = RawClient::connect(&proxy.socket).await.expect("connect");
     // 4 × 6 MiB each way: past the proxy's 4 MiB stream and 16 MiB connection
     // windows and hyper's defaults on both ends, so credit must flow back.
@@ -449,9 +446,8 @@ async fn bodies_larger_than_every_flow_control_window_pass_intact() {
     assert!(forwarded.iter().all(|r| r.body.len() == 6 << 20));
 }
 
-#[tokio::test]
-async fn a_request_body_that_arrives_in_pieces_reaches_the_runtime_whole() {
-    let (_dir, fake, proxy) = setup(mirror_script(), vec![]).await;
+async fn a_request_body_that_arrives_in_pieces_reaches_the_runtime_whole(mode: RelayMode) {
+    let (_dir, fake, proxy) = setup(mode, mirror_script(), vec![]).await;
     let mut client = RawClient::connect(&proxy.socket).await.expect("connect");
     let (tx, rx) = mpsc::channel(1);
     let pieces = [&b"\0\0\0\0\x0bhello"[..], b" stre", b"am"];
@@ -478,9 +474,8 @@ async fn a_request_body_that_arrives_in_pieces_reaches_the_runtime_whole() {
     assert_eq!(response.trailers.expect("trailers")["grpc-status"], "0");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrent_calls_on_one_connection_each_get_their_own_answer() {
-    let (_dir, fake, proxy) = setup(mirror_script(), vec![]).await;
+async fn concurrent_calls_on_one_connection_each_get_their_own_answer(mode: RelayMode) {
+    let (_dir, fake, proxy) = setup(mode, mirror_script(), vec![]).await;
     let client = RawClient::connect(&proxy.socket).await.expect("connect");
     // Kubelet multiplexes every call on one connection: 400 in flight at once.
     let calls = (0..400u32).map(|i| {
@@ -506,17 +501,21 @@ async fn concurrent_calls_on_one_connection_each_get_their_own_answer() {
     assert_eq!(fake.forwarded().len(), 400);
 }
 
-#[tokio::test]
-async fn runtime_down_is_unavailable_then_reconnects() {
+async fn runtime_down_is_unavailable_then_reconnects(mode: RelayMode) {
     tessera_integration::init_tracing();
     let dir = tempfile::Builder::new()
         .prefix("tpas-")
         .tempdir_in("/tmp")
         .expect("tempdir");
     let runtime_socket = dir.path().join("runtime.sock");
-    let proxy = RunningProxy::start(&dir.path().join("proxy.sock"), &runtime_socket, vec![])
-        .await
-        .expect("proxy");
+    let proxy = RunningProxy::start_mode(
+        mode,
+        &dir.path().join("proxy.sock"),
+        &runtime_socket,
+        vec![],
+    )
+    .await
+    .expect("proxy");
     let mut client = RawClient::connect(&proxy.socket).await.expect("connect");
     let response = client
         .call("/runtime.v1.RuntimeService/Version", &[], frame(b""))
@@ -536,8 +535,7 @@ async fn runtime_down_is_unavailable_then_reconnects() {
     assert_eq!(fake.forwarded().len(), 1);
 }
 
-#[tokio::test]
-async fn caller_deadline_bounds_a_hung_runtime() {
+async fn caller_deadline_bounds_a_hung_runtime(mode: RelayMode) {
     let script: Script = Arc::new(|_| {
         let (tx, rx) = mpsc::channel(1);
         // Never answers; keeps the sender alive so the stream stays open.
@@ -547,7 +545,7 @@ async fn caller_deadline_bounds_a_hung_runtime() {
         });
         (grpc_headers(), rx)
     });
-    let (_dir, _fake, proxy) = setup(script, vec![]).await;
+    let (_dir, _fake, proxy) = setup(mode, script, vec![]).await;
     let mut client = RawClient::connect(&proxy.socket).await.expect("connect");
     let started = Instant::now();
     let request = cri::StopContainerRequest {
@@ -571,9 +569,8 @@ async fn caller_deadline_bounds_a_hung_runtime() {
     );
 }
 
-#[tokio::test]
-async fn metrics_count_calls_by_method_and_code() {
-    let (_dir, _fake, proxy) = setup(echo_script(), vec![]).await;
+async fn metrics_count_calls_by_method_and_code(mode: RelayMode) {
+    let (_dir, _fake, proxy) = setup(mode, echo_script(), vec![]).await;
     let mut client = RawClient::connect(&proxy.socket).await.expect("connect");
     for _ in 0..3 {
         client
@@ -590,8 +587,30 @@ async fn metrics_count_calls_by_method_and_code() {
         text.contains("tessera_proxy_request_duration_seconds_count{method=\"Version\"} 3"),
         "{text}"
     );
+    // h2 shares one runtime connection (the store's resync included); the frame
+    // relay gives each kubelet connection its own, besides the resync's.
+    let connects = match mode {
+        RelayMode::H2 => 1,
+        RelayMode::Frames => 2,
+    };
     assert!(
-        text.contains("tessera_proxy_backend_connects_total 1"),
+        text.contains(&format!("tessera_proxy_backend_connects_total {connects}")),
         "{text}"
     );
+}
+
+tessera_integration::each_relay_mode! {
+    unknown_method_passes_byte_for_byte_with_metadata_and_trailers;
+    error_status_message_and_details_are_unchanged;
+    server_streaming_is_streamed_not_buffered;
+    rewritten_create_container_keeps_unknown_fields;
+    malformed_intercepted_messages_get_named_errors_and_never_reach_the_runtime;
+    a_stream_kubelet_cancels_is_cancelled_at_the_runtime;
+    shutdown_drains_a_call_in_flight_and_takes_no_new_ones;
+    bodies_larger_than_every_flow_control_window_pass_intact;
+    a_request_body_that_arrives_in_pieces_reaches_the_runtime_whole;
+    concurrent_calls_on_one_connection_each_get_their_own_answer(flavor = "multi_thread", worker_threads = 2);
+    runtime_down_is_unavailable_then_reconnects;
+    caller_deadline_bounds_a_hung_runtime;
+    metrics_count_calls_by_method_and_code;
 }
