@@ -5,7 +5,8 @@
 //! `scheduling.koordinator.sh/device-allocated` pod annotation and its
 //! per-container grants, used by the scheduler that writes it and the hook that
 //! reads it, and the parser of kubelet's device checkpoint, read by the reporter (legacy pods'
-//! GPUs) and the GPU hook (which device-plugin grants are real).
+//! GPUs) and the GPU hook (which device-plugin grants are real), and the codec of the
+//! Device CR's NVLink peers, written by the reporter and read by the scheduler.
 
 pub mod allocation;
 #[cfg(feature = "binary")]
@@ -14,10 +15,12 @@ pub mod checkpoint;
 #[cfg(feature = "client")]
 pub mod client;
 pub mod device;
+pub mod nvlink;
 pub mod quantity;
 pub mod request;
 pub mod resources;
 
 pub use allocation::{AllocationError, ContainerShares, DeviceAllocation, DeviceAllocations};
 pub use device::{Device, DeviceInfo, DeviceSpec, DeviceTopology, LegacyDeviceEntry};
+pub use nvlink::{NvlinkPeers, NvlinkPeersError};
 pub use quantity::{Quantity, QuantityError};

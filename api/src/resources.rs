@@ -15,6 +15,8 @@ pub const NVIDIA_GPU: &str = "nvidia.com/gpu";
 pub const DEVICE_ALLOCATED: &str = "scheduling.koordinator.sh/device-allocated";
 /// Device CR annotation listing GPUs held by legacy (device-plugin) pods.
 pub const DEVICES_CHECKPOINTS: &str = "node.koordinator.sh/devices-checkpoints";
+/// Device CR annotation naming each GPU's NVLink peers ([`crate::nvlink`]).
+pub const NVLINK_PEERS: &str = "tessera.io/nvlink-peers";
 
 /// Device type key of GPUs in the allocation annotation.
 pub const DEVICE_TYPE_GPU: &str = "gpu";

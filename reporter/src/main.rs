@@ -16,7 +16,7 @@ use tessera_reporter::events::{GpuEvents, KubeNodeEvents};
 use tessera_reporter::gpu::{GpuSource, NodeGpus, NvmlSource, library_path};
 use tessera_reporter::metrics::{DEFAULT_METRICS_ADDR, ReporterMetrics};
 use tessera_reporter::publish::Publisher;
-use tessera_reporter::report::{CapacityOptions, device_spec, legacy_entry};
+use tessera_reporter::report::{CapacityOptions, device_annotations, device_spec, legacy_entry};
 use tessera_reporter::run::{LoopConfig, run_with_metrics};
 
 const DEFAULT_CHECKPOINT: &str = "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint";
@@ -161,6 +161,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
             let device = Device {
                 metadata: ObjectMeta {
                     name: Some(node_name.unwrap_or_else(hostname)),
+                    annotations: Some(device_annotations(&gpus, &[])),
                     ..ObjectMeta::default()
                 },
                 spec: device_spec(&gpus, &BTreeSet::new()),

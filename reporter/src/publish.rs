@@ -8,8 +8,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
-use tessera_api::resources::DEVICES_CHECKPOINTS;
-use tessera_api::{Device, DeviceSpec, LegacyDeviceEntry};
+use tessera_api::{Device, DeviceSpec};
 
 use crate::report::NodePod;
 
@@ -65,14 +64,15 @@ impl Publisher {
         Ok(list.items.iter().map(NodePod::from_pod).collect())
     }
 
-    /// Creates or updates the Device CR named after the node; returns whether it wrote.
+    /// Creates or updates the Device CR named after the node, with `annotations`
+    /// (those the reporter owns, see [`crate::report::device_annotations`]);
+    /// returns whether it wrote.
     pub async fn publish_device(
         &self,
         spec: &DeviceSpec,
-        legacy: &[LegacyDeviceEntry],
+        annotations: &BTreeMap<String, String>,
     ) -> Result<bool, PublishError> {
         let devices: Api<Device> = Api::all(self.client.clone());
-        let annotation = serde_json::to_string(legacy).unwrap_or_else(|_| "[]".into());
         let what = format!("Device {}", self.node);
         match devices
             .get_opt(&self.node)
@@ -80,15 +80,13 @@ impl Publisher {
             .map_err(api(format!("reading {what}")))?
         {
             Some(existing) => {
-                let current = existing
-                    .metadata
-                    .annotations
-                    .as_ref()
-                    .and_then(|a| a.get(DEVICES_CHECKPOINTS));
-                if existing.spec == *spec && current == Some(&annotation) {
+                let current = existing.metadata.annotations.unwrap_or_default();
+                if existing.spec == *spec
+                    && annotations.iter().all(|(k, v)| current.get(k) == Some(v))
+                {
                     return Ok(false);
                 }
-                let patch = json!({"metadata": {"annotations": {DEVICES_CHECKPOINTS: annotation}}, "spec": spec});
+                let patch = json!({"metadata": {"annotations": annotations}, "spec": spec});
                 devices
                     .patch(&self.node, &PatchParams::default(), &Patch::Merge(&patch))
                     .await
@@ -111,10 +109,7 @@ impl Publisher {
                 let device = Device {
                     metadata: ObjectMeta {
                         name: Some(self.node.clone()),
-                        annotations: Some(BTreeMap::from([(
-                            DEVICES_CHECKPOINTS.to_owned(),
-                            annotation,
-                        )])),
+                        annotations: Some(annotations.clone()),
                         owner_references: Some(vec![owner]),
                         ..ObjectMeta::default()
                     },

@@ -4,11 +4,11 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use tessera_api::resources::{
-    DEVICE_ALLOCATED, DEVICE_TYPE_GPU, GPU_CORE, GPU_MEMORY, GPU_MEMORY_RATIO, NVIDIA_GPU,
-    label_value,
+    DEVICE_ALLOCATED, DEVICE_TYPE_GPU, DEVICES_CHECKPOINTS, GPU_CORE, GPU_MEMORY, GPU_MEMORY_RATIO,
+    NVIDIA_GPU, NVLINK_PEERS, label_value,
 };
 pub use tessera_api::resources::{LABEL_DRIVER_VERSION, LABEL_GPU_MODEL};
-use tessera_api::{DeviceInfo, DeviceSpec, DeviceTopology, LegacyDeviceEntry};
+use tessera_api::{DeviceInfo, DeviceSpec, DeviceTopology, LegacyDeviceEntry, NvlinkPeers};
 
 use crate::checkpoint::{Checkpoint, CheckpointEntry, gpu_index};
 use crate::gpu::NodeGpus;
@@ -73,6 +73,33 @@ pub fn device_spec(gpus: &NodeGpus, unhealthy: &BTreeSet<String>) -> DeviceSpec 
         })
         .collect();
     DeviceSpec { devices }
+}
+
+/// The node's NVLinks, from each GPU's peers as NVML reports them.
+pub fn nvlink_peers(gpus: &NodeGpus) -> NvlinkPeers {
+    let mut links = NvlinkPeers::default();
+    for gpu in &gpus.gpus {
+        for peer in &gpu.nvlink_peers {
+            links.link(&gpu.uuid, peer);
+        }
+    }
+    links
+}
+
+/// The Device CR's annotations the reporter owns: the legacy pods' GPUs and the
+/// GPUs' NVLink peers (`{}` when there are none, so the scheduler can tell "no
+/// NVLink" from a reporter that predates the annotation).
+pub fn device_annotations(
+    gpus: &NodeGpus,
+    legacy: &[LegacyDeviceEntry],
+) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (
+            DEVICES_CHECKPOINTS.to_owned(),
+            serde_json::to_string(legacy).unwrap_or_else(|_| "[]".into()),
+        ),
+        (NVLINK_PEERS.to_owned(), nvlink_peers(gpus).encode()),
+    ])
 }
 
 /// Extended resources for the node's capacity and allocatable: sums over healthy GPUs.
@@ -239,6 +266,20 @@ mod tests {
             spec.devices[1].labels[LABEL_GPU_MODEL],
             "NVIDIA-H100-80GB-HBM3"
         );
+    }
+
+    /// NVML's per-GPU peers reach the Device CR as the annotation the scheduler
+    /// decodes, a link listed by one side only included.
+    #[test]
+    fn nvlink_peers_are_published_in_the_annotation() {
+        let mut node = gpus();
+        node.gpus[0].nvlink_peers = vec!["GPU-1".into()];
+        let annotations = device_annotations(&node, &[]);
+        assert_eq!(annotations[DEVICES_CHECKPOINTS], "[]");
+        let links = NvlinkPeers::decode(&annotations[NVLINK_PEERS]).expect("decodes");
+        assert_eq!(links.peers_of("GPU-0").collect::<Vec<_>>(), ["GPU-1"]);
+        assert_eq!(links.peers_of("GPU-1").collect::<Vec<_>>(), ["GPU-0"]);
+        assert_eq!(device_annotations(&gpus(), &[])[NVLINK_PEERS], "{}");
     }
 
     #[test]

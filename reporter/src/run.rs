@@ -14,7 +14,9 @@ use crate::gpu::{GpuSource, NodeGpus};
 use crate::health::{HealthTracker, XidEvent};
 use crate::metrics::{PublishOutcome, PublishedObject, ReporterMetrics};
 use crate::publish::Publisher;
-use crate::report::{CapacityOptions, device_spec, legacy_entries, node_capacity, node_labels};
+use crate::report::{
+    CapacityOptions, device_annotations, device_spec, legacy_entries, node_capacity, node_labels,
+};
 
 /// Settings of the loop.
 #[derive(Debug, Clone)]
@@ -183,7 +185,10 @@ async fn publish(
     };
     metrics.record_published_view(unhealthy, &legacy);
     let device = match publisher
-        .publish_device(&device_spec(gpus, unhealthy), &legacy)
+        .publish_device(
+            &device_spec(gpus, unhealthy),
+            &device_annotations(gpus, &legacy),
+        )
         .await
     {
         Ok(true) => {
