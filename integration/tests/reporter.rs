@@ -138,6 +138,17 @@ async fn discovery_publish_health_and_legacy_pods() {
         legacy,
         json!([{"podUID": LEGACY_UID, "containerName": "app", "resourceName": "nvidia.com/gpu", "deviceIDs": ["GPU-77a702db-e37f-3a74-d46d-c5713f66058c"]}])
     );
+    // NVML's NVLinks (0-1, 2-3), as the scheduler reads them.
+    let nvlinks: Value = serde_json::from_str(
+        device["metadata"]["annotations"]["tessera.io/nvlink-peers"]
+            .as_str()
+            .expect("NVLink annotation"),
+    )
+    .expect("json");
+    assert_eq!(
+        nvlinks,
+        json!({uuid(0): [uuid(1)], uuid(1): [uuid(0)], uuid(2): [uuid(3)], uuid(3): [uuid(2)]})
+    );
 
     // Node: capacity, allocatable, labels; the XID 79 on GPU 2 (after 600 ms; the XID 13 is ignored) takes one GPU out.
     let node = api.get("v1", "nodes", "", "gpu-node-1").expect("node");
@@ -153,9 +164,13 @@ async fn discovery_publish_health_and_legacy_pods() {
         node["status"]["capacity"]["cpu"], "8",
         "other capacity untouched"
     );
+    // The Device CR is published before the node's capacity: wait for both.
     wait_until("GPU 2 unhealthy", || {
         api.get(DEVICES, "devices", "", "gpu-node-1")
             .is_some_and(|d| d["spec"]["devices"][2]["health"] == false)
+            && api
+                .get("v1", "nodes", "", "gpu-node-1")
+                .is_some_and(|n| n["status"]["capacity"]["koordinator.sh/gpu-core"] == "300")
     })
     .await;
     let node = api.get("v1", "nodes", "", "gpu-node-1").expect("node");

@@ -11,8 +11,11 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use k8s_openapi::api::core::v1::Pod;
 use tessera_api::resources::{
     DEVICE_ALLOCATED, DEVICE_TYPE_GPU, DEVICES_CHECKPOINTS, GPU_CORE, GPU_MEMORY, GPU_MEMORY_RATIO,
+    NVLINK_PEERS,
 };
-use tessera_api::{Device, DeviceAllocation, DeviceAllocations, LegacyDeviceEntry, Quantity};
+use tessera_api::{
+    Device, DeviceAllocation, DeviceAllocations, LegacyDeviceEntry, NvlinkPeers, Quantity,
+};
 
 use crate::core::{GpuShare, GpuState, NodeState, Placement, PodPlacement, account};
 
@@ -74,8 +77,52 @@ fn quantity(
         .map_or(0, |q| q.value())
 }
 
+/// The node's NVLinks from its Device CR's annotation, limited to its GPUs. A
+/// malformed annotation gives no links (it only ever steers a preference, so the
+/// node stays schedulable); links to GPUs the CR does not list are dropped.
+fn device_nvlinks(device: &Device) -> NvlinkPeers {
+    let name = device.metadata.name.as_deref().unwrap_or_default();
+    let Some(text) = device
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(NVLINK_PEERS))
+    else {
+        return NvlinkPeers::default();
+    };
+    let mut links = match NvlinkPeers::decode(text) {
+        Ok(links) => links,
+        Err(error) => {
+            tracing::warn!(device = name, %error, "NVLink peers ignored");
+            return NvlinkPeers::default();
+        }
+    };
+    let known: BTreeSet<&str> = device.spec.devices.iter().map(|d| d.id.as_str()).collect();
+    let dropped = links.retain_known(&known);
+    if !dropped.is_empty() {
+        tracing::warn!(device = name, ?dropped, "NVLink peers name GPUs the Device does not list; those links are ignored");
+    }
+    links
+}
+
+/// UIDs of the pods holding GPUs through the device plugin, from a Device CR's
+/// kubelet checkpoint annotation.
+fn legacy_pod_uids(device: &Device) -> BTreeSet<String> {
+    device
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(DEVICES_CHECKPOINTS))
+        .and_then(|text| serde_json::from_str::<Vec<LegacyDeviceEntry>>(text).ok())
+        .into_iter()
+        .flatten()
+        .map(|entry| entry.pod_uid)
+        .collect()
+}
+
 /// The node's GPUs from its Device CR, with nothing in use.
 pub fn device_gpus(device: &Device) -> Vec<GpuState> {
+    let nvlinks = device_nvlinks(device);
     let legacy: BTreeSet<String> = device
         .metadata
         .annotations
@@ -106,6 +153,7 @@ pub fn device_gpus(device: &Device) -> Vec<GpuState> {
                 .as_ref()
                 .map(|t| t.pcie_id.clone())
                 .unwrap_or_default(),
+            nvlink_peers: nvlinks.peers_of(&d.id).map(str::to_owned).collect(),
             labels: std::sync::Arc::new(d.labels.clone()),
             ..GpuState::default()
         })
@@ -547,6 +595,62 @@ mod tests {
                 ..PodStatus::default()
             }),
         }
+    }
+
+    /// Four GPUs on two PCIe switches ({0,1}, {2,3}) whose NVLinks cross them
+    /// (0-2, 1-3), as the reporter publishes them: only the NVLink annotation can
+    /// make a 2-GPU pick other than a switch pair.
+    #[test]
+    fn nvlink_peers_of_the_device_cr_steer_a_two_gpu_pick() {
+        use tessera_api::DeviceTopology;
+        let mut crossed = device("n1", 4, &[]);
+        for (i, gpu) in crossed.spec.devices.iter_mut().enumerate() {
+            gpu.topology = Some(DeviceTopology {
+                socket_id: 0,
+                node_id: 0,
+                pcie_id: format!("sw{}", i / 2),
+                bus_id: String::new(),
+            });
+        }
+        let mut links = NvlinkPeers::default();
+        links.link("GPU-0", "GPU-2");
+        links.link("GPU-1", "GPU-3");
+        links.link("GPU-1", "GPU-on-another-node");
+        crossed
+            .metadata
+            .annotations
+            .get_or_insert_default()
+            .insert(NVLINK_PEERS.to_owned(), links.encode());
+        let pick = |device: &Device| {
+            let mut ledger = Ledger::default();
+            ledger.apply_device(device);
+            let request = tessera_api::request::GpuRequest {
+                count: 2,
+                core: 100,
+                memory: tessera_api::request::GpuMemory::Ratio(100),
+            };
+            crate::core::allocate(
+                ledger.node("n1").expect("node"),
+                &request,
+                crate::core::Policy::Binpack,
+            )
+            .expect("fits")
+            .gpus
+            .into_iter()
+            .map(|share| share.uuid)
+            .collect::<Vec<_>>()
+        };
+        let node_gpus = device_gpus(&crossed);
+        assert_eq!(node_gpus[1].nvlink_peers, ["GPU-3"], "unknown peer dropped");
+        assert_eq!(pick(&crossed), ["GPU-0", "GPU-2"]);
+        // A malformed annotation leaves the node schedulable, by PCIe switch.
+        let mut malformed = crossed.clone();
+        malformed
+            .metadata
+            .annotations
+            .get_or_insert_default()
+            .insert(NVLINK_PEERS.to_owned(), r#"{"GPU-0":"GPU-2"}"#.to_owned());
+        assert_eq!(pick(&malformed), ["GPU-0", "GPU-1"]);
     }
 
     const HALF_0: &str = r#"{"gpu":[{"minor":0,"id":"GPU-0","resources":{"koordinator.sh/gpu-core":50,"koordinator.sh/gpu-memory-ratio":50}}]}"#;
