@@ -336,6 +336,16 @@ fn container_request(
             sums.memory = bytes;
         }
     }
+    // Compute with no memory: Koordinator refuses `gpu-core` without `gpu-memory` or
+    // `gpu-memory-ratio` (not one of its valid combinations), and a share with no
+    // memory would reach the limiter as a memory limit of 0, which HAMi-core reads
+    // as no limit at all. Only `gpu-core` can get here: every other name gives memory.
+    if sums.core > 0 && sums.memory == 0 && sums.ratio == 0 {
+        return Err(err(format!(
+            "{GPU_CORE} {} asks for GPU compute and no GPU memory: add {GPU_MEMORY} or {GPU_MEMORY_RATIO} (Koordinator refuses {GPU_CORE} alone too), or ask {GPU_SHARED} for both",
+            sums.core
+        )));
+    }
     Ok((sums != Sums::default()).then_some(sums))
 }
 
@@ -769,6 +779,42 @@ mod tests {
         );
     }
 
+    /// A compute share with no memory would be limited to "0m", which HAMi-core
+    /// reads as unlimited: refused as Koordinator refuses it, naming the resource.
+    #[test]
+    fn compute_only_requests_are_refused_naming_the_resource() {
+        let refused = "container main: koordinator.sh/gpu-core 50 asks for GPU compute and no GPU memory: add koordinator.sh/gpu-memory or koordinator.sh/gpu-memory-ratio (Koordinator refuses koordinator.sh/gpu-core alone too), or ask koordinator.sh/gpu for both";
+        assert_eq!(
+            request(&[(GPU_CORE, "50")]).map_err(|e| e.to_string()),
+            Err(refused.to_owned())
+        );
+        assert_eq!(
+            request(&[(GPU_CORE, "50"), (GPU_MEMORY_RATIO, "0")]).map_err(|e| e.to_string()),
+            Err(refused.to_owned())
+        );
+        assert!(
+            request(&[(GPU_CORE, "200")])
+                .expect_err("whole GPUs' compute alone")
+                .to_string()
+                .contains("koordinator.sh/gpu-core 200 asks for GPU compute and no GPU memory")
+        );
+        assert!(
+            request(&[(GPU_CORE, "50"), (ALIYUN_GPU_MEM, "0")])
+                .expect_err("no memory")
+                .to_string()
+                .contains("asks for GPU compute and no GPU memory")
+        );
+        // HAMi's compute alone books each GPU's whole memory (its defaultMem 0).
+        assert_eq!(
+            request(&[(HAMI_GPU_CORES, "30")]),
+            Ok(Some(GpuRequest {
+                count: 1,
+                core: 30,
+                memory: GpuMemory::Ratio(100)
+            }))
+        );
+    }
+
     #[test]
     fn invalid_requests_say_why() {
         let error = request(&[(GPU_CORE, "150")])
@@ -1065,18 +1111,17 @@ mod tests {
         )
     }
 
-    /// Shares in the Koordinator names: compute and memory ratio of at most one
-    /// GPU, or whole GPUs; or no GPU at all.
+    /// Shares in the Koordinator names: compute (never alone: Koordinator refuses
+    /// it) and memory ratio of at most one GPU, or whole GPUs; or no GPU at all.
     fn koordinator_resources()
     -> impl proptest::strategy::Strategy<Value = Vec<(&'static str, String)>> {
         use proptest::prelude::*;
         prop_oneof![
             Just(vec![]),
-            (1u64..=100, proptest::option::of(1u64..=100)).prop_map(|(core, ratio)| {
-                let mut r = vec![(GPU_CORE, core.to_string())];
-                r.extend(ratio.map(|ratio| (GPU_MEMORY_RATIO, ratio.to_string())));
-                r
-            }),
+            (1u64..=100, 1u64..=100).prop_map(|(core, ratio)| vec![
+                (GPU_CORE, core.to_string()),
+                (GPU_MEMORY_RATIO, ratio.to_string())
+            ]),
             (1u64..=100).prop_map(|ratio| vec![(GPU_MEMORY_RATIO, ratio.to_string())]),
             (1u64..=3).prop_map(|n| vec![
                 (GPU_CORE, (n * 100).to_string()),

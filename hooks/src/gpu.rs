@@ -578,7 +578,14 @@ pub fn rewrite(
             GpuMode::Cdi => cdi_mode(container, &gpus, config, &mut edit),
         }
         if config.limiter_env {
-            limiter_env(container, &gpus, &mut edit);
+            limiter_env(container, &gpus, &mut edit).map_err(|(path, problem)| {
+                GpuHookError::Device {
+                    pod: pod.clone(),
+                    container: name.to_owned(),
+                    path,
+                    problem,
+                }
+            })?;
         }
     }
     let rdma = allocations.devices_of_container(DEVICE_TYPE_RDMA, name);
@@ -951,11 +958,14 @@ fn remove_plugin_cdi(
     edit.remove_annotations.extend(annotations);
 }
 
+/// Sets the limiter's env for a fractional grant. Refuses (path, problem) a share
+/// whose memory limit would be 0 MiB: HAMi-core reads `CUDA_DEVICE_MEMORY_LIMIT_<i>=0m`
+/// as no limit at all, so writing it would hand the container the whole memory.
 fn limiter_env(
     container: &ContainerHookRequest,
     gpus: &[ResolvedGpu<'_>],
     edit: &mut ContainerHookResponse,
-) {
+) -> Result<(), (String, String)> {
     // Limits the user or image set are never trusted.
     edit.remove_envs.extend(
         container
@@ -965,7 +975,7 @@ fn limiter_env(
             .map(|e| e.key.clone()),
     );
     if !gpus.iter().any(|g| g.allocation.is_fractional()) {
-        return;
+        return Ok(());
     }
     for (index, gpu) in gpus.iter().enumerate() {
         let bytes = gpu.allocation.gpu_memory().or_else(|| {
@@ -974,6 +984,15 @@ fn limiter_env(
             u64::try_from(u128::from(total) * u128::from(ratio) / 100).ok()
         });
         if let Some(bytes) = bytes {
+            if bytes >> 20 == 0 {
+                return Err((
+                    format!("gpu[{}].resources", gpu.index),
+                    format!(
+                        "{bytes} bytes of GPU memory for GPU {} is a memory limit of 0 MiB, which the limiter (HAMi-core) reads as no limit; the share cannot be enforced, so the container is refused (tessera-scheduler refuses compute-only requests: re-create the pod to be scheduled again)",
+                        gpu.uuid
+                    ),
+                ));
+            }
             edit.set_envs.push(kv(
                 &format!("{MEMORY_LIMIT_PREFIX}{index}"),
                 format!("{}m", bytes >> 20),
@@ -993,6 +1012,7 @@ fn limiter_env(
     let set: BTreeMap<&str, ()> = edit.set_envs.iter().map(|e| (e.key.as_str(), ())).collect();
     edit.remove_envs
         .retain(|key| !set.contains_key(key.as_str()));
+    Ok(())
 }
 
 /// Adds the RDMA devices granted to the container (with their virtual functions)

@@ -454,12 +454,18 @@ async fn a_bind_sent_to_a_follower_is_done_by_the_leader() {
     api.insert(
         "v1",
         "pods",
-        pending("p", json!({"koordinator.sh/gpu-core": "50"})),
+        pending(
+            "p",
+            json!({"koordinator.sh/gpu-core": "50", "koordinator.sh/gpu-memory-ratio": "50"}),
+        ),
     );
     api.insert(
         "v1",
         "pods",
-        pending("q", json!({"koordinator.sh/gpu-core": "50"})),
+        pending(
+            "q",
+            json!({"koordinator.sh/gpu-core": "50", "koordinator.sh/gpu-memory-ratio": "50"}),
+        ),
     );
     let leader = start(api.clone(), true).await;
     let follower = start_with(api.clone(), Leader::following(leader.url.clone())).await;

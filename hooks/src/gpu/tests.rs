@@ -153,6 +153,44 @@ fn half_gpu_gets_limiter_env() {
     );
 }
 
+/// A compute share whose memory is 0 (annotations written before compute-only
+/// requests were refused, or by hand) is refused: "0m" would be no limit at all.
+#[test]
+fn a_share_with_no_memory_is_refused_never_limited_to_0m() {
+    for resources in [
+        r#""koordinator.sh/gpu-core":50,"koordinator.sh/gpu-memory-ratio":0,"koordinator.sh/gpu-memory":0"#,
+        r#""koordinator.sh/gpu-core":50,"koordinator.sh/gpu-memory":"1000""#,
+        r#""koordinator.sh/gpu-core":50,"koordinator.sh/gpu-memory-ratio":0"#,
+    ] {
+        let annotation =
+            format!(r#"{{"gpu":[{{"minor":0,"id":"{UUID0}","resources":{{{resources}}}}}]}}"#);
+        let error = rewrite(
+            &container(Some(&annotation)),
+            &node(),
+            &GpuHookConfig::default(),
+        )
+        .expect_err(resources)
+        .to_string();
+        assert!(
+            error.starts_with(
+                "pod ml/train-0: annotation scheduling.koordinator.sh/device-allocated: gpu[0].resources: "
+            ) && error.contains(&format!(
+                "of GPU memory for GPU {UUID0} is a memory limit of 0 MiB, which the limiter (HAMi-core) reads as no limit"
+            )),
+            "{resources}: {error}"
+        );
+    }
+    // Without the limiter env, nothing is written and nothing refused.
+    let off = GpuHookConfig {
+        limiter_env: false,
+        ..GpuHookConfig::default()
+    };
+    let annotation = format!(
+        r#"{{"gpu":[{{"minor":0,"id":"{UUID0}","resources":{{"koordinator.sh/gpu-core":50,"koordinator.sh/gpu-memory":0}}}}]}}"#
+    );
+    assert!(rewrite(&container(Some(&annotation)), &node(), &off).is_ok());
+}
+
 #[test]
 fn memory_ratio_resolves_against_the_gpus_memory() {
     let annotation = format!(

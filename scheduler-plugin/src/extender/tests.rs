@@ -178,8 +178,8 @@ fn containers_that_cannot_share_one_emptied_node_are_unresolvable() {
     ]);
     occupy(&extender, "two-gpus", 0, 50, 1);
     let containers = json!([
-        {"name": "a", "image": "x", "resources": {"limits": {"koordinator.sh/gpu-core": "60"}}},
-        {"name": "b", "image": "x", "resources": {"limits": {"koordinator.sh/gpu-core": "60"}}},
+        {"name": "a", "image": "x", "resources": {"limits": {"koordinator.sh/gpu-core": "60", "koordinator.sh/gpu-memory-ratio": "10"}}},
+        {"name": "b", "image": "x", "resources": {"limits": {"koordinator.sh/gpu-core": "60", "koordinator.sh/gpu-memory-ratio": "10"}}},
     ]);
     let result = filter(&extender, pod(containers), &["one-gpu", "two-gpus"]);
     // 60% + 60% never fit one GPU; on two GPUs they fit once the 50% pod is gone.
