@@ -54,6 +54,8 @@ HEADER = (
 # Bad values and the key each failure must name (`lint` checks every one).
 BAD_VALUES = [
     ({"monitoring": {"serviceMonitor": {"enabled": True}}, "reporter": {"metricsPort": 0}}, "reporter.metricsPort"),
+    ({"monitoring": {"serviceMonitor": {"enabled": True}}, "scheduler": {"metricsPort": 0}}, "scheduler.metricsPort"),
+    ({"scheduler": {"metricsPort": 8889}}, "scheduler.metricsPort"),
     ({"monitoring": {"prometheusRule": {"publishStaleSeconds": 5}}}, "/monitoring/prometheusRule/publishStaleSeconds"),
     ({"scheduler": {"gpuPolicy": "pack"}}, "/scheduler/gpuPolicy"),
     ({"scheduler": {"replicas": 0}}, "/scheduler/replicas"),
@@ -74,6 +76,8 @@ BAD_VALUES = [
     ({"logFormat": "yaml"}, "/logFormat"),
     ({"image": {"registry": ""}}, "/image/registry"),
     ({"crd": {"install": "yes"}}, "/crd/install"),
+    ({"nodeInstaller": {"endpoint": "/run/tessera/runtime-proxy.sock"}}, "/nodeInstaller/endpoint"),
+    ({"nodeInstaller": {"proxyMetrics": "http://127.0.0.1:9464"}}, "/nodeInstaller/proxyMetrics"),
 ]
 
 

@@ -6,8 +6,14 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, bail};
 use tessera_image::Image;
 
-/// The daemons that run as pods, and what each image's entrypoint is.
-pub const IMAGES: &[&str] = &["tessera-scheduler", "tessera-reporter", "tessera-gpu-hook"];
+/// The binaries that run as pods (`tessera`: the chart's node installer), and what
+/// each image's entrypoint is.
+pub const IMAGES: &[&str] = &[
+    "tessera-scheduler",
+    "tessera-reporter",
+    "tessera-gpu-hook",
+    "tessera",
+];
 
 /// Where an image is imported under: `<registry>/<name>:<tag>`.
 pub fn reference(registry: &str, name: &str, tag: &str) -> String {

@@ -61,6 +61,32 @@ pub enum NodeCommand {
     /// Removes what switch-over wrote (the drop-in, or restores the backed-up
     /// --config file), restarts kubelet, and checks it no longer calls the proxy.
     SwitchBack(SwitchArgs),
+    /// The chart's node installer (a privileged DaemonSet pod with hostPID and
+    /// hostNetwork): enters the host (as --enter-host), switches the node over
+    /// (exit 1 with the reason when that cannot be proven: the taint stays), then
+    /// waits. Told to stop, it switches the node back only when its DaemonSet is
+    /// gone (the chart was uninstalled); a rollout leaves the node switched.
+    Installer(InstallerArgs),
+}
+
+/// Settings of `tessera node installer`.
+#[derive(Debug, clap::Args)]
+pub struct InstallerArgs {
+    /// The installer's DaemonSet, `NAMESPACE/NAME`, read when the pod is told to stop.
+    #[arg(long, value_name = "NAMESPACE/NAME", value_parser = namespaced_name)]
+    pub daemonset: String,
+    /// The switch.
+    #[command(flatten)]
+    pub switch: SwitchArgs,
+}
+
+fn namespaced_name(value: &str) -> Result<String, String> {
+    match value.split_once('/') {
+        Some((namespace, name)) if !namespace.is_empty() && !name.is_empty() => {
+            Ok(value.to_owned())
+        }
+        _ => Err(format!("{value:?} is not NAMESPACE/NAME")),
+    }
 }
 
 /// Settings of `tessera node switch-over` and `switch-back`.
@@ -84,15 +110,48 @@ pub struct SwitchArgs {
     /// Seconds kubelet has to show up at the proxy after its restart.
     #[arg(long, value_name = "SECONDS", default_value_t = 60)]
     pub verify_timeout: u64,
+    /// Run from a privileged pod with hostPID: take the pod's in-cluster
+    /// credentials, then enter the host's mount namespace (the runtime shim's), so kubelet's
+    /// files and the restart command are the host's.
+    #[arg(long)]
+    pub enter_host: bool,
+}
+
+/// What must be done while the process has one thread, before the async runtime
+/// starts (see [`prepare`]).
+#[derive(Debug, Default)]
+pub struct Prepared {
+    /// The pod's in-cluster configuration, read before entering the host.
+    config: Option<kube::Config>,
+}
+
+/// Enters the host for `--enter-host` and the installer: `setns` into another
+/// mount namespace refuses a process with several threads, so call this before
+/// starting the async runtime.
+pub fn prepare(cli: &Cli) -> anyhow::Result<Prepared> {
+    let enter = match &cli.command {
+        Command::Node(NodeCommand::Installer(_)) => true,
+        Command::Node(NodeCommand::SwitchOver(args) | NodeCommand::SwitchBack(args)) => {
+            args.enter_host
+        }
+        _ => false,
+    };
+    Ok(Prepared {
+        config: if enter {
+            Some(node::enter_host()?)
+        } else {
+            None
+        },
+    })
 }
 
 /// `tessera image …`.
 #[derive(Debug, Subcommand)]
 pub enum ImageCommand {
     /// Builds OCI image archives (one layer: the binary and the shared libraries it
-    /// loads, from this machine) of tessera-scheduler, tessera-reporter and
-    /// tessera-gpu-hook, or only those named. Reproducible: the same binaries give
-    /// the same digests. Import with `ctr -n k8s.io images import DIR/NAME.tar`,
+    /// loads, from this machine) of tessera-scheduler, tessera-reporter,
+    /// tessera-gpu-hook and tessera (the node installer), or only those named.
+    /// Reproducible: the same binaries give the same digests. Import with `ctr -n k8s.io images import DIR/NAME.tar`,
     /// or push with `skopeo copy oci-archive:DIR/NAME.tar docker://REGISTRY/NAME:TAG`.
     Build {
         /// Where the archives go (`<DIR>/<name>.tar`).
@@ -110,6 +169,31 @@ pub enum ImageCommand {
         /// Images to build [default: all].
         names: Vec<String>,
     },
+}
+
+/// The client of `tessera node`: the pod's own when it entered the host.
+async fn node_client(kubeconfig: Option<PathBuf>, prepared: Prepared) -> anyhow::Result<Client> {
+    match prepared.config {
+        Some(config) => Client::try_from(config).context("a client from the pod's configuration"),
+        None => client(kubeconfig).await,
+    }
+}
+
+/// The switch `args` describe, on this node.
+fn switch(args: SwitchArgs) -> anyhow::Result<node::Switch> {
+    let node = args
+        .node
+        .or_else(|| std::env::var("NODE_NAME").ok())
+        .or_else(tessera_api::binary::hostname)
+        .context("no node name: pass --node")?;
+    Ok(node::Switch {
+        node,
+        kubelet_args: node::kubelet_command_line(args.kubelet_pid)?,
+        endpoint: args.endpoint,
+        metrics: args.proxy_metrics,
+        restart_command: args.restart_command,
+        verify_timeout: std::time::Duration::from_secs(args.verify_timeout),
+    })
 }
 
 /// A client from `--kubeconfig` or the usual places.
@@ -149,37 +233,43 @@ pub async fn inspect(client: Client, node: Option<&str>, json: bool) -> anyhow::
 }
 
 /// Runs the CLI.
-pub async fn run(cli: Cli) -> anyhow::Result<()> {
+pub async fn run(cli: Cli, prepared: Prepared) -> anyhow::Result<()> {
     match cli.command {
         Command::Inspect { node, json } => {
             let client = client(cli.kubeconfig).await?;
             print!("{}", inspect(client, node.as_deref(), json).await?);
         }
         Command::Node(command) => {
-            let (args, over) = match command {
-                NodeCommand::SwitchOver(args) => (args, true),
-                NodeCommand::SwitchBack(args) => (args, false),
+            let (args, installer) = match command {
+                NodeCommand::SwitchOver(args) => (args, None),
+                NodeCommand::SwitchBack(args) => {
+                    let client = node_client(cli.kubeconfig, prepared).await?;
+                    let done = switch(args)?.back(&Api::all(client)).await?;
+                    println!("{done}");
+                    return Ok(());
+                }
+                NodeCommand::Installer(InstallerArgs { daemonset, switch }) => {
+                    (switch, Some(daemonset))
+                }
             };
-            let node = args
-                .node
-                .or_else(|| std::env::var("NODE_NAME").ok())
-                .or_else(tessera_api::binary::hostname)
-                .context("no node name: pass --node")?;
-            let switch = node::Switch {
-                node,
-                kubelet_args: node::kubelet_command_line(args.kubelet_pid)?,
-                endpoint: args.endpoint,
-                metrics: args.proxy_metrics,
-                restart_command: args.restart_command,
-                verify_timeout: std::time::Duration::from_secs(args.verify_timeout),
-            };
-            let nodes = Api::all(client(cli.kubeconfig).await?);
-            let done = if over {
-                switch.over(&nodes).await?
-            } else {
-                switch.back(&nodes).await?
-            };
-            println!("{done}");
+            let client = node_client(cli.kubeconfig, prepared).await?;
+            let switch = switch(args)?;
+            let nodes = Api::all(client.clone());
+            println!("{}", switch.over(&nodes).await?);
+            if let Some(daemonset) = installer {
+                tessera_api::binary::shutdown_signal()
+                    .await
+                    .context("waiting for SIGTERM")?;
+                match node::owner(client, &daemonset).await {
+                    node::Owner::Uninstalled => {
+                        println!("{daemonset} is gone: switching the node back");
+                        println!("{}", switch.back(&nodes).await?);
+                    }
+                    owner => {
+                        println!("{daemonset}: {owner:?}; the node stays switched to the proxy")
+                    }
+                }
+            }
         }
         Command::Image(ImageCommand::Build {
             out,

@@ -311,6 +311,18 @@ impl Switch {
     /// the node keeps its taint.
     pub async fn over(&self, nodes: &Api<Node>) -> anyhow::Result<String> {
         let plan = plan(&self.kubelet_args)?;
+        if self.already_set(&plan) {
+            // A restarted installer pod (a rollout) must not restart kubelet again:
+            // the setting is in place, so proof that kubelet uses it is enough.
+            if let Ok(calls) = calls_rise(&self.metrics, 3, Duration::from_secs(10)).await {
+                set_taint(nodes, &self.node, false).await?;
+                return Ok(format!(
+                    "already switched: kubelet's configuration names {} and kubelet made {calls} \
+                     calls through the proxy; node {} has no {TAINT_KEY} taint",
+                    self.endpoint, self.node
+                ));
+            }
+        }
         set_taint(nodes, &self.node, true).await?;
         let wrote = match &plan {
             Plan::DropIn(path) => {
@@ -398,6 +410,90 @@ impl Switch {
             "{undone}; kubelet restarted and no longer calls the proxy; node {} has no {TAINT_KEY} taint",
             self.node
         ))
+    }
+}
+
+impl Switch {
+    /// Whether what [`Switch::over`] writes is already there.
+    fn already_set(&self, plan: &Plan) -> bool {
+        match plan {
+            Plan::DropIn(path) => {
+                std::fs::read_to_string(path).is_ok_and(|text| text == drop_in(&self.endpoint))
+            }
+            Plan::EditConfig(path) => std::fs::read_to_string(path).is_ok_and(|text| {
+                edit_config(&text, &self.endpoint).is_ok_and(|edited| edited == text)
+            }),
+        }
+    }
+}
+
+/// Reads this pod's in-cluster credentials into memory and enters the host's mount
+/// namespace (needs `hostPID` and a privileged container): from then on kubelet's
+/// files, `/proc/<kubelet>/ns/mnt` and the restart command are the host's, as when
+/// run on the node. The host's namespace is taken from this container's parent,
+/// the runtime's shim (containerd-shim, conmon), which runs on the host and which
+/// no other container can stand in for; PID 1's may not be readable (a sandboxed
+/// node's init). The service account token is read first because the host's
+/// namespace cannot see the pod's files. `setns` refuses a process with more than
+/// one thread: call this before the async runtime starts.
+pub fn enter_host() -> anyhow::Result<kube::Config> {
+    let mut config = kube::Config::incluster()
+        .context("--enter-host runs in a pod: reading its in-cluster configuration")?;
+    if let Some(file) = config.auth_info.token_file.take() {
+        let token = std::fs::read_to_string(&file)
+            .with_context(|| format!("reading the service account token {file}"))?;
+        config.auth_info.token = Some(token.trim().to_owned().into());
+    }
+    // The CA is already in memory; the file it came from will not be visible.
+    config.root_cert_file = None;
+    let shim = nix::unistd::getppid();
+    if shim.as_raw() <= 1 {
+        bail!(
+            "this container's parent is not visible (parent pid {shim}): the pod must run with hostPID"
+        );
+    }
+    let path = format!("/proc/{shim}/ns/mnt");
+    let host = std::fs::File::open(&path)
+        .with_context(|| format!("opening {path}, the runtime shim's mount namespace"))?;
+    nix::sched::setns(host, nix::sched::CloneFlags::CLONE_NEWNS).context(
+        "entering the host's mount namespace (the container must be privileged, with hostPID)",
+    )?;
+    std::env::set_current_dir("/").context("changing to the host's /")?;
+    Ok(config)
+}
+
+/// How an installer pod's DaemonSet stands when the pod is told to stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Owner {
+    /// It is there: a rollout or a drain; the node stays switched.
+    Present,
+    /// Deleted, being deleted, or no longer readable by this pod (its RBAC goes
+    /// with the chart): an uninstall; the node is switched back.
+    Uninstalled,
+    /// Not known (the API did not answer): the node stays switched, because a
+    /// node switched back without need runs containers with no GPU hook.
+    Unknown,
+}
+
+/// Reads the DaemonSet `namespace/name` of an installer pod.
+pub async fn owner(client: kube::Client, daemonset: &str) -> Owner {
+    use k8s_openapi::api::apps::v1::DaemonSet;
+    let Some((namespace, name)) = daemonset.split_once('/') else {
+        return Owner::Unknown;
+    };
+    let api: Api<DaemonSet> = Api::namespaced(client, namespace);
+    let read = tokio::time::timeout(Duration::from_secs(10), api.get_opt(name)).await;
+    owner_from(read.ok())
+}
+
+fn owner_from(
+    read: Option<Result<Option<k8s_openapi::api::apps::v1::DaemonSet>, kube::Error>>,
+) -> Owner {
+    match read {
+        Some(Ok(Some(set))) if set.metadata.deletion_timestamp.is_none() => Owner::Present,
+        Some(Ok(_)) => Owner::Uninstalled,
+        Some(Err(kube::Error::Api(e))) if matches!(e.code, 401 | 403 | 404) => Owner::Uninstalled,
+        _ => Owner::Unknown,
     }
 }
 
@@ -553,5 +649,76 @@ mod tests {
             backup_of(&path),
             dir.path().join("d/config.yaml.tessera-backup")
         );
+    }
+
+    fn switch_to(endpoint: &str) -> Switch {
+        Switch {
+            node: "n".into(),
+            kubelet_args: vec![],
+            endpoint: endpoint.into(),
+            metrics: "127.0.0.1:1".into(),
+            restart_command: "true".into(),
+            verify_timeout: Duration::from_secs(1),
+        }
+    }
+
+    #[test]
+    fn a_setting_already_in_place_is_recognised_and_nothing_else() {
+        let dir = tempfile::tempdir().expect("dir");
+        let switch = switch_to("unix:///p.sock");
+        let path = dir.path().join(DROP_IN);
+        let plan = Plan::DropIn(path.clone());
+        assert!(!switch.already_set(&plan), "no drop-in yet");
+        std::fs::write(&path, drop_in("unix:///other.sock")).expect("write");
+        assert!(
+            !switch.already_set(&plan),
+            "a drop-in naming another endpoint"
+        );
+        std::fs::write(&path, drop_in("unix:///p.sock")).expect("write");
+        assert!(switch.already_set(&plan));
+
+        let config = dir.path().join("config.yaml");
+        let plan = Plan::EditConfig(config.clone());
+        let original = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncontainerRuntimeEndpoint: unix:///run/containerd/containerd.sock\n";
+        std::fs::write(&config, original).expect("write");
+        assert!(!switch.already_set(&plan), "kubelet still names containerd");
+        std::fs::write(
+            &config,
+            edit_config(original, "unix:///p.sock").expect("edit"),
+        )
+        .expect("write");
+        assert!(switch.already_set(&plan));
+    }
+
+    fn status(code: u16) -> kube::Error {
+        kube::Error::Api(
+            kube::core::Status::failure("x", "y")
+                .with_code(code)
+                .boxed(),
+        )
+    }
+
+    #[test]
+    fn only_a_deleted_or_unreadable_daemonset_switches_the_node_back() {
+        use k8s_openapi::api::apps::v1::DaemonSet;
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        assert_eq!(
+            owner_from(Some(Ok(Some(DaemonSet::default())))),
+            Owner::Present
+        );
+        let mut deleting = DaemonSet::default();
+        deleting.metadata.deletion_timestamp = Some(Time(Default::default()));
+        assert_eq!(owner_from(Some(Ok(Some(deleting)))), Owner::Uninstalled);
+        assert_eq!(owner_from(Some(Ok(None))), Owner::Uninstalled);
+        for code in [401, 403, 404] {
+            assert_eq!(
+                owner_from(Some(Err(status(code)))),
+                Owner::Uninstalled,
+                "{code}"
+            );
+        }
+        // An API that fails or does not answer must not switch a node back.
+        assert_eq!(owner_from(Some(Err(status(500)))), Owner::Unknown);
+        assert_eq!(owner_from(None), Owner::Unknown);
     }
 }

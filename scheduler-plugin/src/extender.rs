@@ -35,6 +35,7 @@ use crate::core::{
     Policy, allocate_pod, fits_pod, group_elsewhere, group_home, never_fits_pod, score_pod,
     selected_nowhere, unfit_reason_pod,
 };
+use crate::events::BindObserver;
 use crate::leader::Leader;
 use crate::ledger::{Ledger, annotation_of, pod_name};
 
@@ -157,6 +158,8 @@ pub struct Extender {
     started: Instant,
     /// Pod UID → the node and answer of its bind still running.
     binds: Arc<Mutex<HashMap<String, (String, RunningBind)>>>,
+    /// Metrics and Events on pods ([`crate::events`]); never waits.
+    observer: BindObserver,
 }
 
 /// How a follower reaches the leader to hand it a bind.
@@ -245,7 +248,14 @@ impl Extender {
             ),
             started: Instant::now(),
             binds: Arc::default(),
+            observer: BindObserver::default(),
         }
+    }
+
+    /// Counts calls and binds into `observer`'s metrics and tells pods through its Events.
+    pub fn with_observer(mut self, observer: BindObserver) -> Self {
+        self.observer = observer;
+        self
     }
 
     /// Hands binds to the leader over HTTPS: `tls` trusts the peer CA and presents
@@ -479,14 +489,22 @@ impl Extender {
         let who = format!("{}/{}", args.pod_namespace, args.pod_name);
         if !self.leader.leading() {
             return match (forwarded, self.leader.url()) {
-                (false, Some(url)) => self.forward_bind(&url, args).await,
-                _ => answer(Err(BindFailure {
-                    pod: who,
-                    error: BindError::NotLeader,
-                })),
+                (false, Some(url)) => {
+                    let result = self.forward_bind(&url, args).await;
+                    self.observer.forwarded(&result);
+                    result
+                }
+                _ => {
+                    self.observer.refused(args, &BindError::NotLeader);
+                    answer(Err(BindFailure {
+                        pod: who,
+                        error: BindError::NotLeader,
+                    }))
+                }
             };
         }
         if !self.synced() {
+            self.observer.refused(args, &BindError::NotSynced);
             return answer(Err(BindFailure {
                 pod: who,
                 error: BindError::NotSynced,
@@ -504,7 +522,9 @@ impl Extender {
                         let task = tokio::spawn(async move {
                             // Ends the pod's entry however the bind ends (a panic included).
                             let _done = BindDone(Arc::clone(&this.binds), owned.pod_uid.clone());
-                            answer(this.bind_once(&owned).await)
+                            let outcome = this.bind_once(&owned).await;
+                            this.observer.finished(&owned, &outcome);
+                            answer(outcome)
                         });
                         let who = who.clone();
                         let running = async move {
@@ -677,6 +697,7 @@ impl Extender {
                 // Bound: the reservation is an assumed use until the watch shows the pod.
                 self.ledger().assume(&args.pod_uid);
                 tracing::info!(pod = %args.pod_name, node = %args.node, gpus = written.is_some(), "bound");
+                self.observer.placed(args, written);
                 return Ok(());
             }
             Err(bind) => bind,
@@ -704,6 +725,7 @@ impl Extender {
             RollbackDecision::Bound => {
                 self.ledger().assume(&args.pod_uid);
                 tracing::info!(pod = %args.pod_name, node = %args.node, error = %bind, "the Binding's answer failed but the pod is bound");
+                self.observer.placed(args, Some(written));
                 Ok(())
             }
             RollbackDecision::Leave => {
@@ -846,6 +868,7 @@ impl Extender {
                 format!("{path}: invalid JSON: {e}").into_bytes(),
             )
         };
+        let started = Instant::now();
         let encoded = match verb(&path) {
             "filter" => serde_json::from_slice::<ExtenderArgs>(&body)
                 .map(|args| serde_json::to_vec(&self.filter(args))),
@@ -857,6 +880,7 @@ impl Extender {
             },
             _ => return respond(StatusCode::NOT_FOUND, b"not found".to_vec()),
         };
+        self.observer.request(verb(&path), started.elapsed());
         match encoded {
             Ok(Ok(bytes)) => respond(StatusCode::OK, bytes),
             Ok(Err(e)) | Err(e) => bad(e),

@@ -5,11 +5,16 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
+use tessera_api::binary::metrics::MetricsListen;
 use tessera_api::request::{MemoryUnit, RequestOptions};
 use tessera_scheduler::core::Policy;
+use tessera_scheduler::events::{
+    BindObserver, KubePodEvents, PodEvents, QUEUE_CAPACITY, RECORD_TIMEOUT,
+};
 use tessera_scheduler::extender::{Extender, ExtenderConfig, serve};
 use tessera_scheduler::leader::{Election, ElectionTiming, Leader, LeaseConfig, parse_duration};
 use tessera_scheduler::ledger::Ledger;
+use tessera_scheduler::metrics::{DEFAULT_METRICS_LISTEN, SchedulerMetrics, SchedulerState};
 use tessera_scheduler::simulate::{self, SimulateOptions, Snapshot};
 use tessera_scheduler::transport::{
     self, BindAccess, DEFAULT_BIND_CLIENT, DEFAULT_PEER_CLIENT, TlsFiles, Transport,
@@ -105,6 +110,11 @@ enum Command {
         /// 0.0.0.0:8889 (kubelet has no client certificate for the TLS port).
         #[arg(long, value_name = "ADDR")]
         probe_listen: Option<SocketAddr>,
+        /// Plain HTTP for Prometheus, GET /metrics only (OpenMetrics text), or `off`.
+        /// Never the extender's port: scrapers have no client certificate, and need
+        /// none to read counts.
+        #[arg(long, value_name = "ADDR|off", default_value_t = MetricsListen::At(DEFAULT_METRICS_LISTEN))]
+        metrics_listen: MetricsListen,
         /// Serve plain HTTP on a non-loopback --listen with no authentication.
         /// INSECURE: anything that can reach the port can bind any pending pod to
         /// any node with tessera-scheduler's rights. Only for a migration.
@@ -318,6 +328,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
             peer_ca_file,
             peer_server_name,
             probe_listen,
+            metrics_listen,
             insecure_listen,
             kubeconfig,
             policy,
@@ -335,6 +346,16 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
                 retry_period: leader_elect_retry_period,
             };
             timing.validate(leader_elect_lease_duration)?;
+            if let Some(metrics) = metrics_listen.addr() {
+                for (flag, taken) in [("--listen", Some(listen)), ("--probe-listen", probe_listen)]
+                {
+                    anyhow::ensure!(
+                        taken.is_none_or(|taken| taken.port() != metrics.port()),
+                        "--metrics-listen {metrics}: port {} is {flag}'s; metrics are served on a port of their own",
+                        metrics.port()
+                    );
+                }
+            }
             // How to listen is settled, and the TLS files read, before anything
             // touches the cluster: a bad setting exits naming it.
             let transport = transport::choose_transport(
@@ -375,6 +396,23 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
             let identity = identity
                 .or_else(tessera_api::binary::hostname)
                 .unwrap_or_else(|| "tessera-scheduler".into());
+            let metrics = Arc::new(SchedulerMetrics::new(SchedulerState {
+                ledger: Arc::clone(&ledger),
+                ready: Arc::clone(&view.ready),
+                leader: Arc::clone(&leader),
+            }));
+            // As the node daemons do: no metrics is no reason to stop placing pods.
+            if let Some(addr) = metrics_listen.addr() {
+                if let Err(error) = metrics.serve(addr).await {
+                    tracing::warn!(%addr, %error, "--metrics-listen: cannot listen; serving no metrics");
+                }
+            }
+            let (events, _recording) = PodEvents::spawn(
+                KubePodEvents::new(client.clone(), identity.clone()),
+                Arc::clone(&metrics),
+                QUEUE_CAPACITY,
+                RECORD_TIMEOUT,
+            );
             let mut election = Election::start(
                 client.clone(),
                 LeaseConfig {
@@ -401,7 +439,8 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
                 config,
                 view.ready,
                 Arc::clone(&leader),
-            );
+            )
+            .with_observer(BindObserver::new(Arc::clone(&metrics), events));
             let extender = match &tls {
                 Some(tls) if access.peer.is_some() => {
                     extender.with_peer_tls(tls.peer.clone(), tls.peer_server_name.clone())
@@ -409,10 +448,12 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
                 _ => extender,
             };
             let expiring = extender.clone();
+            let expired_count = metrics.reservations_expired.clone();
             tokio::spawn(async move {
                 loop {
                     tokio::time::sleep(Duration::from_secs(1)).await;
                     let expired = expiring.expire_reservations();
+                    expired_count.inc_by(u64::try_from(expired).unwrap_or(u64::MAX));
                     if expired > 0 {
                         tracing::warn!(
                             expired,

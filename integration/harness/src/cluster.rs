@@ -61,6 +61,8 @@ const KUBELET_HEALTHZ_PORT: u16 = 10248;
 pub const EXTENDER_PORT: u16 = 18888;
 /// The proxy's Prometheus endpoint.
 pub const PROXY_METRICS_PORT: u16 = 19464;
+/// tessera-scheduler's Prometheus endpoint.
+pub const SCHEDULER_METRICS_PORT: u16 = 19466;
 
 // === impl K8sBinaries ===
 
@@ -670,6 +672,7 @@ impl Cluster {
             format!("--kubeconfig={}", self.kubeconfig_for("extender").display()),
             format!("--advertise-url=http://127.0.0.1:{EXTENDER_PORT}"),
             "--identity=tessera-scheduler-0".into(),
+            format!("--metrics-listen=127.0.0.1:{SCHEDULER_METRICS_PORT}"),
         ];
         self.launch(
             Component::Extender,
@@ -920,6 +923,11 @@ impl Cluster {
     /// The proxy's metrics address.
     pub fn proxy_metrics_addr(&self) -> String {
         format!("127.0.0.1:{PROXY_METRICS_PORT}")
+    }
+
+    /// tessera-scheduler's metrics address.
+    pub fn scheduler_metrics_addr(&self) -> String {
+        format!("127.0.0.1:{SCHEDULER_METRICS_PORT}")
     }
 
     /// Points kubelet's runtime and image endpoints at `socket` in its `--config`

@@ -2,14 +2,17 @@
 //! that has none of it: `tessera image build` makes the daemons' images, the Helm
 //! chart (through `scripts/chart.py`, Helm's own Go SDK) installs the CRD, RBAC,
 //! admission policies, tessera-scheduler and the reporter DaemonSet; kube-scheduler
-//! calls the installed extender. A fractional pod then gets exactly its grant and a
-//! tenant's forged allocation is refused; an upgrade changes a setting and rolls the
-//! scheduler; an uninstall leaves nothing of Tessera in the cluster. The node side
-//! (proxy, GPU hook) is the harness's, as systemd would run it, with the proxy's
-//! frame relay (`--relay frames`) between kubelet and containerd.
+//! calls the installed extender. The node starts with kubelet talking to containerd
+//! directly; the chart's node installer switches it to the proxy and proves it. A
+//! fractional pod then gets exactly its grant and a tenant's forged allocation is
+//! refused; an upgrade changes a setting and rolls the scheduler; an uninstall
+//! switches the node back and leaves nothing of Tessera in the cluster. The proxy
+//! and GPU hook are the harness's, as systemd would run them, with the proxy's
+//! frame relay (`--relay frames`).
 //!
 //! Needs root, the Kubernetes binaries (see tessera-harness) and python3.
 
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -290,19 +293,20 @@ async fn install_upgrade_uninstall(cluster: &mut Cluster) -> anyhow::Result<()> 
     // The images, as an operator builds them.
     let tessera = tessera_binary("tessera")?;
     let images = tempfile::tempdir()?;
+    let names = ["tessera-scheduler", "tessera-reporter", "tessera"];
     let output = Command::new(&tessera)
         .args(["image", "build", "--tag", TAG, "--out"])
         .arg(images.path())
         .arg("--bin-dir")
         .arg(tessera.parent().context("tessera has no directory")?)
-        .args(["tessera-scheduler", "tessera-reporter"])
+        .args(names)
         .output()?;
     ensure!(
         output.status.success(),
         "tessera image build: {}",
         String::from_utf8_lossy(&output.stderr)
     );
-    for name in ["tessera-scheduler", "tessera-reporter"] {
+    for name in names {
         cluster.import_image(&images.path().join(format!("{name}.tar")))?;
     }
 
@@ -330,8 +334,31 @@ async fn install_upgrade_uninstall(cluster: &mut Cluster) -> anyhow::Result<()> 
         "tessera-scheduler certs: {}",
         String::from_utf8_lossy(&output.stderr)
     );
-    let output = chart(cluster, "install", &[])?;
+    // The node as before Tessera: kubelet talks to containerd; the installer switches it.
+    let containerd = cluster.containerd_socket();
+    cluster.set_kubelet_endpoint(&containerd).await?;
+    let restart_flag = cluster.dir().join("restart-kubelet");
+    let installer = [
+        "nodeInstaller.enabled=true".to_owned(),
+        format!(
+            "nodeInstaller.endpoint=unix://{}",
+            cluster.proxy_socket().display()
+        ),
+        format!(
+            "nodeInstaller.proxyMetrics={}",
+            cluster.proxy_metrics_addr()
+        ),
+        // No systemd here: the harness restarts kubelet when the flag appears.
+        format!(
+            "nodeInstaller.restartCommand=touch {}",
+            restart_flag.display()
+        ),
+    ];
+    let installer: Vec<&str> = installer.iter().map(String::as_str).collect();
+    let output = chart(cluster, "install", &installer)?;
     println!("install: {}", output.trim());
+    let switched = node_switch(cluster, &restart_flag, true).await?;
+    println!("node installer: {switched}");
     let read = |name: &str| -> anyhow::Result<k8s_openapi::ByteString> {
         Ok(k8s_openapi::ByteString(std::fs::read(pki.join(name))?))
     };
@@ -393,7 +420,9 @@ async fn install_upgrade_uninstall(cluster: &mut Cluster) -> anyhow::Result<()> 
     }
 
     // Upgrade: a changed setting reaches the scheduler, which rolls, and still places.
-    let output = chart(cluster, "upgrade", &["scheduler.gpuPolicy=spread"])?;
+    let mut upgrade = installer.clone();
+    upgrade.push("scheduler.gpuPolicy=spread");
+    let output = chart(cluster, "upgrade", &upgrade)?;
     println!("upgrade: {}", output.trim());
     use_scheduler_pod(cluster, "--gpu-policy=spread").await?;
     fractional_pod(cluster, "upgraded-quarter").await?;
@@ -401,6 +430,13 @@ async fn install_upgrade_uninstall(cluster: &mut Cluster) -> anyhow::Result<()> 
     // Uninstall: nothing of Tessera is left but the namespace and the operator's Secret.
     let output = chart(cluster, "uninstall", &[])?;
     println!("uninstall: {}", output.trim());
+    let switched = node_switch(cluster, &restart_flag, false).await?;
+    println!("node installer at uninstall: {switched}");
+    let backup = format!("{}.tessera-backup", cluster.kubelet_config_path().display());
+    ensure!(
+        !Path::new(&backup).exists(),
+        "switched back, but {backup} is left"
+    );
     secrets
         .delete("tessera-scheduler-tls", &Default::default())
         .await?;
@@ -417,6 +453,83 @@ async fn install_upgrade_uninstall(cluster: &mut Cluster) -> anyhow::Result<()> 
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     Ok(())
+}
+
+/// kubelet's runtime endpoint in its configuration file.
+fn kubelet_endpoint(cluster: &Cluster) -> anyhow::Result<String> {
+    let text = std::fs::read_to_string(cluster.kubelet_config_path())?;
+    let config: serde_yaml::Value = serde_yaml::from_str(&text)?;
+    Ok(config["containerRuntimeEndpoint"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned())
+}
+
+/// Waits (90 s) until the node installer has switched kubelet to the proxy (`over`)
+/// or back to containerd, restarting kubelet whenever the installer's restart
+/// command asks: the endpoint is in kubelet's configuration, the switch taint is
+/// gone, and the installer's log says it proved the switch. Returns that log line.
+async fn node_switch(cluster: &mut Cluster, flag: &Path, over: bool) -> anyhow::Result<String> {
+    let client = cluster.client().await?;
+    let nodes: Api<Node> = Api::all(client.clone());
+    let pods: Api<Pod> = Api::namespaced(client, NAMESPACE);
+    let want = if over {
+        format!("unix://{}", cluster.proxy_socket().display())
+    } else {
+        format!("unix://{}", cluster.containerd_socket().display())
+    };
+    let proof = if over {
+        "calls through the proxy; taint tessera.io/runtime-proxy removed"
+    } else {
+        "no longer calls the proxy"
+    };
+    let started = Instant::now();
+    let mut log = String::new();
+    loop {
+        if flag.exists() {
+            std::fs::remove_file(flag)?;
+            cluster
+                .restart(tessera_harness::cluster::Component::Kubelet)
+                .await?;
+        }
+        let installers = pods
+            .list(&ListParams::default().labels("app=tessera-node-installer"))
+            .await?
+            .items;
+        for pod in &installers {
+            // kubelet's files: every restart's words (a failed one's too).
+            if let Ok(text) = cluster.container_log(pod, "installer") {
+                log = text;
+            }
+        }
+        let tainted = nodes
+            .get(NODE_NAME)
+            .await?
+            .spec
+            .and_then(|s| s.taints)
+            .unwrap_or_default()
+            .iter()
+            .any(|t| t.key == "tessera.io/runtime-proxy");
+        if kubelet_endpoint(cluster)? == want && !tainted {
+            if let Some(line) = log.lines().find(|l| l.contains(proof)) {
+                return Ok(line.to_owned());
+            }
+            if !over && installers.is_empty() {
+                // The pod went with the uninstall before its last words were read.
+                return Ok(format!(
+                    "kubelet's configuration names {want} again; log: {log}"
+                ));
+            }
+        }
+        ensure!(
+            started.elapsed() < Duration::from_secs(90),
+            "the node installer did not switch the node {} in 90 s: kubelet names {}, \
+             tainted {tainted}; installer log: {log}",
+            if over { "over" } else { "back" },
+            kubelet_endpoint(cluster)?
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
 }
 
 /// What of the install is still in the cluster: objects labelled as part of

@@ -1,0 +1,525 @@
+//! Kubernetes Events on pods, where `kubectl describe pod` shows them: `Normal
+//! GpuAllocated` when a bind placed the pod's GPUs ("placed on GPU GPU-… (50% compute,
+//! 8GiB memory = 50%) on node n1"), `Warning GpuBindRefused` when a bind was refused
+//! for a reason the pod's owner must see (its request is invalid, or it does not fit
+//! the node kube-scheduler chose).
+//!
+//! An Event never fails or delays a bind: [`PodEvents::send`] only queues (a bounded
+//! queue; when it is full the Event is dropped and counted), and one task hands the
+//! queue to a [`PodEventSink`], each write bounded by [`RECORD_TIMEOUT`]. The real
+//! sink, [`KubePodEvents`], writes `events.k8s.io/v1` Events in the pod's namespace.
+//!
+//! Not kube-runtime's `Recorder`, for the reason the reporter gives (it folds Events
+//! with one reason on one object into a series that keeps the first note, so a second
+//! refusal naming another node would show the first node's words); each Event here is
+//! built by the pure [`pod_event`] and created as it is.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::PostParams;
+use kube::{Api, Client};
+use tessera_api::DeviceAllocations;
+use tokio::sync::mpsc::{Receiver, Sender, error::TrySendError};
+
+use crate::bind::{BindError, BindFailure};
+use crate::extender::{ExtenderBindingArgs, ExtenderBindingResult};
+use crate::metrics::{BindResult, EventLabels, SchedulerMetrics, Verb};
+
+/// `reportingController` of every Event the scheduler writes.
+pub const REPORTING_CONTROLLER: &str = "tessera.io/scheduler";
+/// Reason of the Event a pod gets when its GPUs are placed.
+pub const REASON_ALLOCATED: &str = "GpuAllocated";
+/// Reason of the Event a pod gets when its bind is refused for a reason of its own.
+pub const REASON_REFUSED: &str = "GpuBindRefused";
+/// Events waiting to be written; more are dropped (and counted) rather than held.
+pub const QUEUE_CAPACITY: usize = 1024;
+/// How long one Event's write may take before it is given up.
+pub const RECORD_TIMEOUT: Duration = Duration::from_secs(5);
+/// The longest note the API server takes (1 kB).
+const MAX_NOTE: usize = 1024;
+/// The longest object name the API server takes (a DNS subdomain).
+const MAX_NAME: usize = 253;
+/// The longest `reportingInstance`.
+const MAX_INSTANCE: usize = 128;
+
+/// The pod an Event is about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodRef {
+    /// Its namespace.
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+    /// Its UID.
+    pub uid: String,
+}
+
+impl PodRef {
+    /// The pod of a bind.
+    pub fn of(args: &ExtenderBindingArgs) -> Self {
+        Self {
+            namespace: args.pod_namespace.clone(),
+            name: args.pod_name.clone(),
+            uid: args.pod_uid.clone(),
+        }
+    }
+}
+
+/// Something a pod's owner is told.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PodEvent {
+    /// A bind wrote the pod's allocation and bound it to `node`.
+    Allocated {
+        /// The pod.
+        pod: PodRef,
+        /// Its node.
+        node: String,
+        /// The allocation annotation written.
+        annotation: String,
+    },
+    /// A bind to `node` was refused for a reason the pod's owner must see.
+    Refused {
+        /// The pod.
+        pod: PodRef,
+        /// The node kube-scheduler chose.
+        node: String,
+        /// Why, in the bind's words.
+        why: String,
+    },
+}
+
+/// Bytes in a GiB and a MiB, for notes.
+const GIB: u64 = 1 << 30;
+const MIB: u64 = 1 << 20;
+
+fn bytes_text(bytes: u64) -> String {
+    if bytes >= GIB && bytes % GIB == 0 {
+        format!("{}GiB", bytes / GIB)
+    } else if bytes >= MIB && bytes % MIB == 0 {
+        format!("{}MiB", bytes / MIB)
+    } else {
+        format!("{bytes}B")
+    }
+}
+
+/// "placed on GPU GPU-a (50% compute, 8GiB memory = 50%), GPU GPU-b (…) on node n1",
+/// from the annotation written; an annotation that does not parse (never written by
+/// this scheduler) is named as it is.
+pub fn allocated_note(node: &str, annotation: &str) -> String {
+    let Ok(allocations) = DeviceAllocations::parse(annotation) else {
+        return format!("placed on node {node}: {annotation}");
+    };
+    let gpus: Vec<String> = allocations
+        .gpus()
+        .iter()
+        .map(|gpu| {
+            let mut share = Vec::new();
+            if let Some(core) = gpu.gpu_core() {
+                share.push(format!("{core}% compute"));
+            }
+            match (gpu.gpu_memory(), gpu.gpu_memory_ratio()) {
+                (Some(bytes), Some(ratio)) => {
+                    share.push(format!("{} memory = {ratio}%", bytes_text(bytes)));
+                }
+                (Some(bytes), None) => share.push(format!("{} memory", bytes_text(bytes))),
+                (None, Some(ratio)) => share.push(format!("{ratio}% memory")),
+                (None, None) => {}
+            }
+            format!("GPU {} ({})", gpu.id, share.join(", "))
+        })
+        .collect();
+    if gpus.is_empty() {
+        return format!("placed on node {node} with no GPU");
+    }
+    format!("placed on {} on node {node}", gpus.join(", "))
+}
+
+impl PodEvent {
+    /// The pod.
+    pub fn pod(&self) -> &PodRef {
+        match self {
+            Self::Allocated { pod, .. } | Self::Refused { pod, .. } => pod,
+        }
+    }
+
+    /// The node.
+    pub fn node(&self) -> &str {
+        match self {
+            Self::Allocated { node, .. } | Self::Refused { node, .. } => node,
+        }
+    }
+
+    /// `Normal` or `Warning`.
+    pub fn event_type(&self) -> &'static str {
+        match self {
+            Self::Allocated { .. } => "Normal",
+            Self::Refused { .. } => "Warning",
+        }
+    }
+
+    /// `GpuAllocated` or `GpuBindRefused`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::Allocated { .. } => REASON_ALLOCATED,
+            Self::Refused { .. } => REASON_REFUSED,
+        }
+    }
+
+    /// What the scheduler did (the Event's machine-readable `action`).
+    pub fn action(&self) -> &'static str {
+        "Bind"
+    }
+
+    /// The Event's note, for people, at most 1 kB.
+    pub fn note(&self) -> String {
+        let note = match self {
+            Self::Allocated {
+                node, annotation, ..
+            } => allocated_note(node, annotation),
+            Self::Refused { node, why, .. } => format!("not bound to node {node}: {why}"),
+        };
+        truncated(&note, MAX_NOTE).to_owned()
+    }
+}
+
+/// `text` cut to at most `max` bytes, on a character boundary.
+fn truncated(text: &str, max: usize) -> &str {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+/// The Event for `event` at `now`, written by replica `instance`: it regards the pod
+/// (by UID, so it never lands on a pod of the same name created later) and relates
+/// to the node.
+pub fn pod_event(event: &PodEvent, instance: &str, now: Timestamp) -> Event {
+    let pod = event.pod();
+    // `<pod>.<nanoseconds in hex>`, as client-go names Events; cut to fit.
+    let stamp = format!(".{:x}", now.as_nanosecond());
+    let name = format!(
+        "{}{stamp}",
+        truncated(&pod.name, MAX_NAME.saturating_sub(stamp.len()))
+    );
+    Event {
+        metadata: ObjectMeta {
+            name: Some(name),
+            namespace: Some(pod.namespace.clone()),
+            ..ObjectMeta::default()
+        },
+        event_time: Some(MicroTime(now)),
+        type_: Some(event.event_type().to_owned()),
+        reason: Some(event.reason().to_owned()),
+        action: Some(event.action().to_owned()),
+        note: Some(event.note()),
+        regarding: Some(ObjectReference {
+            api_version: Some("v1".to_owned()),
+            kind: Some("Pod".to_owned()),
+            namespace: Some(pod.namespace.clone()),
+            name: Some(pod.name.clone()),
+            uid: Some(pod.uid.clone()),
+            ..ObjectReference::default()
+        }),
+        related: Some(ObjectReference {
+            api_version: Some("v1".to_owned()),
+            kind: Some("Node".to_owned()),
+            name: Some(event.node().to_owned()),
+            ..ObjectReference::default()
+        }),
+        reporting_controller: Some(REPORTING_CONTROLLER.to_owned()),
+        reporting_instance: Some(truncated(instance, MAX_INSTANCE).to_owned()),
+        ..Event::default()
+    }
+}
+
+/// Why an Event was not written; it is logged and counted, never retried.
+#[derive(Debug, thiserror::Error)]
+pub enum EventError {
+    /// The API server refused the Event or could not be reached.
+    #[error("creating Event {reason} on pod {namespace}/{name}")]
+    Api {
+        /// The pod's namespace.
+        namespace: String,
+        /// The pod's name.
+        name: String,
+        /// The Event's reason.
+        reason: &'static str,
+        /// The client's error.
+        #[source]
+        source: kube::Error,
+    },
+    /// The write took longer than its timeout ([`RECORD_TIMEOUT`]).
+    #[error("creating Event {reason} on pod {namespace}/{name}: no answer within {timeout:?}")]
+    Timeout {
+        /// The pod's namespace.
+        namespace: String,
+        /// The pod's name.
+        name: String,
+        /// The Event's reason.
+        reason: &'static str,
+        /// How long it waited.
+        timeout: Duration,
+    },
+}
+
+/// Where pods' Events go.
+pub trait PodEventSink: Send + Sync + 'static {
+    /// Records one Event.
+    fn record(&self, event: &PodEvent) -> impl Future<Output = Result<(), EventError>> + Send;
+}
+
+/// Writes `events.k8s.io/v1` Events on pods.
+#[derive(Clone)]
+pub struct KubePodEvents {
+    client: Client,
+    instance: String,
+}
+
+impl std::fmt::Debug for KubePodEvents {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubePodEvents")
+            .field("instance", &self.instance)
+            .finish_non_exhaustive()
+    }
+}
+
+impl KubePodEvents {
+    /// Events written by replica `instance` (its Lease identity).
+    pub fn new(client: Client, instance: impl Into<String>) -> Self {
+        Self {
+            client,
+            instance: instance.into(),
+        }
+    }
+}
+
+impl PodEventSink for KubePodEvents {
+    async fn record(&self, event: &PodEvent) -> Result<(), EventError> {
+        let pod = event.pod();
+        let events: Api<Event> = Api::namespaced(self.client.clone(), &pod.namespace);
+        events
+            .create(
+                &PostParams::default(),
+                &pod_event(event, &self.instance, Timestamp::now()),
+            )
+            .await
+            .map_err(|source| EventError::Api {
+                namespace: pod.namespace.clone(),
+                name: pod.name.clone(),
+                reason: event.reason(),
+                source,
+            })?;
+        Ok(())
+    }
+}
+
+/// The bind path's handle on the task that writes Events: sending never waits.
+#[derive(Debug, Clone, Default)]
+pub struct PodEvents {
+    queue: Option<Sender<PodEvent>>,
+    counts: Option<Arc<SchedulerMetrics>>,
+}
+
+impl PodEvents {
+    /// Records nothing.
+    pub fn none() -> Self {
+        Self::default()
+    }
+
+    /// Spawns the task that hands each Event to `sink`, in order, each write given
+    /// up after `timeout` ([`RECORD_TIMEOUT`]), counting outcomes into `metrics`
+    /// (`tessera_scheduler_events_total`); at most `capacity` ([`QUEUE_CAPACITY`])
+    /// wait. The task ends once every handle is dropped and what was queued is written.
+    pub fn spawn(
+        sink: impl PodEventSink,
+        metrics: Arc<SchedulerMetrics>,
+        capacity: usize,
+        timeout: Duration,
+    ) -> (Self, tokio::task::JoinHandle<()>) {
+        let (queue, rx) = tokio::sync::mpsc::channel(capacity.max(1));
+        let task = tokio::spawn(record_all(sink, rx, Arc::clone(&metrics), timeout));
+        (
+            Self {
+                queue: Some(queue),
+                counts: Some(metrics),
+            },
+            task,
+        )
+    }
+
+    /// Queues `event`; when the queue is full it is dropped, logged and counted.
+    pub fn send(&self, event: PodEvent) {
+        let Some(queue) = &self.queue else {
+            return;
+        };
+        if let Err(TrySendError::Full(event) | TrySendError::Closed(event)) = queue.try_send(event)
+        {
+            tracing::warn!(
+                pod = %format_args!("{}/{}", event.pod().namespace, event.pod().name),
+                reason = event.reason(),
+                "Event dropped: the queue to the API server is full"
+            );
+            count(self.counts.as_deref(), event.reason(), "dropped");
+        }
+    }
+}
+
+fn count(metrics: Option<&SchedulerMetrics>, reason: &str, outcome: &str) {
+    if let Some(metrics) = metrics {
+        metrics
+            .events
+            .get_or_create(&EventLabels {
+                reason: reason.to_owned(),
+                outcome: outcome.to_owned(),
+            })
+            .inc();
+    }
+}
+
+async fn record_all(
+    sink: impl PodEventSink,
+    mut queue: Receiver<PodEvent>,
+    metrics: Arc<SchedulerMetrics>,
+    timeout: Duration,
+) {
+    while let Some(event) = queue.recv().await {
+        let pod = event.pod();
+        let written = match tokio::time::timeout(timeout, sink.record(&event)).await {
+            Ok(written) => written,
+            Err(_) => Err(EventError::Timeout {
+                namespace: pod.namespace.clone(),
+                name: pod.name.clone(),
+                reason: event.reason(),
+                timeout,
+            }),
+        };
+        let outcome = match written {
+            Ok(()) => {
+                tracing::debug!(pod = %pod.name, namespace = %pod.namespace, reason = event.reason(), "Event recorded");
+                "recorded"
+            }
+            Err(error) => {
+                tracing::warn!(error = %error_chain(&error), "Event not recorded");
+                "failed"
+            }
+        };
+        count(Some(&metrics), event.reason(), outcome);
+    }
+}
+
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// Whether the pod's owner must see `error` on the pod: the request itself is
+/// wrong, or it does not fit the chosen node. Not leadership, cache or API server
+/// trouble: that is the operator's, in the metrics and the log.
+pub fn owner_must_see(error: &BindError) -> bool {
+    matches!(
+        error,
+        BindError::Request(_)
+            | BindError::Unfit { .. }
+            | BindError::NoDevice { .. }
+            | BindError::BoundWithoutAllocation { .. }
+    )
+}
+
+// === impl BindObserver ===
+
+/// What the extender tells about its calls: metrics, and Events on pods. Cheap to
+/// clone; every method returns at once.
+#[derive(Debug, Clone, Default)]
+pub struct BindObserver {
+    /// The metrics.
+    pub metrics: Arc<SchedulerMetrics>,
+    /// The Event queue.
+    pub events: PodEvents,
+}
+
+impl BindObserver {
+    /// Tells through `metrics` and `events`.
+    pub fn new(metrics: Arc<SchedulerMetrics>, events: PodEvents) -> Self {
+        Self { metrics, events }
+    }
+
+    /// One extender call of `verb` (a path's last segment) took `took`.
+    pub fn request(&self, verb: &str, took: Duration) {
+        if let Some(verb) = Verb::of(verb) {
+            self.metrics.record_request(verb, took);
+        }
+    }
+
+    /// A bind wrote `written` on the pod and bound it to `node` (`None`: a pod that
+    /// asks for no GPU, which gets no Event).
+    pub fn placed(&self, args: &ExtenderBindingArgs, written: Option<&str>) {
+        if let Some(annotation) = written {
+            self.events.send(PodEvent::Allocated {
+                pod: PodRef::of(args),
+                node: args.node.clone(),
+                annotation: annotation.to_owned(),
+            });
+        }
+    }
+
+    /// A bind run by this replica ended with `outcome`.
+    pub fn finished(&self, args: &ExtenderBindingArgs, outcome: &Result<(), BindFailure>) {
+        match outcome {
+            Ok(()) => self.metrics.record_bind(BindResult::Bound),
+            Err(failure) => self.refused(args, &failure.error),
+        }
+    }
+
+    /// A bind ended with `error` (before running, or after).
+    pub fn refused(&self, args: &ExtenderBindingArgs, error: &BindError) {
+        self.metrics.record_bind_error(error);
+        if owner_must_see(error) {
+            let why = match error {
+                // The node is named by the note already.
+                BindError::Unfit { reason, .. } => reason.clone(),
+                BindError::NoDevice { .. } => {
+                    "the node has no Device CR: it reports no GPUs".to_owned()
+                }
+                other => other.to_string(),
+            };
+            self.events.send(PodEvent::Refused {
+                pod: PodRef::of(args),
+                node: args.node.clone(),
+                why,
+            });
+        }
+    }
+
+    /// A follower handed the bind to the leader, which answered `result`. An error is
+    /// counted as `failed`, cause `forward`, whether the hand-over failed or the leader
+    /// refused (the leader's own metrics and Events say why).
+    pub fn forwarded(&self, result: &ExtenderBindingResult) {
+        if result.error.is_empty() {
+            self.metrics.record_bind(BindResult::Forwarded);
+        } else {
+            self.metrics.record_bind(BindResult::Failed);
+            self.metrics
+                .bind_errors
+                .get_or_create(&crate::metrics::BindErrorLabels {
+                    error: "forward".to_owned(),
+                    result: "failed".to_owned(),
+                })
+                .inc();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
