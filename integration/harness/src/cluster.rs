@@ -307,6 +307,10 @@ pub struct ClusterOptions {
     /// processes. `false` leaves all of it to an install (the Helm chart), and
     /// kube-scheduler's extender URL to [`Cluster::set_extender`].
     pub cluster_side: bool,
+    /// NVLinks between the fake GPUs, as pairs of minors; `None`: each PCIe
+    /// switch pair (0-1, 2-3) ([`fake_nvml::pair_nvlinks`]). [`Cluster::set_nvlinks`]
+    /// changes them on a running cluster.
+    pub nvlinks: Option<Vec<[u32; 2]>>,
 }
 
 impl Default for ClusterOptions {
@@ -316,6 +320,7 @@ impl Default for ClusterOptions {
             device_plugin: true,
             proxy_args: Vec::new(),
             cluster_side: true,
+            nvlinks: None,
         }
     }
 }
@@ -491,6 +496,18 @@ impl Cluster {
             .with_context(|| format!("{component} is not part of this cluster"))?;
         process.spawn()?;
         self.wait_ready(component).await
+    }
+
+    /// Gives the fake GPUs the NVLinks `links` (pairs of minors): rewrites the fake
+    /// NVML description and restarts tessera-reporter, which reads NVML when it
+    /// starts. The caller waits for the Device CR to show them.
+    pub async fn set_nvlinks(&mut self, links: &[[u32; 2]]) -> anyhow::Result<()> {
+        let description = fake_nvml::describe_with_nvlinks(&self.gpu_node, links);
+        std::fs::write(
+            self.dir.path().join("nvml").join("fake-nvml.json"),
+            serde_json::to_vec_pretty(&description)?,
+        )?;
+        self.restart(Component::Reporter).await
     }
 
     /// Stops a component and starts it again.
@@ -740,7 +757,13 @@ impl Cluster {
         )?;
         self.wait_ready(Component::Containerd).await?;
         let nvml_dir = dir.join("nvml");
-        let library = fake_nvml::install(&nvml_dir, &fake_nvml::describe(&self.gpu_node))?;
+        let nvlinks = options.nvlinks.clone().unwrap_or_else(|| {
+            fake_nvml::pair_nvlinks(u32::try_from(self.gpu_node.gpus.len()).unwrap_or(0))
+        });
+        let library = fake_nvml::install(
+            &nvml_dir,
+            &fake_nvml::describe_with_nvlinks(&self.gpu_node, &nvlinks),
+        )?;
         let images = dir.join("images");
         std::fs::create_dir_all(&images)?;
         for archive in [

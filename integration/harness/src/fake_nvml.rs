@@ -53,20 +53,53 @@ pub fn install(dir: &Path, node: &Value) -> anyhow::Result<PathBuf> {
     Ok(library_copy)
 }
 
+/// The NVLinks of a node of `gpus` GPUs unless told otherwise: each PCIe switch
+/// pair (0-1, 2-3, …) also joined by an NVLink.
+pub fn pair_nvlinks(gpus: u32) -> Vec<[u32; 2]> {
+    (0..gpus / 2).map(|pair| [2 * pair, 2 * pair + 1]).collect()
+}
+
 /// A fake NVML description matching a [`crate::gpu_node::FakeGpuNode`]: the same
-/// UUIDs and minors, 80 GiB each, GPU pairs on a PCIe switch with an NVLink.
+/// UUIDs and minors, 80 GiB each, GPU pairs (0-1, 2-3, …) on a PCIe switch and a
+/// NUMA node, joined by the NVLinks [`pair_nvlinks`] lists.
 pub fn describe(node: &crate::gpu_node::FakeGpuNode) -> Value {
+    let count = u32::try_from(node.gpus.len()).unwrap_or(u32::MAX);
+    describe_with_nvlinks(node, &pair_nvlinks(count))
+}
+
+/// [`describe`], with the NVLinks `links` (pairs of minors) instead: each link is
+/// active on both GPUs, as NVML reports it from either side. Links naming a minor
+/// the node lacks are left out.
+pub fn describe_with_nvlinks(node: &crate::gpu_node::FakeGpuNode, links: &[[u32; 2]]) -> Value {
+    let bus = |minor: u32| {
+        node.gpus
+            .iter()
+            .find(|g| g.minor == minor)
+            .map(|g| format!("0000{}", g.bus_id))
+    };
     let gpus: Vec<Value> = node
         .gpus
         .iter()
         .map(|gpu| {
-            let peer = gpu.minor ^ 1;
-            let bus = |minor: u32| format!("0000{}", node.gpus.get(minor as usize).map_or(String::new(), |g| g.bus_id.clone()));
+            let peers = links.iter().filter_map(|[a, b]| {
+                if *a == gpu.minor {
+                    bus(*b)
+                } else if *b == gpu.minor {
+                    bus(*a)
+                } else {
+                    None
+                }
+            });
+            // One NVML link number per peer, as a GPU's links are numbered.
+            let nvlinks: Vec<Value> = peers
+                .enumerate()
+                .map(|(link, peer)| json!({"link": link, "peerBusId": peer}))
+                .collect();
             json!({
                 "uuid": gpu.uuid, "minor": gpu.minor, "name": "NVIDIA H100 80GB HBM3",
                 "memoryBytes": 85_899_345_920u64, "busId": bus(gpu.minor),
                 "numaNode": gpu.minor / 2, "pcieSwitch": format!("sw{}", gpu.minor / 2),
-                "nvlinks": if (peer as usize) < node.gpus.len() { json!([{"link": 0, "peerBusId": bus(peer)}]) } else { json!([]) },
+                "nvlinks": nvlinks,
             })
         })
         .collect();
