@@ -4,7 +4,8 @@
 # systemd-socket-activate for the socket-activation test; containernetworking-plugins,
 # openssl, xz-utils, iproute2 and iptables: the real-cluster tier (pod networks, the
 # service-account key, the compressed binaries in ../shared/k8s/bin, removing the pod
-# bridge, routing the `kubernetes` Service to the API server).
+# bridge, routing the `kubernetes` Service to the API server); prometheus: the chart's
+# alerts and dashboard loaded into a real Prometheus over the cluster tier's daemons.
 install_deps() {
     if [ "$(id -u)" != 0 ]; then
         echo "error: run as root: the tests start a private containerd and runc containers" >&2
@@ -22,6 +23,7 @@ install_deps() {
     command -v xz >/dev/null || missing+=(xz-utils)
     command -v ip >/dev/null || missing+=(iproute2)
     command -v iptables >/dev/null || missing+=(iptables)
+    command -v promtool >/dev/null || missing+=(prometheus)
     if [ ${#missing[@]} -gt 0 ]; then
         echo "installing: ${missing[*]}"
         apt-get update -qq

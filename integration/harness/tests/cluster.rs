@@ -24,6 +24,13 @@ use tessera_harness::cluster::{
 };
 use tessera_harness::image::CUDA_PROBE_IMAGE;
 
+#[path = "cluster/observability.rs"]
+mod observability;
+#[path = "cluster/prometheus.rs"]
+mod prometheus;
+#[path = "cluster/topology.rs"]
+mod topology;
+
 /// The namespace the proxy's GPU hook trusts (`--trusted-gpu-agents`), as an
 /// operator would trust `gpu-operator`.
 const AGENTS_NAMESPACE: &str = "tessera-agents";
@@ -81,6 +88,17 @@ fn scenarios() -> Vec<(&'static str, Scenario)> {
             |c| Box::pin(kubeshare(c)),
         ),
         ("restarts_lose_nothing", |c| Box::pin(restarts(c))),
+        ("two_gpu_pod_lands_on_an_nvlink_pair", |c| {
+            Box::pin(topology::two_gpu_pod_lands_on_an_nvlink_pair(c))
+        }),
+        (
+            "gpu_allocated_event_names_the_gpu_and_metrics_count_the_bind",
+            |c| Box::pin(observability::gpu_allocated_event_and_metrics(c)),
+        ),
+        (
+            "chart_alerts_and_dashboard_load_in_a_real_prometheus_over_the_daemons",
+            |c| Box::pin(prometheus::chart_monitoring_in_a_real_prometheus(c)),
+        ),
     ]
 }
 
@@ -1314,7 +1332,7 @@ async fn compat_manifests(cluster: &mut Cluster) -> anyhow::Result<()> {
     let name = "koordinator-no-such-model";
     let spec = with(
         name,
-        json!({"koordinator.sh/gpu-core": "20"}),
+        json!({"koordinator.sh/gpu-core": "20", "koordinator.sh/gpu-memory-ratio": "20"}),
         json!({"scheduling.koordinator.sh/device-allocate-hint":
                json!({"gpu": {"selector": {"matchLabels": {"node.koordinator.sh/gpu-model": "A100"}}}}).to_string()}),
     );
