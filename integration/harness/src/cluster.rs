@@ -347,14 +347,33 @@ impl Cluster {
         }
         crate::containerd::require_tools(&["runc", "cc", "openssl", "iptables"])?;
         std::fs::create_dir_all(DEVICE_PLUGIN_DIR)?;
-        let lock_file = std::fs::File::create("/var/lib/kubelet/.tessera-cluster.lock")?;
-        let lock = nix::fcntl::Flock::lock(lock_file, nix::fcntl::FlockArg::LockExclusiveNonblock)
-            .map_err(|(_, e)| {
-                anyhow::anyhow!(
-                    "another Tessera cluster runs on this machine (lock /var/lib/kubelet/.tessera-cluster.lock: {e}); \
-                     kubelet's device-plugin path is fixed, so only one can"
-                )
-            })?;
+        // kubelet's device-plugin path is fixed, so only one cluster runs per machine:
+        // a second waits its turn (20 minutes at most).
+        let waiting = Instant::now();
+        let mut said = false;
+        let mut lock_file = std::fs::File::create("/var/lib/kubelet/.tessera-cluster.lock")?;
+        let lock = loop {
+            match nix::fcntl::Flock::lock(lock_file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+                Ok(lock) => break lock,
+                Err((file, nix::errno::Errno::EWOULDBLOCK))
+                    if waiting.elapsed() < Duration::from_secs(20 * 60) =>
+                {
+                    if !std::mem::replace(&mut said, true) {
+                        eprintln!(
+                            "another Tessera cluster runs on this machine (lock \
+                             /var/lib/kubelet/.tessera-cluster.lock): waiting for it to end"
+                        );
+                    }
+                    lock_file = file;
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                Err((_, e)) => bail!(
+                    "another Tessera cluster runs on this machine (lock /var/lib/kubelet/.tessera-cluster.lock: {e}, \
+                     waited {:?}); kubelet's device-plugin path is fixed, so only one can",
+                    waiting.elapsed()
+                ),
+            }
+        };
         // A checkpoint or plugin socket left by an earlier cluster would be read as this one's.
         clear_dir(Path::new(DEVICE_PLUGIN_DIR))?;
 

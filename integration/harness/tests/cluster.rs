@@ -24,8 +24,12 @@ use tessera_harness::cluster::{
 };
 use tessera_harness::image::CUDA_PROBE_IMAGE;
 
+#[path = "cluster/chart.rs"]
+mod chart;
 #[path = "cluster/observability.rs"]
 mod observability;
+#[path = "cluster/preemption.rs"]
+mod preemption;
 #[path = "cluster/prometheus.rs"]
 mod prometheus;
 #[path = "cluster/topology.rs"]
@@ -99,8 +103,35 @@ fn scenarios() -> Vec<(&'static str, Scenario)> {
             "chart_alerts_and_dashboard_load_in_a_real_prometheus_over_the_daemons",
             |c| Box::pin(prometheus::chart_monitoring_in_a_real_prometheus(c)),
         ),
+        (
+            "preemption_evicts_only_the_pods_on_the_gpu_the_pod_gets",
+            |c| Box::pin(preemption::only_the_pods_on_the_gpu_the_preemptor_gets_are_evicted(c)),
+        ),
     ]
 }
+
+/// The scenarios that run a second time against Tessera installed from the Helm
+/// chart (the `chart/` suite): those that need none of the harness's own daemons
+/// (restarts, their metrics ports, NVIDIA's device plugin, a changed deploy).
+/// `device_env_in_the_pod_spec_never_widens_a_grant` is not among them: its
+/// device-plugin pod is refused where NVIDIA's plugin serves nvidia.com/gpu, and is
+/// a Tessera pod (its env overruled, as the other scenarios check) where the chart's
+/// reporter does.
+const ON_CHART: &[&str] = &[
+    "fractional_pods_get_exactly_their_grant",
+    "unfit_pod_stays_pending_with_the_extenders_reason",
+    "annotation_written_by_a_tenant_is_refused",
+    "annotation_forged_on_any_write_path_never_yields_a_gpu",
+    "each_container_gets_its_own_share_and_a_sidecar_none",
+    "trusted_gpu_agents_keep_their_env_privileged_gpu_pods_are_refused",
+    "kubeshare_annotation_pods_are_translated_at_admission_and_share_by_group",
+];
+
+/// The chart suite's own steps, around the scenarios it runs.
+const CHART_STEPS: &[&str] = &[
+    "install_switch_and_place",
+    "upgrade_and_uninstall_leave_nothing",
+];
 
 fn main() -> std::process::ExitCode {
     tessera_harness::init_tracing();
@@ -108,14 +139,27 @@ fn main() -> std::process::ExitCode {
         .skip(1)
         .filter(|a| !a.starts_with('-'))
         .collect();
+    let wanted = |name: &str| filter.is_empty() || filter.iter().any(|f| name.contains(f.as_str()));
     let selected: Vec<_> = scenarios()
         .into_iter()
-        .filter(|(name, _)| filter.is_empty() || filter.iter().any(|f| name.contains(f.as_str())))
+        .filter(|(name, _)| wanted(name))
         .collect();
+    // The chart suite runs when its steps or one of its scenarios are asked for.
+    let on_chart: Vec<_> = scenarios()
+        .into_iter()
+        .filter(|(name, _)| ON_CHART.contains(name) && wanted(&format!("chart/{name}")))
+        .collect();
+    let chart_suite =
+        !on_chart.is_empty() || CHART_STEPS.iter().any(|s| wanted(&format!("chart/{s}")));
     // `cargo test --workspace --list` and filters that select none: nothing to start.
-    if selected.is_empty() || std::env::args().any(|a| a == "--list") {
+    if (selected.is_empty() && !chart_suite) || std::env::args().any(|a| a == "--list") {
         for (name, _) in &selected {
             println!("{name}: test");
+        }
+        if chart_suite {
+            for name in CHART_STEPS.iter().chain(on_chart.iter().map(|(n, _)| n)) {
+                println!("chart/{name}: test");
+            }
         }
         return std::process::ExitCode::SUCCESS;
     }
@@ -123,7 +167,7 @@ fn main() -> std::process::ExitCode {
         .enable_all()
         .build()
         .expect("tokio runtime");
-    match runtime.block_on(run(selected)) {
+    match runtime.block_on(run(selected, chart_suite.then_some(on_chart))) {
         Ok(true) => std::process::ExitCode::SUCCESS,
         Ok(false) => std::process::ExitCode::FAILURE,
         Err(e) => {
@@ -133,10 +177,61 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-async fn run(selected: Vec<(&'static str, Scenario)>) -> anyhow::Result<bool> {
+/// Runs `selected` on a cluster whose Tessera is the harness's own processes,
+/// then, when asked, the chart suite with `on_chart` on a second cluster.
+async fn run(
+    selected: Vec<(&'static str, Scenario)>,
+    on_chart: Option<Vec<(&'static str, Scenario)>>,
+) -> anyhow::Result<bool> {
     let Some(binaries) = K8sBinaries::require_or_skip("cluster tests")? else {
         return Ok(true);
     };
+    let mut failed = Vec::new();
+    let mut passed = 0;
+    if !selected.is_empty() {
+        let (ok, bad) = harness_suite(binaries.clone(), &selected).await?;
+        passed += ok;
+        failed.extend(bad);
+    }
+    if let Some(on_chart) = on_chart {
+        let started = Instant::now();
+        let mut cluster = Cluster::start(binaries, chart::options(AGENTS_NAMESPACE)).await?;
+        println!(
+            "cluster without Tessera's cluster side up in {:.1} s ({})",
+            started.elapsed().as_secs_f64(),
+            cluster.dir().display()
+        );
+        let bad = chart::suite(&mut cluster, &on_chart).await;
+        passed += on_chart.len() + CHART_STEPS.len() - bad.len();
+        if !bad.is_empty() {
+            for component in [Component::RuntimeProxy, Component::Kubelet] {
+                println!(
+                    "--- chart suite: {component} log (tail) ---\n{}",
+                    cluster.log_tail(component, 20)
+                );
+            }
+        }
+        failed.extend(bad);
+    }
+    println!(
+        "\ncluster test result: {}. {passed} passed; {} failed{}",
+        if failed.is_empty() { "ok" } else { "FAILED" },
+        failed.len(),
+        if failed.is_empty() {
+            String::new()
+        } else {
+            format!(": {}", failed.join(", "))
+        }
+    );
+    Ok(failed.is_empty())
+}
+
+/// The scenarios on a cluster whose Tessera is the harness's processes; returns
+/// how many passed and the names of those that failed.
+async fn harness_suite(
+    binaries: K8sBinaries,
+    selected: &[(&'static str, Scenario)],
+) -> anyhow::Result<(usize, Vec<String>)> {
     let started = Instant::now();
     let options = ClusterOptions {
         // The GPU hook trusts one namespace of GPU agents; privileged containers
@@ -151,7 +246,7 @@ async fn run(selected: Vec<(&'static str, Scenario)>) -> anyhow::Result<bool> {
         cluster.dir().display()
     );
     let mut failed = Vec::new();
-    for (name, scenario) in &selected {
+    for (name, scenario) in selected {
         let started = Instant::now();
         let outcome = scenario(&mut cluster).await;
         let secs = started.elapsed().as_secs_f64();
@@ -159,16 +254,10 @@ async fn run(selected: Vec<(&'static str, Scenario)>) -> anyhow::Result<bool> {
             Ok(()) => println!("test {name} ... ok ({secs:.1} s)"),
             Err(e) => {
                 println!("test {name} ... FAILED ({secs:.1} s)\n{e:#}\n");
-                failed.push(*name);
+                failed.push((*name).to_owned());
             }
         }
     }
-    println!(
-        "\ncluster test result: {}. {} passed; {} failed",
-        if failed.is_empty() { "ok" } else { "FAILED" },
-        selected.len() - failed.len(),
-        failed.len()
-    );
     if !failed.is_empty() {
         for component in [
             Component::RuntimeProxy,
@@ -181,7 +270,7 @@ async fn run(selected: Vec<(&'static str, Scenario)>) -> anyhow::Result<bool> {
             );
         }
     }
-    Ok(failed.is_empty())
+    Ok((selected.len() - failed.len(), failed))
 }
 
 /// Checks a container's spec against the GPUs granted to it: exactly one

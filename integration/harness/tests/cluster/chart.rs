@@ -1,18 +1,17 @@
 //! Tessera installed the way an operator installs it, on a real one-node cluster
 //! that has none of it: `tessera image build` makes the daemons' images, the Helm
 //! chart (through `scripts/chart.py`, Helm's own Go SDK) installs the CRD, RBAC,
-//! admission policies, tessera-scheduler and the reporter DaemonSet; kube-scheduler
-//! calls the installed extender. The node starts with kubelet talking to containerd
-//! directly; the chart's node installer switches it to the proxy and proves it. A
-//! fractional pod then gets exactly its grant and a tenant's forged allocation is
-//! refused; an upgrade changes a setting and rolls the scheduler; an uninstall
-//! switches the node back and leaves nothing of Tessera in the cluster. The proxy
-//! and GPU hook are the harness's, as systemd would run them, with the proxy's
-//! frame relay (`--relay frames`).
-//!
-//! Needs root, the Kubernetes binaries (see tessera-harness) and python3.
+//! admission policies, tessera-scheduler, the reporter DaemonSet and the node
+//! installer; kube-scheduler calls the installed extender over mutual TLS. The node
+//! starts with kubelet talking to containerd directly; the chart's node installer
+//! switches it to the proxy and proves it. The scenarios of [`super::ON_CHART`] then
+//! run against that installation (a fractional pod, HAMi's documented example and a
+//! tenant's forged allocation are checked here too); an upgrade changes a setting and
+//! rolls the scheduler; an uninstall switches the node back and leaves nothing of
+//! Tessera in the cluster. The proxy and GPU hook are the harness's, as systemd would
+//! run them, with the proxy's frame relay (`--relay frames`). Needs python3.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -22,42 +21,12 @@ use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams};
 use serde_json::json;
 use tessera_harness::cluster::{
-    Cluster, ClusterOptions, ExtenderTls, K8sBinaries, NODE_NAME, allocated_gpus, env_values,
-    probe_pod, repo_root, tessera_binary,
+    Cluster, ClusterOptions, ExtenderTls, NODE_NAME, allocated_gpus, env_values, probe_pod,
+    repo_root, tessera_binary,
 };
 
 const NAMESPACE: &str = "tessera-system";
 const TAG: &str = "chart-test";
-
-fn main() -> std::process::ExitCode {
-    tessera_harness::init_tracing();
-    if std::env::args().any(|a| a == "--list") {
-        println!("install_upgrade_uninstall_from_the_chart: test");
-        return std::process::ExitCode::SUCCESS;
-    }
-    let filter: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with('-'))
-        .collect();
-    if !filter.is_empty()
-        && !filter
-            .iter()
-            .any(|f| "install_upgrade_uninstall_from_the_chart".contains(f.as_str()))
-    {
-        return std::process::ExitCode::SUCCESS;
-    }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
-    match runtime.block_on(run()) {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("test install_upgrade_uninstall_from_the_chart ... FAILED\n{e:#}");
-            std::process::ExitCode::FAILURE
-        }
-    }
-}
 
 /// `python3 scripts/chart.py <verb> …` against the cluster, with the values this
 /// cluster needs: the images built here (never pulled), one scheduler replica, and
@@ -238,51 +207,72 @@ async fn hami_documented_pod(cluster: &mut Cluster) -> anyhow::Result<()> {
     cluster.delete_pod(name).await
 }
 
-async fn run() -> anyhow::Result<()> {
-    let Some(binaries) = K8sBinaries::require_or_skip("chart tests")? else {
-        return Ok(());
-    };
-    let begun = Instant::now();
-    let mut cluster = Cluster::start(
-        binaries,
-        ClusterOptions {
-            cluster_side: false,
-            // This cluster's kubelet talks through the frame relay (the main tier's
-            // through the default h2 path): every call of a real kubelet, both ways.
-            proxy_args: vec!["--relay=frames".into()],
-            // Tessera in place of NVIDIA's device plugin: the reporter advertises
-            // nvidia.com/gpu (chart value reporter.advertiseNvidiaGpu), so HAMi's
-            // manifests, which ask nvidia.com/gpu with their memory, get no whole
-            // device-plugin GPU besides their share.
-            device_plugin: false,
-            ..ClusterOptions::default()
-        },
-    )
-    .await?;
-    println!(
-        "cluster without Tessera's cluster side up in {:.1} s ({})",
-        begun.elapsed().as_secs_f64(),
-        cluster.dir().display()
-    );
-    let outcome = install_upgrade_uninstall(&mut cluster).await;
-    if outcome.is_err() {
-        use tessera_harness::cluster::Component;
-        for component in [Component::RuntimeProxy, Component::Kubelet] {
-            println!(
-                "--- {component} log (tail) ---\n{}",
-                cluster.log_tail(component, 40)
-            );
-        }
-    }
-    outcome?;
-    println!(
-        "test install_upgrade_uninstall_from_the_chart ... ok ({:.1} s)",
-        begun.elapsed().as_secs_f64()
-    );
-    Ok(())
+/// What an installation needs to be upgraded and uninstalled.
+struct Installed {
+    /// The node installer's values, given again on upgrade.
+    installer: Vec<String>,
+    /// The file the installer's restart command touches.
+    restart_flag: PathBuf,
 }
 
-async fn install_upgrade_uninstall(cluster: &mut Cluster) -> anyhow::Result<()> {
+/// The cluster this suite installs Tessera on: none of Tessera's cluster side, the
+/// proxy's frame relay, and Tessera (not NVIDIA's device plugin) serving
+/// nvidia.com/gpu (chart value reporter.advertiseNvidiaGpu), so HAMi's manifests,
+/// which ask nvidia.com/gpu with their memory, get no whole device-plugin GPU besides.
+pub(super) fn options(trusted_agents: &str) -> ClusterOptions {
+    ClusterOptions {
+        cluster_side: false,
+        // This cluster's kubelet talks through the frame relay (the main suite's
+        // through the default h2 path): every call of a real kubelet, both ways.
+        proxy_args: vec![
+            "--relay=frames".into(),
+            format!("--trusted-gpu-agents={trusted_agents}"),
+        ],
+        device_plugin: false,
+        ..ClusterOptions::default()
+    }
+}
+
+/// Runs the install, then `scenarios` against it, then the upgrade and the
+/// uninstall, each reported as a test; returns the names of those that failed.
+pub(super) async fn suite(
+    cluster: &mut Cluster,
+    scenarios: &[(&'static str, super::Scenario)],
+) -> Vec<String> {
+    let mut failed = Vec::new();
+    let mut report = |name: &str, started: Instant, outcome: anyhow::Result<()>| {
+        let secs = started.elapsed().as_secs_f64();
+        match outcome {
+            Ok(()) => println!("test chart/{name} ... ok ({secs:.1} s)"),
+            Err(e) => {
+                println!("test chart/{name} ... FAILED ({secs:.1} s)\n{e:#}\n");
+                failed.push(format!("chart/{name}"));
+            }
+        }
+    };
+    let started = Instant::now();
+    let installed = match install(cluster).await {
+        Ok(installed) => {
+            report("install_switch_and_place", started, Ok(()));
+            installed
+        }
+        Err(e) => {
+            report("install_switch_and_place", started, Err(e));
+            return failed;
+        }
+    };
+    for (name, scenario) in scenarios {
+        let started = Instant::now();
+        let outcome = scenario(cluster).await;
+        report(name, started, outcome);
+    }
+    let started = Instant::now();
+    let outcome = upgrade_and_uninstall(cluster, installed).await;
+    report("upgrade_and_uninstall_leave_nothing", started, outcome);
+    failed
+}
+
+async fn install(cluster: &mut Cluster) -> anyhow::Result<Installed> {
     ensure!(
         cluster
             .log(tessera_harness::cluster::Component::RuntimeProxy)
@@ -419,8 +409,19 @@ async fn install_upgrade_uninstall(cluster: &mut Cluster) -> anyhow::Result<()> 
         ),
     }
 
+    Ok(Installed {
+        installer: installer.iter().map(|v| (*v).to_owned()).collect(),
+        restart_flag,
+    })
+}
+
+async fn upgrade_and_uninstall(cluster: &mut Cluster, installed: Installed) -> anyhow::Result<()> {
+    let Installed {
+        installer,
+        restart_flag,
+    } = installed;
     // Upgrade: a changed setting reaches the scheduler, which rolls, and still places.
-    let mut upgrade = installer.clone();
+    let mut upgrade: Vec<&str> = installer.iter().map(String::as_str).collect();
     upgrade.push("scheduler.gpuPolicy=spread");
     let output = chart(cluster, "upgrade", &upgrade)?;
     println!("upgrade: {}", output.trim());
@@ -437,6 +438,8 @@ async fn install_upgrade_uninstall(cluster: &mut Cluster) -> anyhow::Result<()> 
         !Path::new(&backup).exists(),
         "switched back, but {backup} is left"
     );
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(cluster.client().await?, NAMESPACE);
     secrets
         .delete("tessera-scheduler-tls", &Default::default())
         .await?;
