@@ -1,5 +1,7 @@
 //! The extender HTTP API as kube-scheduler calls it (k8s.io/kube-scheduler/extender/v1,
-//! PascalCase JSON): filter, prioritize, bind; plus health and readiness.
+//! PascalCase JSON): filter, prioritize, preempt, bind; plus health and readiness.
+//! Filter and prioritize hold the GPUs of the node they expect kube-scheduler to
+//! choose tentatively (docs/bind.md), so the next cycles see them taken.
 
 use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
@@ -32,8 +34,8 @@ use crate::bind::{
     decide_rollback, rollback_patch,
 };
 use crate::core::{
-    Policy, allocate_pod, fits_pod, group_elsewhere, group_home, never_fits_pod, score_pod,
-    selected_nowhere, unfit_reason_pod,
+    DryRun, Policy, allocate_pod, fits_pod, gpu_victims, group_elsewhere, group_home,
+    never_fits_pod, node_victims, score_pod, selected_nowhere, unfit_reason_pod,
 };
 use crate::events::BindObserver;
 use crate::leader::Leader;
@@ -93,6 +95,64 @@ pub struct HostPriority {
     pub host: String,
     /// 0..=10.
     pub score: i64,
+}
+
+/// `ExtenderPreemptionArgs`: the pod and, per candidate node, the victims
+/// kube-scheduler's dry run chose (UIDs only when nodeCacheCapable, whole pods otherwise).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct ExtenderPreemptionArgs {
+    /// The preemptor.
+    pub pod: Pod,
+    /// Node → victims as pods (not nodeCacheCapable).
+    #[serde(default)]
+    pub node_name_to_victims: Option<BTreeMap<String, Option<Victims>>>,
+    /// Node → victims as UIDs (nodeCacheCapable).
+    #[serde(default)]
+    pub node_name_to_meta_victims: Option<BTreeMap<String, Option<MetaVictims>>>,
+}
+
+/// `Victims`.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct Victims {
+    /// The pods to evict.
+    #[serde(default)]
+    pub pods: Option<Vec<Pod>>,
+    /// PodDisruptionBudgets their eviction violates.
+    #[serde(default, rename = "NumPDBViolations")]
+    pub num_pdb_violations: i64,
+}
+
+/// `MetaVictims`.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "PascalCase")]
+pub struct MetaVictims {
+    /// The pods to evict, by UID.
+    #[serde(default)]
+    pub pods: Option<Vec<MetaPod>>,
+    /// PodDisruptionBudgets their eviction violates (kube-scheduler's count for
+    /// the dry run's set: Tessera cannot see the budgets and passes it on).
+    #[serde(default, rename = "NumPDBViolations")]
+    pub num_pdb_violations: i64,
+}
+
+/// `MetaPod`.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+pub struct MetaPod {
+    /// The pod's UID.
+    #[serde(rename = "UID")]
+    pub uid: String,
+}
+
+/// `ExtenderPreemptionResult`: the nodes where preemption helps, each with the
+/// victims it takes. A node left out is no candidate.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "PascalCase")]
+pub struct ExtenderPreemptionResult {
+    /// Node → victims.
+    #[serde(default)]
+    pub node_name_to_meta_victims: BTreeMap<String, MetaVictims>,
 }
 
 /// `ExtenderBindingArgs`.
@@ -398,8 +458,13 @@ impl Extender {
         }
         let mut result = ExtenderFilterResult::default();
         let mut fit = Vec::with_capacity(names.len());
+        let uid = pod.metadata.uid.as_deref();
         {
-            let ledger = self.ledger();
+            let mut ledger = self.ledger();
+            // A new cycle of this pod: its earlier choice is not one any more.
+            if let Some(uid) = uid {
+                ledger.release_tentative(uid);
+            }
             let home = group_home(ledger.nodes(), &request);
             for name in names {
                 // A sharing group that holds a GPU on another node: unresolvable here,
@@ -431,6 +496,10 @@ impl Extender {
                 }
             }
         }
+        if let ([only], Some(uid)) = (fit.as_slice(), uid) {
+            // One node fits: kube-scheduler takes it without calling prioritize.
+            self.hold_tentatively(&mut self.ledger(), uid, only, &request);
+        }
         if let Some(list) = nodes {
             let keep: std::collections::HashSet<&str> = fit.iter().map(String::as_str).collect();
             let items: Vec<Node> = list
@@ -444,7 +513,8 @@ impl Extender {
         result
     }
 
-    /// `prioritize`.
+    /// `prioritize`. Holds the pod's GPUs tentatively on the node it scores best,
+    /// the one kube-scheduler most likely chooses (its own scores are added to ours).
     pub fn prioritize(&self, args: ExtenderArgs) -> Vec<HostPriority> {
         let ExtenderArgs {
             pod,
@@ -457,23 +527,169 @@ impl Extender {
             .ok()
             .flatten()
             .filter(|_| self.synced());
-        let ledger = self.ledger();
-        names
+        let mut ledger = self.ledger();
+        let uid = pod.metadata.uid.as_deref();
+        // Scored without its own earlier choice, which would skew its node.
+        if let (Some(uid), Some(_)) = (uid, &request) {
+            ledger.release_tentative(uid);
+        }
+        let mut best: Option<(i64, usize)> = None;
+        let scores: Vec<HostPriority> = names
             .into_iter()
-            .map(|host| {
+            .enumerate()
+            .map(|(index, host)| {
                 let score = match (&request, ledger.node(&host)) {
                     (Some(request), Some(node)) => score_pod(
                         node,
                         request,
                         self.config.gpu_policy,
                         self.config.node_policy,
-                    )
-                    .unwrap_or(0),
-                    _ => 0,
+                    ),
+                    _ => None,
                 };
-                HostPriority { host, score }
+                if let Some(score) = score
+                    && best.is_none_or(|(top, _)| score > top)
+                {
+                    best = Some((score, index));
+                }
+                HostPriority {
+                    host,
+                    score: score.unwrap_or(0),
+                }
             })
-            .collect()
+            .collect();
+        if let (Some(request), Some(uid), Some((_, index))) = (&request, uid, best) {
+            self.hold_tentatively(&mut ledger, uid, &scores[index].host, request);
+        }
+        scores
+    }
+
+    /// Holds the pod's GPUs on `node` tentatively, as its bind would place them
+    /// (docs/bind.md): until its bind, its next cycle, or the reservation TTL.
+    fn hold_tentatively(
+        &self,
+        ledger: &mut Ledger,
+        uid: &str,
+        node: &str,
+        request: &PodGpuRequest,
+    ) {
+        let Some(state) = ledger.node(node) else {
+            return;
+        };
+        if let Ok(placement) = allocate_pod(state, request, self.config.gpu_policy) {
+            let expires = self.now() + self.config.reservation_ttl.as_secs();
+            ledger.reserve_tentative(uid, node, placement.booked, expires);
+        }
+    }
+
+    /// `preempt`: per candidate node, the victims whose GPU shares must go for the
+    /// pod to get its GPUs there ([`gpu_victims`]), with the dry run's victims that
+    /// hold no GPU; nodes where no eviction makes room are left out. kube-scheduler
+    /// evicts what this answers, so every doubt leaves a node out: a pod asking no
+    /// GPU keeps the dry run's answer, an invalid request or an unsynced cache
+    /// leaves every node out.
+    pub fn preempt(&self, args: ExtenderPreemptionArgs) -> ExtenderPreemptionResult {
+        let ExtenderPreemptionArgs {
+            pod,
+            node_name_to_victims,
+            node_name_to_meta_victims,
+        } = args;
+        let dry_run: BTreeMap<String, MetaVictims> = match node_name_to_meta_victims {
+            Some(meta) => meta
+                .into_iter()
+                .map(|(node, victims)| (node, victims.unwrap_or_default()))
+                .collect(),
+            None => node_name_to_victims
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(node, victims)| {
+                    let victims = victims.unwrap_or_default();
+                    let pods = victims
+                        .pods
+                        .unwrap_or_default()
+                        .into_iter()
+                        .filter_map(|pod| pod.metadata.uid.map(|uid| MetaPod { uid }))
+                        .collect();
+                    let meta = MetaVictims {
+                        pods: Some(pods),
+                        num_pdb_violations: victims.num_pdb_violations,
+                    };
+                    (node, meta)
+                })
+                .collect(),
+        };
+        let who = pod_name(&pod);
+        let request = match pod_gpu_request(&pod, &self.config.request) {
+            Ok(Some(request)) => request,
+            Ok(None) => {
+                return ExtenderPreemptionResult {
+                    node_name_to_meta_victims: dry_run,
+                };
+            }
+            Err(error) => {
+                tracing::info!(pod = %who, %error, "preempt: invalid request, no node");
+                return ExtenderPreemptionResult::default();
+            }
+        };
+        if !self.synced() {
+            tracing::info!(pod = %who, "preempt: cache not synced, no node");
+            return ExtenderPreemptionResult::default();
+        }
+        let priority = pod.spec.as_ref().and_then(|s| s.priority).unwrap_or(0);
+        let ledger = self.ledger();
+        let home = group_home(ledger.nodes(), &request);
+        let mut result = ExtenderPreemptionResult::default();
+        for (name, victims) in dry_run {
+            let Some(node) = ledger.node(&name) else {
+                continue;
+            };
+            if group_elsewhere(home.as_ref(), &request, &name).is_some() {
+                continue;
+            }
+            let holders = ledger.gpu_holders(&name);
+            let gpu = match gpu_victims(node, &holders, &request, priority, self.config.gpu_policy)
+            {
+                Ok(gpu) => gpu,
+                Err(why) => {
+                    tracing::debug!(pod = %who, node = %name, %why, "preempt: node left out");
+                    continue;
+                }
+            };
+            let uids: Vec<String> = victims
+                .pods
+                .unwrap_or_default()
+                .into_iter()
+                .map(|pod| pod.uid)
+                .collect();
+            let holds_gpus = |uid: &str| {
+                holders.iter().any(|h| h.uid == uid) || ledger.holds_legacy_gpus(&name, uid)
+            };
+            let priority_of = |uid: &str| {
+                holders
+                    .iter()
+                    .find(|h| h.uid == uid)
+                    .map(|h| h.priority)
+                    .or_else(|| ledger.priority(uid))
+            };
+            let dry = DryRun {
+                victims: &uids,
+                holds_gpus: &holds_gpus,
+                priority: &priority_of,
+            };
+            let Some(chosen) = node_victims(dry, gpu) else {
+                tracing::debug!(pod = %who, node = %name, "preempt: nothing to evict for GPUs or otherwise; node left out");
+                continue;
+            };
+            tracing::info!(pod = %who, node = %name, victims = ?chosen, "preempt: victims chosen per GPU");
+            result.node_name_to_meta_victims.insert(
+                name,
+                MetaVictims {
+                    pods: Some(chosen.into_iter().map(|uid| MetaPod { uid }).collect()),
+                    num_pdb_violations: victims.num_pdb_violations,
+                },
+            );
+        }
+        result
     }
 
     /// `bind`, one at a time per pod UID: a bind for a UID whose bind is still
@@ -638,6 +854,8 @@ impl Extender {
         request: &PodGpuRequest,
     ) -> Result<String, BindError> {
         let mut ledger = self.ledger();
+        // The pod's own tentative choice must not crowd out its bind.
+        ledger.release_tentative(&args.pod_uid);
         // Under the ledger's lock: two binds of one new sharing group never take
         // GPUs on two nodes.
         let home = group_home(ledger.nodes(), request);
@@ -874,6 +1092,8 @@ impl Extender {
                 .map(|args| serde_json::to_vec(&self.filter(args))),
             "prioritize" => serde_json::from_slice::<ExtenderArgs>(&body)
                 .map(|args| serde_json::to_vec(&self.prioritize(args))),
+            "preempt" => serde_json::from_slice::<ExtenderPreemptionArgs>(&body)
+                .map(|args| serde_json::to_vec(&self.preempt(args))),
             "bind" => match serde_json::from_slice::<ExtenderBindingArgs>(&body) {
                 Ok(args) => Ok(serde_json::to_vec(&self.bind(&args, forwarded).await)),
                 Err(e) => Err(e),
@@ -956,3 +1176,9 @@ pub(crate) fn http1_server() -> hyper::server::conn::http1::Builder {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod tentative_tests;
+
+#[cfg(test)]
+mod preempt_tests;

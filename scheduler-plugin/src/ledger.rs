@@ -1,10 +1,13 @@
 //! The scheduler's view of GPU use, derived from Device CRs and pods: per node, its
 //! GPUs (from the Device CR) with the use of every assigned, non-terminated pod's
-//! allocation annotation, plus reservations: allocations in flight (reserved by a
-//! bind that has not finished, or annotated on a pod that is not bound), which
-//! expire after the in-flight TTL, and assumed ones (the Binding succeeded, the
-//! watch has not shown the bound pod yet), which only the watch or a delete ends.
-//! Pure data: the cluster watchers feed it, the extender reads it.
+//! allocation annotation, plus reservations: tentative ones (taken when filter or
+//! prioritize chose a node for a pod, so the next scheduling cycles see the choice
+//! before its bind arrives), allocations in flight (reserved by a bind that has not
+//! finished, or annotated on a pod that is not bound), both of which expire after
+//! the TTL, and assumed ones (the Binding succeeded, the watch has not shown the
+//! bound pod yet), which only the watch or a delete ends. It also knows, for
+//! preemption, each running pod's priority and which pods hold GPUs through the
+//! device plugin. Pure data: the cluster watchers feed it, the extender reads it.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -17,7 +20,7 @@ use tessera_api::{
     Device, DeviceAllocation, DeviceAllocations, LegacyDeviceEntry, NvlinkPeers, Quantity,
 };
 
-use crate::core::{GpuShare, GpuState, NodeState, Placement, PodPlacement, account};
+use crate::core::{GpuHolder, GpuShare, GpuState, NodeState, Placement, PodPlacement, account};
 
 /// A pod's use of one node.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -26,11 +29,16 @@ struct PodUse {
     /// The annotation, kept to re-resolve ratios when the node's GPUs change.
     allocations: DeviceAllocations,
     placement: Placement,
+    /// `spec.priority` (0 when unset, as kube-scheduler reads it).
+    priority: i32,
 }
 
 /// Where a reservation stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
+    /// Filter or prioritize chose this node for the pod; its bind has not begun.
+    /// Replaced by the pod's next cycle or its bind, given back at `expires_at`.
+    Tentative { expires_at: u64 },
     /// Reserve → bind not finished (or annotated, not bound): given back at `expires_at`.
     InFlight { expires_at: u64 },
     /// Bound: held until the watch shows the bound pod (then the pod counts) or it is deleted.
@@ -61,6 +69,12 @@ pub struct Ledger {
     reservations: HashMap<String, Reservation>,
     /// Pod UID → the annotation of an unbound pod whose GPUs are on no known node yet.
     unplaced: HashMap<String, DeviceAllocations>,
+    /// Pod UID → `spec.priority` of every pod that holds its node (assigned, not
+    /// finished), GPUs or not: preemption orders victims by it.
+    priorities: HashMap<String, i32>,
+    /// Node → UIDs of the pods holding its GPUs through the device plugin (from the
+    /// Device CR's kubelet checkpoint).
+    legacy_pods: HashMap<String, BTreeSet<String>>,
     /// The latest time [`Ledger::expire`] was given (seconds, the caller's clock).
     clock: u64,
     /// Seconds an in-flight reservation found on an unbound pod holds; 0 = the default.
@@ -100,7 +114,11 @@ fn device_nvlinks(device: &Device) -> NvlinkPeers {
     let known: BTreeSet<&str> = device.spec.devices.iter().map(|d| d.id.as_str()).collect();
     let dropped = links.retain_known(&known);
     if !dropped.is_empty() {
-        tracing::warn!(device = name, ?dropped, "NVLink peers name GPUs the Device does not list; those links are ignored");
+        tracing::warn!(
+            device = name,
+            ?dropped,
+            "NVLink peers name GPUs the Device does not list; those links are ignored"
+        );
     }
     links
 }
@@ -307,6 +325,8 @@ impl Ledger {
             account(&mut node, &reservation.placement, true);
         }
         self.nodes.insert(name.clone(), node);
+        self.legacy_pods
+            .insert(name.clone(), legacy_pod_uids(device));
         // Unbound annotated pods seen before this node's GPUs: in flight here now.
         let arrived: Vec<String> = self
             .unplaced
@@ -331,9 +351,14 @@ impl Ledger {
     }
 
     /// An annotated pod that is not bound: its GPUs are in flight (its bind may be
-    /// running, or may finish on a retry), unless a reservation already holds them.
+    /// running, or may finish on a retry), unless a bind's reservation already holds
+    /// them. A tentative one gives way: the annotation says where the pod goes.
     fn hold_unbound(&mut self, uid: &str, allocations: &DeviceAllocations) {
-        if self.reservations.contains_key(uid) {
+        if self
+            .reservations
+            .get(uid)
+            .is_some_and(|r| !matches!(r.phase, Phase::Tentative { .. }))
+        {
             return;
         }
         let Some(node) = self.node_of_gpus(allocations).map(str::to_owned) else {
@@ -362,6 +387,7 @@ impl Ledger {
     /// A Device CR was deleted.
     pub fn delete_device(&mut self, name: &str) {
         self.nodes.remove(name);
+        self.legacy_pods.remove(name);
     }
 
     /// A pod was added or changed.
@@ -370,6 +396,15 @@ impl Ledger {
             return;
         };
         self.remove_use(&uid);
+        match holds_devices(pod) {
+            Some(_) => {
+                let priority = pod.spec.as_ref().and_then(|s| s.priority).unwrap_or(0);
+                self.priorities.insert(uid.clone(), priority);
+            }
+            None => {
+                self.priorities.remove(&uid);
+            }
+        }
         let annotation = pod
             .metadata
             .annotations
@@ -412,12 +447,14 @@ impl Ledger {
             .entry(node_name.to_owned())
             .or_default()
             .insert(uid.clone());
+        let priority = self.priorities.get(&uid).copied().unwrap_or(0);
         self.pods.insert(
             uid,
             PodUse {
                 node: node_name.to_owned(),
                 allocations,
                 placement,
+                priority,
             },
         );
     }
@@ -427,6 +464,39 @@ impl Ledger {
         self.remove_use(uid);
         self.remove_reservation(uid);
         self.unplaced.remove(uid);
+        self.priorities.remove(uid);
+    }
+
+    /// The pods holding GPU shares of node `name` from their allocation annotation
+    /// (bound and seen so), with their priority: who preemption may evict there.
+    /// Reservations (tentative, in flight, assumed) are not among them: their pods
+    /// are not running on the node as kube-scheduler's dry run sees it.
+    pub fn gpu_holders(&self, name: &str) -> Vec<GpuHolder> {
+        self.by_node
+            .get(name)
+            .into_iter()
+            .flatten()
+            .filter_map(|uid| {
+                let used = self.pods.get(uid)?;
+                Some(GpuHolder {
+                    uid: uid.clone(),
+                    priority: used.priority,
+                    placement: used.placement.clone(),
+                })
+            })
+            .collect()
+    }
+
+    /// Whether pod `uid` holds GPUs of node `name` through the device plugin.
+    pub fn holds_legacy_gpus(&self, name: &str, uid: &str) -> bool {
+        self.legacy_pods
+            .get(name)
+            .is_some_and(|uids| uids.contains(uid))
+    }
+
+    /// `spec.priority` of a pod that holds its node, if the watch has shown it.
+    pub fn priority(&self, uid: &str) -> Option<i32> {
+        self.priorities.get(uid).copied()
     }
 
     /// The node's GPUs with all use applied, in flight included.
@@ -439,8 +509,58 @@ impl Ledger {
         self.nodes.values()
     }
 
+    /// Holds `placement` on `node` for pod `uid` tentatively: filter or prioritize
+    /// chose the node, so the cycles after this one see the GPUs taken before the
+    /// pod's bind arrives. Replaces the pod's earlier tentative reservation; does
+    /// nothing (returns false) when a bind holds the pod's GPUs already (in flight
+    /// or assumed). Ends with the pod's bind ([`Ledger::reserve`]), its next cycle
+    /// ([`Ledger::release_tentative`]), the bound pod seen, a delete, or
+    /// `expires_at` passing.
+    pub fn reserve_tentative(
+        &mut self,
+        uid: &str,
+        node: &str,
+        placement: Placement,
+        expires_at: u64,
+    ) -> bool {
+        if !self.release_tentative(uid) && self.reservations.contains_key(uid) {
+            return false;
+        }
+        if let Some(state) = self.nodes.get_mut(node) {
+            account(state, &placement, true);
+        }
+        self.reservations.insert(
+            uid.to_owned(),
+            Reservation {
+                node: node.to_owned(),
+                placement,
+                phase: Phase::Tentative { expires_at },
+            },
+        );
+        true
+    }
+
+    /// Gives back pod `uid`'s tentative reservation, if it has one (and only that:
+    /// a bind's reservation stays); returns whether it had one.
+    pub fn release_tentative(&mut self, uid: &str) -> bool {
+        let tentative = self
+            .reservations
+            .get(uid)
+            .is_some_and(|r| matches!(r.phase, Phase::Tentative { .. }));
+        tentative && self.remove_reservation(uid).is_some()
+    }
+
+    /// The node of pod `uid`'s tentative reservation.
+    pub fn tentative_node(&self, uid: &str) -> Option<&str> {
+        self.reservations
+            .get(uid)
+            .filter(|r| matches!(r.phase, Phase::Tentative { .. }))
+            .map(|r| r.node.as_str())
+    }
+
     /// Holds `placement` for pod `uid` in flight: until [`Ledger::assume`], the
-    /// bound pod seen, a delete, or `expires_at` passing.
+    /// bound pod seen, a delete, or `expires_at` passing. Replaces any reservation
+    /// the pod had (its tentative one among them).
     pub fn reserve(&mut self, uid: &str, node: &str, placement: Placement, expires_at: u64) {
         self.remove_reservation(uid);
         if let Some(state) = self.nodes.get_mut(node) {
@@ -462,6 +582,7 @@ impl Ledger {
     pub fn assume(&mut self, uid: &str) -> bool {
         self.reservations
             .get_mut(uid)
+            .filter(|r| !matches!(r.phase, Phase::Tentative { .. }))
             .map(|reservation| reservation.phase = Phase::Assumed)
             .is_some()
     }
@@ -471,25 +592,42 @@ impl Ledger {
         self.remove_reservation(uid).is_some()
     }
 
-    /// Gives back in-flight reservations that expired at `now` (assumed ones never
-    /// expire); returns how many.
+    /// Gives back in-flight and tentative reservations that expired at `now`
+    /// (assumed ones never expire); returns how many in-flight ones (a bind that
+    /// did not finish in time), not the tentative ones (a pod that was filtered
+    /// and never bound: kube-scheduler chose no node, or is still in PreBind).
     pub fn expire(&mut self, now: u64) -> usize {
         self.clock = self.clock.max(now);
-        let expired: Vec<String> = self
+        let expired: Vec<(String, bool)> = self
             .reservations
             .iter()
-            .filter(|(_, r)| matches!(r.phase, Phase::InFlight { expires_at } if expires_at <= now))
-            .map(|(uid, _)| uid.clone())
+            .filter_map(|(uid, r)| match r.phase {
+                Phase::InFlight { expires_at } if expires_at <= now => Some((uid.clone(), true)),
+                Phase::Tentative { expires_at } if expires_at <= now => Some((uid.clone(), false)),
+                _ => None,
+            })
             .collect();
-        for uid in &expired {
+        for (uid, _) in &expired {
             self.remove_reservation(uid);
         }
-        expired.len()
+        expired.iter().filter(|(_, in_flight)| *in_flight).count()
     }
 
-    /// Number of reservations, in flight or assumed.
+    /// Number of a bind's reservations, in flight or assumed (tentative ones not
+    /// counted: [`Ledger::tentative`]).
     pub fn in_flight(&self) -> usize {
-        self.reservations.len()
+        self.reservations
+            .values()
+            .filter(|r| !matches!(r.phase, Phase::Tentative { .. }))
+            .count()
+    }
+
+    /// Number of tentative reservations (filtered or prioritized, bind not begun).
+    pub fn tentative(&self) -> usize {
+        self.reservations
+            .values()
+            .filter(|r| matches!(r.phase, Phase::Tentative { .. }))
+            .count()
     }
 
     /// Number of assumed reservations (bound, not yet seen bound).
@@ -503,6 +641,7 @@ impl Ledger {
     /// Forgets nodes whose Device CR is not in `names` (after a relist: they are gone).
     pub fn retain_devices(&mut self, names: &std::collections::HashSet<String>) {
         self.nodes.retain(|name, _| names.contains(name));
+        self.legacy_pods.retain(|name, _| names.contains(name));
     }
 
     /// Forgets the use of pods not in `uids` (after a relist: they are gone).
@@ -528,6 +667,7 @@ impl Ledger {
             self.remove_reservation(&uid);
         }
         self.unplaced.retain(|uid, _| uids.contains(uid));
+        self.priorities.retain(|uid, _| uids.contains(uid));
     }
 }
 
@@ -786,6 +926,84 @@ mod tests {
         ledger.retain_pods(&std::collections::HashSet::from(["p1".to_owned()]));
         assert_eq!(ledger.in_flight(), 0);
         assert_eq!(ledger.node("n1").expect("node").gpus[0].core_used, 50);
+    }
+
+    /// A tentative reservation (filter or prioritize chose the node) holds the
+    /// GPUs for the next cycles; the pod's next choice replaces it, never adds to
+    /// it; it expires on the TTL without counting as a late bind; a bind's
+    /// reservation replaces it and is never replaced by it.
+    #[test]
+    fn tentative_reservations_hold_until_replaced_bound_or_expired() {
+        let mut ledger = Ledger::default();
+        ledger.apply_device(&device("n1", 1, &[]));
+        let placement = half_of_gpu0(&ledger);
+        let used = |ledger: &Ledger| ledger.node("n1").expect("node").gpus[0].core_used;
+        assert!(ledger.reserve_tentative("a", "n1", placement.clone(), 10));
+        assert_eq!(
+            (used(&ledger), ledger.tentative(), ledger.in_flight()),
+            (50, 1, 0)
+        );
+        // The pod's next cycle: replaced, not doubled.
+        assert!(ledger.reserve_tentative("a", "n1", placement.clone(), 20));
+        assert_eq!(
+            (used(&ledger), ledger.tentative_node("a")),
+            (50, Some("n1"))
+        );
+        // Expiry: the first deadline is gone, the second holds until its time.
+        assert_eq!((ledger.expire(19), used(&ledger)), (0, 50));
+        assert_eq!(
+            (ledger.expire(20), used(&ledger), ledger.tentative()),
+            (0, 0, 0)
+        );
+        // A bind's reservation replaces the tentative one, and outlives its offers.
+        ledger.reserve_tentative("a", "n1", placement.clone(), 30);
+        ledger.reserve("a", "n1", placement.clone(), 40);
+        assert_eq!(
+            (used(&ledger), ledger.tentative(), ledger.in_flight()),
+            (50, 0, 1)
+        );
+        assert!(!ledger.reserve_tentative("a", "n1", placement.clone(), 50));
+        assert!(!ledger.release_tentative("a"));
+        assert_eq!((used(&ledger), ledger.in_flight()), (50, 1));
+        // A tentative reservation is never assumed (only a bind's is).
+        ledger.reserve_tentative("b", "n1", placement.clone(), 30);
+        assert!(!ledger.assume("b"));
+        assert!(ledger.release_tentative("b"));
+        // An annotated unbound pod replaces its tentative reservation in flight.
+        ledger.reserve_tentative("c", "n1", placement, 30);
+        ledger.apply_pod(&pod("c", None, Some(HALF_0), "Pending"));
+        assert_eq!((ledger.tentative(), ledger.in_flight()), (0, 2));
+        ledger.delete_pod("c");
+        assert_eq!(used(&ledger), 50);
+    }
+
+    /// What preemption reads: running GPU pods with their priority, the priority
+    /// of every running pod, and which pods hold GPUs through the device plugin.
+    #[test]
+    fn preemption_sees_gpu_holders_priorities_and_device_plugin_pods() {
+        let mut ledger = Ledger::default();
+        ledger.apply_device(&device("n1", 2, &["GPU-1"]));
+        let mut gpu_pod = pod("g", Some("n1"), Some(HALF_0), "Running");
+        gpu_pod.spec.as_mut().expect("spec").priority = Some(7);
+        ledger.apply_pod(&gpu_pod);
+        let mut plain = pod("p", Some("n1"), None, "Running");
+        plain.spec.as_mut().expect("spec").priority = Some(3);
+        ledger.apply_pod(&plain);
+        ledger.reserve("in-flight", "n1", half_of_gpu0(&ledger), 100);
+        let holders = ledger.gpu_holders("n1");
+        assert_eq!(holders.len(), 1, "reservations are not running pods");
+        assert_eq!((holders[0].uid.as_str(), holders[0].priority), ("g", 7));
+        assert_eq!(holders[0].placement.gpus[0].core, 50);
+        assert_eq!(
+            (ledger.priority("p"), ledger.priority("nobody")),
+            (Some(3), None)
+        );
+        assert!(ledger.holds_legacy_gpus("n1", "old"));
+        assert!(!ledger.holds_legacy_gpus("n1", "g"));
+        ledger.apply_pod(&pod("p", Some("n1"), None, "Succeeded"));
+        ledger.delete_pod("g");
+        assert_eq!((ledger.priority("p"), ledger.priority("g")), (None, None));
+        assert!(ledger.gpu_holders("n1").is_empty());
     }
 
     /// An annotated pod that is not bound holds its GPUs in flight (with the TTL),

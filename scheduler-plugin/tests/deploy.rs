@@ -12,9 +12,15 @@ fn scheduler_config_manages_every_resource_name() {
         (
             extender["filterVerb"].as_str(),
             extender["prioritizeVerb"].as_str(),
-            extender["bindVerb"].as_str()
+            extender["bindVerb"].as_str(),
+            extender["preemptVerb"].as_str()
         ),
-        (Some("filter"), Some("prioritize"), Some("bind"))
+        (
+            Some("filter"),
+            Some("prioritize"),
+            Some("bind"),
+            Some("preempt")
+        )
     );
     let managed = extender["managedResources"]
         .as_array()
@@ -24,9 +30,16 @@ fn scheduler_config_manages_every_resource_name() {
             .iter()
             .find(|m| m["name"] == *name)
             .unwrap_or_else(|| panic!("{name} not managed"));
+        // kube-scheduler counts whole GPUs, and the aggregate compute and memory
+        // percent its preemption dry run needs (docs/preemption.md).
+        let counted = [
+            "nvidia.com/gpu",
+            "koordinator.sh/gpu-core",
+            "koordinator.sh/gpu-memory-ratio",
+        ];
         assert_eq!(
             entry["ignoredByScheduler"],
-            *name != "nvidia.com/gpu",
+            !counted.contains(name),
             "{name}"
         );
     }

@@ -1,0 +1,132 @@
+//! Filter-time reservation: a pod's GPUs are held from the cycle that chose its
+//! node, so the next pods' cycles see them taken before its bind arrives; the
+//! hold is replaced by the pod's next cycle or its bind, and expires on the TTL.
+
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+
+use serde_json::{Value, json};
+
+use super::*;
+
+const GIB: u64 = 1 << 30;
+
+/// A Device CR for `node` with `gpus` GPUs of 16 GiB.
+fn device(node: &str, gpus: usize) -> Value {
+    let devices: Vec<Value> = (0..gpus)
+        .map(|i| {
+            json!({"type": "gpu", "id": format!("GPU-{node}-{i}"), "minor": i, "health": true,
+            "resources": {"koordinator.sh/gpu-memory": (16 * GIB).to_string()}})
+        })
+        .collect();
+    json!({"apiVersion": "scheduling.koordinator.sh/v1alpha1", "kind": "Device",
+        "metadata": {"name": node}, "spec": {"devices": devices}})
+}
+
+/// Pod `uid` asking `percent` of one GPU.
+fn share_pod(uid: &str, percent: u32) -> Value {
+    json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": uid, "namespace": "default", "uid": uid},
+        "spec": {"containers": [{"name": "main", "image": "x",
+            "resources": {"limits": {"koordinator.sh/gpu": percent.to_string()}}}]}})
+}
+
+fn extender(devices: &[Value]) -> Extender {
+    let mut ledger = Ledger::default();
+    for device in devices {
+        ledger.apply_device(&serde_json::from_value(device.clone()).expect("device"));
+    }
+    Extender::new(
+        Arc::new(Mutex::new(ledger)),
+        None,
+        None,
+        ExtenderConfig::default(),
+        Arc::new(AtomicBool::new(true)),
+        Arc::new(Leader::new(true)),
+    )
+}
+
+fn args(pod: &Value, nodes: &[&str]) -> ExtenderArgs {
+    serde_json::from_value(json!({"Pod": pod, "NodeNames": nodes})).expect("args")
+}
+
+fn fitting(extender: &Extender, pod: &Value, nodes: &[&str]) -> Vec<String> {
+    extender
+        .filter(args(pod, nodes))
+        .node_names
+        .unwrap_or_default()
+}
+
+/// One node fits: kube-scheduler takes it without prioritize, so filter holds
+/// the GPUs. The next pod's filter sees them taken (without the hold it would
+/// fit: A has not bound); A's own next cycle does not count A twice; the hold
+/// expires on the TTL when no bind comes.
+#[test]
+fn the_next_cycle_sees_the_gpus_the_last_one_chose() {
+    let extender = extender(&[device("n1", 1)]);
+    let (a, b) = (share_pod("a", 60), share_pod("b", 60));
+    assert_eq!(fitting(&extender, &a, &["n1"]), ["n1"]);
+    let refused = extender.filter(args(&b, &["n1"]));
+    assert_eq!(refused.node_names, Some(vec![]), "{refused:?}");
+    assert!(
+        refused.failed_nodes["n1"].contains("0 of 1 usable GPUs"),
+        "{refused:?}"
+    );
+    // A again (a retry): its own hold is replaced, so it still fits.
+    assert_eq!(fitting(&extender, &a, &["n1"]), ["n1"]);
+    assert_eq!(extender.ledger().tentative(), 1);
+    // No bind within the TTL: given back, and B fits.
+    let ttl = extender.config.reservation_ttl.as_secs();
+    assert_eq!(extender.ledger().expire(extender.now() + ttl), 0);
+    assert_eq!(extender.ledger().tentative(), 0);
+    assert_eq!(fitting(&extender, &b, &["n1"]), ["n1"]);
+}
+
+/// Several nodes fit: prioritize holds the GPUs on the node it scores best (here
+/// binpack's fuller node), and the next pod's filter sees that node taken.
+#[test]
+fn prioritize_holds_the_gpus_on_the_node_it_scores_best() {
+    let extender = extender(&[device("n1", 1), device("n2", 1)]);
+    let running = share_pod("running", 30);
+    assert_eq!(fitting(&extender, &running, &["n1"]), ["n1"]);
+    let (a, b) = (share_pod("a", 60), share_pod("b", 60));
+    assert_eq!(fitting(&extender, &a, &["n1", "n2"]), ["n1", "n2"]);
+    assert_eq!(
+        extender.ledger().tentative_node("a"),
+        None,
+        "two fit: no hold yet"
+    );
+    let scores = extender.prioritize(args(&a, &["n1", "n2"]));
+    assert!(scores[0].score > scores[1].score, "{scores:?}");
+    assert_eq!(extender.ledger().tentative_node("a"), Some("n1"));
+    // Scored again (a new cycle): without its own hold, the same answer.
+    assert_eq!(extender.prioritize(args(&a, &["n1", "n2"])), scores);
+    // n1 holds 30% + A's 60%: B fits only on n2.
+    assert_eq!(fitting(&extender, &b, &["n1", "n2"]), ["n2"]);
+    assert_eq!(extender.ledger().tentative_node("b"), Some("n2"));
+}
+
+/// The pod's bind replaces its own hold instead of counting it: on a node where
+/// the hold and the bind's share would not fit together, the bind still fits.
+#[test]
+fn the_bind_takes_over_the_pods_own_hold() {
+    let extender = extender(&[device("n1", 1)]);
+    let a = share_pod("a", 60);
+    assert_eq!(fitting(&extender, &a, &["n1"]), ["n1"]);
+    let pod: Pod = serde_json::from_value(a).expect("pod");
+    let request = pod_gpu_request(&pod, &RequestOptions::default())
+        .expect("valid")
+        .expect("asks GPUs");
+    let bind = ExtenderBindingArgs {
+        pod_name: "a".into(),
+        pod_namespace: "default".into(),
+        pod_uid: "a".into(),
+        node: "n1".into(),
+    };
+    extender
+        .reserve(&bind, &request)
+        .expect("its own hold does not crowd it out");
+    let ledger = extender.ledger();
+    assert_eq!((ledger.tentative(), ledger.in_flight()), (0, 1));
+    assert_eq!(ledger.node("n1").expect("node").gpus[0].core_used, 60);
+}
