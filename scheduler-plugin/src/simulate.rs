@@ -11,8 +11,8 @@ use tessera_api::request::{RequestOptions, pod_gpu_request};
 use tessera_api::{Device, DeviceInfo, DeviceSpec, DeviceTopology};
 
 use crate::core::{
-    PodPlacement, Policy, allocate_pod, group_elsewhere, group_home, node_policy_of, score,
-    selected_nowhere,
+    NodeState, Policy, allocate_pod, fits_pod, group_elsewhere, group_home, score_pod,
+    selected_nowhere, unfit_reason_pod,
 };
 use crate::ledger::{Ledger, annotation_of, pod_name};
 
@@ -44,8 +44,29 @@ pub struct Snapshot {
     pub devices: Vec<Device>,
     /// Pods.
     pub pods: Vec<Pod>,
-    /// How many Node objects were seen.
-    pub nodes: usize,
+    /// Names of the Node objects, in snapshot order.
+    pub nodes: Vec<String>,
+}
+
+impl Snapshot {
+    /// kube-scheduler's node list for this snapshot: its Node objects, or, when it
+    /// has none (a snapshot of Device CRs and pods only), one node per Device CR;
+    /// sorted by name. Nodes without a Device CR are in it: kube-scheduler's own
+    /// filters pass them (the GPU share resources are `ignoredByScheduler`), so they
+    /// take places in its sample and the extender refuses them.
+    pub fn node_list(&self) -> Vec<String> {
+        let mut names: Vec<String> = if self.nodes.is_empty() {
+            self.devices
+                .iter()
+                .filter_map(|d| d.metadata.name.clone())
+                .collect()
+        } else {
+            self.nodes.clone()
+        };
+        names.sort();
+        names.dedup();
+        names
+    }
 }
 
 /// Reads `kubectl get -o yaml|json` output: a List, a single object, or several YAML documents.
@@ -82,7 +103,13 @@ pub fn parse_snapshot(text: &str, what: &str) -> Result<Snapshot, SnapshotError>
             "Pod" => snapshot
                 .pods
                 .push(serde_json::from_value(item).map_err(object)?),
-            "Node" => snapshot.nodes += 1,
+            "Node" => {
+                let name = item
+                    .pointer("/metadata/name")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
+                snapshot.nodes.push(name.to_owned());
+            }
             _ => {}
         }
     }
@@ -112,18 +139,26 @@ pub struct SimulateOptions {
     pub node_policy: Policy,
     /// Request parsing.
     pub request: RequestOptions,
-    /// Nodes evaluated per pod, as kube-scheduler's percentageOfNodesToScore
-    /// (0: kube-scheduler's adaptive default).
-    pub nodes_to_score: usize,
+    /// kube-scheduler's `percentageOfNodesToScore` (0: its adaptive default; Tessera's
+    /// deploy sets 100).
+    pub percentage_of_nodes_to_score: u32,
 }
 
-/// kube-scheduler's adaptive number of nodes to score (percentageOfNodesToScore unset).
-pub fn adaptive_nodes_to_score(total: usize) -> usize {
-    if total < 100 {
+/// How many feasible nodes kube-scheduler looks for before it stops filtering
+/// (`numFeasibleNodesToFind`, pkg/scheduler/schedule_one.go, 1.36): all of them
+/// under 100 nodes; else `percentage` of them (0: 50 − nodes/125, at least 5), at
+/// least 100.
+pub fn nodes_to_find(percentage: u32, total: usize) -> usize {
+    const MIN_NODES: usize = 100;
+    const MIN_PERCENT: usize = 5;
+    if total < MIN_NODES {
         return total;
     }
-    let percent = (50usize.saturating_sub(total / 125)).max(5);
-    (total * percent / 100).max(100)
+    let percent = match percentage {
+        0 => 50usize.saturating_sub(total / 125).max(MIN_PERCENT),
+        p => p as usize,
+    };
+    (total * percent / 100).clamp(MIN_NODES, total)
 }
 
 /// A ledger holding the snapshot's devices and running pods.
@@ -138,112 +173,126 @@ pub fn ledger_of(snapshot: &Snapshot) -> Ledger {
     ledger
 }
 
-/// Places `pending` one after the other; each placement counts for the next.
-pub fn simulate(ledger: &mut Ledger, pending: &[Pod], options: &SimulateOptions) -> Vec<Outcome> {
-    let mut names: Vec<String> = ledger.nodes().map(|n| n.name.clone()).collect();
-    names.sort();
-    let window = if options.nodes_to_score == 0 {
-        adaptive_nodes_to_score(names.len())
-    } else {
-        options.nodes_to_score.min(names.len())
-    };
+/// Places `pending` one after the other, one scheduling cycle each, as
+/// kube-scheduler with Tessera as its extender does; each placement counts for the
+/// next. `nodes` is kube-scheduler's node list ([`Snapshot::node_list`]).
+///
+/// Node sampling as kube-scheduler does it: each cycle its own filters stop after
+/// [`nodes_to_find`] feasible nodes, starting where the previous cycle stopped, and
+/// only those go to the extender. Every node passes kube-scheduler's own filters
+/// here (taints, affinity, CPU and memory are not in the snapshot's model), so a
+/// cycle sees the next `nodes_to_find` nodes round-robin. A pod that fits none of
+/// them is unschedulable in that cycle even when a node outside the sample has
+/// room (kube-scheduler retries it later, with another sample).
+/// Within the sample: filter, prioritize and bind as the extender does them.
+pub fn simulate(
+    ledger: &mut Ledger,
+    nodes: &[String],
+    pending: &[Pod],
+    options: &SimulateOptions,
+) -> Vec<Outcome> {
+    let window = nodes_to_find(options.percentage_of_nodes_to_score, nodes.len());
+    // Each node's state by its place in `nodes`: a cycle reads its sample in order
+    // instead of looking each name up (the lookups were most of the time); a
+    // placement refreshes the one node it changed.
+    let mut states: Vec<Option<NodeState>> = nodes
+        .iter()
+        .map(|name| ledger.node(name).cloned())
+        .collect();
     let mut start = 0usize;
     let mut outcomes = Vec::with_capacity(pending.len());
+    let unplaced = |pod: String, reason: String| Outcome {
+        pod,
+        node: None,
+        annotation: None,
+        reason: Some(reason),
+    };
     for (index, pod) in pending.iter().enumerate() {
         let who = pod_name(pod);
         let request = match pod_gpu_request(pod, &options.request) {
             Ok(Some(request)) => request,
             Ok(None) => {
-                outcomes.push(Outcome {
-                    pod: who,
-                    node: None,
-                    annotation: None,
-                    reason: Some("asks for no GPU".into()),
-                });
+                outcomes.push(unplaced(who, "asks for no GPU".into()));
                 continue;
             }
             Err(error) => {
-                outcomes.push(Outcome {
-                    pod: who,
-                    node: None,
-                    annotation: None,
-                    reason: Some(error.to_string()),
-                });
+                outcomes.push(unplaced(who, error.to_string()));
                 continue;
             }
         };
         if let Some(why) = selected_nowhere(ledger.nodes(), &request.selection) {
-            outcomes.push(Outcome {
-                pod: who,
-                node: None,
-                annotation: None,
-                reason: Some(why),
-            });
+            outcomes.push(unplaced(who, why));
             continue;
         }
-        let node_policy = node_policy_of(&request, options.node_policy);
+        let first = start;
+        let sample = (0..window).map(move |i| (first + i) % nodes.len());
+        // kube-scheduler's nextStartNodeIndex: on by the nodes its filters processed.
+        start = (start + window) % nodes.len().max(1);
         let home = group_home(ledger.nodes(), &request);
-        // Like kube-scheduler: look at nodes round-robin from where the last pod
-        // stopped, until `window` feasible nodes are found, then score those.
-        let mut best: Option<(i64, &str, PodPlacement)> = None;
-        let mut feasible = 0;
-        let mut reasons: BTreeMap<String, usize> = BTreeMap::new();
-        let mut looked = 0;
-        while looked < names.len() && feasible < window {
-            let name = &names[(start + looked) % names.len()];
-            looked += 1;
-            let Some(node) = ledger.node(name) else {
+        // The extender's filter and prioritize over the sample: the best score, the
+        // first in the sample among equals (kube-scheduler draws one at random).
+        let mut best: Option<(i64, usize)> = None;
+        for at in sample.clone() {
+            let Some(node) = &states[at] else {
                 continue;
             };
-            if let Some(why) = group_elsewhere(home.as_ref(), &request, name) {
-                *reasons.entry(why).or_default() += 1;
+            if group_elsewhere(home.as_ref(), &request, &nodes[at]).is_some()
+                || !fits_pod(node, &request, options.gpu_policy)
+            {
                 continue;
             }
-            match allocate_pod(node, &request, options.gpu_policy) {
-                Ok(placement) => {
-                    feasible += 1;
-                    let value = score(node, &placement.booked, node_policy);
-                    if best
-                        .as_ref()
-                        .is_none_or(|(b, n, _)| value > *b || (value == *b && name.as_str() < *n))
-                    {
-                        best = Some((value, name, placement));
-                    }
-                }
-                Err(reason) => *reasons.entry(reason).or_default() += 1,
+            let value =
+                score_pod(node, &request, options.gpu_policy, options.node_policy).unwrap_or(0);
+            if best.is_none_or(|(b, _)| value > b) {
+                best = Some((value, at));
             }
         }
-        start = (start + looked) % names.len().max(1);
-        match best {
-            Some((_, node, placement)) => {
-                let uid = pod
-                    .metadata
-                    .uid
-                    .clone()
-                    .unwrap_or_else(|| format!("simulated-{index}"));
-                let annotation = annotation_of(&placement);
-                let node = node.to_owned();
-                ledger.reserve(&uid, &node, placement.booked, u64::MAX);
-                outcomes.push(Outcome {
-                    pod: who,
-                    node: Some(node),
-                    annotation: Some(annotation),
-                    reason: None,
-                });
+        // The extender's bind on the chosen node.
+        let placed = best.and_then(|(_, at)| {
+            let placement =
+                allocate_pod(states[at].as_ref()?, &request, options.gpu_policy).ok()?;
+            Some((at, placement))
+        });
+        let Some((at, placement)) = placed else {
+            let mut reasons: BTreeMap<String, usize> = BTreeMap::new();
+            for at in sample {
+                let reason = match &states[at] {
+                    None => "no Device CR: the node reports no GPUs".to_owned(),
+                    Some(node) => group_elsewhere(home.as_ref(), &request, &nodes[at])
+                        .unwrap_or_else(|| unfit_reason_pod(node, &request, options.gpu_policy)),
+                };
+                *reasons.entry(reason).or_default() += 1;
             }
-            None => {
-                let mut reason = format!("fits none of {} nodes", names.len());
-                for (text, count) in reasons.iter().take(3) {
-                    let _ = write!(reason, "; {count} node(s): {text}");
-                }
-                outcomes.push(Outcome {
-                    pod: who,
-                    node: None,
-                    annotation: None,
-                    reason: Some(reason),
-                });
+            let mut reason = if window < nodes.len() {
+                format!(
+                    "fits none of the {window} nodes kube-scheduler sampled this cycle (of {}; percentageOfNodesToScore {})",
+                    nodes.len(),
+                    options.percentage_of_nodes_to_score
+                )
+            } else {
+                format!("fits none of {} nodes", nodes.len())
+            };
+            for (text, count) in reasons.iter().take(3) {
+                let _ = write!(reason, "; {count} node(s): {text}");
             }
-        }
+            outcomes.push(unplaced(who, reason));
+            continue;
+        };
+        let node = nodes[at].clone();
+        let uid = pod
+            .metadata
+            .uid
+            .clone()
+            .unwrap_or_else(|| format!("simulated-{index}"));
+        let annotation = annotation_of(&placement);
+        ledger.reserve(&uid, &node, placement.booked, u64::MAX);
+        states[at] = ledger.node(&node).cloned();
+        outcomes.push(Outcome {
+            pod: who,
+            node: Some(node),
+            annotation: Some(annotation),
+            reason: None,
+        });
     }
     outcomes
 }
@@ -252,65 +301,84 @@ pub fn simulate(ledger: &mut Ledger, pending: &[Pod], options: &SimulateOptions)
 /// NUMA nodes) and `running` quarter-GPU pods, two to a GPU, filling nodes in order
 /// (40,000 pods on 5,000 × 8 GPUs: half the nodes half-used, half empty).
 pub fn synthetic_cluster(nodes: usize, gpus: u32, running: usize) -> Snapshot {
-    let mut snapshot = Snapshot {
-        nodes,
-        ..Snapshot::default()
-    };
+    Snapshot {
+        nodes: synthetic_node_names(nodes),
+        devices: (0..nodes).map(|n| synthetic_device(n, gpus)).collect(),
+        pods: (0..running)
+            .map(|p| synthetic_running_pod(p, nodes, gpus))
+            .collect(),
+    }
+}
+
+/// The ledger of [`synthetic_cluster`] without the snapshot: each pod is booked and
+/// dropped, so the process holds what the extender holds, not 40,000 Pod objects.
+/// Returns the ledger and the node list.
+pub fn synthetic_ledger(nodes: usize, gpus: u32, running: usize) -> (Ledger, Vec<String>) {
+    let mut ledger = Ledger::default();
     for n in 0..nodes {
-        let devices = (0..gpus)
-            .map(|g| DeviceInfo {
-                device_type: "gpu".into(),
-                labels: BTreeMap::new(),
-                id: format!("GPU-{n:05}-{g:02}"),
-                minor: i32::try_from(g).ok(),
-                health: true,
-                resources: BTreeMap::from([
-                    (
-                        "koordinator.sh/gpu-core".to_owned(),
-                        k8s_openapi::apimachinery::pkg::api::resource::Quantity("100".into()),
-                    ),
-                    (
-                        "koordinator.sh/gpu-memory".to_owned(),
-                        k8s_openapi::apimachinery::pkg::api::resource::Quantity(
-                            (80u64 << 30).to_string(),
-                        ),
-                    ),
-                    (
-                        "koordinator.sh/gpu-memory-ratio".to_owned(),
-                        k8s_openapi::apimachinery::pkg::api::resource::Quantity("100".into()),
-                    ),
-                ]),
-                topology: Some(DeviceTopology {
-                    socket_id: i32::try_from(g * 2 / gpus.max(1)).unwrap_or(0),
-                    node_id: i32::try_from(g * 2 / gpus.max(1)).unwrap_or(0),
-                    pcie_id: format!("sw{}", g / 2),
-                    bus_id: format!("0000:{:02x}:00.0", 0x18 + g),
-                }),
-            })
-            .collect();
-        snapshot
-            .devices
-            .push(Device::new(&format!("node-{n:05}"), DeviceSpec { devices }));
+        ledger.apply_device(&synthetic_device(n, gpus));
     }
     for p in 0..running {
-        let slot = p / 2;
-        let node = (slot / gpus.max(1) as usize) % nodes.max(1);
-        let gpu = (slot % gpus.max(1) as usize) as u32;
-        let annotation = format!(
-            r#"{{"gpu":[{{"minor":{gpu},"id":"GPU-{node:05}-{gpu:02}","resources":{{"koordinator.sh/gpu-core":25,"koordinator.sh/gpu-memory-ratio":25}}}}]}}"#
-        );
-        let pod: Pod = serde_json::from_value(serde_json::json!({
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": format!("running-{p}"), "namespace": "default", "uid": format!("uid-running-{p}"),
-                "annotations": {"scheduling.koordinator.sh/device-allocated": annotation}},
-            "spec": {"nodeName": format!("node-{node:05}"), "containers": [{"name": "main", "image": "x",
-                "resources": {"limits": {"koordinator.sh/gpu-core": "25", "koordinator.sh/gpu-memory-ratio": "25"}}}]},
-            "status": {"phase": "Running"}
-        }))
-        .unwrap_or_default();
-        snapshot.pods.push(pod);
+        ledger.apply_pod(&synthetic_running_pod(p, nodes, gpus));
     }
-    snapshot
+    (ledger, synthetic_node_names(nodes))
+}
+
+fn synthetic_node_names(nodes: usize) -> Vec<String> {
+    (0..nodes).map(|n| format!("node-{n:05}")).collect()
+}
+
+fn synthetic_device(n: usize, gpus: u32) -> Device {
+    let devices = (0..gpus)
+        .map(|g| DeviceInfo {
+            device_type: "gpu".into(),
+            labels: BTreeMap::new(),
+            id: format!("GPU-{n:05}-{g:02}"),
+            minor: i32::try_from(g).ok(),
+            health: true,
+            resources: BTreeMap::from([
+                (
+                    "koordinator.sh/gpu-core".to_owned(),
+                    k8s_openapi::apimachinery::pkg::api::resource::Quantity("100".into()),
+                ),
+                (
+                    "koordinator.sh/gpu-memory".to_owned(),
+                    k8s_openapi::apimachinery::pkg::api::resource::Quantity(
+                        (80u64 << 30).to_string(),
+                    ),
+                ),
+                (
+                    "koordinator.sh/gpu-memory-ratio".to_owned(),
+                    k8s_openapi::apimachinery::pkg::api::resource::Quantity("100".into()),
+                ),
+            ]),
+            topology: Some(DeviceTopology {
+                socket_id: i32::try_from(g * 2 / gpus.max(1)).unwrap_or(0),
+                node_id: i32::try_from(g * 2 / gpus.max(1)).unwrap_or(0),
+                pcie_id: format!("sw{}", g / 2),
+                bus_id: format!("0000:{:02x}:00.0", 0x18 + g),
+            }),
+        })
+        .collect();
+    Device::new(&format!("node-{n:05}"), DeviceSpec { devices })
+}
+
+fn synthetic_running_pod(p: usize, nodes: usize, gpus: u32) -> Pod {
+    let slot = p / 2;
+    let node = (slot / gpus.max(1) as usize) % nodes.max(1);
+    let gpu = (slot % gpus.max(1) as usize) as u32;
+    let annotation = format!(
+        r#"{{"gpu":[{{"minor":{gpu},"id":"GPU-{node:05}-{gpu:02}","resources":{{"koordinator.sh/gpu-core":25,"koordinator.sh/gpu-memory-ratio":25}}}}]}}"#
+    );
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": format!("running-{p}"), "namespace": "default", "uid": format!("uid-running-{p}"),
+            "annotations": {"scheduling.koordinator.sh/device-allocated": annotation}},
+        "spec": {"nodeName": format!("node-{node:05}"), "containers": [{"name": "main", "image": "x",
+            "resources": {"limits": {"koordinator.sh/gpu-core": "25", "koordinator.sh/gpu-memory-ratio": "25"}}}]},
+        "status": {"phase": "Running"}
+    }))
+    .unwrap_or_default()
 }
 
 /// `count` pending pods, cycling through quarter, half and whole-GPU requests.
@@ -386,12 +454,21 @@ spec:
     fn places_pending_pods_on_a_snapshot() {
         let snapshot = parse_snapshot(CLUSTER, "cluster").expect("parses");
         assert_eq!(
-            (snapshot.nodes, snapshot.devices.len(), snapshot.pods.len()),
-            (1, 1, 1)
+            (
+                snapshot.nodes.clone(),
+                snapshot.devices.len(),
+                snapshot.pods.len()
+            ),
+            (vec!["n1".to_owned()], 1, 1)
         );
         let pending = parse_snapshot(PENDING, "pods").expect("parses").pods;
         let mut ledger = ledger_of(&snapshot);
-        let outcomes = simulate(&mut ledger, &pending, &SimulateOptions::default());
+        let outcomes = simulate(
+            &mut ledger,
+            &snapshot.node_list(),
+            &pending,
+            &SimulateOptions::default(),
+        );
         assert_eq!(outcomes[0].node.as_deref(), Some("n1"));
         assert!(
             outcomes[0]
@@ -431,7 +508,12 @@ spec:
         .expect("parses")
         .pods;
         let mut ledger = ledger_of(&snapshot);
-        let outcomes = simulate(&mut ledger, &pending, &SimulateOptions::default());
+        let outcomes = simulate(
+            &mut ledger,
+            &snapshot.node_list(),
+            &pending,
+            &SimulateOptions::default(),
+        );
         let annotation = outcomes[0].annotation.as_deref().expect("placed");
         let parsed = tessera_api::DeviceAllocations::parse(annotation).expect("valid");
         assert_eq!(parsed.gpus().len(), 1);
@@ -552,7 +634,12 @@ spec:
         let snapshot = parse_snapshot(MIXED, "cluster").expect("parses");
         let pending = parse_snapshot(COMPAT_PODS, "pods").expect("parses").pods;
         let mut ledger = ledger_of(&snapshot);
-        let outcomes = simulate(&mut ledger, &pending, &SimulateOptions::default());
+        let outcomes = simulate(
+            &mut ledger,
+            &snapshot.node_list(),
+            &pending,
+            &SimulateOptions::default(),
+        );
         let gpus_of = |index: usize| -> Vec<(String, Option<u64>, Option<u64>)> {
             let annotation = outcomes[index].annotation.as_deref().expect("placed");
             tessera_api::DeviceAllocations::parse(annotation)
@@ -613,7 +700,12 @@ spec:
         .concat();
         let pending = parse_snapshot(&pods, "pods").expect("parses").pods;
         let mut ledger = ledger_of(&snapshot);
-        let outcomes = simulate(&mut ledger, &pending, &SimulateOptions::default());
+        let outcomes = simulate(
+            &mut ledger,
+            &snapshot.node_list(),
+            &pending,
+            &SimulateOptions::default(),
+        );
         let gpu = |index: usize| {
             let annotation = outcomes[index].annotation.as_deref().expect("placed");
             tessera_api::DeviceAllocations::parse(annotation)
@@ -647,17 +739,126 @@ spec:
         );
     }
 
+    /// kube-scheduler 1.36's numFeasibleNodesToFind, case by case.
+    #[test]
+    fn nodes_to_find_is_kube_schedulers() {
+        for (percentage, total, want) in [
+            (0, 0, 0),
+            (0, 50, 50),
+            (0, 99, 99),
+            (0, 100, 100),   // 49% is 49: at least 100
+            (0, 500, 230),   // 46%
+            (0, 1000, 420),  // 42%
+            (0, 5000, 500),  // 10%
+            (0, 10000, 500), // 50 - 80 < 5: 5%
+            (0, 20000, 1000),
+            (100, 5000, 5000),
+            (10, 5000, 500),
+            (1, 5000, 100), // 50 nodes: at least 100
+            (50, 80, 80),   // under 100 nodes: all of them
+        ] {
+            assert_eq!(
+                nodes_to_find(percentage, total),
+                want,
+                "percentage {percentage}, {total} nodes"
+            );
+        }
+    }
+
+    /// 200 nodes, GPUs only on the second half: kube-scheduler's adaptive sample is
+    /// 100 nodes a cycle, so the first cycle sees no GPU node and the pod is
+    /// unschedulable there; the next cycle samples the other half. With
+    /// percentageOfNodesToScore 100 (Tessera's deploy) every cycle sees every node.
+    #[test]
+    fn simulate_sees_only_kube_schedulers_sample_of_nodes() {
+        let snapshot = Snapshot {
+            nodes: (0..200).map(|n| format!("node-{n:05}")).collect(),
+            devices: (100..200).map(|n| synthetic_device(n, 8)).collect(),
+            pods: Vec::new(),
+        };
+        let nodes = snapshot.node_list();
+        assert_eq!(nodes.len(), 200);
+        let pending = synthetic_pending(3);
+
+        let mut ledger = ledger_of(&snapshot);
+        let outcomes = simulate(&mut ledger, &nodes, &pending, &SimulateOptions::default());
+        assert_eq!(outcomes[0].node, None, "{outcomes:?}");
+        assert_eq!(
+            outcomes[0].reason.as_deref(),
+            Some(
+                "fits none of the 100 nodes kube-scheduler sampled this cycle (of 200; percentageOfNodesToScore 0); 100 node(s): no Device CR: the node reports no GPUs"
+            )
+        );
+        assert!(
+            outcomes[1]
+                .node
+                .as_deref()
+                .is_some_and(|n| n >= "node-00100"),
+            "{outcomes:?}"
+        );
+        assert_eq!(outcomes[2].node, None, "{outcomes:?}");
+
+        let mut ledger = ledger_of(&snapshot);
+        let all = SimulateOptions {
+            percentage_of_nodes_to_score: 100,
+            ..SimulateOptions::default()
+        };
+        let outcomes = simulate(&mut ledger, &nodes, &pending, &all);
+        assert!(outcomes.iter().all(|o| o.node.is_some()), "{outcomes:?}");
+    }
+
+    /// The sample is the next nodes round-robin from where the last cycle stopped,
+    /// whatever fits: nodes with no room in it are not passed over for nodes
+    /// outside it.
+    #[test]
+    fn the_sample_moves_on_by_what_kube_scheduler_processed() {
+        // 300 one-GPU nodes, the first 144 half-used; 48% of 300: 144 nodes a cycle.
+        let snapshot = synthetic_cluster(300, 1, 288);
+        let nodes = snapshot.node_list();
+        let mut ledger = ledger_of(&snapshot);
+        let whole = |i: usize| -> Pod {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": format!("w{i}"), "namespace": "default", "uid": format!("w{i}")},
+                "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
+            }))
+            .expect("a pod")
+        };
+        let pending: Vec<Pod> = (0..3).map(whole).collect();
+        let outcomes = simulate(&mut ledger, &nodes, &pending, &SimulateOptions::default());
+        let placed: Vec<Option<&str>> = outcomes.iter().map(|o| o.node.as_deref()).collect();
+        // Cycle 1 samples the half-used nodes 0-143; cycle 2 nodes 144-287 (equal
+        // scores: the first name); cycle 3 nodes 288-299 and 0-131.
+        assert_eq!(
+            placed,
+            [None, Some("node-00144"), Some("node-00288")],
+            "{outcomes:?}"
+        );
+        assert!(
+            outcomes[0]
+                .reason
+                .as_deref()
+                .is_some_and(|r| r.contains("the 144 nodes kube-scheduler sampled")),
+            "{outcomes:?}"
+        );
+    }
+
     #[test]
     fn synthetic_clusters_fill_up() {
         let snapshot = synthetic_cluster(10, 8, 80);
         let mut ledger = ledger_of(&snapshot);
         let outcomes = simulate(
             &mut ledger,
+            &snapshot.node_list(),
             &synthetic_pending(30),
             &SimulateOptions::default(),
         );
         assert!(outcomes.iter().all(|o| o.node.is_some()), "{outcomes:?}");
-        assert_eq!(adaptive_nodes_to_score(5000), 500);
-        assert_eq!(adaptive_nodes_to_score(50), 50);
+        // The streamed ledger books the same as the snapshot's.
+        let (streamed, names) = synthetic_ledger(10, 8, 80);
+        assert_eq!(names, snapshot.node_list());
+        let fresh = ledger_of(&snapshot);
+        for name in &names {
+            assert_eq!(streamed.node(name), fresh.node(name), "{name}");
+        }
     }
 }
