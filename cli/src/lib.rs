@@ -67,6 +67,26 @@ pub enum NodeCommand {
     /// waits. Told to stop, it switches the node back only when its DaemonSet is
     /// gone (the chart was uninstalled); a rollout leaves the node switched.
     Installer(InstallerArgs),
+    /// After uninstalling: removes from Nodes what tessera-reporter published there
+    /// and nothing else: the koordinator.sh/* capacity and its aliases
+    /// (aliyun.com/gpu-mem, nvidia.com/gpumem, nvidia.com/gpucores,
+    /// volcano.sh/gpu-memory), and the GPU model and driver labels. Runs anywhere
+    /// with a kubeconfig; refuses while a tessera-reporter pod runs on a node it would
+    /// clean (the reporter would publish it all again).
+    Cleanup(CleanupArgs),
+}
+
+/// Settings of `tessera node cleanup`.
+#[derive(Debug, clap::Args)]
+pub struct CleanupArgs {
+    /// Only this node [default: every node].
+    #[arg(long)]
+    pub node: Option<String>,
+    /// Also remove nvidia.com/gpu, which the reporter published with
+    /// --advertise-nvidia-gpu (the chart's reporter.advertiseNvidiaGpu). Leave it out
+    /// where NVIDIA's device plugin serves nvidia.com/gpu.
+    #[arg(long)]
+    pub nvidia_gpu: bool,
 }
 
 /// Settings of `tessera node installer`.
@@ -171,6 +191,47 @@ pub enum ImageCommand {
     },
 }
 
+/// `tessera node …`.
+async fn node_command(
+    kubeconfig: Option<PathBuf>,
+    prepared: Prepared,
+    command: NodeCommand,
+) -> anyhow::Result<()> {
+    let (args, installer) = match command {
+        NodeCommand::Cleanup(args) => {
+            let client = client(kubeconfig).await?;
+            for line in node::cleanup(client, args.node.as_deref(), args.nvidia_gpu).await? {
+                println!("{line}");
+            }
+            return Ok(());
+        }
+        NodeCommand::SwitchBack(args) => {
+            let client = node_client(kubeconfig, prepared).await?;
+            println!("{}", switch(args)?.back(&Api::all(client)).await?);
+            return Ok(());
+        }
+        NodeCommand::SwitchOver(args) => (args, None),
+        NodeCommand::Installer(InstallerArgs { daemonset, switch }) => (switch, Some(daemonset)),
+    };
+    let client = node_client(kubeconfig, prepared).await?;
+    let switch = switch(args)?;
+    let nodes = Api::all(client.clone());
+    println!("{}", switch.over(&nodes).await?);
+    if let Some(daemonset) = installer {
+        tessera_api::binary::shutdown_signal()
+            .await
+            .context("waiting for SIGTERM")?;
+        match node::owner(client, &daemonset).await {
+            node::Owner::Uninstalled => {
+                println!("{daemonset} is gone: switching the node back");
+                println!("{}", switch.back(&nodes).await?);
+            }
+            owner => println!("{daemonset}: {owner:?}; the node stays switched to the proxy"),
+        }
+    }
+    Ok(())
+}
+
 /// The client of `tessera node`: the pod's own when it entered the host.
 async fn node_client(kubeconfig: Option<PathBuf>, prepared: Prepared) -> anyhow::Result<Client> {
     match prepared.config {
@@ -239,38 +300,7 @@ pub async fn run(cli: Cli, prepared: Prepared) -> anyhow::Result<()> {
             let client = client(cli.kubeconfig).await?;
             print!("{}", inspect(client, node.as_deref(), json).await?);
         }
-        Command::Node(command) => {
-            let (args, installer) = match command {
-                NodeCommand::SwitchOver(args) => (args, None),
-                NodeCommand::SwitchBack(args) => {
-                    let client = node_client(cli.kubeconfig, prepared).await?;
-                    let done = switch(args)?.back(&Api::all(client)).await?;
-                    println!("{done}");
-                    return Ok(());
-                }
-                NodeCommand::Installer(InstallerArgs { daemonset, switch }) => {
-                    (switch, Some(daemonset))
-                }
-            };
-            let client = node_client(cli.kubeconfig, prepared).await?;
-            let switch = switch(args)?;
-            let nodes = Api::all(client.clone());
-            println!("{}", switch.over(&nodes).await?);
-            if let Some(daemonset) = installer {
-                tessera_api::binary::shutdown_signal()
-                    .await
-                    .context("waiting for SIGTERM")?;
-                match node::owner(client, &daemonset).await {
-                    node::Owner::Uninstalled => {
-                        println!("{daemonset} is gone: switching the node back");
-                        println!("{}", switch.back(&nodes).await?);
-                    }
-                    owner => {
-                        println!("{daemonset}: {owner:?}; the node stays switched to the proxy")
-                    }
-                }
-            }
-        }
+        Command::Node(command) => node_command(cli.kubeconfig, prepared, command).await?,
         Command::Image(ImageCommand::Build {
             out,
             bin_dir,

@@ -497,6 +497,148 @@ fn owner_from(
     }
 }
 
+/// What tessera-reporter publishes on a Node: capacity (and allocatable) names,
+/// and labels. `nvidia.com/gpu` only with `--advertise-nvidia-gpu`.
+const REPORTER_RESOURCES: &[&str] = &[
+    "koordinator.sh/gpu-core",
+    "koordinator.sh/gpu-memory",
+    "koordinator.sh/gpu-memory-ratio",
+    "aliyun.com/gpu-mem",
+    "nvidia.com/gpumem",
+    "nvidia.com/gpucores",
+    "volcano.sh/gpu-memory",
+];
+const REPORTER_LABELS: &[&str] = &[
+    "node.koordinator.sh/gpu-model",
+    "node.koordinator.sh/gpu-driver-version",
+];
+
+/// JSON pointer escaping of one path segment (RFC 6901).
+fn pointer(segment: &str) -> String {
+    segment.replace('~', "~0").replace('/', "~1")
+}
+
+/// The JSON patches (status, then metadata) that remove what the reporter
+/// published on `node`, each guarded by a `test` of the resourceVersion so that a
+/// concurrent writer makes it fail rather than be overwritten; empty when there is
+/// nothing to remove.
+pub fn cleanup_patches(
+    node: &Node,
+    nvidia_gpu: bool,
+) -> (Vec<serde_json::Value>, Vec<serde_json::Value>) {
+    use serde_json::json;
+    let guard = || {
+        json!({"op": "test", "path": "/metadata/resourceVersion",
+               "value": node.metadata.resource_version.clone().unwrap_or_default()})
+    };
+    let mut resources: Vec<&str> = REPORTER_RESOURCES.to_vec();
+    if nvidia_gpu {
+        resources.push(tessera_api::resources::NVIDIA_GPU);
+    }
+    let status = node.status.as_ref();
+    let mut status_ops = Vec::new();
+    for field in ["capacity", "allocatable"] {
+        let present = status.and_then(|s| match field {
+            "capacity" => s.capacity.as_ref(),
+            _ => s.allocatable.as_ref(),
+        });
+        for name in &resources {
+            if present.is_some_and(|m| m.contains_key(*name)) {
+                status_ops.push(
+                    json!({"op": "remove", "path": format!("/status/{field}/{}", pointer(name))}),
+                );
+            }
+        }
+    }
+    let labels = node.metadata.labels.as_ref();
+    let label_ops: Vec<_> = REPORTER_LABELS
+        .iter()
+        .filter(|l| labels.is_some_and(|m| m.contains_key(**l)))
+        .map(|l| json!({"op": "remove", "path": format!("/metadata/labels/{}", pointer(l))}))
+        .collect();
+    let guarded = |ops: Vec<serde_json::Value>| {
+        if ops.is_empty() {
+            ops
+        } else {
+            std::iter::once(guard()).chain(ops).collect()
+        }
+    };
+    (guarded(status_ops), guarded(label_ops))
+}
+
+/// Removes what tessera-reporter published from `node` (every node when `None`);
+/// one line per node saying what went. Refuses a node on which a tessera-reporter
+/// pod still runs: it would publish everything again.
+pub async fn cleanup(
+    client: kube::Client,
+    node: Option<&str>,
+    nvidia_gpu: bool,
+) -> anyhow::Result<Vec<String>> {
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::api::ListParams;
+    let nodes: Api<Node> = Api::all(client.clone());
+    let targets = match node {
+        Some(name) => vec![
+            nodes
+                .get(name)
+                .await
+                .with_context(|| format!("reading node {name}"))?,
+        ],
+        None => {
+            nodes
+                .list(&ListParams::default())
+                .await
+                .context("listing nodes")?
+                .items
+        }
+    };
+    let reporters: Vec<Pod> = Api::<Pod>::all(client)
+        .list(&ListParams::default().labels("app.kubernetes.io/name=tessera-reporter"))
+        .await
+        .context("listing tessera-reporter pods")?
+        .items;
+    let mut done = Vec::new();
+    for target in targets {
+        let name = target.metadata.name.clone().unwrap_or_default();
+        if reporters.iter().any(|p| {
+            p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(name.as_str())
+                && p.metadata.deletion_timestamp.is_none()
+        }) {
+            bail!(
+                "a tessera-reporter pod still runs on node {name}: uninstall Tessera first (it would publish everything again)"
+            );
+        }
+        let (status, labels) = cleanup_patches(&target, nvidia_gpu);
+        let removed = status.len().saturating_sub(1) + labels.len().saturating_sub(1);
+        let json_patch = |ops: Vec<serde_json::Value>| -> anyhow::Result<Patch<()>> {
+            Ok(Patch::Json(serde_json::from_value(
+                serde_json::Value::Array(ops),
+            )?))
+        };
+        if !status.is_empty() {
+            nodes
+                .patch_status(&name, &PatchParams::default(), &json_patch(status)?)
+                .await
+                .with_context(|| format!("removing Tessera's capacity from node {name}"))?;
+        }
+        if !labels.is_empty() {
+            // The status patch moved the resourceVersion: guard the labels on the new one.
+            let fresh = nodes.get(&name).await?;
+            let (_, labels) = cleanup_patches(&fresh, nvidia_gpu);
+            nodes
+                .patch(&name, &PatchParams::default(), &json_patch(labels)?)
+                .await
+                .with_context(|| format!("removing Tessera's labels from node {name}"))?;
+        }
+        done.push(if removed == 0 {
+            format!("node {name}: nothing of Tessera's")
+        } else {
+            format!("node {name}: removed {removed} capacity, allocatable and label entries")
+        });
+    }
+    Ok(done)
+}
+
 fn backup_of(path: &Path) -> PathBuf {
     let mut name = path.as_os_str().to_owned();
     name.push(BACKUP_SUFFIX);
@@ -720,5 +862,43 @@ mod tests {
         // An API that fails or does not answer must not switch a node back.
         assert_eq!(owner_from(Some(Err(status(500)))), Owner::Unknown);
         assert_eq!(owner_from(None), Owner::Unknown);
+    }
+
+    #[test]
+    fn cleanup_removes_only_what_the_reporter_published() {
+        let node: Node = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "n", "resourceVersion": "7", "labels": {
+                "node.koordinator.sh/gpu-model": "H100", "kubernetes.io/hostname": "n",
+                "tessera.io/gpu-node": "true"}},
+            "status": {
+                "capacity": {"cpu": "8", "koordinator.sh/gpu-core": "400", "nvidia.com/gpu": "4",
+                             "aliyun.com/gpu-mem": "320"},
+                "allocatable": {"cpu": "8", "koordinator.sh/gpu-core": "400"}}
+        }))
+        .expect("node");
+        let (status, labels) = cleanup_patches(&node, false);
+        assert_eq!(
+            status,
+            vec![
+                serde_json::json!({"op": "test", "path": "/metadata/resourceVersion", "value": "7"}),
+                serde_json::json!({"op": "remove", "path": "/status/capacity/koordinator.sh~1gpu-core"}),
+                serde_json::json!({"op": "remove", "path": "/status/capacity/aliyun.com~1gpu-mem"}),
+                serde_json::json!({"op": "remove", "path": "/status/allocatable/koordinator.sh~1gpu-core"}),
+            ]
+        );
+        assert_eq!(
+            labels[1],
+            serde_json::json!({"op": "remove", "path": "/metadata/labels/node.koordinator.sh~1gpu-model"})
+        );
+        assert_eq!(labels.len(), 2, "the operator's labels stay: {labels:?}");
+        let (status, _) = cleanup_patches(&node, true);
+        assert!(
+            status
+                .iter()
+                .any(|op| op["path"] == "/status/capacity/nvidia.com~1gpu")
+        );
+        let clean: Node =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": "n"}})).expect("node");
+        assert_eq!(cleanup_patches(&clean, true), (vec![], vec![]));
     }
 }

@@ -428,6 +428,14 @@ async fn upgrade_and_uninstall(cluster: &mut Cluster, installed: Installed) -> a
     use_scheduler_pod(cluster, "--gpu-policy=spread").await?;
     fractional_pod(cluster, "upgraded-quarter").await?;
 
+    // Cleaning the node while the reporter runs is refused: it would publish it all again.
+    let cleanup = tessera_cleanup(cluster)?;
+    ensure!(
+        !cleanup.status.success()
+            && String::from_utf8_lossy(&cleanup.stderr).contains("tessera-reporter pod still runs"),
+        "tessera node cleanup with the reporter running: {cleanup:?}"
+    );
+
     // Uninstall: nothing of Tessera is left but the namespace and the operator's Secret.
     let output = chart(cluster, "uninstall", &[])?;
     println!("uninstall: {}", output.trim());
@@ -455,7 +463,46 @@ async fn upgrade_and_uninstall(cluster: &mut Cluster, installed: Installed) -> a
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+
+    // What the reporter left on the node goes with `tessera node cleanup`, and only that.
+    let cleanup = tessera_cleanup(cluster)?;
+    ensure!(
+        cleanup.status.success(),
+        "tessera node cleanup: {cleanup:?}"
+    );
+    let node = Api::<Node>::all(cluster.client().await?)
+        .get(NODE_NAME)
+        .await?;
+    let status = node.status.unwrap_or_default();
+    let resources: Vec<String> = status
+        .capacity
+        .unwrap_or_default()
+        .into_keys()
+        .chain(status.allocatable.unwrap_or_default().into_keys())
+        .filter(|r| r.contains("gpu"))
+        .collect();
+    let labels: Vec<String> = node
+        .metadata
+        .labels
+        .unwrap_or_default()
+        .into_keys()
+        .filter(|l| l.starts_with("node.koordinator.sh/"))
+        .collect();
+    ensure!(
+        resources.is_empty() && labels.is_empty(),
+        "after tessera node cleanup the node still has {resources:?} {labels:?}: {}",
+        String::from_utf8_lossy(&cleanup.stdout)
+    );
     Ok(())
+}
+
+/// `tessera node cleanup --nvidia-gpu` (the chart advertised nvidia.com/gpu) for this node.
+fn tessera_cleanup(cluster: &Cluster) -> anyhow::Result<std::process::Output> {
+    Ok(Command::new(tessera_binary("tessera")?)
+        .arg("--kubeconfig")
+        .arg(cluster.kubeconfig())
+        .args(["node", "cleanup", "--nvidia-gpu", "--node", NODE_NAME])
+        .output()?)
 }
 
 /// kubelet's runtime endpoint in its configuration file.
