@@ -250,3 +250,38 @@ fn deploy_lets_the_scheduler_write_events_and_serves_metrics_apart() {
         "{container}"
     );
 }
+
+#[test]
+fn metrics_on_the_extenders_or_the_probes_port_are_refused_at_startup() {
+    for (args, flag) in [
+        (&["--listen", "127.0.0.1:9466"][..], "--listen"),
+        (
+            &[
+                "--listen",
+                "127.0.0.1:8888",
+                "--probe-listen",
+                "127.0.0.1:9000",
+                "--metrics-listen",
+                "0.0.0.0:9000",
+            ][..],
+            "--probe-listen",
+        ),
+    ] {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_tessera-scheduler"))
+            .arg("serve")
+            .args(args)
+            // Never a real cluster: the refusal comes before any API call.
+            .env("KUBECONFIG", "/nonexistent")
+            .output()
+            .expect("running tessera-scheduler");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{stderr}");
+        let port = if flag == "--listen" { 9466 } else { 9000 };
+        assert!(
+            stderr.contains(&format!(
+                "port {port} is {flag}'s; metrics are served on a port of their own"
+            )),
+            "{stderr}"
+        );
+    }
+}
