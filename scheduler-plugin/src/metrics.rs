@@ -41,6 +41,8 @@ pub enum Verb {
     Prioritize,
     /// `POST /bind`.
     Bind,
+    /// `POST /preempt` (kube-scheduler's preemption asks which victims free GPUs).
+    Preempt,
 }
 
 impl Verb {
@@ -50,6 +52,7 @@ impl Verb {
             "filter" => Some(Self::Filter),
             "prioritize" => Some(Self::Prioritize),
             "bind" => Some(Self::Bind),
+            "preempt" => Some(Self::Preempt),
             _ => None,
         }
     }
@@ -59,6 +62,7 @@ impl Verb {
             Self::Filter => "filter",
             Self::Prioritize => "prioritize",
             Self::Bind => "bind",
+            Self::Preempt => "preempt",
         }
     }
 }
@@ -115,7 +119,7 @@ pub fn classify(error: &BindError) -> (&'static str, BindResult) {
 /// Labels of `tessera_scheduler_request_duration_seconds`.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct VerbLabels {
-    /// `filter`, `prioritize` or `bind`.
+    /// `filter`, `prioritize`, `bind` or `preempt`.
     pub verb: String,
 }
 
@@ -202,7 +206,7 @@ impl SchedulerMetrics {
         let events = Family::<EventLabels, Counter>::default();
         registry.register(
             "request_duration_seconds",
-            "Extender calls (filter, prioritize, bind) from request to answer",
+            "Extender calls (filter, prioritize, bind, preempt) from request to answer",
             request_duration.clone(),
         );
         registry.register("binds", "Binds by result", binds.clone());
@@ -531,6 +535,11 @@ mod tests {
         ));
         metrics.record_request(Verb::Bind, Duration::from_millis(3));
         metrics.record_request(Verb::Filter, Duration::from_micros(150));
+        metrics.record_request(
+            Verb::of("preempt").expect("a verb"),
+            Duration::from_millis(1),
+        );
+        assert_eq!(Verb::of("healthz"), None);
         metrics.reservations_expired.inc();
         let text = metrics.encode();
         has(
@@ -544,6 +553,7 @@ mod tests {
                 "tessera_scheduler_bind_errors_total{error=\"not_leader\",result=\"refused\"} 1\n",
                 "tessera_scheduler_bind_errors_total{error=\"annotate\",result=\"failed\"} 1\n",
                 "tessera_scheduler_request_duration_seconds_count{verb=\"bind\"} 1\n",
+                "tessera_scheduler_request_duration_seconds_count{verb=\"preempt\"} 1\n",
                 "tessera_scheduler_request_duration_seconds_sum{verb=\"filter\"} 0.00015\n",
                 "tessera_scheduler_request_duration_seconds_bucket{le=\"0.0002\",verb=\"filter\"} 1\n",
                 "tessera_scheduler_reservations_expired_total 1\n",
