@@ -405,10 +405,19 @@ impl Switch {
                 after - before
             );
         }
-        set_taint(nodes, &self.node, false).await?;
+        // At an uninstall the installer's RBAC may already be gone: the switch back
+        // is done and proven; only the taint (set only by an unproven switch-over)
+        // cannot be checked, and that is said rather than failed.
+        let taint = match set_taint(nodes, &self.node, false).await {
+            Ok(()) => format!("node {} has no {TAINT_KEY} taint", self.node),
+            Err(e) if forbidden(&e) => format!(
+                "the {TAINT_KEY} taint of node {} could not be checked ({e:#}): remove it by hand if an unproven switch-over left it",
+                self.node
+            ),
+            Err(e) => return Err(e),
+        };
         Ok(format!(
-            "{undone}; kubelet restarted and no longer calls the proxy; node {} has no {TAINT_KEY} taint",
-            self.node
+            "{undone}; kubelet restarted and no longer calls the proxy; {taint}"
         ))
     }
 }
@@ -637,6 +646,13 @@ pub async fn cleanup(
         });
     }
     Ok(done)
+}
+
+/// Whether `error` is the API server refusing this identity (401 or 403).
+fn forbidden(error: &anyhow::Error) -> bool {
+    error.chain().any(|cause| {
+        matches!(cause.downcast_ref::<kube::Error>(), Some(kube::Error::Api(e)) if matches!(e.code, 401 | 403))
+    })
 }
 
 fn backup_of(path: &Path) -> PathBuf {
@@ -900,5 +916,14 @@ mod tests {
         let clean: Node =
             serde_json::from_value(serde_json::json!({"metadata": {"name": "n"}})).expect("node");
         assert_eq!(cleanup_patches(&clean, true), (vec![], vec![]));
+    }
+
+    #[test]
+    fn only_a_refused_identity_counts_as_forbidden() {
+        for (code, want) in [(401, true), (403, true), (404, false), (500, false)] {
+            let error = anyhow::Error::new(status(code)).context("removing the taint");
+            assert_eq!(forbidden(&error), want, "{code}");
+        }
+        assert!(!forbidden(&anyhow::anyhow!("timed out")));
     }
 }

@@ -87,6 +87,24 @@ pub struct ExtenderFilterResult {
     pub error: String,
 }
 
+impl ExtenderFilterResult {
+    /// The answer as kube-scheduler prints it: it hands each reason to its event
+    /// recorder as a printf format, so `50%` would read `50%!c(MISSING)` in the pod's
+    /// events; `50 percent` reads the same there and in the pod's condition.
+    pub fn for_kube_scheduler(mut self) -> Self {
+        for reason in self
+            .failed_nodes
+            .values_mut()
+            .chain(self.failed_and_unresolvable_nodes.values_mut())
+        {
+            if reason.contains('%') {
+                *reason = reason.replace('%', " percent");
+            }
+        }
+        self
+    }
+}
+
 /// `HostPriority`.
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "PascalCase")]
@@ -1089,7 +1107,7 @@ impl Extender {
         let started = Instant::now();
         let encoded = match verb(&path) {
             "filter" => serde_json::from_slice::<ExtenderArgs>(&body)
-                .map(|args| serde_json::to_vec(&self.filter(args))),
+                .map(|args| serde_json::to_vec(&self.filter(args).for_kube_scheduler())),
             "prioritize" => serde_json::from_slice::<ExtenderArgs>(&body)
                 .map(|args| serde_json::to_vec(&self.prioritize(args))),
             "preempt" => serde_json::from_slice::<ExtenderPreemptionArgs>(&body)

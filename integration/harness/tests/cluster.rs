@@ -377,8 +377,19 @@ async fn fractional_pods(cluster: &mut Cluster) -> anyhow::Result<()> {
 
 /// A pod no GPU can hold stays Pending, and its events carry the extender's reason.
 async fn unfit_pod(cluster: &mut Cluster) -> anyhow::Result<()> {
-    let name = "unfit";
-    create_one(cluster, name, json!({"koordinator.sh/gpu-memory": "100Gi"})).await?;
+    // Too much memory for any GPU; and more whole GPUs than the node has, whose
+    // reason names a percentage (kube-scheduler prints reasons as a format).
+    for (name, limits) in [
+        ("unfit", json!({"koordinator.sh/gpu-memory": "100Gi"})),
+        ("unfit-gpus", json!({"koordinator.sh/gpu": "500"})),
+    ] {
+        unfit_one(cluster, name, limits).await?;
+    }
+    Ok(())
+}
+
+async fn unfit_one(cluster: &mut Cluster, name: &str, limits: Value) -> anyhow::Result<()> {
+    create_one(cluster, name, limits).await?;
     let started = Instant::now();
     loop {
         let events = cluster.events_of(name).await?;
@@ -387,6 +398,10 @@ async fn unfit_pod(cluster: &mut Cluster) -> anyhow::Result<()> {
             .find(|e| e.starts_with("FailedScheduling") && e.contains("GPU"))
         {
             tracing::info!(event, "extender's reason");
+            ensure!(
+                !event.contains("%!"),
+                "pod {name}: the extender's reason reads as a broken format: {event}"
+            );
             break;
         }
         if started.elapsed() > Duration::from_secs(60) {

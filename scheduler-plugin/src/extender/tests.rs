@@ -530,3 +530,24 @@ fn a_sharing_group_lives_on_one_node() {
         .expect("fits");
     assert!(outsider.contains(r#""id":"GPU-h100-0""#), "{outsider}");
 }
+
+#[test]
+fn reasons_reach_kube_scheduler_without_printf_verbs() {
+    let mut result = ExtenderFilterResult::default();
+    result.failed_nodes.insert(
+        "a".into(),
+        "0 of 4 usable GPUs have 50% compute free".into(),
+    );
+    result
+        .failed_and_unresolvable_nodes
+        .insert("b".into(), "never fits: 100% compute and 20% memory".into());
+    let result = result.for_kube_scheduler();
+    assert_eq!(
+        result.failed_nodes["a"],
+        "0 of 4 usable GPUs have 50 percent compute free"
+    );
+    assert_eq!(
+        result.failed_and_unresolvable_nodes["b"],
+        "never fits: 100 percent compute and 20 percent memory"
+    );
+}
