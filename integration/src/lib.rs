@@ -4,12 +4,15 @@
 //!
 //! - [`proxy`]: the runtime proxy run in-process over a socket in a temp dir.
 //! - [`demo`]: `tessera-demo`'s embedded story (its `--cluster` story is [`cluster_demo`]).
+//! - [`bench_pods`], [`bench_cluster`]: `tessera-bench pod-cache` and `tessera-bench cluster`.
 
 pub use tessera_harness::{
     apiserver, cluster, cluster_demo, containerd, deploy, fake_nvml, fake_runtime, gpu_node, image,
     init_tracing, kubelet, raw,
 };
 
+pub mod bench_cluster;
+pub mod bench_pods;
 pub mod demo;
 pub mod hook_server;
 pub mod hooks;

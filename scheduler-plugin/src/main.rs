@@ -553,8 +553,8 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
                 Some(nodes) => {
                     let (ledger, names) =
                         simulate::synthetic_ledger(nodes, synthetic_gpus, synthetic_running);
-                    let pending = simulate::synthetic_pending(synthetic_pending);
-                    (ledger, names, nodes, synthetic_running, pending)
+                    // Made one at a time as simulate takes them.
+                    (ledger, names, nodes, synthetic_running, Vec::new())
                 }
                 None => {
                     let read = |path: &PathBuf| -> anyhow::Result<Snapshot> {
@@ -581,7 +581,15 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
             };
             let placing = Instant::now();
             let cpu = cpu_seconds();
-            let outcomes = simulate::simulate(&mut ledger, &nodes, &pending, &options);
+            let outcomes = match synthetic_nodes {
+                Some(_) => simulate::simulate(
+                    &mut ledger,
+                    &nodes,
+                    (0..synthetic_pending).map(simulate::synthetic_pending_pod),
+                    &options,
+                ),
+                None => simulate::simulate(&mut ledger, &nodes, &pending, &options),
+            };
             let took = placing.elapsed();
             // CPU time too: on a busy machine the wall clock also counts others' work.
             let cpu = cpu_seconds().zip(cpu).map(|(after, before)| after - before);
@@ -609,10 +617,10 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
                 nodes.len(),
                 loaded,
                 simulate::nodes_to_find(percentage_of_nodes_to_score, nodes.len()),
-                pending.len(),
+                outcomes.len(),
                 took,
-                pending.len() as f64 / took.as_secs_f64().max(1e-9),
-                pending.len() as f64 / cpu.unwrap_or(0.0).max(1e-9),
+                outcomes.len() as f64 / took.as_secs_f64().max(1e-9),
+                outcomes.len() as f64 / cpu.unwrap_or(0.0).max(1e-9),
                 rss_mib("VmRSS:").unwrap_or(0.0),
                 rss_mib("VmHWM:").unwrap_or(0.0)
             );

@@ -185,10 +185,10 @@ pub fn ledger_of(snapshot: &Snapshot) -> Ledger {
 /// them is unschedulable in that cycle even when a node outside the sample has
 /// room (kube-scheduler retries it later, with another sample).
 /// Within the sample: filter, prioritize and bind as the extender does them.
-pub fn simulate(
+pub fn simulate<P: std::borrow::Borrow<Pod>>(
     ledger: &mut Ledger,
     nodes: &[String],
-    pending: &[Pod],
+    pending: impl IntoIterator<Item = P>,
     options: &SimulateOptions,
 ) -> Vec<Outcome> {
     let window = nodes_to_find(options.percentage_of_nodes_to_score, nodes.len());
@@ -200,14 +200,15 @@ pub fn simulate(
         .map(|name| ledger.node(name).cloned())
         .collect();
     let mut start = 0usize;
-    let mut outcomes = Vec::with_capacity(pending.len());
+    let mut outcomes = Vec::new();
     let unplaced = |pod: String, reason: String| Outcome {
         pod,
         node: None,
         annotation: None,
         reason: Some(reason),
     };
-    for (index, pod) in pending.iter().enumerate() {
+    for (index, pod) in pending.into_iter().enumerate() {
+        let pod = pod.borrow();
         let who = pod_name(pod);
         let request = match pod_gpu_request(pod, &options.request) {
             Ok(Some(request)) => request,
@@ -383,18 +384,38 @@ fn synthetic_running_pod(p: usize, nodes: usize, gpus: u32) -> Pod {
 
 /// `count` pending pods, cycling through quarter, half and whole-GPU requests.
 pub fn synthetic_pending(count: usize) -> Vec<Pod> {
-    (0..count)
-        .map(|i| {
-            let share = ["25", "50", "100"][i % 3];
-            serde_json::from_value(serde_json::json!({
-                "apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": format!("pending-{i}"), "namespace": "default", "uid": format!("uid-pending-{i}")},
-                "spec": {"containers": [{"name": "main", "image": "x",
-                    "resources": {"limits": {"koordinator.sh/gpu-core": share, "koordinator.sh/gpu-memory-ratio": share}}}]}
-            }))
-            .unwrap_or_default()
-        })
-        .collect()
+    (0..count).map(synthetic_pending_pod).collect()
+}
+
+/// Pending pod `i` of [`synthetic_pending`], made when needed: `simulate` takes
+/// pods one at a time, so a run need not hold them all.
+pub fn synthetic_pending_pod(i: usize) -> Pod {
+    use k8s_openapi::api::core::v1::{Container, PodSpec, ResourceRequirements};
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    let share = ["25", "50", "100"][i % 3];
+    let limits = ["koordinator.sh/gpu-core", "koordinator.sh/gpu-memory-ratio"]
+        .map(|name| (name.to_owned(), Quantity(share.to_owned())));
+    Pod {
+        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            name: Some(format!("pending-{i}")),
+            namespace: Some("default".into()),
+            uid: Some(format!("uid-pending-{i}")),
+            ..Default::default()
+        },
+        spec: Some(PodSpec {
+            containers: vec![Container {
+                name: "main".into(),
+                image: Some("x".into()),
+                resources: Some(ResourceRequirements {
+                    limits: Some(limits.into_iter().collect()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
 }
 
 #[cfg(test)]
@@ -849,7 +870,7 @@ spec:
         let outcomes = simulate(
             &mut ledger,
             &snapshot.node_list(),
-            &synthetic_pending(30),
+            synthetic_pending(30),
             &SimulateOptions::default(),
         );
         assert!(outcomes.iter().all(|o| o.node.is_some()), "{outcomes:?}");

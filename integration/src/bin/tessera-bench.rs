@@ -1,4 +1,9 @@
-//! `tessera-bench proxy`: direct vs proxied CRI latency against one private containerd.
+//! Tessera's benchmarks: `proxy` (direct vs proxied CRI latency against one private
+//! containerd), `gpu-hook`, `extender` (filter + prioritize over HTTP), `simulate`
+//! (placements/s and RSS at 5,000 nodes), `pod-cache` (the scheduler's Pod store,
+//! full vs trimmed objects) and `cluster` (placements/s and bind latency through a
+//! real kube-scheduler). Each prints its figures, ratios against a baseline taken in
+//! the same run, and verdicts against the targets of issue 11 where it has some.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -56,6 +61,51 @@ enum Command {
         #[arg(long, default_value_t = 5000)]
         nodes: usize,
     },
+    /// tessera-scheduler's simulate on a synthetic cluster (8 GPUs per node, 40,000
+    /// running quarter-GPU pods): pods placed per second and peak RSS, kube-scheduler's
+    /// adaptive node sampling vs every node scored (percentageOfNodesToScore 100, a
+    /// tenth of the pods). Each in a process of its own.
+    Simulate {
+        /// Nodes in the cluster.
+        #[arg(long, default_value_t = 5000)]
+        nodes: usize,
+        /// Pending pods to place (quarter, half and whole GPUs in turn).
+        #[arg(long, default_value_t = 20_000)]
+        pending: usize,
+    },
+    /// tessera-scheduler's Pod store and ledger holding `--pods` pods as the API
+    /// server serves them: full objects vs trimmed ones (`cluster::trim_pod`), each
+    /// listed in a process of its own; RSS added per pod.
+    PodCache {
+        /// Pods in the cluster.
+        #[arg(long, default_value_t = 20_000)]
+        pods: usize,
+    },
+    /// A real cluster (tessera-harness; needs root and the Kubernetes binaries):
+    /// `--pods` pods created at once, placed by kube-scheduler through
+    /// tessera-scheduler behind mutual TLS onto fake 8-GPU nodes; placements/s and
+    /// create→bind latency, against as many pods asking no GPU (kube-scheduler alone).
+    Cluster {
+        /// Pods per round.
+        #[arg(long, default_value_t = 200)]
+        pods: usize,
+    },
+    #[command(hide = true)]
+    SimulateChild {
+        #[arg(long)]
+        nodes: usize,
+        #[arg(long)]
+        pending: usize,
+        #[arg(long)]
+        percentage: u32,
+    },
+    #[command(hide = true)]
+    PodCacheChild {
+        #[arg(long)]
+        pods: usize,
+        #[arg(long)]
+        trim: bool,
+    },
     /// The proxy's frame relay (`relay::serve`) as a process of its own, as
     /// `tessera-bench proxy` runs it: one thread, no hooks but lifecycle
     /// interception on, like tessera-runtime-proxy with no hooks registered.
@@ -72,6 +122,25 @@ enum Command {
 
 fn main() -> anyhow::Result<()> {
     let command = Cli::parse().command;
+    match command {
+        Command::SimulateChild {
+            nodes,
+            pending,
+            percentage,
+        } => {
+            let figures = simulate_child(nodes, pending, percentage);
+            println!("{}", serde_json::to_string(&figures)?);
+            return Ok(());
+        }
+        Command::PodCacheChild { pods, trim } => {
+            let figures = tessera_integration::bench_pods::measure(pods, trim)?;
+            println!("{}", serde_json::to_string(&figures)?);
+            return Ok(());
+        }
+        Command::Simulate { nodes, pending } => return simulate_bench(nodes, pending),
+        Command::PodCache { pods } => return pod_cache_bench(pods),
+        _ => {}
+    }
     if let Command::RelayServe {
         listen,
         runtime_endpoint,
@@ -135,7 +204,14 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Extender { iterations, nodes } => {
             extender_bench(iterations, nodes, &[500, nodes]).await
         }
-        Command::RelayServe { .. } => anyhow::bail!("relay-serve runs on a runtime of its own"),
+        Command::Cluster { pods } => tessera_integration::bench_cluster::run(pods).await,
+        Command::RelayServe { .. }
+        | Command::SimulateChild { .. }
+        | Command::PodCacheChild { .. }
+        | Command::Simulate { .. }
+        | Command::PodCache { .. } => {
+            anyhow::bail!("this subcommand runs without the shared runtime")
+        }
     }
 }
 
@@ -802,43 +878,284 @@ async fn extender_bench(
     println!(
         "tessera-bench extender: {nodes} nodes × 8 GPUs, {pods} running shared pods (ledger built in {built:.2?}); RSS {rss:.1} MiB"
     );
+    // Baseline: a pod that asks for no GPU, over the same names: the extender
+    // answers at once, so it is the wire and JSON cost alone.
+    let plain = serde_json::json!({"apiVersion":"v1","kind":"Pod","metadata":{"name":"plain","namespace":"default","uid":"p"},
+        "spec":{"containers":[{"name":"main","image":"x"}]}});
     println!(
-        "{:<28} {:>10} {:>10} {:>10}",
-        "NodeNames per call", "p50", "p99", "max"
+        "{:<28} {:>10} {:>10} {:>10} {:>12} {:>12} {:>10} {:>10} {:>12}",
+        "NodeNames per call",
+        "p50",
+        "p99",
+        "max",
+        "no-GPU p50",
+        "no-GPU p99",
+        "p99 ratio",
+        "CPU/call",
+        "no-GPU CPU"
     );
+    let mut verdicts = Vec::new();
     for &count in names_per_call {
         let names: Vec<String> = (0..count.min(nodes))
             .map(|i| format!("node-{:05}", (i * 7919) % nodes))
             .collect();
-        let body = serde_json::to_vec(&serde_json::json!({"Pod": pod, "NodeNames": names}))?;
-        let mut samples = Vec::with_capacity(iterations);
+        let bodies = [
+            serde_json::to_vec(&serde_json::json!({"Pod": pod, "NodeNames": names}))?,
+            serde_json::to_vec(&serde_json::json!({"Pod": plain, "NodeNames": names}))?,
+        ];
+        let mut samples = [
+            Vec::with_capacity(iterations),
+            Vec::with_capacity(iterations),
+        ];
+        // Process CPU (client and server threads) per variant: unlike the wall
+        // clock, it does not count other processes' turns on a busy machine.
+        let mut cpu = [0.0f64; 2];
+        // Alternating call by call, so the machine's noise hits both alike.
         for round in 0..iterations + 20 {
-            let begun = Instant::now();
-            for path in ["filter", "prioritize"] {
-                let request = http::Request::post(format!("{url}/{path}"))
-                    .header("content-type", "application/json")
-                    .body(Full::new(bytes::Bytes::from(body.clone())))?;
-                let response = client.request(request).await?;
-                anyhow::ensure!(
-                    response.status().is_success(),
-                    "{path}: {}",
-                    response.status()
-                );
-                response.into_body().collect().await?;
-            }
-            if round >= 20 {
-                samples.push(begun.elapsed());
+            for ((body, samples), cpu) in bodies.iter().zip(samples.iter_mut()).zip(&mut cpu) {
+                let begun = Instant::now();
+                let cpu_before = process_cpu_seconds();
+                for path in ["filter", "prioritize"] {
+                    let request = http::Request::post(format!("{url}/{path}"))
+                        .header("content-type", "application/json")
+                        .body(Full::new(bytes::Bytes::from(body.clone())))?;
+                    let response = client.request(request).await?;
+                    anyhow::ensure!(
+                        response.status().is_success(),
+                        "{path}: {}",
+                        response.status()
+                    );
+                    response.into_body().collect().await?;
+                }
+                if round >= 20 {
+                    samples.push(begun.elapsed());
+                    *cpu += process_cpu_seconds() - cpu_before;
+                }
             }
         }
-        let samples = Samples(samples);
+        let cpu_us = cpu.map(|c| c * 1e6 / iterations.max(1) as f64);
+        let [gpu, base] = samples.map(Samples);
+        let p99 = us(gpu.quantile(0.99));
         println!(
-            "{:<28} {:>8.0}µs {:>8.0}µs {:>8.0}µs",
+            "{:<28} {:>8.0}µs {:>8.0}µs {:>8.0}µs {:>10.0}µs {:>10.0}µs {:>10.2} {:>8.0}µs {:>10.0}µs",
             format!("{} (filter+prioritize)", names.len()),
-            us(samples.quantile(0.5)),
-            us(samples.quantile(0.99)),
-            us(samples.quantile(1.0))
+            us(gpu.quantile(0.5)),
+            p99,
+            us(gpu.quantile(1.0)),
+            us(base.quantile(0.5)),
+            us(base.quantile(0.99)),
+            p99 / us(base.quantile(0.99)).max(1e-9),
+            cpu_us[0],
+            cpu_us[1]
         );
+        let target = if names.len() <= 500 { 500.0 } else { 2000.0 };
+        verdicts.push(format!(
+            "  filter+prioritize p99 <= {:.1} ms with {} NodeNames: {} ({:.2} ms)",
+            target / 1000.0,
+            names.len(),
+            if p99 <= target { "met" } else { "NOT met" },
+            p99 / 1000.0
+        ));
+    }
+    println!("targets:");
+    for line in verdicts {
+        println!("{line}");
     }
     server.abort();
+    Ok(())
+}
+
+/// What one `simulate` run measured.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct SimulateFigures {
+    nodes: usize,
+    sampled: usize,
+    pending: usize,
+    placed: usize,
+    seconds: f64,
+    cpu_seconds: f64,
+    peak_mib: f64,
+}
+
+/// This process's CPU time (user + kernel, every thread), seconds.
+fn process_cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// This thread's CPU time (user + kernel), seconds.
+fn thread_cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/thread-self/stat").unwrap_or_default();
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// The library's simulate, as `tessera-scheduler simulate --synthetic-nodes` runs it.
+fn simulate_child(nodes: usize, pending: usize, percentage: u32) -> SimulateFigures {
+    use tessera_scheduler::simulate::{
+        SimulateOptions, nodes_to_find, simulate, synthetic_ledger, synthetic_pending_pod,
+    };
+    let (mut ledger, names) = synthetic_ledger(nodes, 8, nodes * 8);
+    // Made one at a time as simulate takes them, as `tessera-scheduler simulate` does.
+    let pods = (0..pending).map(synthetic_pending_pod);
+    let options = SimulateOptions {
+        percentage_of_nodes_to_score: percentage,
+        ..SimulateOptions::default()
+    };
+    let (started, cpu) = (Instant::now(), thread_cpu_seconds());
+    let outcomes = simulate(&mut ledger, &names, pods, &options);
+    let (seconds, cpu_seconds) = (started.elapsed().as_secs_f64(), thread_cpu_seconds() - cpu);
+    let peak_mib = tessera_integration::bench_pods::status_bytes("VmHWM:").unwrap_or(0) as f64
+        / (1u64 << 20) as f64;
+    SimulateFigures {
+        nodes,
+        sampled: nodes_to_find(percentage, nodes),
+        pending,
+        placed: outcomes.iter().filter(|o| o.node.is_some()).count(),
+        seconds,
+        cpu_seconds,
+        peak_mib,
+    }
+}
+
+/// Runs this binary's hidden `child` subcommand and reads the JSON line it prints.
+fn child<T: serde::de::DeserializeOwned>(args: &[String]) -> anyhow::Result<T> {
+    let output = std::process::Command::new(std::env::current_exe()?)
+        .args(args)
+        .output()?;
+    anyhow::ensure!(
+        output.status.success(),
+        "tessera-bench {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Ok(serde_json::from_slice(&output.stdout)?)
+}
+
+fn verdict(met: bool) -> &'static str {
+    if met { "met" } else { "NOT met" }
+}
+
+fn simulate_bench(nodes: usize, pending: usize) -> anyhow::Result<()> {
+    let run = |percentage: u32, pending: usize| {
+        child::<SimulateFigures>(&[
+            "simulate-child".into(),
+            format!("--nodes={nodes}"),
+            format!("--pending={pending}"),
+            format!("--percentage={percentage}"),
+        ])
+    };
+    let sampled = run(0, pending)?;
+    let every = run(100, (pending / 10).max(1))?;
+    println!(
+        "tessera-bench simulate: {nodes} nodes × 8 GPUs, {} running quarter-GPU pods; pending pods ask 25%, 50%, 100% in turn",
+        nodes * 8
+    );
+    println!(
+        "{:<40} {:>8} {:>8} {:>10} {:>12} {:>12} {:>10}",
+        "percentageOfNodesToScore",
+        "pods",
+        "placed",
+        "pods/s",
+        "per CPU-s",
+        "µs per pod",
+        "peak RSS"
+    );
+    for (name, f) in [
+        (
+            format!("0 (adaptive: {} nodes a cycle)", sampled.sampled),
+            &sampled,
+        ),
+        (format!("100 (all {} nodes)", every.sampled), &every),
+    ] {
+        println!(
+            "{:<40} {:>8} {:>8} {:>10.0} {:>12.0} {:>12.1} {:>7.1} MiB",
+            name,
+            f.pending,
+            f.placed,
+            f.pending as f64 / f.seconds.max(1e-9),
+            f.pending as f64 / f.cpu_seconds.max(1e-9),
+            f.seconds * 1e6 / f.pending.max(1) as f64,
+            f.peak_mib
+        );
+    }
+    let rate = sampled.pending as f64 / sampled.seconds.max(1e-9);
+    println!(
+        "ratio per pod, every node / adaptive sample: {:.2} (nodes looked at: {:.0}×)",
+        (every.seconds / every.pending.max(1) as f64)
+            / (sampled.seconds / sampled.pending.max(1) as f64).max(1e-12),
+        every.sampled as f64 / sampled.sampled.max(1) as f64
+    );
+    println!("targets:");
+    println!(
+        "  simulate at {nodes} nodes × 8 GPUs >= 5000 placements/s (one scheduling cycle per pod, wall clock): {} ({rate:.0}/s; {} of {} placed)",
+        verdict(rate >= 5000.0),
+        sampled.placed,
+        sampled.pending
+    );
+    println!(
+        "  simulate peak RSS <= 300 MiB: {} ({:.1} MiB)",
+        verdict(sampled.peak_mib <= 300.0),
+        sampled.peak_mib
+    );
+    Ok(())
+}
+
+fn pod_cache_bench(pods: usize) -> anyhow::Result<()> {
+    use tessera_integration::bench_pods::CacheFigures;
+    let run = |trim: bool| {
+        let mut args = vec!["pod-cache-child".to_owned(), format!("--pods={pods}")];
+        if trim {
+            args.push("--trim".into());
+        }
+        child::<CacheFigures>(&args)
+    };
+    let full = run(false)?;
+    let trimmed = run(true)?;
+    println!(
+        "tessera-bench pod-cache: {pods} pods as served ({} bytes of JSON each: a Deployment's running pod, half with a GPU share) listed into the Pod store and the ledger",
+        full.json_bytes
+    );
+    println!(
+        "{:<34} {:>12} {:>12} {:>12}",
+        "store keeps", "RSS added", "per pod", "peak RSS"
+    );
+    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+    for (name, f) in [
+        ("full objects (before)", &full),
+        ("trimmed (cluster::trim_pod)", &trimmed),
+    ] {
+        println!(
+            "{:<34} {:>8.1} MiB {:>8.2} KiB {:>8.1} MiB",
+            name,
+            mib(f.rss_added),
+            f.rss_added as f64 / 1024.0 / f.pods.max(1) as f64,
+            mib(f.peak)
+        );
+    }
+    println!(
+        "ratio trimmed / full: {:.3} ({:.1} MiB saved)",
+        trimmed.rss_added as f64 / full.rss_added.max(1) as f64,
+        mib(full.rss_added.saturating_sub(trimmed.rss_added))
+    );
     Ok(())
 }

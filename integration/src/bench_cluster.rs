@@ -1,0 +1,511 @@
+//! `tessera-bench cluster`: placements per second through the real kube-scheduler
+//! of a harness cluster, with tessera-scheduler in its production mode (mutual TLS:
+//! kube-scheduler presents its client certificate, only it may bind), and how long
+//! each pod waited from its create to its bind.
+//!
+//! The pods go to fake nodes: Node objects with Device CRs and no kubelet, so the
+//! measurement is scheduling and binding only, not containers starting on a 2-vCPU
+//! machine. The pods tolerate every taint (the node controller marks nodes without
+//! a kubelet unreachable after its grace period) and select the fake nodes by label.
+//! Baseline in the same run: as many pods with no GPU request, which kube-scheduler
+//! places without calling the extender (it is interested only in pods asking for
+//! its managed resources) and binds itself.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail, ensure};
+use futures_util::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::runtime::watcher;
+use kube::{Api, Client};
+use serde_json::json;
+use tessera_harness::cluster::{
+    Cluster, ClusterOptions, Component, ExtenderTls, K8sBinaries, tessera_binary,
+};
+
+/// The label on the fake nodes and on the bench's pods.
+const BENCH_LABEL: &str = "tessera.io/bench";
+/// GPUs per fake node.
+const GPUS: usize = 8;
+/// Compute percent of each fractional pod: ten to a GPU.
+const SHARE: usize = 10;
+/// Where the bench's extender listens (mutual TLS), its probes and its metrics.
+const TLS_PORT: u16 = 18889;
+const PROBE_PORT: u16 = 18890;
+const METRICS_PORT: u16 = 18891;
+/// The name kube-scheduler checks in the extender's certificate.
+const SERVER_NAME: &str = "tessera-scheduler.tessera-system.svc";
+
+/// One round: N pods created at once, each timed from its create to its bind.
+#[derive(Debug)]
+pub struct Round {
+    /// What the round's pods ask for.
+    pub name: &'static str,
+    /// Create returned → the watch showed `spec.nodeName`, per pod.
+    pub latencies: Vec<Duration>,
+    /// First create sent → last pod bound.
+    pub wall: Duration,
+    /// First create sent → last create returned.
+    pub creating: Duration,
+}
+
+impl Round {
+    /// Pods placed per second over the round.
+    pub fn rate(&self) -> f64 {
+        self.latencies.len() as f64 / self.wall.as_secs_f64().max(1e-9)
+    }
+
+    /// The `q` quantile of the create→bind latencies.
+    pub fn quantile(&self, q: f64) -> Duration {
+        let mut sorted = self.latencies.clone();
+        sorted.sort();
+        let at = ((sorted.len() as f64 * q).ceil() as usize).clamp(1, sorted.len().max(1)) - 1;
+        sorted.get(at).copied().unwrap_or_default()
+    }
+}
+
+/// Brings a cluster up, puts tessera-scheduler behind mutual TLS, runs the baseline
+/// round and the fractional-GPU round with `pods` pods each, and prints them.
+pub async fn run(pods: usize) -> anyhow::Result<()> {
+    ensure!(pods > 0, "--pods must be at least 1");
+    let binaries = K8sBinaries::locate()?.context(
+        "no Kubernetes binaries: set TESSERA_K8S_BIN or put ../shared/k8s/bin beside the repository",
+    )?;
+    let begun = Instant::now();
+    let mut cluster = Cluster::start(binaries, ClusterOptions::default()).await?;
+    eprintln!(
+        "cluster up in {:.1} s ({})",
+        begun.elapsed().as_secs_f64(),
+        cluster.dir().display()
+    );
+    let client = cluster.client().await?;
+    let extender = start_tls_extender(&mut cluster).await?;
+    let nodes = pods.div_ceil(GPUS * 100 / SHARE) + 1;
+    let outcome = async {
+        add_fake_nodes(&client, nodes).await?;
+        wait_for_metric(
+            &format!(
+                "tessera_scheduler_node_gpus{{node=\"{}\"}} {GPUS}",
+                node_name(nodes - 1)
+            ),
+            Duration::from_secs(60),
+        )
+        .await?;
+        let plain = place(&client, pods, "plain", None).await?;
+        let bind_before = bind_histogram().await?;
+        let gpu = place(&client, pods, "gpu", Some(SHARE)).await?;
+        let bind_after = bind_histogram().await?;
+        let binds = histogram_delta(&bind_before, &bind_after);
+        print(&[&plain, &gpu], nodes, &binds);
+        anyhow::Ok(())
+    }
+    .await;
+    let cleanup = clean_up(&client, nodes).await;
+    drop(extender);
+    if outcome.is_err() {
+        eprintln!(
+            "--- kube-scheduler log (tail) ---\n{}",
+            cluster.log_tail(Component::Scheduler, 30)
+        );
+        let log = cluster.dir().join("logs/bench-extender.log");
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let tail: Vec<&str> = text.lines().rev().take(30).collect();
+        eprintln!(
+            "--- bench extender log (tail) ---\n{}",
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        );
+    }
+    outcome?;
+    cleanup
+}
+
+fn node_name(index: usize) -> String {
+    format!("bench-node-{index:03}")
+}
+
+/// Writes the CA and certificates (`tessera-scheduler certs`), stops the harness's
+/// loopback extender, starts one with mutual TLS and points kube-scheduler at it
+/// with its client certificate. Returns the extender process (killed on drop).
+async fn start_tls_extender(cluster: &mut Cluster) -> anyhow::Result<tokio::process::Child> {
+    let scheduler = tessera_binary("tessera-scheduler")?;
+    let pki = cluster.dir().join("bench-pki");
+    let output = std::process::Command::new(&scheduler)
+        .args(["certs", "--namespace", "tessera-system", "--out"])
+        .arg(&pki)
+        .output()?;
+    ensure!(
+        output.status.success(),
+        "tessera-scheduler certs: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    // One leader: the harness's replica lets go of the Lease on SIGTERM.
+    cluster.stop(Component::Extender)?;
+    let log = std::fs::File::create(cluster.dir().join("logs/bench-extender.log"))?;
+    let path = |name: &str| pki.join(name).display().to_string();
+    let child = tokio::process::Command::new(&scheduler)
+        .arg("serve")
+        .arg(format!("--listen=127.0.0.1:{TLS_PORT}"))
+        .arg(format!("--tls-cert-file={}", path("tessera-scheduler.crt")))
+        .arg(format!("--tls-key-file={}", path("tessera-scheduler.key")))
+        .arg(format!("--client-ca-file={}", path("ca.crt")))
+        .arg(format!("--probe-listen=127.0.0.1:{PROBE_PORT}"))
+        .arg(format!("--metrics-listen=127.0.0.1:{METRICS_PORT}"))
+        .arg(format!(
+            "--kubeconfig={}",
+            cluster.dir().join("extender.kubeconfig").display()
+        ))
+        .arg(format!("--advertise-url=https://127.0.0.1:{TLS_PORT}"))
+        .arg("--identity=tessera-bench-extender")
+        .env("RUST_LOG", "warn")
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("starting {}", scheduler.display()))?;
+    // Synced and leading: binds neither refused nor handed over.
+    wait_for_metric("tessera_scheduler_leader 1", Duration::from_secs(90)).await?;
+    wait_for_metric("tessera_scheduler_cache_synced 1", Duration::from_secs(30)).await?;
+    let tls = ExtenderTls {
+        cert: pki.join("tessera-kube-scheduler.crt"),
+        key: pki.join("tessera-kube-scheduler.key"),
+        ca: pki.join("ca.crt"),
+        server_name: SERVER_NAME.into(),
+    };
+    cluster
+        .set_extender(&format!("https://127.0.0.1:{TLS_PORT}"), Some(&tls))
+        .await?;
+    Ok(child)
+}
+
+/// Fake nodes `bench-node-NNN`: Ready, `GPUS` GPUs in their Device CR and in the
+/// aggregate resources kube-scheduler counts, no kubelet behind them.
+async fn add_fake_nodes(client: &Client, count: usize) -> anyhow::Result<()> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let devices: Api<tessera_api::Device> = Api::all(client.clone());
+    let percent = (GPUS * 100).to_string();
+    for index in 0..count {
+        let name = node_name(index);
+        let node: Node = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {BENCH_LABEL: "true", "kubernetes.io/hostname": name}},
+            "status": {
+                "capacity": {"cpu": "64", "memory": "256Gi", "pods": "1000",
+                    "koordinator.sh/gpu-core": percent, "koordinator.sh/gpu-memory-ratio": percent},
+                "allocatable": {"cpu": "64", "memory": "256Gi", "pods": "1000",
+                    "koordinator.sh/gpu-core": percent, "koordinator.sh/gpu-memory-ratio": percent},
+                "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                    "message": "tessera-bench fake node", "lastHeartbeatTime": now(), "lastTransitionTime": now()}]
+            }
+        }))?;
+        nodes.create(&PostParams::default(), &node).await?;
+        let gpus: Vec<serde_json::Value> = (0..GPUS)
+            .map(|g| {
+                json!({"type": "gpu", "id": format!("GPU-{name}-{g}"), "minor": g, "health": true,
+                       "resources": {"koordinator.sh/gpu-core": "100", "koordinator.sh/gpu-memory-ratio": "100",
+                                     "koordinator.sh/gpu-memory": (80u64 << 30).to_string()}})
+            })
+            .collect();
+        let device: tessera_api::Device = serde_json::from_value(json!({
+            "apiVersion": "scheduling.koordinator.sh/v1alpha1", "kind": "Device",
+            "metadata": {"name": name}, "spec": {"devices": gpus}
+        }))?;
+        devices.create(&PostParams::default(), &device).await?;
+    }
+    Ok(())
+}
+
+fn now() -> String {
+    k8s_openapi::jiff::Timestamp::now().to_string()
+}
+
+/// Creates `count` pods named `bench-<kind>-N` at once (16 creates in flight) and
+/// waits until every one is bound. `share`: the compute percent each asks for.
+async fn place(
+    client: &Client,
+    count: usize,
+    kind: &'static str,
+    share: Option<usize>,
+) -> anyhow::Result<Round> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let selector = format!("{BENCH_LABEL}={kind}");
+    let bound: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+    let (synced_tx, synced_rx) = tokio::sync::oneshot::channel();
+    let watch = {
+        let bound = Arc::clone(&bound);
+        let stream = watcher(api.clone(), watcher::Config::default().labels(&selector));
+        tokio::spawn(async move {
+            let mut synced = Some(synced_tx);
+            let mut stream = std::pin::pin!(stream);
+            while let Some(event) = stream.next().await {
+                match event {
+                    Ok(watcher::Event::InitDone) => {
+                        if let Some(tx) = synced.take() {
+                            let _ = tx.send(());
+                        }
+                    }
+                    Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod)) => {
+                        let on_node = pod
+                            .spec
+                            .as_ref()
+                            .and_then(|s| s.node_name.as_deref())
+                            .is_some_and(|n| !n.is_empty());
+                        if on_node && let Some(name) = pod.metadata.name {
+                            bound
+                                .lock()
+                                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                                .entry(name)
+                                .or_insert_with(Instant::now);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        })
+    };
+    synced_rx
+        .await
+        .context("the pod watch ended before listing")?;
+    let limits = share.map_or_else(
+        || json!({}),
+        |share| json!({"koordinator.sh/gpu-core": share.to_string(), "koordinator.sh/gpu-memory-ratio": share.to_string()}),
+    );
+    let started = Instant::now();
+    let created: Vec<(String, Instant)> = futures_util::stream::iter(0..count)
+        .map(|index| {
+            let api = api.clone();
+            let name = format!("bench-{kind}-{index}");
+            let pod: anyhow::Result<Pod> = serde_json::from_value(json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": name, "labels": {BENCH_LABEL: kind}},
+                "spec": {
+                    "nodeSelector": {BENCH_LABEL: "true"},
+                    "tolerations": [{"operator": "Exists"}],
+                    "terminationGracePeriodSeconds": 0,
+                    "automountServiceAccountToken": false,
+                    "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
+                        "resources": {"limits": limits}}]
+                }
+            }))
+            .map_err(Into::into);
+            async move {
+                api.create(&PostParams::default(), &pod?)
+                    .await
+                    .with_context(|| format!("creating pod {name}"))?;
+                anyhow::Ok((name, Instant::now()))
+            }
+        })
+        .buffer_unordered(16)
+        .try_collect()
+        .await?;
+    let creating = started.elapsed();
+    let deadline = Instant::now() + Duration::from_secs(60 + count as u64 / 2);
+    loop {
+        let done = bound
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .len();
+        if done >= count {
+            break;
+        }
+        if Instant::now() > deadline {
+            watch.abort();
+            bail!("{kind} round: {done} of {count} pods bound before the deadline");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    watch.abort();
+    let bound = bound
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
+    let last = bound.values().max().copied().unwrap_or(started);
+    let latencies = created
+        .iter()
+        .map(|(name, at)| {
+            bound
+                .get(name)
+                .map(|b| b.saturating_duration_since(*at))
+                .unwrap_or_default()
+        })
+        .collect();
+    Ok(Round {
+        name: if share.is_some() {
+            "fractional GPU (extender, mTLS)"
+        } else {
+            "no GPU (kube-scheduler alone)"
+        },
+        latencies,
+        wall: last.saturating_duration_since(started),
+        creating,
+    })
+}
+
+/// `(le, cumulative count)` of the extender's bind latency histogram.
+async fn bind_histogram() -> anyhow::Result<Vec<(f64, f64)>> {
+    let text = metrics().await?;
+    let mut buckets = Vec::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("tessera_scheduler_request_duration_seconds_bucket{")
+        else {
+            continue;
+        };
+        if !rest.contains("verb=\"bind\"") {
+            continue;
+        }
+        let le = rest
+            .split("le=\"")
+            .nth(1)
+            .and_then(|s| s.split('"').next())
+            .map(|s| {
+                if s == "+Inf" {
+                    f64::INFINITY
+                } else {
+                    s.parse().unwrap_or(f64::NAN)
+                }
+            });
+        let count = line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok());
+        if let (Some(le), Some(count)) = (le, count) {
+            buckets.push((le, count));
+        }
+    }
+    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    Ok(buckets)
+}
+
+fn histogram_delta(before: &[(f64, f64)], after: &[(f64, f64)]) -> Vec<(f64, f64)> {
+    after
+        .iter()
+        .map(|(le, count)| {
+            let earlier = before
+                .iter()
+                .find(|(l, _)| l == le)
+                .map_or(0.0, |(_, c)| *c);
+            (*le, count - earlier)
+        })
+        .collect()
+}
+
+/// The upper bound of the bucket holding the `q` quantile.
+fn bucket_quantile(buckets: &[(f64, f64)], q: f64) -> Option<f64> {
+    let total = buckets.last()?.1;
+    if total <= 0.0 {
+        return None;
+    }
+    buckets
+        .iter()
+        .find(|(_, count)| *count >= total * q)
+        .map(|(le, _)| *le)
+}
+
+async fn metrics() -> anyhow::Result<String> {
+    use http_body_util::{BodyExt, Empty};
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<Empty<bytes::Bytes>>();
+    let uri: http::Uri = format!("http://127.0.0.1:{METRICS_PORT}/metrics").parse()?;
+    let response = client.get(uri).await?;
+    let body = response.into_body().collect().await?.to_bytes();
+    Ok(String::from_utf8_lossy(&body).into_owned())
+}
+
+/// Waits until the bench extender's metrics hold `line`.
+async fn wait_for_metric(line: &str, within: Duration) -> anyhow::Result<()> {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Ok(text) = metrics().await
+            && text.lines().any(|l| l == line)
+        {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("the bench extender's metrics never showed {line:?} in {within:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn clean_up(client: &Client, nodes: usize) -> anyhow::Result<()> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let now = DeleteParams {
+        grace_period_seconds: Some(0),
+        ..DeleteParams::default()
+    };
+    pods.delete_collection(&now, &ListParams::default().labels(BENCH_LABEL))
+        .await?;
+    let node_api: Api<Node> = Api::all(client.clone());
+    let devices: Api<tessera_api::Device> = Api::all(client.clone());
+    for index in 0..nodes {
+        let name = node_name(index);
+        let _ = node_api.delete(&name, &DeleteParams::default()).await;
+        let _ = devices.delete(&name, &DeleteParams::default()).await;
+    }
+    Ok(())
+}
+
+fn ms(duration: Duration) -> f64 {
+    duration.as_secs_f64() * 1e3
+}
+
+fn print(rounds: &[&Round], nodes: usize, binds: &[(f64, f64)]) {
+    let pods = rounds.first().map_or(0, |r| r.latencies.len());
+    println!(
+        "tessera-bench cluster: {pods} pods created at once per round (16 creates in flight) on {nodes} fake nodes × {GPUS} GPUs; real kube-scheduler 1.36, tessera-scheduler behind mutual TLS"
+    );
+    println!(
+        "{:<34} {:>10} {:>12} {:>14} {:>14} {:>10}",
+        "pods", "create s", "placed/s", "bind p50", "bind p99", "bind max"
+    );
+    for round in rounds {
+        println!(
+            "{:<34} {:>10.2} {:>12.1} {:>12.1}ms {:>12.1}ms {:>8.1}ms",
+            round.name,
+            round.creating.as_secs_f64(),
+            round.rate(),
+            ms(round.quantile(0.5)),
+            ms(round.quantile(0.99)),
+            ms(round.quantile(1.0)),
+        );
+    }
+    if let [plain, gpu] = rounds {
+        println!(
+            "ratio fractional GPU / no GPU: placed/s {:.2}, bind p50 {:.2}, bind p99 {:.2}",
+            gpu.rate() / plain.rate().max(1e-9),
+            ms(gpu.quantile(0.5)) / ms(plain.quantile(0.5)).max(1e-9),
+            ms(gpu.quantile(0.99)) / ms(plain.quantile(0.99)).max(1e-9),
+        );
+    }
+    let bound =
+        |q| bucket_quantile(binds, q).map_or("-".to_owned(), |s| format!("≤ {:.1}ms", s * 1e3));
+    println!(
+        "(bind = pod created → spec.nodeName seen by a watch; the extender's own /bind, from its histogram: p50 {}, p99 {})",
+        bound(0.5),
+        bound(0.99)
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantiles_of_rounds_and_histograms() {
+        let round = Round {
+            name: "x",
+            latencies: (1..=100).map(Duration::from_millis).collect(),
+            wall: Duration::from_secs(2),
+            creating: Duration::from_secs(1),
+        };
+        assert_eq!(round.quantile(0.5), Duration::from_millis(50));
+        assert_eq!(round.quantile(0.99), Duration::from_millis(99));
+        assert!((round.rate() - 50.0).abs() < 1e-9);
+        let before = [(0.001, 1.0), (0.002, 1.0), (f64::INFINITY, 1.0)];
+        let after = [(0.001, 3.0), (0.002, 10.0), (f64::INFINITY, 11.0)];
+        let delta = histogram_delta(&before, &after);
+        assert_eq!(delta, [(0.001, 2.0), (0.002, 9.0), (f64::INFINITY, 10.0)]);
+        assert_eq!(bucket_quantile(&delta, 0.5), Some(0.002));
+        assert_eq!(bucket_quantile(&delta, 0.99), Some(f64::INFINITY));
+        assert_eq!(bucket_quantile(&[], 0.5), None);
+    }
+}
