@@ -59,10 +59,14 @@ const KUBELET_PORT: u16 = 10250;
 const KUBELET_HEALTHZ_PORT: u16 = 10248;
 /// Where tessera-scheduler (the extender) listens; kube-scheduler calls it here.
 pub const EXTENDER_PORT: u16 = 18888;
+/// Where a second tessera-scheduler replica listens ([`Component::ExtenderReplica`]).
+pub const EXTENDER_REPLICA_PORT: u16 = 18890;
 /// The proxy's Prometheus endpoint.
 pub const PROXY_METRICS_PORT: u16 = 19464;
 /// tessera-scheduler's Prometheus endpoint.
 pub const SCHEDULER_METRICS_PORT: u16 = 19466;
+/// The second replica's Prometheus endpoint.
+const REPLICA_METRICS_PORT: u16 = 19467;
 
 // === impl K8sBinaries ===
 
@@ -201,6 +205,9 @@ pub enum Component {
     Scheduler,
     /// tessera-scheduler, kube-scheduler's extender.
     Extender,
+    /// A second tessera-scheduler replica, contending for the same Lease; only
+    /// after [`Cluster::start_extender_replica`].
+    ExtenderReplica,
     /// containerd 2.x.
     Containerd,
     /// tessera-runtime-proxy between kubelet and containerd.
@@ -221,6 +228,7 @@ impl fmt::Display for Component {
             Self::ControllerManager => "kube-controller-manager",
             Self::Scheduler => "kube-scheduler",
             Self::Extender => "tessera-scheduler",
+            Self::ExtenderReplica => "tessera-scheduler-replica",
             Self::Containerd => "containerd",
             Self::RuntimeProxy => "tessera-runtime-proxy",
             Self::Kubelet => "kubelet",
@@ -498,7 +506,10 @@ impl Cluster {
         };
         let ours = matches!(
             component,
-            Component::Extender | Component::RuntimeProxy | Component::Reporter
+            Component::Extender
+                | Component::ExtenderReplica
+                | Component::RuntimeProxy
+                | Component::Reporter
         );
         if ours && !status.success() {
             bail!("{component} did not handle SIGTERM: it exited with {status}");
@@ -527,6 +538,50 @@ impl Cluster {
             serde_json::to_vec_pretty(&description)?,
         )?;
         self.restart(Component::Reporter).await
+    }
+
+    /// Kills a component with SIGKILL, as an OOM kill or a node loss would: no
+    /// drain, no Lease released. [`Cluster::start_again`] brings it back.
+    pub fn kill(&mut self, component: Component) -> anyhow::Result<()> {
+        let process = self
+            .processes
+            .get_mut(&component)
+            .with_context(|| format!("{component} is not part of this cluster"))?;
+        if let Some(mut child) = process.child.take() {
+            child.kill()?;
+            child.wait()?;
+        }
+        tracing::info!(%component, "killed with SIGKILL");
+        Ok(())
+    }
+
+    /// Starts a second tessera-scheduler replica ([`Component::ExtenderReplica`],
+    /// identity `tessera-scheduler-1`, on [`EXTENDER_REPLICA_PORT`]) with the first's
+    /// flags otherwise: both contend for the one Lease and a follower hands binds to
+    /// the leader at the URL the Lease names. Started again if it was stopped.
+    pub async fn start_extender_replica(&mut self) -> anyhow::Result<()> {
+        if !self.processes.contains_key(&Component::ExtenderReplica) {
+            let args = vec![
+                "serve".into(),
+                format!("--listen=127.0.0.1:{EXTENDER_REPLICA_PORT}"),
+                format!("--kubeconfig={}", self.kubeconfig_for("extender").display()),
+                format!("--advertise-url=http://127.0.0.1:{EXTENDER_REPLICA_PORT}"),
+                "--identity=tessera-scheduler-1".into(),
+                format!("--metrics-listen=127.0.0.1:{REPLICA_METRICS_PORT}"),
+            ];
+            self.launch(
+                Component::ExtenderReplica,
+                tessera_binary("tessera-scheduler")?,
+                args,
+                vec![("RUST_LOG".into(), "info".into())],
+            )?;
+        } else if self.processes[&Component::ExtenderReplica].child.is_none() {
+            self.processes
+                .get_mut(&Component::ExtenderReplica)
+                .context("no replica")?
+                .spawn()?;
+        }
+        self.wait_ready(Component::ExtenderReplica).await
     }
 
     /// Stops a component and starts it again.
@@ -1097,6 +1152,7 @@ impl Cluster {
             // No port of their own (--secure-port=0): alive is all we can see.
             Component::ControllerManager | Component::Scheduler => Ok(()),
             Component::Extender => connect(EXTENDER_PORT),
+            Component::ExtenderReplica => connect(EXTENDER_REPLICA_PORT),
             Component::Containerd => run(Command::new(self.k8s.path("ctr"))
                 .arg("-a")
                 .arg(self.containerd_socket())
@@ -1325,6 +1381,7 @@ impl Cluster {
             Component::RuntimeProxy,
             Component::Scheduler,
             Component::Extender,
+            Component::ExtenderReplica,
             Component::ControllerManager,
             Component::ApiServer,
             Component::Etcd,

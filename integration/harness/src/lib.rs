@@ -25,6 +25,7 @@ pub mod image;
 pub mod kubelet;
 pub mod raw;
 pub mod unix;
+pub mod webhook;
 
 /// Installs a test-friendly tracing subscriber once (`RUST_LOG` selects). By
 /// default kube's client does not log each failed request: the harness polls

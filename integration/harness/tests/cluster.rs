@@ -26,6 +26,8 @@ use tessera_harness::image::CUDA_PROBE_IMAGE;
 
 #[path = "cluster/chart.rs"]
 mod chart;
+#[path = "cluster/faults.rs"]
+mod faults;
 #[path = "cluster/observability.rs"]
 mod observability;
 #[path = "cluster/preemption.rs"]
@@ -92,6 +94,19 @@ fn scenarios() -> Vec<(&'static str, Scenario)> {
             |c| Box::pin(kubeshare(c)),
         ),
         ("restarts_lose_nothing", |c| Box::pin(restarts(c))),
+        ("faults_two_replicas_place_a_burst_once", |c| {
+            Box::pin(faults::two_replicas(c))
+        }),
+        ("faults_slow_binding_webhook_books_nothing_twice", |c| {
+            Box::pin(faults::slow_binding(c))
+        }),
+        ("faults_leader_killed_between_annotation_and_binding", |c| {
+            Box::pin(faults::leader_killed_mid_bind(c))
+        }),
+        (
+            "faults_scheduler_restart_during_a_burst_loses_nothing",
+            |c| Box::pin(faults::restart_during_burst(c)),
+        ),
         ("two_gpu_pod_lands_on_an_nvlink_pair", |c| {
             Box::pin(topology::two_gpu_pod_lands_on_an_nvlink_pair(c))
         }),
