@@ -613,14 +613,19 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
             }
             let placed = outcomes.iter().filter(|o| o.node.is_some()).count();
             eprintln!(
-                "simulate: {} nodes ({devices} with Device CRs), {running} running pods loaded in {:.2?}; {} nodes sampled a cycle (percentageOfNodesToScore {percentage_of_nodes_to_score}); placed {placed} of {} pending pods in {:.2?} ({:.0} pods/s; {:.0} per CPU-second); RSS {:.1} MiB (peak {:.1} MiB)",
+                "simulate: {} nodes ({devices} with Device CRs), {running} running pods loaded in {:.2?}; {} nodes sampled a cycle (percentageOfNodesToScore {percentage_of_nodes_to_score}); placed {placed} of {} pending pods in {:.2?} ({:.0} pods/s; {} per CPU-second); RSS {:.1} MiB (peak {:.1} MiB)",
                 nodes.len(),
                 loaded,
                 simulate::nodes_to_find(percentage_of_nodes_to_score, nodes.len()),
                 outcomes.len(),
                 took,
                 outcomes.len() as f64 / took.as_secs_f64().max(1e-9),
-                outcomes.len() as f64 / cpu.unwrap_or(0.0).max(1e-9),
+                // Under a tenth of a second of CPU the 10 ms ticks say nothing.
+                cpu.filter(|c| *c >= 0.1)
+                    .map_or("-".to_owned(), |c| format!(
+                        "{:.0}",
+                        outcomes.len() as f64 / c
+                    )),
                 rss_mib("VmRSS:").unwrap_or(0.0),
                 rss_mib("VmHWM:").unwrap_or(0.0)
             );
