@@ -108,6 +108,11 @@ impl Decoder {
         self.changes
     }
 
+    /// The dynamic table's size (§4.1): what the sender's encoder counts too.
+    pub fn table_size(&self) -> usize {
+        self.table.size
+    }
+
     /// Sets the largest table size update this decoder accepts: the
     /// SETTINGS_HEADER_TABLE_SIZE its side of the connection advertised. The table
     /// itself changes size only when the encoder says so (§4.2).

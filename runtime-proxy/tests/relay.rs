@@ -1,7 +1,7 @@
 //! The frame relay's own accounting: lifecycle calls whose body the relay holds,
 //! rewrites and re-emits share one connection with passthrough calls, against a
 //! runtime with HTTP/2's smallest windows, and the relay's own answers leave the
-//! connection usable.
+//! connection usable; a passthrough answer goes on as its bytes come.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -381,4 +381,82 @@ async fn a_request_over_the_message_limit_is_refused_without_reaching_the_runtim
         "{} calls seen",
         seen.len()
     );
+}
+
+/// Reads from `socket` until `want` bytes came, or fails after 5 s.
+async fn read_exactly(socket: &mut UnixStream, want: usize) -> Vec<u8> {
+    use tokio::io::AsyncReadExt;
+    let mut got = vec![0; want];
+    tokio::time::timeout(Duration::from_secs(5), socket.read_exact(&mut got))
+        .await
+        .unwrap_or_else(|_| panic!("{want} bytes within 5 s"))
+        .expect("read");
+    got
+}
+
+#[tokio::test]
+async fn a_passthrough_answer_goes_on_as_its_bytes_come_not_frame_by_frame() {
+    use tessera_runtime_proxy::relay::frame::{PREFACE, flag, kind, put_head};
+    use tokio::io::AsyncWriteExt;
+
+    let dir = tempfile::Builder::new()
+        .prefix("trelay-")
+        .tempdir_in("/tmp")
+        .expect("tempdir");
+    let runtime_socket = dir.path().join("runtime.sock");
+    let runtime = UnixListener::bind(&runtime_socket).expect("bind runtime");
+    let options = ProxyOptions {
+        runtime_endpoint: runtime_socket.clone(),
+        image_endpoint: runtime_socket,
+        max_message_bytes: 16 << 20,
+    };
+    let proxy = Arc::new(Proxy::new(
+        &options,
+        Vec::new(),
+        Arc::new(Metrics::default()),
+    ));
+    let socket = dir.path().join("proxy.sock");
+    let (listener, _) = server::listen(&socket).expect("listen");
+    tokio::spawn(relay::serve(
+        listener,
+        proxy,
+        std::future::pending(),
+        Duration::from_secs(1),
+    ));
+
+    // kubelet: preface, empty SETTINGS, a Version request (`:path` a literal
+    // without indexing) ending its stream.
+    let mut kubelet = UnixStream::connect(&socket).await.expect("connect");
+    let mut request = BytesMut::from(&PREFACE[..]);
+    put_head(&mut request, 0, kind::SETTINGS, 0, 0);
+    let path = b"/runtime.v1.RuntimeService/Version";
+    let mut block = vec![0x83, 0x86, 0x04, path.len() as u8];
+    block.extend_from_slice(path);
+    put_head(
+        &mut request,
+        block.len(),
+        kind::HEADERS,
+        flag::END_HEADERS | flag::END_STREAM,
+        1,
+    );
+    request.extend_from_slice(&block);
+    kubelet.write_all(&request).await.expect("request");
+    let (mut runtime, _) = runtime.accept().await.expect("relay dials the runtime");
+    assert_eq!(
+        read_exactly(&mut runtime, request.len()).await,
+        &request[..]
+    );
+
+    // The runtime: SETTINGS, `:status 200`, then a 10-byte DATA frame of which
+    // only 4 bytes come for now.
+    let mut answer = BytesMut::new();
+    put_head(&mut answer, 0, kind::SETTINGS, 0, 0);
+    put_head(&mut answer, 1, kind::HEADERS, flag::END_HEADERS, 1);
+    answer.put_u8(0x88);
+    put_head(&mut answer, 10, kind::DATA, flag::END_STREAM, 1);
+    answer.extend_from_slice(b"0123");
+    runtime.write_all(&answer).await.expect("answer");
+    assert_eq!(read_exactly(&mut kubelet, answer.len()).await, &answer[..]);
+    runtime.write_all(b"456789").await.expect("rest");
+    assert_eq!(read_exactly(&mut kubelet, 6).await, b"456789");
 }

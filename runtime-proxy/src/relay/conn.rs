@@ -2,9 +2,12 @@
 //!
 //! Two loops share one task: kubelet → runtime ([`Relay::kubelet_side`]) and
 //! runtime → kubelet ([`Relay::runtime_side`]). Each cuts what it reads into whole
-//! frames and writes them on in the order they came, unchanged. Header blocks are
-//! decoded, never re-encoded: stream IDs and both HPACK tables stay identical on
-//! the two legs, and any `:authority` reaches the runtime as it was sent.
+//! frames and writes them on in the order they came, unchanged, in one write per
+//! read; DATA of a passthrough answer goes on as its bytes come ([`Passing`]),
+//! as a byte relay would pass them. Header blocks are decoded, never re-encoded:
+//! stream IDs and both HPACK tables stay identical on the two legs, and any
+//! `:authority` reaches the runtime as it was sent. A call's metrics are
+//! recorded after the write that ended it, off the answer's way.
 //!
 //! A lifecycle call ([`Method`]) differs in one way: its request DATA is held by
 //! the relay, run through [`Proxy::pre_stage`] and re-emitted (rewritten or not)
@@ -20,24 +23,26 @@
 //!   debt). Without lifecycle calls the queue stays empty.
 
 use std::collections::{HashMap, VecDeque};
+use std::pin::pin;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
-use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::sync::{Notify, oneshot, watch};
+use tokio::sync::{oneshot, watch};
 use tonic::Code;
 use tracing::{Instrument, Span};
 
 use super::frame::{self, FrameHead, flag, kind, reason, setting};
+use super::io::{READ_CHUNK, Socket, Wake};
 use crate::hook::Method;
 use crate::hpack;
-use crate::proxy::{CallRecord, Proxy, Refusal, call_outcome, call_span};
+use crate::metrics::{MethodSeries, Metrics};
+use crate::proxy::{Proxy, Refusal, call_outcome, call_span};
 
-/// What a read asks the socket for at least.
-const READ_CHUNK: usize = 64 * 1024;
+/// Paths a connection remembers the method and metric series of; past that,
+/// they are looked up per call.
+const MAX_ROUTES: usize = 64;
 
 /// Why a relayed connection ended early.
 #[derive(Debug, thiserror::Error)]
@@ -59,6 +64,49 @@ pub enum RelayError {
 struct Call {
     record: CallRecord,
     intercept: Option<Intercept>,
+}
+
+/// What a request's `:path` resolves to, kept per connection: kubelet calls a
+/// handful of methods many times.
+#[derive(Clone)]
+struct Route {
+    method: Option<Method>,
+    series: MethodSeries,
+}
+
+/// Metrics and span fields of one relayed call, recorded once when it ends (as
+/// the h2 path's `CallRecord` does), after the write that ended it.
+struct CallRecord {
+    metrics: Arc<Metrics>,
+    series: MethodSeries,
+    start: Instant,
+    span: Span,
+    finished: bool,
+}
+
+impl CallRecord {
+    fn finish(mut self, code: Code) {
+        self.complete(code);
+    }
+
+    fn complete(&mut self, code: Code) {
+        if std::mem::replace(&mut self.finished, true) {
+            return;
+        }
+        let elapsed = self.start.elapsed();
+        self.metrics
+            .record(&self.series, code, elapsed.as_secs_f64());
+        self.span.record("code", format_args!("{code:?}"));
+        self.span.record("duration_us", elapsed.as_micros() as u64);
+        tracing::debug!(parent: &self.span, "call finished");
+    }
+}
+
+impl Drop for CallRecord {
+    fn drop(&mut self) {
+        // The connection went away before the call ended.
+        self.complete(Code::Cancelled);
+    }
 }
 
 /// What the relay keeps of a lifecycle call.
@@ -118,6 +166,9 @@ struct Shared {
     highest_stream: u32,
     /// Draining: streams above this one are refused.
     last_stream: Option<u32>,
+    /// Calls that ended, recorded once the frames that ended them are written.
+    ended: Vec<(CallRecord, Code)>,
+    routes: HashMap<String, Route>,
 }
 
 impl Shared {
@@ -162,11 +213,11 @@ impl Shared {
         };
         let Call { record, intercept } = call;
         let Some(mut intercept) = intercept else {
-            record.finish(code.unwrap_or(Code::Unknown));
+            self.ended.push((record, code.unwrap_or(Code::Unknown)));
             return;
         };
         let code = code.or(intercept.answer.code).unwrap_or(Code::Unknown);
-        record.finish(code);
+        self.ended.push((record, code));
         intercept.answer.code = Some(code);
         if let Some(to) = intercept.answer_to.take() {
             let _ = to.send(intercept.answer);
@@ -303,6 +354,8 @@ impl HeaderBlocks {
 
     /// The last block re-encoded as literals: the same header list, without a
     /// lifecycle call's `content-length`, and no change to the receiver's table.
+    /// Only blocks that may need it are re-encoded: a lifecycle call's request,
+    /// and every block once [`HeaderBlocks::diverged`]; for others it is empty.
     pub fn reencoded(&self) -> &[u8] {
         &self.encoded
     }
@@ -312,24 +365,30 @@ impl HeaderBlocks {
         let changes = self.decoder.table_changes();
         let mut fields = Fields::default();
         let mut lifecycle = false;
-        let reencode = self.reencode;
+        // Encoded as it is decoded while it may be needed (a block decodes once:
+        // its table changes): until `:path` says the call is no lifecycle call,
+        // unless blocks are already re-encoded. Pseudo-fields come first, so
+        // that is after a few fields.
+        let mut reencode = self.reencode;
+        let diverged = self.diverged;
         let encoded = &mut self.encoded;
         encoded.clear();
-        // Encoded as it is decoded, whether or not it will be needed: a block
-        // decodes once (its table changes), and copying ~200 bytes costs less
-        // than a second decoder.
         let decoded = self.decoder.decode(block, |name, value, indexing| {
+            if name == b":path" {
+                let path = String::from_utf8_lossy(value).into_owned();
+                lifecycle = Method::from_path(&path).is_some();
+                if !(lifecycle || diverged) {
+                    reencode = false;
+                    encoded.clear();
+                }
+                fields.path = Some(path);
+            }
             if name == b"content-length" && lifecycle {
                 fields.lifecycle_content_length = true;
             } else if reencode {
                 hpack::encode_literal(name, value, indexing, encoded);
             }
             match name {
-                b":path" => {
-                    let path = String::from_utf8_lossy(value).into_owned();
-                    lifecycle = Method::from_path(&path).is_some();
-                    fields.path = Some(path);
-                }
                 b"grpc-timeout" => {
                     fields.timeout = std::str::from_utf8(value)
                         .ok()
@@ -370,9 +429,9 @@ pub(crate) struct Relay {
     proxy: Arc<Proxy>,
     shared: Arc<Mutex<Shared>>,
     /// Wakes the kubelet side to write the relay's own frames to the runtime.
-    runtime_wake: Arc<Notify>,
+    runtime_wake: Arc<Wake>,
     /// Wakes the runtime side to write the relay's own frames to kubelet.
-    kubelet_wake: Arc<Notify>,
+    kubelet_wake: Arc<Wake>,
 }
 
 impl Relay {
@@ -389,12 +448,14 @@ impl Relay {
             kubelet_table_limit: frame::DEFAULT_TABLE_SIZE,
             highest_stream: 0,
             last_stream: None,
+            ended: Vec::new(),
+            routes: HashMap::new(),
         };
         Self {
             proxy,
             shared: Arc::new(Mutex::new(shared)),
-            runtime_wake: Arc::new(Notify::new()),
-            kubelet_wake: Arc::new(Notify::new()),
+            runtime_wake: Arc::new(Wake::default()),
+            kubelet_wake: Arc::new(Wake::default()),
         }
     }
 
@@ -410,37 +471,40 @@ impl Relay {
         runtime: UnixStream,
         stopping: watch::Receiver<bool>,
     ) -> Result<(), RelayError> {
-        let (kubelet_read, kubelet_write) = kubelet.into_split();
-        let (runtime_read, runtime_write) = runtime.into_split();
+        let kubelet = Socket::new(kubelet).map_err(|source| RelayError::Io {
+            side: "kubelet",
+            source,
+        })?;
+        let runtime = Socket::new(runtime).map_err(|source| RelayError::Io {
+            side: "runtime",
+            source,
+        })?;
         tokio::select! {
-            result = self.kubelet_side(kubelet_read, runtime_write) => result,
-            result = self.runtime_side(runtime_read, kubelet_write, stopping) => result,
+            result = self.kubelet_side(&kubelet, &runtime) => result,
+            result = self.runtime_side(&runtime, &kubelet, stopping) => result,
         }
     }
 
     /// kubelet → runtime: requests. Returns only on an error; after kubelet closes
     /// (or is failed) it waits for the runtime side to end the connection.
-    async fn kubelet_side(
-        &self,
-        mut from: OwnedReadHalf,
-        mut to: OwnedWriteHalf,
-    ) -> Result<(), RelayError> {
+    async fn kubelet_side(&self, from: &Socket, to: &Socket) -> Result<(), RelayError> {
         let io = |source| RelayError::Io {
             side: "runtime",
             source,
         };
         let mut input = BytesMut::with_capacity(READ_CHUNK);
+        let mut scratch = vec![0; READ_CHUNK];
         let mut preface = frame::PREFACE.len();
         let mut blocks = HeaderBlocks::requests();
         // The frames of a request header block until its END_HEADERS.
         let mut held = BytesMut::new();
         let mut open = true;
         let mut out = BytesMut::new();
+        let mut ended = Vec::new();
         loop {
-            reserve(&mut input);
             if open {
                 tokio::select! {
-                    read = from.read_buf(&mut input) => match read {
+                    read = from.read(&mut input, &mut scratch) => match read {
                         Ok(0) | Err(_) => open = false,
                         Ok(_) => {}
                     },
@@ -458,18 +522,25 @@ impl Relay {
             if preface == 0 && open {
                 open = self.requests(&mut input, &mut blocks, &mut held, &mut out);
             }
-            self.lock().pump(&mut out, blocks.at_boundary());
+            {
+                let mut shared = self.lock();
+                shared.pump(&mut out, blocks.at_boundary());
+                std::mem::swap(&mut shared.ended, &mut ended);
+            }
             if !out.is_empty() {
                 to.write_all(&out).await.map_err(io)?;
-                out.clear();
+                // Dropped, not cleared: it may share `input`'s buffer, which can
+                // then be reused in place.
+                out = BytesMut::new();
             }
+            finish(&mut ended);
             if !open && !input.is_empty() {
                 // Kubelet closed, or sent what the runtime fails it on: that goes as it came.
                 to.write_all(&input).await.map_err(io)?;
                 input.clear();
             }
             if !open {
-                let _ = to.shutdown().await;
+                to.shutdown_write();
             }
         }
     }
@@ -515,7 +586,7 @@ impl Relay {
                         shared.end_call(head.stream, Some(Code::Cancelled));
                         if shared.last_stream.is_some() {
                             // Draining: the runtime side ends the connection with the last call.
-                            self.kubelet_wake.notify_one();
+                            self.kubelet_wake.notify();
                         }
                     }
                     kind::SETTINGS => {
@@ -547,14 +618,32 @@ impl Relay {
                 frame::put_rst_stream(b, head.stream, reason::REFUSED_STREAM)
             });
             frame::put_rst_stream(&mut shared.to_kubelet, head.stream, reason::REFUSED_STREAM);
-            self.kubelet_wake.notify_one();
+            self.kubelet_wake.notify();
             return;
         }
         let path = fields.path.unwrap_or_default();
-        let method_name = path.rsplit('/').next().unwrap_or(&path).to_owned();
-        let method = Method::from_path(&path);
-        let span = call_span(&method_name, method.is_some());
-        let record = CallRecord::start(Arc::clone(self.proxy.metrics()), method_name, span.clone());
+        let Route { method, series } = match shared.routes.get(&path) {
+            Some(route) => route.clone(),
+            None => {
+                let name = path.rsplit('/').next().unwrap_or(&path);
+                let route = Route {
+                    method: Method::from_path(&path),
+                    series: self.proxy.metrics().method_series(name),
+                };
+                if shared.routes.len() < MAX_ROUTES {
+                    shared.routes.insert(path, route.clone());
+                }
+                route
+            }
+        };
+        let span = call_span(series.method(), method.is_some());
+        let record = CallRecord {
+            metrics: Arc::clone(self.proxy.metrics()),
+            series,
+            start: Instant::now(),
+            span: span.clone(),
+            finished: false,
+        };
         let intercept = method.map(|method| Intercept {
             method,
             span,
@@ -599,7 +688,7 @@ impl Relay {
             self.refuse(shared, head.stream, &refusal);
             // Kubelet's connection window for this frame: the runtime never sees it.
             credit_kubelet(&mut shared.to_kubelet, 0, head.len);
-            self.kubelet_wake.notify_one();
+            self.kubelet_wake.notify();
             return;
         }
         intercept.request.extend_from_slice(&frame[payload]);
@@ -608,7 +697,7 @@ impl Relay {
             credit_kubelet(&mut shared.to_kubelet, head.stream, head.len);
         }
         credit_kubelet(&mut shared.to_kubelet, 0, head.len);
-        self.kubelet_wake.notify_one();
+        self.kubelet_wake.notify();
         if head.has(flag::END_STREAM) {
             self.start_pre_stage(shared, head.stream);
         }
@@ -641,16 +730,16 @@ impl Relay {
     /// Answers a lifecycle call from the relay and cancels it at the runtime.
     fn refuse(&self, shared: &mut Shared, stream: u32, refusal: &Refusal) {
         refuse(shared, stream, refusal);
-        self.runtime_wake.notify_one();
-        self.kubelet_wake.notify_one();
+        self.runtime_wake.notify();
+        self.kubelet_wake.notify();
     }
 
     /// runtime → kubelet: answers. Returns when the runtime closes, or when
     /// draining and no call is left.
     async fn runtime_side(
         &self,
-        mut from: OwnedReadHalf,
-        mut to: OwnedWriteHalf,
+        from: &Socket,
+        to: &Socket,
         mut stopping: watch::Receiver<bool>,
     ) -> Result<(), RelayError> {
         let io = |source| RelayError::Io {
@@ -658,19 +747,22 @@ impl Relay {
             source,
         };
         let mut input = BytesMut::with_capacity(READ_CHUNK);
+        let mut scratch = vec![0; READ_CHUNK];
         let mut blocks = HeaderBlocks::answers();
+        let mut passing = None;
         let mut out = BytesMut::new();
+        let mut ended = Vec::new();
         let mut open = true;
         let mut draining = false;
+        let mut stop = pin!(stopping.changed());
         loop {
-            reserve(&mut input);
             tokio::select! {
-                read = from.read_buf(&mut input) => match read {
+                read = from.read(&mut input, &mut scratch) => match read {
                     Ok(0) | Err(_) => open = false,
                     Ok(_) => {}
                 },
                 () = self.kubelet_wake.notified() => {}
-                changed = stopping.changed(), if !draining => {
+                changed = &mut stop, if !draining => {
                     draining = true;
                     if changed.is_ok() {
                         let mut shared = self.lock();
@@ -680,23 +772,25 @@ impl Relay {
                     }
                 }
             }
-            let fatal = !self.answers(&mut input, &mut blocks, &mut out);
+            let fatal = !self.answers(&mut input, &mut blocks, &mut passing, &mut out);
             let done = {
                 let mut shared = self.lock();
-                if blocks.at_boundary() && !shared.to_kubelet.is_empty() {
+                if blocks.at_boundary() && passing.is_none() && !shared.to_kubelet.is_empty() {
                     out.unsplit(shared.to_kubelet.split());
                 }
-                draining && shared.calls.is_empty()
+                std::mem::swap(&mut shared.ended, &mut ended);
+                draining && shared.calls.is_empty() && passing.is_none()
             };
             if !out.is_empty() {
                 to.write_all(&out).await.map_err(io)?;
-                out.clear();
+                out = BytesMut::new();
             }
+            finish(&mut ended);
             if !open || fatal || done {
                 if !input.is_empty() {
                     to.write_all(&input).await.map_err(io)?;
                 }
-                let _ = to.shutdown().await;
+                to.shutdown_write();
                 return Ok(());
             }
         }
@@ -704,12 +798,34 @@ impl Relay {
 
     /// Handles every whole frame from the runtime; false when the connection is
     /// to end after what is in `out`.
-    fn answers(&self, input: &mut BytesMut, blocks: &mut HeaderBlocks, out: &mut BytesMut) -> bool {
+    fn answers(
+        &self,
+        input: &mut BytesMut,
+        blocks: &mut HeaderBlocks,
+        passing: &mut Option<Passing>,
+        out: &mut BytesMut,
+    ) -> bool {
         let mut guard = self.lock();
         let shared = &mut *guard;
         let limit = self.proxy.max_message_bytes();
         let mut wake_runtime = false;
-        while let Some((head, frame)) = frame::next_frame(input) {
+        loop {
+            if let Some(rest) = passing {
+                let n = rest.left.min(input.len());
+                out.unsplit(input.split_to(n));
+                rest.left -= n;
+                if rest.left > 0 {
+                    break;
+                }
+                if let Some(stream) = rest.ends {
+                    shared.end_call(stream, None);
+                }
+                *passing = None;
+            }
+            let Some((head, frame)) = frame::next_frame(input) else {
+                *passing = cut_through(shared, blocks, input, out);
+                break;
+            };
             match blocks.read(&head, &frame, shared.kubelet_table_limit) {
                 Step::Fatal => {
                     out.unsplit(frame);
@@ -813,7 +929,7 @@ impl Relay {
         }
         drop(guard);
         if wake_runtime {
-            self.runtime_wake.notify_one();
+            self.runtime_wake.notify();
         }
         true
     }
@@ -825,8 +941,8 @@ impl Relay {
 struct PreStage {
     proxy: Arc<Proxy>,
     shared: Arc<Mutex<Shared>>,
-    runtime_wake: Arc<Notify>,
-    kubelet_wake: Arc<Notify>,
+    runtime_wake: Arc<Wake>,
+    kubelet_wake: Arc<Wake>,
     stream: u32,
     method: Method,
     deadline: Option<Duration>,
@@ -866,7 +982,7 @@ impl PreStage {
                         tracing::warn!(code = ?refusal.code, message = %refusal.message, "call failed");
                     }
                     refuse(shared, self.stream, refusal);
-                    self.kubelet_wake.notify_one();
+                    self.kubelet_wake.notify();
                 }
                 Ok(prepared) => {
                     intercept.answer_to = Some(answer_to);
@@ -882,7 +998,7 @@ impl PreStage {
                     }
                 }
             }
-            self.runtime_wake.notify_one();
+            self.runtime_wake.notify();
         }
         let Ok(prepared) = prepared else {
             return;
@@ -901,10 +1017,46 @@ impl PreStage {
 
 // === helpers ===
 
-/// Room for a whole read: `read_buf` into a full `BytesMut` would read 64 bytes.
-fn reserve(input: &mut BytesMut) {
-    if input.capacity() - input.len() < READ_CHUNK / 4 {
-        input.reserve(READ_CHUNK);
+/// A DATA frame of a passthrough call passed on as its bytes come, as a byte
+/// relay would, rather than once whole: what of it is still to come.
+#[derive(Debug)]
+struct Passing {
+    left: usize,
+    /// Its stream, when the frame ends the call.
+    ends: Option<u32>,
+}
+
+/// Starts passing on the partial frame at the front of `input` if it is DATA of
+/// a passthrough call: the relay reads nothing of it but its header. Unpadded
+/// only (padding is counted from the frame's end), outside a header block
+/// (DATA there goes whole, for the receiver to fail the connection on).
+fn cut_through(
+    shared: &Shared,
+    blocks: &HeaderBlocks,
+    input: &mut BytesMut,
+    out: &mut BytesMut,
+) -> Option<Passing> {
+    let head = FrameHead::parse(input)?;
+    let passthrough = shared
+        .calls
+        .get(&head.stream)
+        .is_some_and(|call| call.intercept.is_none());
+    if head.kind != kind::DATA || head.has(flag::PADDED) || !blocks.at_boundary() || !passthrough {
+        return None;
+    }
+    // `input` holds less than the whole frame, or it would have been cut whole.
+    let left = frame::HEAD_LEN + head.len - input.len();
+    out.unsplit(input.split());
+    Some(Passing {
+        left,
+        ends: head.has(flag::END_STREAM).then_some(head.stream),
+    })
+}
+
+/// Records the calls that ended, once what ended them is on its way.
+fn finish(ended: &mut Vec<(CallRecord, Code)>) {
+    for (record, code) in ended.drain(..) {
+        record.finish(code);
     }
 }
 
@@ -979,6 +1131,9 @@ fn refuse(shared: &mut Shared, stream: u32, refusal: &Refusal) {
         frame::put_rst_stream(b, stream, reason::CANCEL)
     });
     if let Some(call) = shared.calls.remove(&stream) {
-        call.record.finish(refusal.code);
+        shared.ended.push((call.record, refusal.code));
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -23,6 +23,7 @@ use crate::proxy::Proxy;
 
 pub mod conn;
 pub mod frame;
+mod io;
 
 pub use conn::{Fields, HeaderBlocks, RelayError, Step};
 
