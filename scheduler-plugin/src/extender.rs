@@ -479,10 +479,12 @@ impl Extender {
         let uid = pod.metadata.uid.as_deref();
         {
             let mut ledger = self.ledger();
-            // A new cycle of this pod: its earlier choice is not one any more.
-            if let Some(uid) = uid {
+            // A new cycle of this pod: its earlier choice is not one any more, and
+            // an earlier attempt's hold does not count against the pod itself.
+            let aside = uid.and_then(|uid| {
                 ledger.release_tentative(uid);
-            }
+                ledger.set_aside(uid)
+            });
             let home = group_home(ledger.nodes(), &request);
             for name in names {
                 // A sharing group that holds a GPU on another node: unresolvable here,
@@ -513,6 +515,7 @@ impl Extender {
                     },
                 }
             }
+            ledger.put_back(aside);
         }
         if let ([only], Some(uid)) = (fit.as_slice(), uid) {
             // One node fits: kube-scheduler takes it without calling prioritize.
@@ -547,10 +550,15 @@ impl Extender {
             .filter(|_| self.synced());
         let mut ledger = self.ledger();
         let uid = pod.metadata.uid.as_deref();
-        // Scored without its own earlier choice, which would skew its node.
-        if let (Some(uid), Some(_)) = (uid, &request) {
-            ledger.release_tentative(uid);
-        }
+        // Scored without its own earlier choice, which would skew its node, and
+        // without an earlier attempt's hold (see `Ledger::set_aside`).
+        let aside = match (uid, &request) {
+            (Some(uid), Some(_)) => {
+                ledger.release_tentative(uid);
+                ledger.set_aside(uid)
+            }
+            _ => None,
+        };
         let mut best: Option<(i64, usize)> = None;
         let scores: Vec<HostPriority> = names
             .into_iter()
@@ -576,6 +584,8 @@ impl Extender {
                 }
             })
             .collect();
+        // Back before any new hold: a bind's hold is never replaced by a tentative one.
+        ledger.put_back(aside);
         if let (Some(request), Some(uid), Some((_, index))) = (&request, uid, best) {
             self.hold_tentatively(&mut ledger, uid, &scores[index].host, request);
         }

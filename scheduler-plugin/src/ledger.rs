@@ -53,6 +53,15 @@ struct Reservation {
     phase: Phase,
 }
 
+/// Pod's own in-flight hold, set aside while kube-scheduler judges the pod again
+/// ([`Ledger::set_aside`]); [`Ledger::put_back`] restores it.
+#[derive(Debug)]
+#[must_use = "a hold set aside must be put back"]
+pub struct SetAside {
+    uid: String,
+    reservation: Reservation,
+}
+
 /// Seconds an in-flight reservation holds unless told otherwise.
 pub const DEFAULT_IN_FLIGHT_TTL: u64 = 30;
 
@@ -538,6 +547,43 @@ impl Ledger {
             },
         );
         true
+    }
+
+    /// Takes pod `uid`'s in-flight hold out of the count while kube-scheduler
+    /// judges the pod again (filter, prioritize). kube-scheduler schedules only
+    /// unbound pods, so the hold is left from an attempt that did not bind: a bind
+    /// that failed or timed out without its outcome known, or the pod's annotation
+    /// seen unbound after a relist. Counted against the pod itself it would keep
+    /// the pod off its own GPUs until the hold expired, and kube-scheduler, which
+    /// sees no event then, would leave the pod waiting for minutes. Nothing else
+    /// sees the ledger meanwhile (the caller holds its lock), and an assumed
+    /// reservation (bound) is never set aside.
+    pub fn set_aside(&mut self, uid: &str) -> Option<SetAside> {
+        let in_flight = self
+            .reservations
+            .get(uid)
+            .is_some_and(|r| matches!(r.phase, Phase::InFlight { .. }));
+        if !in_flight {
+            return None;
+        }
+        let reservation = self.remove_reservation(uid)?;
+        Some(SetAside {
+            uid: uid.to_owned(),
+            reservation,
+        })
+    }
+
+    /// Restores what [`Ledger::set_aside`] took out; it supersedes whatever the pod
+    /// was given meanwhile.
+    pub fn put_back(&mut self, aside: Option<SetAside>) {
+        let Some(SetAside { uid, reservation }) = aside else {
+            return;
+        };
+        self.remove_reservation(&uid);
+        if let Some(node) = self.nodes.get_mut(&reservation.node) {
+            account(node, &reservation.placement, true);
+        }
+        self.reservations.insert(uid, reservation);
     }
 
     /// Gives back pod `uid`'s tentative reservation, if it has one (and only that:

@@ -107,6 +107,9 @@ fn scenarios() -> Vec<(&'static str, Scenario)> {
             "faults_scheduler_restart_during_a_burst_loses_nothing",
             |c| Box::pin(faults::restart_during_burst(c)),
         ),
+        ("faults_apiserver_restart_relists_during_binds", |c| {
+            Box::pin(faults::relist_during_binds(c))
+        }),
         ("two_gpu_pod_lands_on_an_nvlink_pair", |c| {
             Box::pin(topology::two_gpu_pod_lands_on_an_nvlink_pair(c))
         }),

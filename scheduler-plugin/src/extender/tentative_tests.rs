@@ -130,3 +130,43 @@ fn the_bind_takes_over_the_pods_own_hold() {
     assert_eq!((ledger.tentative(), ledger.in_flight()), (0, 1));
     assert_eq!(ledger.node("n1").expect("node").gpus[0].core_used, 60);
 }
+
+/// A pod whose earlier bind left an in-flight hold (a Binding whose outcome is
+/// unknown, or its annotation seen unbound after a relist) is judged again
+/// without that hold counted against it: it fits on its own GPUs. The hold stays
+/// for every other pod, and is not replaced by a tentative one.
+#[test]
+fn an_earlier_attempts_hold_never_counts_against_the_pod_itself() {
+    let extender = extender(&[device("n1", 1)]);
+    let (a, b) = (share_pod("a", 60), share_pod("b", 60));
+    let placement = {
+        let ledger = extender.ledger();
+        let node = ledger.node("n1").expect("n1");
+        let request = pod_gpu_request(
+            &serde_json::from_value(a.clone()).expect("pod"),
+            &extender.config.request,
+        )
+        .expect("request")
+        .expect("asks GPUs");
+        allocate_pod(node, &request, extender.config.gpu_policy).expect("fits")
+    };
+    let ttl = extender.config.reservation_ttl.as_secs();
+    let now = extender.now();
+    extender
+        .ledger()
+        .reserve("a", "n1", placement.booked, now + ttl);
+    assert_eq!(
+        fitting(&extender, &a, &["n1"]),
+        ["n1"],
+        "A's own hold counted against A"
+    );
+    let scores = extender.prioritize(args(&a, &["n1"]));
+    assert!(scores[0].score > 0, "{scores:?}");
+    assert_eq!(
+        fitting(&extender, &b, &["n1"]),
+        Vec::<String>::new(),
+        "A's hold not counted for B"
+    );
+    let ledger = extender.ledger();
+    assert_eq!((ledger.in_flight(), ledger.tentative()), (1, 0));
+}

@@ -123,12 +123,9 @@ pub async fn leader_killed_mid_bind(cluster: &mut Cluster) -> anyhow::Result<()>
 /// kube-apiserver crashes and restarts during a burst whose Bindings wait on the
 /// slow webhook: every watch of tessera-scheduler breaks and relists. It binds
 /// nothing from a half-listed cache, so nothing is double-booked and every pod is
-/// placed.
-// Not in `scenarios()` yet: it fails on a defect of the extender's filter (a pod's
-// own in-flight reservation, left when its Binding failed and the pod could not be
-// read again, counts against it; kube-scheduler parks it Unschedulable and the
-// reservation's expiry is no event it sees: 5 min until it retries).
-#[allow(dead_code)]
+/// placed. (It found the extender counting a pod's own in-flight hold against
+/// the pod's next cycle: parked Unschedulable until kube-scheduler's 5-minute
+/// retry; `Ledger::set_aside` is the fix.)
 pub async fn relist_during_binds(cluster: &mut Cluster) -> anyhow::Result<()> {
     let relists_before = relist_count(cluster);
     let names = pod_names("relist", 8);
