@@ -36,8 +36,6 @@ const SHARE: usize = 10;
 const TLS_PORT: u16 = 18889;
 const PROBE_PORT: u16 = 18890;
 const METRICS_PORT: u16 = 18891;
-/// The name kube-scheduler checks in the extender's certificate.
-const SERVER_NAME: &str = "tessera-scheduler.tessera-system.svc";
 
 /// One round: N pods created at once, each timed from its create to its bind.
 #[derive(Debug)]
@@ -132,15 +130,7 @@ fn node_name(index: usize) -> String {
 async fn start_tls_extender(cluster: &mut Cluster) -> anyhow::Result<tokio::process::Child> {
     let scheduler = tessera_binary("tessera-scheduler")?;
     let pki = cluster.dir().join("bench-pki");
-    let output = std::process::Command::new(&scheduler)
-        .args(["certs", "--namespace", "tessera-system", "--out"])
-        .arg(&pki)
-        .output()?;
-    ensure!(
-        output.status.success(),
-        "tessera-scheduler certs: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let tls = ExtenderTls::make(&pki, "tessera-system")?;
     // One leader: the harness's replica lets go of the Lease on SIGTERM.
     cluster.stop(Component::Extender)?;
     let log = std::fs::File::create(cluster.dir().join("logs/bench-extender.log"))?;
@@ -168,12 +158,7 @@ async fn start_tls_extender(cluster: &mut Cluster) -> anyhow::Result<tokio::proc
     // Synced and leading: binds neither refused nor handed over.
     wait_for_metric("tessera_scheduler_leader 1", Duration::from_secs(90)).await?;
     wait_for_metric("tessera_scheduler_cache_synced 1", Duration::from_secs(30)).await?;
-    let tls = ExtenderTls {
-        cert: pki.join("tessera-kube-scheduler.crt"),
-        key: pki.join("tessera-kube-scheduler.key"),
-        ca: pki.join("ca.crt"),
-        server_name: SERVER_NAME.into(),
-    };
+
     cluster
         .set_extender(&format!("https://127.0.0.1:{TLS_PORT}"), Some(&tls))
         .await?;

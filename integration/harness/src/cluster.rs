@@ -1687,6 +1687,36 @@ pub struct ExtenderTls {
     pub server_name: String,
 }
 
+impl ExtenderTls {
+    /// Makes the extender's CA and certificates in `dir` with `tessera-scheduler
+    /// certs` for an extender in `namespace`, as an operator does
+    /// (docs/extender-auth.md); returns kube-scheduler's side of them. The
+    /// extender's own files are `dir`/tessera-scheduler.{crt,key} and `dir`/ca.crt.
+    pub fn make(dir: &Path, namespace: &str) -> anyhow::Result<Self> {
+        let output = Command::new(tessera_binary("tessera-scheduler")?)
+            .args(["certs", "--namespace", namespace, "--out"])
+            .arg(dir)
+            .output()?;
+        if !output.status.success() {
+            bail!(
+                "tessera-scheduler certs: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        Ok(Self::of(dir, namespace))
+    }
+
+    /// kube-scheduler's side of certificates [`ExtenderTls::make`] made in `dir`.
+    pub fn of(dir: &Path, namespace: &str) -> Self {
+        Self {
+            cert: dir.join("tessera-kube-scheduler.crt"),
+            key: dir.join("tessera-kube-scheduler.key"),
+            ca: dir.join("ca.crt"),
+            server_name: format!("tessera-scheduler.{namespace}.svc"),
+        }
+    }
+}
+
 /// deploy/scheduler-config.yaml with this cluster's kubeconfig and `url` for the
 /// extender: the extender settings themselves are the deploy's. A plain `http`
 /// URL (the harness's loopback extender) drops deploy/'s TLS settings, whose

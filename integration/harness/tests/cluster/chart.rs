@@ -126,13 +126,7 @@ async fn use_scheduler_pod(cluster: &mut Cluster, arg: &str) -> anyhow::Result<S
                 .as_ref()
                 .and_then(|s| s.pod_ip.clone())
                 .context("the scheduler pod has no IP")?;
-            let pki = cluster.dir().join("extender-pki");
-            let tls = ExtenderTls {
-                cert: pki.join("tessera-kube-scheduler.crt"),
-                key: pki.join("tessera-kube-scheduler.key"),
-                ca: pki.join("ca.crt"),
-                server_name: format!("tessera-scheduler.{NAMESPACE}.svc"),
-            };
+            let tls = ExtenderTls::of(&cluster.dir().join("extender-pki"), NAMESPACE);
             cluster
                 .set_extender(&format!("https://{ip}:8888"), Some(&tls))
                 .await?;
@@ -315,15 +309,7 @@ async fn install(cluster: &mut Cluster) -> anyhow::Result<Installed> {
     // makes them, the serving one in the Secret the chart mounts, kube-scheduler's
     // client one on the "control-plane host".
     let pki = cluster.dir().join("extender-pki");
-    let output = Command::new(tessera_binary("tessera-scheduler")?)
-        .args(["certs", "--namespace", NAMESPACE, "--out"])
-        .arg(&pki)
-        .output()?;
-    ensure!(
-        output.status.success(),
-        "tessera-scheduler certs: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    ExtenderTls::make(&pki, NAMESPACE)?;
     // The node as before Tessera: kubelet talks to containerd; the installer switches it.
     let containerd = cluster.containerd_socket();
     cluster.set_kubelet_endpoint(&containerd).await?;
