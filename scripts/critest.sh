@@ -3,11 +3,13 @@
 # directly and then through tessera-runtime-proxy; fails when a spec that passes
 # against containerd does not pass through the proxy. Needs root.
 #
-#   scripts/critest.sh [--containerd 2|1.6|both] [--focus REGEX] [--skip REGEX]...
+#   scripts/critest.sh [--containerd 2|1.6|both] [--relay h2|frames|both] [--focus REGEX] [--skip REGEX]...
 #
 #   --containerd 2     containerd 2.3.4 from the Kubernetes binaries (the default)
 #   --containerd 1.6   Debian's containerd (1.6), configuration version 2
 #   --containerd both  one after the other
+#   --relay h2|frames  how the proxy serves the suite (its --relay); both (the
+#                      default): a run through each, each compared with the direct one
 #   --focus, --skip    passed on to critest as --ginkgo.focus / --ginkgo.skip
 #
 # Kubernetes binaries (containerd, containerd-shim-runc-v2, ctr, critest, crictl) come
@@ -27,6 +29,7 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 
 VERSIONS=2
+RELAYS="h2 frames"
 # Specs left out of every run: critest skips these two itself ("spec discrepancy")
 # when containerd loses containers created while a late NRI plugin synchronizes, a
 # race in containerd it documents, so whether they pass or skip is down to timing
@@ -43,6 +46,13 @@ while [ $# -gt 0 ]; do
         2 | 1.6) VERSIONS=$2 ;;
         both) VERSIONS="1.6 2" ;;
         *) echo "error: --containerd: expected 2, 1.6 or both, got '${2-}'" >&2; exit 2 ;;
+        esac
+        shift 2 ;;
+    --relay)
+        case "${2-}" in
+        h2 | frames) RELAYS=$2 ;;
+        both) RELAYS="h2 frames" ;;
+        *) echo "error: --relay: expected h2, frames or both, got '${2-}'" >&2; exit 2 ;;
         esac
         shift 2 ;;
     --focus) CRITEST_ARGS+=("--ginkgo.focus=${2:?--focus needs a regular expression}"); shift 2 ;;
@@ -491,14 +501,15 @@ build_proxy() {
     PROXY_BIN=$ROOT/target/debug/tessera-runtime-proxy
 }
 
-# Starts the proxy in front of the running containerd, for the run named $1.
+# Starts the proxy in front of the running containerd, for the run named $1,
+# serving it the way $2 says (--relay).
 start_proxy() {
-    local run=$1 socket=$WORK/$1.proxy.sock
+    local run=$1 relay=$2 socket=$WORK/$1.proxy.sock
     mkdir -p "$WORK/hooks.d"
     # an empty hooks.d and no GPU hook: every call is forwarded as it is
     env -u TESSERA_PROXY_CONFIG RUST_LOG="${RUST_LOG:-info}" NO_COLOR=1 "$PROXY_BIN" --listen "$socket" \
         --runtime-endpoint "$CONTAINERD_DIR/containerd.sock" --hooks-dir "$WORK/hooks.d" \
-        --no-gpu-hook >"$OUT/$run.proxy.log" 2>&1 &
+        --no-gpu-hook --relay "$relay" >"$OUT/$run.proxy.log" 2>&1 &
     PROXY_PID=$!
     wait_for_cri "$socket" "$PROXY_PID" "$OUT/$run.proxy.log" tessera-runtime-proxy
     PROXY_SOCKET=$socket
@@ -545,25 +556,27 @@ write_registry_hosts
 FAILED=0
 for version in $VERSIONS; do
     direct=containerd-$version-direct
-    proxied=containerd-$version-proxy
     start_containerd "$version" "$direct"
     run_critest "$CONTAINERD_DIR/containerd.sock" "$direct"
-    stop_runtime
-    start_containerd "$version" "$proxied"
-    start_proxy "$proxied"
-    run_critest "$PROXY_SOCKET" "$proxied"
     stop_runtime
     echo
     echo "containerd $version, specs that did not pass against containerd itself:"
     python3 scripts/critest/junit.py failures "$OUT/$direct.xml"
     echo "containerd $version: direct: $(python3 scripts/critest/junit.py summary "$OUT/$direct.xml"), ${TIMES[$direct]} s"
-    echo "containerd $version: proxy:  $(python3 scripts/critest/junit.py summary "$OUT/$proxied.xml"), ${TIMES[$proxied]} s"
-    if ! python3 scripts/critest/junit.py compare "$OUT/$direct.xml" "$OUT/$proxied.xml"; then
-        echo "containerd $version: the proxy's warnings and errors (all in $OUT/$proxied.proxy.log):"
-        grep -E ' (WARN|ERROR) ' "$OUT/$proxied.proxy.log" | tail -n 40 || true
-        echo "containerd $version: critest's log: $OUT/$proxied.critest.log"
-        FAILED=1
-    fi
+    for relay in $RELAYS; do
+        proxied=containerd-$version-proxy-$relay
+        start_containerd "$version" "$proxied"
+        start_proxy "$proxied" "$relay"
+        run_critest "$PROXY_SOCKET" "$proxied"
+        stop_runtime
+        echo "containerd $version: proxy (--relay $relay): $(python3 scripts/critest/junit.py summary "$OUT/$proxied.xml"), ${TIMES[$proxied]} s"
+        if ! python3 scripts/critest/junit.py compare "$OUT/$direct.xml" "$OUT/$proxied.xml"; then
+            echo "containerd $version, --relay $relay: the proxy's warnings and errors (all in $OUT/$proxied.proxy.log):"
+            grep -E ' (WARN|ERROR) ' "$OUT/$proxied.proxy.log" | tail -n 40 || true
+            echo "containerd $version, --relay $relay: critest's log: $OUT/$proxied.critest.log"
+            FAILED=1
+        fi
+    done
     echo
 done
 exit "$FAILED"
