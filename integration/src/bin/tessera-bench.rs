@@ -979,23 +979,17 @@ struct SimulateFigures {
 
 /// This process's CPU time (user + kernel, every thread), seconds.
 fn process_cpu_seconds() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map(|(_, rest)| rest.split_whitespace().collect())
-        .unwrap_or_default();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    (ticks(11) + ticks(12)) / 100.0
+    cpu_seconds("/proc/self/stat")
 }
 
 /// This thread's CPU time (user + kernel), seconds.
 fn thread_cpu_seconds() -> f64 {
-    let stat = std::fs::read_to_string("/proc/thread-self/stat").unwrap_or_default();
+    cpu_seconds("/proc/thread-self/stat")
+}
+
+/// utime + stime of a `/proc/…/stat` file, seconds (USER_HZ 100).
+fn cpu_seconds(stat: &str) -> f64 {
+    let stat = std::fs::read_to_string(stat).unwrap_or_default();
     let fields: Vec<&str> = stat
         .rsplit_once(')')
         .map(|(_, rest)| rest.split_whitespace().collect())
