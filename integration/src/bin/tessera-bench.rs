@@ -118,6 +118,18 @@ enum Command {
         #[arg(long)]
         runtime_endpoint: PathBuf,
     },
+    /// A byte relay (no HTTP/2 parsing) as a process of its own, as
+    /// `tessera-bench proxy` runs it for the floor of any extra process hop: one
+    /// thread, `copy_bidirectional` per connection, as socat would relay.
+    #[command(hide = true)]
+    ByteRelayServe {
+        /// The socket to serve.
+        #[arg(long)]
+        listen: PathBuf,
+        /// containerd's socket.
+        #[arg(long)]
+        runtime_endpoint: PathBuf,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -151,6 +163,16 @@ fn main() -> anyhow::Result<()> {
             .enable_all()
             .build()?
             .block_on(relay_serve(listen, runtime_endpoint));
+    }
+    if let Command::ByteRelayServe {
+        listen,
+        runtime_endpoint,
+    } = &command
+    {
+        return tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?
+            .block_on(byte_relay_serve(listen, runtime_endpoint));
     }
     tokio::runtime::Runtime::new()?.block_on(run(command))
 }
@@ -206,6 +228,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
         }
         Command::Cluster { pods } => tessera_integration::bench_cluster::run(pods).await,
         Command::RelayServe { .. }
+        | Command::ByteRelayServe { .. }
         | Command::SimulateChild { .. }
         | Command::PodCacheChild { .. }
         | Command::Simulate { .. }
@@ -307,38 +330,18 @@ where
 }
 
 /// The floor of any extra hop: a byte relay (no HTTP/2 parsing) between two unix
-/// sockets, on its own thread and single-threaded runtime like the proxy.
-/// Returns the relay thread's id, for its CPU time.
-fn spawn_relay(listen: &Path, target: &Path) -> anyhow::Result<i32> {
-    let listener = std::os::unix::net::UnixListener::bind(listen)?;
-    listener.set_nonblocking(true)?;
-    let target = target.to_path_buf();
-    let (tid_tx, tid_rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || -> std::io::Result<()> {
-        let _ = tid_tx.send(nix::unistd::gettid().as_raw());
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
-        runtime.block_on(async move {
-            let listener = tokio::net::UnixListener::from_std(listener)?;
-            loop {
-                let (mut inbound, _) = listener.accept().await?;
-                let target = target.clone();
-                tokio::spawn(async move {
-                    if let Ok(mut outbound) = tokio::net::UnixStream::connect(&target).await {
-                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
-                    }
-                });
+/// sockets. Serves until killed.
+async fn byte_relay_serve(listen: &Path, target: &Path) -> anyhow::Result<()> {
+    let listener = tokio::net::UnixListener::bind(listen)?;
+    loop {
+        let (mut inbound, _) = listener.accept().await?;
+        let target = target.to_path_buf();
+        tokio::spawn(async move {
+            if let Ok(mut outbound) = tokio::net::UnixStream::connect(&target).await {
+                let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
             }
-        })
-    });
-    Ok(tid_rx.recv()?)
-}
-
-/// CPU time a thread of this process has used (scheduler accounting, ns).
-fn thread_cpu_ns(tid: i32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat")).ok()?;
-    stat.split_whitespace().next()?.parse().ok()
+        });
+    }
 }
 
 fn us(duration: Duration) -> f64 {
@@ -351,10 +354,13 @@ struct Row {
     proxied: Samples,
 }
 
-/// The frame relay as a process: `tessera-bench relay-serve`.
-async fn spawn_frame_relay(socket: &Path, runtime: &Path) -> anyhow::Result<ProxyProcess> {
+/// A relay of this binary as a process of its own: `tessera-bench <command>`
+/// (`relay-serve`, the frame relay, or `byte-relay-serve`, the floor). Each relay
+/// runs in a process of its own, like the proxy: a thread of this process would
+/// be cheaper to switch to than another process, and flatter the floor.
+async fn spawn_relay(command: &str, socket: &Path, runtime: &Path) -> anyhow::Result<ProxyProcess> {
     let child = tokio::process::Command::new(std::env::current_exe()?)
-        .arg("relay-serve")
+        .arg(command)
         .arg("--listen")
         .arg(socket)
         .arg("--runtime-endpoint")
@@ -362,7 +368,7 @@ async fn spawn_frame_relay(socket: &Path, runtime: &Path) -> anyhow::Result<Prox
         .env("RUST_LOG", "warn")
         .kill_on_drop(true)
         .spawn()
-        .context("starting tessera-bench relay-serve")?;
+        .with_context(|| format!("starting tessera-bench {command}"))?;
     wait_for(socket).await?;
     Ok(ProxyProcess(child))
 }
@@ -392,11 +398,11 @@ struct Cpu {
 }
 
 impl Cpu {
-    fn read(h2: &ProxyProcess, frames: &ProxyProcess, bytes_tid: i32) -> Self {
+    fn read(h2: &ProxyProcess, frames: &ProxyProcess, bytes: &ProxyProcess) -> Self {
         Self {
             h2: h2.cpu_ns(),
             frames: frames.cpu_ns(),
-            bytes: thread_cpu_ns(bytes_tid),
+            bytes: bytes.cpu_ns(),
         }
     }
 
@@ -456,9 +462,9 @@ async fn proxy_bench(
     let socket = dir.path().join("proxy.sock");
     let proxy = spawn_proxy(binary, &socket, &containerd.socket()).await?;
     let frames_socket = dir.path().join("frames.sock");
-    let frames = spawn_frame_relay(&frames_socket, &containerd.socket()).await?;
+    let frames = spawn_relay("relay-serve", &frames_socket, &containerd.socket()).await?;
     let relay_socket = dir.path().join("relay.sock");
-    let relay_tid = spawn_relay(&relay_socket, &containerd.socket())?;
+    let relay = spawn_relay("byte-relay-serve", &relay_socket, &containerd.socket()).await?;
     let mut direct = KubeletDriver::connect(&containerd.socket()).await?;
     let mut proxied = KubeletDriver::connect(&socket).await?;
     let mut framed = KubeletDriver::connect(&frames_socket).await?;
@@ -483,7 +489,7 @@ async fn proxy_bench(
     }
 
     let mut rows = Vec::new();
-    let cpu_before = Cpu::read(&proxy, &frames, relay_tid);
+    let cpu_before = Cpu::read(&proxy, &frames, &relay);
     let samples = measure(
         [&mut direct, &mut proxied, &mut framed, &mut relayed],
         iterations,
@@ -495,10 +501,10 @@ async fn proxy_bench(
     .await?;
     // Warm-up calls included: measure() makes min(n, 10) of them per path.
     let calls = (iterations + iterations.min(10)) as f64;
-    let cpu = cpu_before.per_call(&Cpu::read(&proxy, &frames, relay_tid), calls);
+    let cpu = cpu_before.per_call(&Cpu::read(&proxy, &frames, &relay), calls);
     rows.extend(rows_for("Version", samples));
 
-    let list_cpu_before = Cpu::read(&proxy, &frames, relay_tid);
+    let list_cpu_before = Cpu::read(&proxy, &frames, &relay);
     let samples = measure(
         [&mut direct, &mut proxied, &mut framed, &mut relayed],
         iterations / 4,
@@ -506,7 +512,7 @@ async fn proxy_bench(
     )
     .await?;
     let list_calls = (iterations / 4 + (iterations / 4).min(10)) as f64;
-    let list_cpu = list_cpu_before.per_call(&Cpu::read(&proxy, &frames, relay_tid), list_calls);
+    let list_cpu = list_cpu_before.per_call(&Cpu::read(&proxy, &frames, &relay), list_calls);
     rows.extend(rows_for(&format!("ListContainers ({containers})"), samples));
 
     let status_id = first.clone();
