@@ -33,7 +33,8 @@ impl RunningProxy {
         runtime: &Path,
         hooks: Vec<Arc<dyn Hook>>,
     ) -> anyhow::Result<Self> {
-        Self::start_mode(RelayMode::default(), socket, runtime, hooks).await
+        let mode = RelayMode::for_endpoints(runtime, runtime);
+        Self::start_mode(mode, socket, runtime, hooks).await
     }
 
     /// [`Self::start`] with the connection handling `mode` (`--relay`).

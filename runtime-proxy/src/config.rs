@@ -82,7 +82,8 @@ pub struct Cli {
     pub no_gpu_hook: bool,
     /// How kubelet's calls reach the runtime: `h2` terminates HTTP/2 on both sides,
     /// `frames` relays HTTP/2 frames on one runtime connection per kubelet
-    /// connection (the image endpoint must be the runtime's) [default: h2].
+    /// connection (the image endpoint must be the runtime's) [default: frames
+    /// when the image endpoint is the runtime's, h2 otherwise].
     #[arg(long, value_name = "h2|frames")]
     pub relay: Option<RelayMode>,
     /// Embedded GPU hook settings (flags only, except trusted_gpu_agents and
@@ -214,7 +215,10 @@ impl Config {
                 ),
             });
         }
-        let relay = cli.relay.or(file.relay).unwrap_or_default();
+        let relay = cli
+            .relay
+            .or(file.relay)
+            .unwrap_or_else(|| RelayMode::for_endpoints(&runtime_endpoint, &image_endpoint));
         if relay == RelayMode::Frames && image_endpoint != runtime_endpoint {
             return Err(ConfigError::Invalid {
                 setting: "relay",
@@ -301,8 +305,28 @@ mod tests {
         assert_eq!(config.log_format, LogFormat::Text);
         assert_eq!(
             config.relay,
-            RelayMode::H2,
-            "the h2 path until frames passes critest"
+            RelayMode::Frames,
+            "one runtime socket for both services: the frame relay"
+        );
+    }
+
+    #[test]
+    fn relay_defaults_to_h2_with_a_separate_image_endpoint() {
+        let config = Config::resolve(Cli {
+            image_endpoint: Some("/run/images.sock".into()),
+            ..Cli::default()
+        })
+        .expect("valid");
+        assert_eq!(config.relay, RelayMode::H2);
+        let config = Config::resolve(Cli {
+            image_endpoint: Some(DEFAULT_RUNTIME_ENDPOINT.into()),
+            ..Cli::default()
+        })
+        .expect("valid");
+        assert_eq!(
+            config.relay,
+            RelayMode::Frames,
+            "the same socket, named again"
         );
     }
 

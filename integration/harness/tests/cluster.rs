@@ -263,6 +263,14 @@ async fn harness_suite(
         started.elapsed().as_secs_f64(),
         cluster.dir().display()
     );
+    // The proxy's default (one containerd socket): this suite's kubelet goes
+    // through the frame relay, the chart suite's through `--relay=h2`.
+    ensure!(
+        cluster
+            .log(Component::RuntimeProxy)
+            .contains("relay=frames"),
+        "the proxy does not say it serves kubelet through the frame relay (its default)"
+    );
     let mut failed = Vec::new();
     for (name, scenario) in selected {
         let started = Instant::now();

@@ -28,14 +28,27 @@ mod io;
 pub use conn::{Fields, HeaderBlocks, RelayError, Step};
 
 /// Which way kubelet's calls reach the runtime (`--relay`, `relay = "…"`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum RelayMode {
     /// HTTP/2 terminated on both legs by h2 ([`crate::server::serve`]).
-    #[default]
     H2,
     /// Frames relayed ([`serve`]).
     Frames,
+}
+
+impl RelayMode {
+    /// The default for these endpoints: `frames` (cheaper, and any `:authority`
+    /// passes) when one runtime socket serves both CRI services, as it does on
+    /// containerd and CRI-O; `h2` when images are served elsewhere, since a
+    /// relayed connection has one runtime end.
+    pub fn for_endpoints(runtime: &std::path::Path, image: &std::path::Path) -> Self {
+        if runtime == image {
+            Self::Frames
+        } else {
+            Self::H2
+        }
+    }
 }
 
 impl std::fmt::Display for RelayMode {

@@ -9,7 +9,7 @@
 //! tenant's forged allocation are checked here too); an upgrade changes a setting and
 //! rolls the scheduler; an uninstall switches the node back and leaves nothing of
 //! Tessera in the cluster. The proxy and GPU hook are the harness's, as systemd would
-//! run them, with the proxy's frame relay (`--relay frames`). Needs python3.
+//! run them, with the proxy's h2 path (`--relay h2`). Needs python3.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -210,16 +210,16 @@ struct Installed {
 }
 
 /// The cluster this suite installs Tessera on: none of Tessera's cluster side, the
-/// proxy's frame relay, and Tessera (not NVIDIA's device plugin) serving
+/// proxy's h2 path, and Tessera (not NVIDIA's device plugin) serving
 /// nvidia.com/gpu (chart value reporter.advertiseNvidiaGpu), so HAMi's manifests,
 /// which ask nvidia.com/gpu with their memory, get no whole device-plugin GPU besides.
 pub(super) fn options(trusted_agents: &str) -> ClusterOptions {
     ClusterOptions {
         cluster_side: false,
-        // This cluster's kubelet talks through the frame relay (the main suite's
-        // through the default h2 path): every call of a real kubelet, both ways.
+        // This cluster's kubelet talks through the h2 path (the main suite's
+        // through the default frame relay): every call of a real kubelet, both ways.
         proxy_args: vec![
-            "--relay=frames".into(),
+            "--relay=h2".into(),
             format!("--trusted-gpu-agents={trusted_agents}"),
         ],
         device_plugin: false,
@@ -270,8 +270,8 @@ async fn install(cluster: &mut Cluster) -> anyhow::Result<Installed> {
     ensure!(
         cluster
             .log(tessera_harness::cluster::Component::RuntimeProxy)
-            .contains("relay=frames"),
-        "the proxy does not say it serves kubelet through the frame relay"
+            .contains("relay=h2"),
+        "the proxy does not say it serves kubelet through the h2 path"
     );
 
     // The images, as an operator builds them.
