@@ -19,7 +19,7 @@ use crate::backend::{Backend, BackendError};
 use crate::body::{BoxError, ProxyBody, RecvBody, full_body};
 use crate::grpc;
 use crate::hook::{CallOutcome, Hook, HookContext, LifecycleRequest, LifecycleResponse, Method};
-use crate::metrics::{HookLabels, Metrics};
+use crate::metrics::{HookLabels, MethodSeries, Metrics};
 use crate::store::{ContainerInfo, PodInfo, PodStore, container_info};
 use crate::wire;
 
@@ -102,7 +102,8 @@ impl Proxy {
         let method_name = path.rsplit('/').next().unwrap_or(path).to_owned();
         let intercepted = Method::from_path(path);
         let span = call_span(&method_name, intercepted.is_some());
-        let record = CallRecord::start(Arc::clone(&self.metrics), method_name, span.clone());
+        let series = self.metrics.method_series(&method_name);
+        let record = CallRecord::start(Arc::clone(&self.metrics), series, span.clone());
         let deadline = request
             .headers()
             .get("grpc-timeout")
@@ -595,21 +596,22 @@ fn fail(code: Code, message: &str) -> (Response<ProxyBody>, Code) {
 
 // === impl CallRecord ===
 
-/// Metrics and span fields of one call, recorded once when it ends.
+/// Metrics and span fields of one call, recorded once when it ends (on both
+/// serve paths: [`Proxy::handle`] and the frame relay).
 pub(crate) struct CallRecord {
     metrics: Arc<Metrics>,
-    method: String,
+    series: MethodSeries,
     start: Instant,
     span: Span,
     finished: bool,
 }
 
 impl CallRecord {
-    /// Starts timing `method`, whose fields are recorded on `span`.
-    pub(crate) fn start(metrics: Arc<Metrics>, method: String, span: Span) -> Self {
+    /// Starts timing a call of `series`' method, whose fields are recorded on `span`.
+    pub(crate) fn start(metrics: Arc<Metrics>, series: MethodSeries, span: Span) -> Self {
         Self {
             metrics,
-            method,
+            series,
             start: Instant::now(),
             span,
             finished: false,
@@ -626,7 +628,7 @@ impl CallRecord {
         }
         let elapsed = self.start.elapsed();
         self.metrics
-            .record_call(&self.method, code, elapsed.as_secs_f64());
+            .record(&self.series, code, elapsed.as_secs_f64());
         self.span.record("code", format_args!("{code:?}"));
         self.span.record("duration_us", elapsed.as_micros() as u64);
         tracing::debug!(parent: &self.span, "call finished");
@@ -635,7 +637,7 @@ impl CallRecord {
 
 impl Drop for CallRecord {
     fn drop(&mut self) {
-        // The caller went away before the call ended.
+        // The caller (or the relayed connection) went away before the call ended.
         self.complete(Code::Cancelled);
     }
 }

@@ -25,7 +25,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::pin::pin;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use tokio::net::UnixStream;
@@ -37,8 +37,8 @@ use super::frame::{self, FrameHead, flag, kind, reason, setting};
 use super::io::{READ_CHUNK, Socket, Wake};
 use crate::hook::Method;
 use crate::hpack;
-use crate::metrics::{MethodSeries, Metrics};
-use crate::proxy::{Proxy, Refusal, call_outcome, call_span};
+use crate::metrics::MethodSeries;
+use crate::proxy::{CallRecord, Proxy, Refusal, call_outcome, call_span};
 
 /// Paths a connection remembers the method and metric series of; past that,
 /// they are looked up per call.
@@ -72,41 +72,6 @@ struct Call {
 struct Route {
     method: Option<Method>,
     series: MethodSeries,
-}
-
-/// Metrics and span fields of one relayed call, recorded once when it ends (as
-/// the h2 path's `CallRecord` does), after the write that ended it.
-struct CallRecord {
-    metrics: Arc<Metrics>,
-    series: MethodSeries,
-    start: Instant,
-    span: Span,
-    finished: bool,
-}
-
-impl CallRecord {
-    fn finish(mut self, code: Code) {
-        self.complete(code);
-    }
-
-    fn complete(&mut self, code: Code) {
-        if std::mem::replace(&mut self.finished, true) {
-            return;
-        }
-        let elapsed = self.start.elapsed();
-        self.metrics
-            .record(&self.series, code, elapsed.as_secs_f64());
-        self.span.record("code", format_args!("{code:?}"));
-        self.span.record("duration_us", elapsed.as_micros() as u64);
-        tracing::debug!(parent: &self.span, "call finished");
-    }
-}
-
-impl Drop for CallRecord {
-    fn drop(&mut self) {
-        // The connection went away before the call ended.
-        self.complete(Code::Cancelled);
-    }
 }
 
 /// What the relay keeps of a lifecycle call.
@@ -637,13 +602,7 @@ impl Relay {
             }
         };
         let span = call_span(series.method(), method.is_some());
-        let record = CallRecord {
-            metrics: Arc::clone(self.proxy.metrics()),
-            series,
-            start: Instant::now(),
-            span: span.clone(),
-            finished: false,
-        };
+        let record = CallRecord::start(Arc::clone(self.proxy.metrics()), series, span.clone());
         let intercept = method.map(|method| Intercept {
             method,
             span,
