@@ -70,7 +70,8 @@ pub enum NodeCommand {
     /// After uninstalling: removes from Nodes what tessera-reporter published there
     /// and nothing else: the koordinator.sh/* capacity and its aliases
     /// (aliyun.com/gpu-mem, nvidia.com/gpumem, nvidia.com/gpucores,
-    /// volcano.sh/gpu-memory), and the GPU model and driver labels. Runs anywhere
+    /// volcano.sh/gpu-memory), the GPU model and driver labels, and the
+    /// tessera.io/runtime-proxy taint an unproven switch-over left. Runs anywhere
     /// with a kubeconfig; refuses while a tessera-reporter pod runs on a node it would
     /// clean (the reporter would publish it all again).
     Cleanup(CleanupArgs),

@@ -411,7 +411,7 @@ impl Switch {
         let taint = match set_taint(nodes, &self.node, false).await {
             Ok(()) => format!("node {} has no {TAINT_KEY} taint", self.node),
             Err(e) if forbidden(&e) => format!(
-                "the {TAINT_KEY} taint of node {} could not be checked ({e:#}): remove it by hand if an unproven switch-over left it",
+                "the {TAINT_KEY} taint of node {} could not be checked ({e:#}): `tessera node cleanup` removes it if an unproven switch-over left it",
                 self.node
             ),
             Err(e) => return Err(e),
@@ -527,8 +527,9 @@ fn pointer(segment: &str) -> String {
     segment.replace('~', "~0").replace('/', "~1")
 }
 
-/// The JSON patches (status, then metadata) that remove what the reporter
-/// published on `node`, each guarded by a `test` of the resourceVersion so that a
+/// The JSON patches (status, then the object: labels and taint) that remove what
+/// the reporter published on `node`, and the switch taint an unproven switch-over
+/// left (its installer may have lost the rights to lift it at an uninstall), each guarded by a `test` of the resourceVersion so that a
 /// concurrent writer makes it fail rather than be overwritten; empty when there is
 /// nothing to remove.
 pub fn cleanup_patches(
@@ -560,11 +561,20 @@ pub fn cleanup_patches(
         }
     }
     let labels = node.metadata.labels.as_ref();
-    let label_ops: Vec<_> = REPORTER_LABELS
+    let label_ops = REPORTER_LABELS
         .iter()
         .filter(|l| labels.is_some_and(|m| m.contains_key(**l)))
-        .map(|l| json!({"op": "remove", "path": format!("/metadata/labels/{}", pointer(l))}))
-        .collect();
+        .map(|l| json!({"op": "remove", "path": format!("/metadata/labels/{}", pointer(l))}));
+    // Highest index first, so each removal leaves the next one's index valid.
+    let taint_ops = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .into_iter()
+        .flat_map(|taints| taints.iter().enumerate().rev())
+        .filter(|(_, t)| t.key == TAINT_KEY)
+        .map(|(i, _)| json!({"op": "remove", "path": format!("/spec/taints/{i}")}));
+    let object_ops: Vec<_> = label_ops.chain(taint_ops).collect();
     let guarded = |ops: Vec<serde_json::Value>| {
         if ops.is_empty() {
             ops
@@ -572,7 +582,7 @@ pub fn cleanup_patches(
             std::iter::once(guard()).chain(ops).collect()
         }
     };
-    (guarded(status_ops), guarded(label_ops))
+    (guarded(status_ops), guarded(object_ops))
 }
 
 /// Removes what tessera-reporter published from `node` (every node when `None`);
@@ -617,8 +627,8 @@ pub async fn cleanup(
                 "a tessera-reporter pod still runs on node {name}: uninstall Tessera first (it would publish everything again)"
             );
         }
-        let (status, labels) = cleanup_patches(&target, nvidia_gpu);
-        let removed = status.len().saturating_sub(1) + labels.len().saturating_sub(1);
+        let (status, object) = cleanup_patches(&target, nvidia_gpu);
+        let removed = status.len().saturating_sub(1) + object.len().saturating_sub(1);
         let json_patch = |ops: Vec<serde_json::Value>| -> anyhow::Result<Patch<()>> {
             Ok(Patch::Json(serde_json::from_value(
                 serde_json::Value::Array(ops),
@@ -630,19 +640,19 @@ pub async fn cleanup(
                 .await
                 .with_context(|| format!("removing Tessera's capacity from node {name}"))?;
         }
-        if !labels.is_empty() {
-            // The status patch moved the resourceVersion: guard the labels on the new one.
+        if !object.is_empty() {
+            // The status patch moved the resourceVersion: guard the object on the new one.
             let fresh = nodes.get(&name).await?;
-            let (_, labels) = cleanup_patches(&fresh, nvidia_gpu);
+            let (_, object) = cleanup_patches(&fresh, nvidia_gpu);
             nodes
-                .patch(&name, &PatchParams::default(), &json_patch(labels)?)
+                .patch(&name, &PatchParams::default(), &json_patch(object)?)
                 .await
-                .with_context(|| format!("removing Tessera's labels from node {name}"))?;
+                .with_context(|| format!("removing Tessera's labels and taint from node {name}"))?;
         }
         done.push(if removed == 0 {
             format!("node {name}: nothing of Tessera's")
         } else {
-            format!("node {name}: removed {removed} capacity, allocatable and label entries")
+            format!("node {name}: removed {removed} capacity, allocatable, label and taint entries")
         });
     }
     Ok(done)
@@ -916,6 +926,29 @@ mod tests {
         let clean: Node =
             serde_json::from_value(serde_json::json!({"metadata": {"name": "n"}})).expect("node");
         assert_eq!(cleanup_patches(&clean, true), (vec![], vec![]));
+    }
+
+    #[test]
+    fn cleanup_lifts_the_switch_taint_and_only_it() {
+        let node: Node = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "n", "resourceVersion": "9"},
+            "spec": {"taints": [
+                {"key": TAINT_KEY, "effect": "NoSchedule"},
+                {"key": "dedicated", "value": "gpu", "effect": "NoSchedule"},
+                {"key": TAINT_KEY, "effect": "NoSchedule"}]}
+        }))
+        .expect("node");
+        let (status, object) = cleanup_patches(&node, false);
+        assert!(status.is_empty());
+        assert_eq!(
+            object,
+            vec![
+                serde_json::json!({"op": "test", "path": "/metadata/resourceVersion", "value": "9"}),
+                serde_json::json!({"op": "remove", "path": "/spec/taints/2"}),
+                serde_json::json!({"op": "remove", "path": "/spec/taints/0"}),
+            ],
+            "the operator's taint stays; removals from the highest index"
+        );
     }
 
     #[test]

@@ -450,15 +450,34 @@ async fn upgrade_and_uninstall(cluster: &mut Cluster, installed: Installed) -> a
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
 
-    // What the reporter left on the node goes with `tessera node cleanup`, and only that.
+    // What the reporter left on the node goes with `tessera node cleanup`, and only
+    // that; and the switch taint an unproven switch-over leaves (its installer may
+    // lose the rights to lift it at an uninstall): set here as one would be.
+    let nodes = Api::<Node>::all(cluster.client().await?);
+    let mut taints = nodes
+        .get(NODE_NAME)
+        .await?
+        .spec
+        .and_then(|s| s.taints)
+        .unwrap_or_default();
+    taints.push(k8s_openapi::api::core::v1::Taint {
+        key: "tessera.io/runtime-proxy".into(),
+        effect: "NoSchedule".into(),
+        ..Default::default()
+    });
+    nodes
+        .patch(
+            NODE_NAME,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"spec": {"taints": taints}})),
+        )
+        .await?;
     let cleanup = tessera_cleanup(cluster)?;
     ensure!(
         cleanup.status.success(),
         "tessera node cleanup: {cleanup:?}"
     );
-    let node = Api::<Node>::all(cluster.client().await?)
-        .get(NODE_NAME)
-        .await?;
+    let node = nodes.get(NODE_NAME).await?;
     let status = node.status.unwrap_or_default();
     let resources: Vec<String> = status
         .capacity
@@ -474,9 +493,17 @@ async fn upgrade_and_uninstall(cluster: &mut Cluster, installed: Installed) -> a
         .into_keys()
         .filter(|l| l.starts_with("node.koordinator.sh/"))
         .collect();
+    let taints: Vec<String> = node
+        .spec
+        .and_then(|s| s.taints)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|t| t.key)
+        .filter(|k| k.starts_with("tessera.io/"))
+        .collect();
     ensure!(
-        resources.is_empty() && labels.is_empty(),
-        "after tessera node cleanup the node still has {resources:?} {labels:?}: {}",
+        resources.is_empty() && labels.is_empty() && taints.is_empty(),
+        "after tessera node cleanup the node still has {resources:?} {labels:?} {taints:?}: {}",
         String::from_utf8_lossy(&cleanup.stdout)
     );
     Ok(())
