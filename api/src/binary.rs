@@ -147,7 +147,9 @@ pub mod metrics {
     use http::{Method, Response, StatusCode};
     use http_body_util::Full;
     use hyper_util::rt::{TokioIo, TokioTimer};
-    use prometheus_client::registry::Registry;
+    use prometheus_client::metrics::family::{Family, MetricConstructor};
+    use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+    use prometheus_client::registry::{Metric, Registry};
     use tokio::net::TcpListener;
 
     /// What [`encode`] writes: `prometheus-client`'s text encoder emits the OpenMetrics
@@ -288,6 +290,38 @@ pub mod metrics {
             .body(Full::new(Bytes::from(encode(registry))))
     }
 
+    /// Latency histograms: exponential buckets from `start` seconds, doubling `count`
+    /// times. A family's constructor, so each daemon's families state their range once.
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    pub struct LatencyBuckets {
+        /// The first bucket's upper bound, in seconds.
+        pub start: f64,
+        /// How many buckets (besides `+Inf`).
+        pub count: u16,
+    }
+
+    impl MetricConstructor<Histogram> for LatencyBuckets {
+        fn new_metric(&self) -> Histogram {
+            Histogram::new(exponential_buckets(self.start, 2.0, self.count))
+        }
+    }
+
+    /// A family of latency histograms, one per label set.
+    pub type HistogramFamily<L> = Family<L, Histogram, LatencyBuckets>;
+
+    /// Registers `metric` in `registry` as `name` with `help`, and returns it: the
+    /// handle shares its values with the registered copy, so the caller records
+    /// through it.
+    pub fn register<M: Metric + Clone>(
+        registry: &mut Registry,
+        name: &str,
+        help: &str,
+        metric: M,
+    ) -> M {
+        registry.register(name, help, metric.clone());
+        metric
+    }
+
     /// A plain HTTP/1.1 `GET` of `path` on `addr`, returning the status line and
     /// headers, and the body: what the daemons' tests scrape with.
     #[doc(hidden)]
@@ -305,6 +339,22 @@ pub mod metrics {
         match text.split_once("\r\n\r\n") {
             Some((head, body)) => Ok((head.to_owned(), body.to_owned())),
             None => Ok((text, String::new())),
+        }
+    }
+
+    /// [`scrape`]s `GET /metrics` on `addr` and returns the body when the answer is a
+    /// 200 in [`CONTENT_TYPE`]; anything else is an `InvalidData` error naming the head.
+    #[doc(hidden)]
+    pub async fn scrape_openmetrics(addr: SocketAddr) -> std::io::Result<String> {
+        let (head, body) = scrape(addr, "/metrics").await?;
+        let content_type = head.lines().find_map(|l| l.strip_prefix("content-type: "));
+        if head.starts_with("HTTP/1.1 200") && content_type == Some(CONTENT_TYPE) {
+            Ok(body)
+        } else {
+            Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("GET /metrics on {addr}: not a 200 in {CONTENT_TYPE}: {head}"),
+            ))
         }
     }
 
@@ -363,6 +413,77 @@ pub mod metrics {
 
             let (head, _) = scrape(addr, "/").await.expect("scrape /");
             assert!(head.starts_with("HTTP/1.1 404"), "{head}");
+        }
+
+        #[test]
+        fn registered_handles_and_latency_families_record_into_the_registry() {
+            let mut registry = Registry::with_prefix("tessera_test");
+            let calls = register(&mut registry, "calls", "Calls", Counter::<u64>::default());
+            let latency = register(
+                &mut registry,
+                "latency_seconds",
+                "Latency",
+                HistogramFamily::<Vec<(String, String)>>::new_with_constructor(LatencyBuckets {
+                    start: 0.001,
+                    count: 3,
+                }),
+            );
+            calls.inc();
+            latency
+                .get_or_create(&vec![("verb".to_owned(), "get".to_owned())])
+                .observe(0.003);
+            let text = encode(&registry);
+            for line in [
+                "tessera_test_calls_total 1",
+                "tessera_test_latency_seconds_bucket{le=\"0.001\",verb=\"get\"} 0",
+                "tessera_test_latency_seconds_bucket{le=\"0.002\",verb=\"get\"} 0",
+                "tessera_test_latency_seconds_bucket{le=\"0.004\",verb=\"get\"} 1",
+                "tessera_test_latency_seconds_bucket{le=\"+Inf\",verb=\"get\"} 1",
+            ] {
+                assert!(text.lines().any(|l| l == line), "{line} in {text}");
+            }
+            // Three buckets besides +Inf, no more.
+            assert_eq!(
+                text.lines()
+                    .filter(|l| l.starts_with("tessera_test_latency_seconds_bucket"))
+                    .count(),
+                4,
+                "{text}"
+            );
+        }
+
+        #[tokio::test]
+        async fn scrape_openmetrics_takes_only_a_200_in_openmetrics() {
+            let mut registry = Registry::default();
+            register(&mut registry, "calls", "Calls", Counter::<u64>::default());
+            let addr = spawn("127.0.0.1:0".parse().expect("addr"), Arc::new(registry))
+                .await
+                .expect("bind");
+            let body = scrape_openmetrics(addr).await.expect("openmetrics");
+            assert!(body.ends_with("# EOF\n"), "{body}");
+
+            // A server answering in the Prometheus 0.0.4 text format is refused.
+            let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+            let other = listener.local_addr().expect("addr");
+            tokio::spawn(async move {
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                let (mut stream, _) = listener.accept().await.expect("accept");
+                let mut buf = [0u8; 1024];
+                let _ = stream.read(&mut buf).await;
+                let _ = stream
+                    .write_all(
+                        b"HTTP/1.1 200 OK\r\ncontent-type: text/plain; version=0.0.4\r\nconnection: close\r\n\r\ncalls_total 0\n",
+                    )
+                    .await;
+            });
+            let error = scrape_openmetrics(other)
+                .await
+                .expect_err("not openmetrics");
+            assert_eq!(error.kind(), std::io::ErrorKind::InvalidData);
+            assert!(
+                error.to_string().contains("text/plain; version=0.0.4"),
+                "{error}"
+            );
         }
     }
 }

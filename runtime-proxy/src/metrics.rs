@@ -6,8 +6,9 @@ use std::sync::Arc;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
+use tessera_api::binary::metrics::{HistogramFamily, LatencyBuckets, register};
 
 /// Labels of a finished CRI call.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -34,12 +35,11 @@ pub struct HookLabels {
     pub stage: String,
 }
 
-type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
-
-fn latency_histogram() -> Histogram {
-    // 50 µs .. ~1.6 s
-    Histogram::new(exponential_buckets(0.000_05, 2.0, 16))
-}
+/// 50 µs .. ~1.6 s.
+const LATENCY: LatencyBuckets = LatencyBuckets {
+    start: 0.000_05,
+    count: 16,
+};
 
 /// Every metric the proxy exports.
 #[derive(Debug)]
@@ -60,39 +60,35 @@ pub struct Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         let mut registry = Registry::with_prefix("tessera_proxy");
-        let requests = Family::<CallLabels, Counter>::default();
-        let request_duration = HistogramFamily::<MethodLabels>::new_with_constructor(
-            latency_histogram as fn() -> Histogram,
-        );
-        let hook_duration = HistogramFamily::<HookLabels>::new_with_constructor(
-            latency_histogram as fn() -> Histogram,
-        );
-        let hook_failures = Family::<HookLabels, Counter>::default();
-        let backend_connects = Counter::default();
-        registry.register(
+        let requests = register(
+            &mut registry,
             "requests",
             "CRI calls by method and gRPC code",
-            requests.clone(),
+            Family::default(),
         );
-        registry.register(
+        let request_duration = register(
+            &mut registry,
             "request_duration_seconds",
             "CRI call latency through the proxy",
-            request_duration.clone(),
+            HistogramFamily::new_with_constructor(LATENCY),
         );
-        registry.register(
+        let hook_duration = register(
+            &mut registry,
             "hook_duration_seconds",
             "Time spent in hooks",
-            hook_duration.clone(),
+            HistogramFamily::new_with_constructor(LATENCY),
         );
-        registry.register(
+        let hook_failures = register(
+            &mut registry,
             "hook_failures",
             "Hook stages that failed or refused a call",
-            hook_failures.clone(),
+            Family::default(),
         );
-        registry.register(
+        let backend_connects = register(
+            &mut registry,
             "backend_connects",
             "Connections made to the runtime socket",
-            backend_connects.clone(),
+            Counter::default(),
         );
         Self {
             registry: Arc::new(registry),
@@ -188,6 +184,8 @@ pub async fn serve(addr: SocketAddr, metrics: &Metrics) -> std::io::Result<Socke
 
 #[cfg(test)]
 mod tests {
+    use tessera_api::binary::metrics::scrape_openmetrics;
+
     use super::*;
 
     #[tokio::test]
@@ -197,15 +195,7 @@ mod tests {
         let addr = serve("127.0.0.1:0".parse().expect("addr"), &metrics)
             .await
             .expect("bind");
-        let (head, body) = tessera_api::binary::metrics::scrape(addr, "/metrics")
-            .await
-            .expect("scrape");
-        assert!(
-            head.lines()
-                .any(|l| l
-                    == "content-type: application/openmetrics-text; version=1.0.0; charset=utf-8"),
-            "{head}"
-        );
+        let body = scrape_openmetrics(addr).await.expect("scrape");
         assert!(
             body.contains("tessera_proxy_requests_total{method=\"Version\",code=\"Ok\"} 1"),
             "{body}"

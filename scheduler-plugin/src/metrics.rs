@@ -18,8 +18,8 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::ConstGauge;
-use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+use tessera_api::binary::metrics::{HistogramFamily, LatencyBuckets, register};
 
 use crate::bind::BindError;
 use crate::leader::Leader;
@@ -149,13 +149,12 @@ pub struct EventLabels {
     pub outcome: String,
 }
 
-type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
-
-fn latency_histogram() -> Histogram {
-    // 100 µs .. ~3.3 s: filter over thousands of nodes is milliseconds; a bind is
-    // two or three API calls, and kube-scheduler gives up at 5 s.
-    Histogram::new(exponential_buckets(0.000_1, 2.0, 16))
-}
+/// 100 µs .. ~3.3 s: filter over thousands of nodes is milliseconds; a bind is
+/// two or three API calls, and kube-scheduler gives up at 5 s.
+const LATENCY: LatencyBuckets = LatencyBuckets {
+    start: 0.000_1,
+    count: 16,
+};
 
 /// What the scheduler holds, read at each scrape.
 #[derive(Debug, Clone, Default)]
@@ -197,33 +196,30 @@ impl SchedulerMetrics {
     /// The metrics, with `state` read at each scrape.
     pub fn new(state: SchedulerState) -> Self {
         let mut registry = Registry::with_prefix("tessera_scheduler");
-        let request_duration = HistogramFamily::<VerbLabels>::new_with_constructor(
-            latency_histogram as fn() -> Histogram,
-        );
-        let binds = Family::<BindLabels, Counter>::default();
-        let bind_errors = Family::<BindErrorLabels, Counter>::default();
-        let reservations_expired = Counter::default();
-        let events = Family::<EventLabels, Counter>::default();
-        registry.register(
+        let request_duration = register(
+            &mut registry,
             "request_duration_seconds",
             "Extender calls (filter, prioritize, bind, preempt) from request to answer",
-            request_duration.clone(),
+            HistogramFamily::new_with_constructor(LATENCY),
         );
-        registry.register("binds", "Binds by result", binds.clone());
-        registry.register(
+        let binds = register(&mut registry, "binds", "Binds by result", Family::default());
+        let bind_errors = register(
+            &mut registry,
             "bind_errors",
             "Refused and failed binds by cause",
-            bind_errors.clone(),
+            Family::default(),
         );
-        registry.register(
+        let reservations_expired = register(
+            &mut registry,
             "reservations_expired",
             "In-flight allocations given back because their bind did not finish in time",
-            reservations_expired.clone(),
+            Counter::default(),
         );
-        registry.register(
+        let events = register(
+            &mut registry,
             "events",
             "Kubernetes Events on pods by reason and outcome",
-            events.clone(),
+            Family::default(),
         );
         registry.register_collector(Box::new(StateCollector(state)));
         Self {
@@ -428,6 +424,7 @@ impl Collector for StateCollector {
 #[cfg(test)]
 mod tests {
     use serde_json::json;
+    use tessera_api::binary::metrics::scrape_openmetrics;
 
     use super::*;
     use crate::core::{GpuShare, Placement};
@@ -571,15 +568,7 @@ mod tests {
             .serve("127.0.0.1:0".parse().expect("addr"))
             .await
             .expect("bind");
-        let (head, body) = tessera_api::binary::metrics::scrape(addr, "/metrics")
-            .await
-            .expect("scrape");
-        assert!(
-            head.lines()
-                .any(|l| l
-                    == "content-type: application/openmetrics-text; version=1.0.0; charset=utf-8"),
-            "{head}"
-        );
+        let body = scrape_openmetrics(addr).await.expect("scrape");
         assert!(
             body.contains("tessera_scheduler_binds_total{result=\"bound\"} 1\n"),
             "{body}"
