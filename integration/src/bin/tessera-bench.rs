@@ -106,18 +106,6 @@ enum Command {
         #[arg(long)]
         trim: bool,
     },
-    /// The proxy's frame relay (`relay::serve`) as a process of its own, as
-    /// `tessera-bench proxy` runs it: one thread, no hooks but lifecycle
-    /// interception on, like tessera-runtime-proxy with no hooks registered.
-    #[command(hide = true)]
-    RelayServe {
-        /// The socket to serve.
-        #[arg(long)]
-        listen: PathBuf,
-        /// containerd's socket.
-        #[arg(long)]
-        runtime_endpoint: PathBuf,
-    },
     /// A byte relay (no HTTP/2 parsing) as a process of its own, as
     /// `tessera-bench proxy` runs it for the floor of any extra process hop: one
     /// thread, `copy_bidirectional` per connection, as socat would relay.
@@ -153,17 +141,6 @@ fn main() -> anyhow::Result<()> {
         Command::PodCache { pods } => return pod_cache_bench(pods),
         _ => {}
     }
-    if let Command::RelayServe {
-        listen,
-        runtime_endpoint,
-    } = &command
-    {
-        // The proxy binary's runtime: one thread.
-        return tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?
-            .block_on(relay_serve(listen, runtime_endpoint));
-    }
     if let Command::ByteRelayServe {
         listen,
         runtime_endpoint,
@@ -175,35 +152,6 @@ fn main() -> anyhow::Result<()> {
             .block_on(byte_relay_serve(listen, runtime_endpoint));
     }
     tokio::runtime::Runtime::new()?.block_on(run(command))
-}
-
-async fn relay_serve(listen: &Path, runtime: &Path) -> anyhow::Result<()> {
-    use std::sync::Arc;
-    use tessera_runtime_proxy::{Proxy, ProxyOptions, metrics::Metrics, relay, server};
-    // As tessera-runtime-proxy logs: spans and events pass the same filter.
-    tessera_api::binary::init_logging_as("info", tessera_api::binary::LogFormat::Text);
-    let options = ProxyOptions {
-        runtime_endpoint: runtime.to_path_buf(),
-        image_endpoint: runtime.to_path_buf(),
-        max_message_bytes: 16 << 20,
-    };
-    let proxy = Arc::new(Proxy::new(
-        &options,
-        Vec::new(),
-        Arc::new(Metrics::default()),
-    ));
-    tokio::spawn(tessera_runtime_proxy::resync_until_ready(Arc::clone(
-        &proxy,
-    )));
-    let (listener, _) = server::listen(listen)?;
-    relay::serve(
-        listener,
-        proxy,
-        std::future::pending(),
-        Duration::from_secs(1),
-    )
-    .await;
-    Ok(())
 }
 
 async fn run(command: Command) -> anyhow::Result<()> {
@@ -227,8 +175,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             extender_bench(iterations, nodes, &[500, nodes]).await
         }
         Command::Cluster { pods } => tessera_integration::bench_cluster::run(pods).await,
-        Command::RelayServe { .. }
-        | Command::ByteRelayServe { .. }
+        Command::ByteRelayServe { .. }
         | Command::SimulateChild { .. }
         | Command::PodCacheChild { .. }
         | Command::Simulate { .. }
@@ -258,10 +205,6 @@ impl ProxyProcess {
         let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
         line.split_whitespace().nth(1)?.parse().ok()
     }
-}
-
-async fn spawn_proxy(binary: &Path, socket: &Path, runtime: &Path) -> anyhow::Result<ProxyProcess> {
-    spawn_proxy_with(binary, socket, runtime, &[]).await
 }
 
 async fn spawn_proxy_with(
@@ -358,13 +301,12 @@ struct Row {
     proxied: Samples,
 }
 
-/// A relay of this binary as a process of its own: `tessera-bench <command>`
-/// (`relay-serve`, the frame relay, or `byte-relay-serve`, the floor). Each relay
-/// runs in a process of its own, like the proxy: a thread of this process would
-/// be cheaper to switch to than another process, and flatter the floor.
-async fn spawn_relay(command: &str, socket: &Path, runtime: &Path) -> anyhow::Result<ProxyProcess> {
+/// The byte relay as a process of its own (`tessera-bench byte-relay-serve`), like
+/// the proxy: a thread of this process would be cheaper to switch to than another
+/// process, and flatter the floor.
+async fn spawn_byte_relay(socket: &Path, runtime: &Path) -> anyhow::Result<ProxyProcess> {
     let child = tokio::process::Command::new(std::env::current_exe()?)
-        .arg(command)
+        .arg("byte-relay-serve")
         .arg("--listen")
         .arg(socket)
         .arg("--runtime-endpoint")
@@ -372,7 +314,7 @@ async fn spawn_relay(command: &str, socket: &Path, runtime: &Path) -> anyhow::Re
         .env("RUST_LOG", "warn")
         .kill_on_drop(true)
         .spawn()
-        .with_context(|| format!("starting tessera-bench {command}"))?;
+        .context("starting tessera-bench byte-relay-serve")?;
     wait_for(socket).await?;
     Ok(ProxyProcess(child))
 }
@@ -464,11 +406,28 @@ async fn proxy_bench(
         .prefix("tbench-")
         .tempdir_in("/tmp")?;
     let socket = dir.path().join("proxy.sock");
-    let proxy = spawn_proxy(binary, &socket, &containerd.socket()).await?;
+    // The proxy binary twice, once per --relay mode, with its embedded GPU hook and
+    // no external hooks.
+    let no_hooks = dir.path().join("no-hooks.d");
+    std::fs::create_dir_all(&no_hooks)?;
+    let flags = |mode: &str| -> Vec<std::ffi::OsString> {
+        vec![
+            format!("--relay={mode}").into(),
+            "--hooks-dir".into(),
+            no_hooks.clone().into(),
+        ]
+    };
+    let proxy = spawn_proxy_with(binary, &socket, &containerd.socket(), &flags("h2")).await?;
     let frames_socket = dir.path().join("frames.sock");
-    let frames = spawn_relay("relay-serve", &frames_socket, &containerd.socket()).await?;
+    let frames = spawn_proxy_with(
+        binary,
+        &frames_socket,
+        &containerd.socket(),
+        &flags("frames"),
+    )
+    .await?;
     let relay_socket = dir.path().join("relay.sock");
-    let relay = spawn_relay("byte-relay-serve", &relay_socket, &containerd.socket()).await?;
+    let relay = spawn_byte_relay(&relay_socket, &containerd.socket()).await?;
     let mut direct = KubeletDriver::connect(&containerd.socket()).await?;
     let mut proxied = KubeletDriver::connect(&socket).await?;
     let mut framed = KubeletDriver::connect(&frames_socket).await?;
@@ -594,14 +553,15 @@ async fn proxy_bench(
 
     println!(
         "tessera-bench proxy: {iterations} calls per method ({} for ListContainers), {cycles} lifecycle cycles; \
-         direct, h2 proxy, frame relay and byte relay interleaved call by call",
+         direct, h2 proxy, frame relay and byte relay interleaved call by call, the order rotating every round",
         iterations / 4
     );
     let all: Vec<Row> = rows.into_iter().chain(lifecycle).collect();
     print_rows(&all);
     println!(
-        "(byte relay: the floor of any extra process hop on this machine, no HTTP/2, no gRPC; \
-         frame relay: `relay::serve` in its own one-thread process, no hooks registered)"
+        "(h2 proxy and frame relay: tessera-runtime-proxy --relay=h2 and --relay=frames (its default), \
+         embedded GPU hook on; byte relay: the floor of any extra process hop on this machine, \
+         no HTTP/2, no gRPC, a process of its own)"
     );
     let show = |v: Option<f64>| v.map_or("n/a".to_owned(), |v| format!("{v:.1}µs"));
     for (method, [h2, fr, by]) in [("Version", cpu), ("ListContainers", list_cpu)] {
