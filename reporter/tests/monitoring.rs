@@ -53,13 +53,14 @@ fn reporter_samples() -> BTreeSet<String> {
 }
 
 /// The proxy's metric names as its registry is built (runtime-proxy/src/metrics.rs):
-/// `tessera_proxy_` and each registered name.
+/// `tessera_proxy_` and each registered name, the first string of each
+/// `register(&mut registry, "name", …)` call.
 fn proxy_registered() -> BTreeSet<String> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../runtime-proxy/src/metrics.rs");
     let source = std::fs::read_to_string(&path).expect("runtime-proxy/src/metrics.rs");
     assert!(source.contains("Registry::with_prefix(\"tessera_proxy\")"));
     source
-        .split("registry.register(")
+        .split("register(")
         .skip(1)
         .filter_map(|call| call.split('"').nth(1))
         .map(|name| format!("tessera_proxy_{name}"))
