@@ -112,6 +112,18 @@ where
     }
 }
 
+/// An error and its causes on one line, for logs: `a: b: c`.
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
 /// This machine's host name (the node name on a Kubernetes node, the pod name in a pod).
 pub fn hostname() -> Option<String> {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -493,6 +505,16 @@ mod tests {
     use std::sync::{Arc, Mutex};
 
     use super::*;
+
+    #[test]
+    fn error_chain_names_every_cause() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("reading /x")]
+        struct Outer(#[source] std::io::Error);
+        let error = Outer(std::io::Error::other("denied"));
+        assert_eq!(error_chain(&error), "reading /x: denied");
+        assert_eq!(error_chain(&std::io::Error::other("alone")), "alone");
+    }
 
     #[test]
     fn log_format_parses_text_and_json_only() {

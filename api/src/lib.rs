@@ -15,6 +15,8 @@ pub mod checkpoint;
 #[cfg(feature = "client")]
 pub mod client;
 pub mod device;
+#[cfg(feature = "client")]
+pub mod events;
 pub mod nvlink;
 pub mod quantity;
 pub mod request;

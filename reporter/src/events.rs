@@ -6,11 +6,8 @@
 //! What to announce is decided by a pure step, [`health_changes`]; announcing is a task
 //! behind the [`NodeEventSink`] trait, fed through [`GpuEvents`], so a slow or refusing API
 //! server never holds the reporter's loop up. The real sink, [`KubeNodeEvents`], writes
-//! `events.k8s.io/v1` Events in the `default` namespace, as kubelet does for Nodes.
-//!
-//! Not kube-runtime's `Recorder`: it folds Events with the same reason on the same object
-//! into one series for six minutes and keeps the first Event's note, so a second GPU
-//! going bad within that time would be reported under the first GPU's UUID.
+//! `events.k8s.io/v1` Events in the `default` namespace, as kubelet does for Nodes,
+//! through [`tessera_api::events`] (not kube-runtime's `Recorder`: see there why).
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -18,13 +15,12 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::events::v1::Event;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::PostParams;
-use kube::{Api, Client, Resource};
+use kube::{Client, Resource};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use tessera_api::Device;
+use tessera_api::events::{EventKind, EventSpec, EventWriter};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 
 use crate::metrics::EventLabels;
@@ -37,6 +33,10 @@ pub const REASON_UNHEALTHY: &str = "GpuUnhealthy";
 pub const REASON_HEALTHY: &str = "GpuHealthy";
 /// Where Events about cluster-scoped objects (Nodes) live.
 pub const EVENT_NAMESPACE: &str = "default";
+/// The Event a GPU gets when a critical XID takes it out of the node's capacity.
+pub const UNHEALTHY: EventKind = EventKind::warning(REASON_UNHEALTHY, "WithdrawCapacity");
+/// The Event a GPU gets when it is back in the node's capacity.
+pub const HEALTHY: EventKind = EventKind::normal(REASON_HEALTHY, "RestoreCapacity");
 
 /// A change in one GPU's health, as announced on the Node.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -63,28 +63,18 @@ impl GpuHealthChange {
         }
     }
 
-    /// `Warning` or `Normal`.
-    pub fn event_type(&self) -> &'static str {
+    /// [`UNHEALTHY`] or [`HEALTHY`]: the Event's type, reason, and what the reporter
+    /// does about it (its machine-readable `action`).
+    pub fn kind(&self) -> EventKind {
         match self {
-            Self::Unhealthy { .. } => "Warning",
-            Self::Healthy { .. } => "Normal",
+            Self::Unhealthy { .. } => UNHEALTHY,
+            Self::Healthy { .. } => HEALTHY,
         }
     }
 
     /// `GpuUnhealthy` or `GpuHealthy`.
     pub fn reason(&self) -> &'static str {
-        match self {
-            Self::Unhealthy { .. } => REASON_UNHEALTHY,
-            Self::Healthy { .. } => REASON_HEALTHY,
-        }
-    }
-
-    /// What the reporter does about it (the Event's machine-readable `action`).
-    pub fn action(&self) -> &'static str {
-        match self {
-            Self::Unhealthy { .. } => "WithdrawCapacity",
-            Self::Healthy { .. } => "RestoreCapacity",
-        }
+        self.kind().reason
     }
 
     /// The Event's note, for people: the GPU, the XID and what follows.
@@ -216,113 +206,82 @@ async fn record_all(
     }
 }
 
-/// Writes `events.k8s.io/v1` Events about one Node.
-#[derive(Clone)]
+/// Writes `events.k8s.io/v1` Events about one Node, as that node's reporter.
+#[derive(Debug, Clone)]
 pub struct KubeNodeEvents {
-    client: Client,
-    node: String,
+    /// Its instance is the node's name.
+    writer: EventWriter,
     recovery_after: Duration,
-}
-
-impl std::fmt::Debug for KubeNodeEvents {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("KubeNodeEvents")
-            .field("node", &self.node)
-            .finish_non_exhaustive()
-    }
-}
-
-/// The longest object name the API server takes (a DNS subdomain).
-const MAX_NAME: usize = 253;
-/// The longest `reportingInstance`.
-const MAX_INSTANCE: usize = 128;
-
-/// `text` cut to at most `max` bytes, on a character boundary.
-fn truncated(text: &str, max: usize) -> &str {
-    let mut end = text.len().min(max);
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    &text[..end]
 }
 
 impl KubeNodeEvents {
     /// Events about `node`, whose notes name `recovery_after` (`--recovery-after`).
     pub fn new(client: Client, node: impl Into<String>, recovery_after: Duration) -> Self {
         Self {
-            client,
-            node: node.into(),
+            writer: EventWriter::new(client, REPORTING_CONTROLLER, node),
             recovery_after,
         }
     }
 }
 
-/// The Event about `node` for `change` at `now`, whose note names `recovery_after`. Like
-/// kubelet's, it regards the Node with the node's name as its UID (no need to read the
-/// Node first); it relates to the node's Device CR, where the GPU's health is published.
-pub fn node_event(
+/// The Event about `node` for `change`, to be stamped, whose note names `recovery_after`.
+/// Like kubelet's, it regards the Node with the node's name as its UID (no need to read
+/// the Node first); it relates to the node's Device CR, where the GPU's health is published.
+pub fn node_event_spec(
     node: &str,
     recovery_after: Duration,
     change: &GpuHealthChange,
-    now: Timestamp,
-) -> Event {
-    // `<node>.<nanoseconds in hex>`, as client-go names Events; cut to fit.
-    let stamp = format!(".{:x}", now.as_nanosecond());
-    let name = format!(
-        "{}{stamp}",
-        truncated(node, MAX_NAME.saturating_sub(stamp.len()))
-    );
-    Event {
-        metadata: ObjectMeta {
-            name: Some(name),
-            namespace: Some(EVENT_NAMESPACE.to_owned()),
-            ..ObjectMeta::default()
-        },
-        event_time: Some(MicroTime(now)),
-        type_: Some(change.event_type().to_owned()),
-        reason: Some(change.reason().to_owned()),
-        action: Some(change.action().to_owned()),
-        note: Some(change.note(recovery_after)),
-        regarding: Some(ObjectReference {
+) -> EventSpec {
+    EventSpec {
+        namespace: EVENT_NAMESPACE.to_owned(),
+        regarding: ObjectReference {
             api_version: Some("v1".to_owned()),
             kind: Some("Node".to_owned()),
             name: Some(node.to_owned()),
             uid: Some(node.to_owned()),
             ..ObjectReference::default()
-        }),
+        },
         related: Some(ObjectReference {
             api_version: Some(Device::api_version(&()).into_owned()),
             kind: Some(Device::kind(&()).into_owned()),
             name: Some(node.to_owned()),
             ..ObjectReference::default()
         }),
-        reporting_controller: Some(REPORTING_CONTROLLER.to_owned()),
-        reporting_instance: Some(truncated(node, MAX_INSTANCE).to_owned()),
-        ..Event::default()
+        kind: change.kind(),
+        note: change.note(recovery_after),
     }
+}
+
+/// The Event about `node` for `change` at `now`, written by that node's reporter (see
+/// [`node_event_spec`]).
+pub fn node_event(
+    node: &str,
+    recovery_after: Duration,
+    change: &GpuHealthChange,
+    now: Timestamp,
+) -> Event {
+    node_event_spec(node, recovery_after, change).event(REPORTING_CONTROLLER, node, now)
 }
 
 impl NodeEventSink for KubeNodeEvents {
     async fn record(&self, change: &GpuHealthChange) -> Result<(), EventError> {
-        let events: Api<Event> = Api::namespaced(self.client.clone(), EVENT_NAMESPACE);
-        events
-            .create(
-                &PostParams::default(),
-                &node_event(&self.node, self.recovery_after, change, Timestamp::now()),
-            )
+        let node = self.writer.instance();
+        self.writer
+            .create(&node_event_spec(node, self.recovery_after, change))
             .await
             .map_err(|source| EventError::Api {
-                node: self.node.clone(),
+                node: node.to_owned(),
                 uuid: change.uuid().to_owned(),
                 reason: change.reason(),
                 source,
-            })?;
-        Ok(())
+            })
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+
     use super::*;
 
     fn map(entries: &[(&str, u64)]) -> BTreeMap<String, u64> {

@@ -15,15 +15,5 @@ pub mod metrics;
 pub mod publish;
 pub mod report;
 pub mod run;
-
 /// An error and its causes on one line, for logs: `a: b: c`.
-pub fn chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
-}
+pub use tessera_api::binary::error_chain as chain;

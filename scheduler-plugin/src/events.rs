@@ -7,12 +7,9 @@
 //! An Event never fails or delays a bind: [`PodEvents::send`] only queues (a bounded
 //! queue; when it is full the Event is dropped and counted), and one task hands the
 //! queue to a [`PodEventSink`], each write bounded by [`RECORD_TIMEOUT`]. The real
-//! sink, [`KubePodEvents`], writes `events.k8s.io/v1` Events in the pod's namespace.
-//!
-//! Not kube-runtime's `Recorder`, for the reason the reporter gives (it folds Events
-//! with one reason on one object into a series that keeps the first note, so a second
-//! refusal naming another node would show the first node's words); each Event here is
-//! built by the pure [`pod_event`] and created as it is.
+//! sink, [`KubePodEvents`], writes `events.k8s.io/v1` Events in the pod's namespace
+//! through [`tessera_api::events`] (not kube-runtime's `Recorder`: see there why); each
+//! Event is built by the pure [`pod_event`] and created as it is.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -20,11 +17,11 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::events::v1::Event;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::PostParams;
-use kube::{Api, Client};
+use kube::Client;
 use tessera_api::DeviceAllocations;
+use tessera_api::binary::error_chain;
+use tessera_api::events::{EventKind, EventSpec, EventWriter};
 use tokio::sync::mpsc::{Receiver, Sender, error::TrySendError};
 
 use crate::bind::{BindError, BindFailure};
@@ -37,16 +34,14 @@ pub const REPORTING_CONTROLLER: &str = "tessera.io/scheduler";
 pub const REASON_ALLOCATED: &str = "GpuAllocated";
 /// Reason of the Event a pod gets when its bind is refused for a reason of its own.
 pub const REASON_REFUSED: &str = "GpuBindRefused";
+/// The Event a pod gets when its GPUs are placed.
+pub const ALLOCATED: EventKind = EventKind::normal(REASON_ALLOCATED, "Bind");
+/// The Event a pod gets when its bind is refused for a reason of its own.
+pub const REFUSED: EventKind = EventKind::warning(REASON_REFUSED, "Bind");
 /// Events waiting to be written; more are dropped (and counted) rather than held.
 pub const QUEUE_CAPACITY: usize = 1024;
 /// How long one Event's write may take before it is given up.
 pub const RECORD_TIMEOUT: Duration = Duration::from_secs(5);
-/// The longest note the API server takes (1 kB).
-const MAX_NOTE: usize = 1024;
-/// The longest object name the API server takes (a DNS subdomain).
-const MAX_NAME: usize = 253;
-/// The longest `reportingInstance`.
-const MAX_INSTANCE: usize = 128;
 
 /// The pod an Event is about.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -154,88 +149,58 @@ impl PodEvent {
         }
     }
 
-    /// `Normal` or `Warning`.
-    pub fn event_type(&self) -> &'static str {
+    /// [`ALLOCATED`] or [`REFUSED`].
+    pub fn kind(&self) -> EventKind {
         match self {
-            Self::Allocated { .. } => "Normal",
-            Self::Refused { .. } => "Warning",
+            Self::Allocated { .. } => ALLOCATED,
+            Self::Refused { .. } => REFUSED,
         }
     }
 
     /// `GpuAllocated` or `GpuBindRefused`.
     pub fn reason(&self) -> &'static str {
-        match self {
-            Self::Allocated { .. } => REASON_ALLOCATED,
-            Self::Refused { .. } => REASON_REFUSED,
-        }
+        self.kind().reason
     }
 
-    /// What the scheduler did (the Event's machine-readable `action`).
-    pub fn action(&self) -> &'static str {
-        "Bind"
-    }
-
-    /// The Event's note, for people, at most 1 kB.
+    /// The Event's note, for people (the Event holds its first 1 kB).
     pub fn note(&self) -> String {
-        let note = match self {
+        match self {
             Self::Allocated {
                 node, annotation, ..
             } => allocated_note(node, annotation),
             Self::Refused { node, why, .. } => format!("not bound to node {node}: {why}"),
-        };
-        truncated(&note, MAX_NOTE).to_owned()
+        }
+    }
+
+    /// The Event, to be stamped: it regards the pod (by UID, so it never lands on a
+    /// pod of the same name created later) and relates to the node.
+    pub fn spec(&self) -> EventSpec {
+        let pod = self.pod();
+        EventSpec {
+            namespace: pod.namespace.clone(),
+            regarding: ObjectReference {
+                api_version: Some("v1".to_owned()),
+                kind: Some("Pod".to_owned()),
+                namespace: Some(pod.namespace.clone()),
+                name: Some(pod.name.clone()),
+                uid: Some(pod.uid.clone()),
+                ..ObjectReference::default()
+            },
+            related: Some(ObjectReference {
+                api_version: Some("v1".to_owned()),
+                kind: Some("Node".to_owned()),
+                name: Some(self.node().to_owned()),
+                ..ObjectReference::default()
+            }),
+            kind: self.kind(),
+            note: self.note(),
+        }
     }
 }
 
-/// `text` cut to at most `max` bytes, on a character boundary.
-fn truncated(text: &str, max: usize) -> &str {
-    let mut end = text.len().min(max);
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    &text[..end]
-}
-
-/// The Event for `event` at `now`, written by replica `instance`: it regards the pod
-/// (by UID, so it never lands on a pod of the same name created later) and relates
-/// to the node.
+/// The Event for `event` at `now`, written by replica `instance` (see [`PodEvent::spec`]).
 pub fn pod_event(event: &PodEvent, instance: &str, now: Timestamp) -> Event {
-    let pod = event.pod();
-    // `<pod>.<nanoseconds in hex>`, as client-go names Events; cut to fit.
-    let stamp = format!(".{:x}", now.as_nanosecond());
-    let name = format!(
-        "{}{stamp}",
-        truncated(&pod.name, MAX_NAME.saturating_sub(stamp.len()))
-    );
-    Event {
-        metadata: ObjectMeta {
-            name: Some(name),
-            namespace: Some(pod.namespace.clone()),
-            ..ObjectMeta::default()
-        },
-        event_time: Some(MicroTime(now)),
-        type_: Some(event.event_type().to_owned()),
-        reason: Some(event.reason().to_owned()),
-        action: Some(event.action().to_owned()),
-        note: Some(event.note()),
-        regarding: Some(ObjectReference {
-            api_version: Some("v1".to_owned()),
-            kind: Some("Pod".to_owned()),
-            namespace: Some(pod.namespace.clone()),
-            name: Some(pod.name.clone()),
-            uid: Some(pod.uid.clone()),
-            ..ObjectReference::default()
-        }),
-        related: Some(ObjectReference {
-            api_version: Some("v1".to_owned()),
-            kind: Some("Node".to_owned()),
-            name: Some(event.node().to_owned()),
-            ..ObjectReference::default()
-        }),
-        reporting_controller: Some(REPORTING_CONTROLLER.to_owned()),
-        reporting_instance: Some(truncated(instance, MAX_INSTANCE).to_owned()),
-        ..Event::default()
-    }
+    event.spec().event(REPORTING_CONTROLLER, instance, now)
 }
 
 /// Why an Event was not written; it is logged and counted, never retried.
@@ -275,47 +240,27 @@ pub trait PodEventSink: Send + Sync + 'static {
 }
 
 /// Writes `events.k8s.io/v1` Events on pods.
-#[derive(Clone)]
-pub struct KubePodEvents {
-    client: Client,
-    instance: String,
-}
-
-impl std::fmt::Debug for KubePodEvents {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("KubePodEvents")
-            .field("instance", &self.instance)
-            .finish_non_exhaustive()
-    }
-}
+#[derive(Debug, Clone)]
+pub struct KubePodEvents(EventWriter);
 
 impl KubePodEvents {
     /// Events written by replica `instance` (its Lease identity).
     pub fn new(client: Client, instance: impl Into<String>) -> Self {
-        Self {
-            client,
-            instance: instance.into(),
-        }
+        Self(EventWriter::new(client, REPORTING_CONTROLLER, instance))
     }
 }
 
 impl PodEventSink for KubePodEvents {
     async fn record(&self, event: &PodEvent) -> Result<(), EventError> {
-        let pod = event.pod();
-        let events: Api<Event> = Api::namespaced(self.client.clone(), &pod.namespace);
-        events
-            .create(
-                &PostParams::default(),
-                &pod_event(event, &self.instance, Timestamp::now()),
-            )
+        self.0
+            .create(&event.spec())
             .await
             .map_err(|source| EventError::Api {
-                namespace: pod.namespace.clone(),
-                name: pod.name.clone(),
+                namespace: event.pod().namespace.clone(),
+                name: event.pod().name.clone(),
                 reason: event.reason(),
                 source,
-            })?;
-        Ok(())
+            })
     }
 }
 
@@ -411,17 +356,6 @@ async fn record_all(
         };
         count(Some(&metrics), event.reason(), outcome);
     }
-}
-
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 /// Whether the pod's owner must see `error` on the pod: the request itself is

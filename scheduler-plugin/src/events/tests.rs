@@ -2,6 +2,8 @@
 
 use std::sync::Mutex;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+
 use super::*;
 
 const HALF: &str = r#"{"gpu":[{"minor":0,"id":"GPU-7e55","resources":{"koordinator.sh/gpu-core":50,"koordinator.sh/gpu-memory-ratio":50,"koordinator.sh/gpu-memory":8589934592}}]}"#;
@@ -179,7 +181,7 @@ async fn refusals_the_owner_must_see_become_events_others_only_counts() {
         "not bound to node gpu-node-1: GPU 0: 30% compute free, 50% asked"
     );
     assert_eq!(seen[0].reason(), "GpuBindRefused");
-    assert_eq!(seen[0].event_type(), "Warning");
+    assert_eq!(seen[0].kind().type_, "Warning");
     assert_eq!(seen[1].reason(), "GpuAllocated");
     assert_eq!(events_line(&metrics, "GpuBindRefused", "recorded"), Some(1));
     assert_eq!(events_line(&metrics, "GpuAllocated", "recorded"), Some(1));
