@@ -3,33 +3,10 @@
 //! shows every metric the reporter exports.
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
+use tessera_harness::monitoring::{alert_expr, chart_file, metric_names, sample_names};
 use tessera_reporter::metrics::{EventLabels, PublishOutcome, PublishedObject, ReporterMetrics};
-
-fn chart_file(path: &str) -> (PathBuf, String) {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../charts/tessera")
-        .join(path);
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    (path, text)
-}
-
-/// Every `tessera_<daemon>_…` name in `text`.
-fn metric_names(text: &str, daemon: &str) -> BTreeSet<String> {
-    let prefix = format!("tessera_{daemon}_");
-    let mut names = BTreeSet::new();
-    let mut rest = text;
-    while let Some(at) = rest.find(&prefix) {
-        let name: String = rest[at..]
-            .chars()
-            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-            .collect();
-        rest = &rest[at + name.len()..];
-        names.insert(name);
-    }
-    names
-}
 
 /// The sample names the reporter serves, with one series in every family.
 fn reporter_samples() -> BTreeSet<String> {
@@ -43,13 +20,7 @@ fn reporter_samples() -> BTreeSet<String> {
             outcome: "recorded".into(),
         })
         .inc();
-    metrics
-        .encode()
-        .lines()
-        .filter(|l| !l.starts_with('#') && !l.is_empty())
-        .filter_map(|l| l.split(['{', ' ']).next())
-        .map(str::to_owned)
-        .collect()
+    sample_names(&metrics.encode())
 }
 
 /// The proxy's metric names as its registry is built (runtime-proxy/src/metrics.rs):
@@ -94,25 +65,19 @@ fn alerts_and_dashboard_name_only_exported_metrics() {
         "proxy registry not read: {proxy:?}"
     );
     for file in ["templates/monitoring.yaml", "files/grafana-dashboard.json"] {
-        let (path, text) = chart_file(file);
-        let used = metric_names(&text, "reporter");
-        assert!(
-            !used.is_empty(),
-            "{} names no reporter metric",
-            path.display()
-        );
+        let text = chart_file(file).expect("chart file");
+        let used = metric_names(&text, "tessera_reporter_");
+        assert!(!used.is_empty(), "{file} names no reporter metric");
         for name in &used {
             assert!(
                 reporter.contains(name),
-                "{}: {name} is not a metric tessera-reporter serves ({reporter:?})",
-                path.display()
+                "{file}: {name} is not a metric tessera-reporter serves ({reporter:?})"
             );
         }
-        for name in metric_names(&text, "proxy") {
+        for name in metric_names(&text, "tessera_proxy_") {
             assert!(
                 proxy_sample_exists(&name, &proxy),
-                "{}: {name} is not a metric tessera-runtime-proxy serves ({proxy:?})",
-                path.display()
+                "{file}: {name} is not a metric tessera-runtime-proxy serves ({proxy:?})"
             );
         }
     }
@@ -120,18 +85,18 @@ fn alerts_and_dashboard_name_only_exported_metrics() {
 
 #[test]
 fn dashboard_is_json_and_shows_every_reporter_metric() {
-    let (path, text) = chart_file("files/grafana-dashboard.json");
-    let dashboard: serde_json::Value =
-        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let text = chart_file("files/grafana-dashboard.json").expect("chart file");
+    let dashboard: serde_json::Value = serde_json::from_str(&text)
+        .unwrap_or_else(|e| panic!("charts/tessera/files/grafana-dashboard.json: {e}"));
     assert_eq!(dashboard["uid"], "tessera");
-    let used = metric_names(&text, "reporter");
+    let used = metric_names(&text, "tessera_reporter_");
     let missing: Vec<_> = reporter_samples().difference(&used).cloned().collect();
     assert!(missing.is_empty(), "no panel shows {missing:?}");
 }
 
 #[test]
 fn alerts_cover_what_operators_page_on() {
-    let (_, text) = chart_file("templates/monitoring.yaml");
+    let text = chart_file("templates/monitoring.yaml").expect("chart file");
     for (alert, metric) in [
         ("TesseraReporterDown", "up{"),
         (
@@ -149,14 +114,7 @@ fn alerts_cover_what_operators_page_on() {
             "tessera_proxy_hook_failures_total[",
         ),
     ] {
-        let rule = text
-            .split("- alert: ")
-            .find(|r| r.starts_with(alert))
-            .unwrap_or_else(|| panic!("no alert {alert}"));
-        let expr = rule
-            .lines()
-            .find_map(|l| l.trim().strip_prefix("expr: "))
-            .unwrap_or_else(|| panic!("{alert}: no expr"));
+        let expr = alert_expr(&text, alert).unwrap_or_else(|| panic!("no alert {alert}"));
         assert!(expr.contains(metric), "{alert}: {expr}");
     }
 }

@@ -3,34 +3,17 @@
 //! dashboard shows every one of them.
 
 use std::collections::BTreeSet;
-use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tessera_harness::monitoring::{alert_expr, chart_file, metric_names, sample_names};
 use tessera_scheduler::bind::BindError;
 use tessera_scheduler::ledger::Ledger;
 use tessera_scheduler::metrics::{BindResult, EventLabels, SchedulerMetrics, SchedulerState, Verb};
 
-fn chart_file(path: &str) -> String {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../charts/tessera")
-        .join(path);
-    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
-
-/// Every `tessera_scheduler_…` name in `text`.
-fn used_names(text: &str) -> BTreeSet<String> {
-    let mut names = BTreeSet::new();
-    let mut rest = text;
-    while let Some(at) = rest.find("tessera_scheduler_") {
-        let name: String = rest[at..]
-            .chars()
-            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-            .collect();
-        rest = &rest[at + name.len()..];
-        names.insert(name);
-    }
-    names
+/// Every `tessera_scheduler_…` name in the chart file `path`.
+fn used_names(path: &str) -> BTreeSet<String> {
+    metric_names(&chart_file(path).expect("chart file"), "tessera_scheduler_")
 }
 
 /// The sample names the scheduler serves, with a series in every family.
@@ -55,20 +38,14 @@ fn served() -> BTreeSet<String> {
             outcome: "recorded".into(),
         })
         .inc();
-    metrics
-        .encode()
-        .lines()
-        .filter(|l| !l.starts_with('#') && !l.is_empty())
-        .filter_map(|l| l.split(['{', ' ']).next())
-        .map(str::to_owned)
-        .collect()
+    sample_names(&metrics.encode())
 }
 
 #[test]
 fn alerts_and_dashboard_name_only_served_metrics() {
     let served = served();
     for file in ["templates/monitoring.yaml", "files/grafana-dashboard.json"] {
-        let used = used_names(&chart_file(file));
+        let used = used_names(file);
         assert!(!used.is_empty(), "{file} names no tessera-scheduler metric");
         for name in &used {
             assert!(
@@ -81,14 +58,14 @@ fn alerts_and_dashboard_name_only_served_metrics() {
 
 #[test]
 fn dashboard_shows_every_scheduler_metric() {
-    let used = used_names(&chart_file("files/grafana-dashboard.json"));
+    let used = used_names("files/grafana-dashboard.json");
     let missing: Vec<_> = served().difference(&used).cloned().collect();
     assert!(missing.is_empty(), "no panel shows {missing:?}");
 }
 
 #[test]
 fn alerts_cover_a_scheduler_down_unsynced_leaderless_or_failing_binds() {
-    let text = chart_file("templates/monitoring.yaml");
+    let text = chart_file("templates/monitoring.yaml").expect("chart file");
     for (alert, metric) in [
         ("TesseraSchedulerDown", "up{"),
         (
@@ -101,13 +78,7 @@ fn alerts_cover_a_scheduler_down_unsynced_leaderless_or_failing_binds() {
             "tessera_scheduler_bind_errors_total{",
         ),
     ] {
-        let at = text
-            .find(&format!("alert: {alert}\n"))
-            .unwrap_or_else(|| panic!("no alert {alert}"));
-        let expr = text[at..]
-            .lines()
-            .find(|l| l.trim_start().starts_with("expr:"))
-            .expect("expr");
+        let expr = alert_expr(&text, alert).unwrap_or_else(|| panic!("no alert {alert}"));
         assert!(expr.contains(metric), "{alert}: {expr}");
     }
 }

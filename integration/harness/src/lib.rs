@@ -12,6 +12,7 @@
 //! - [`fake_runtime`]: a recording HTTP/2 runtime for byte-exact checks.
 //! - [`apiserver`]: an API server double, for faults a real one cannot produce on demand.
 //! - [`gpu_node`], [`fake_nvml`]: a fake GPU node's device nodes, driver files and NVML.
+//! - [`monitoring`]: metric names in the chart's alerts and dashboard, and in what a daemon serves.
 
 pub mod apiserver;
 pub mod cluster;
@@ -23,6 +24,7 @@ pub mod fake_runtime;
 pub mod gpu_node;
 pub mod image;
 pub mod kubelet;
+pub mod monitoring;
 pub mod raw;
 pub mod unix;
 pub mod webhook;

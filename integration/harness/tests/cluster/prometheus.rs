@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail, ensure};
 use serde_json::{Value, json};
 use tessera_harness::cluster::{Cluster, NODE_NAME, repo_root};
+use tessera_harness::monitoring::{family, metric_names};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Where the scenario's Prometheus listens.
@@ -116,21 +117,10 @@ fn grafana_variables(expr: &str) -> String {
 /// The `tessera_*` metric families `expr` names (suffixes of counters and
 /// histograms taken off).
 fn families(expr: &str) -> BTreeSet<String> {
-    let mut found = BTreeSet::new();
-    let mut rest = expr;
-    while let Some(at) = rest.find("tessera_") {
-        let name: String = rest[at..]
-            .chars()
-            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-            .collect();
-        rest = &rest[at + name.len()..];
-        let family = ["_total", "_bucket", "_sum", "_count", "_created"]
-            .iter()
-            .find_map(|suffix| name.strip_suffix(suffix))
-            .unwrap_or(&name);
-        found.insert(family.to_owned());
-    }
-    found
+    metric_names(expr, "tessera_")
+        .iter()
+        .map(|name| family(name).to_owned())
+        .collect()
 }
 
 fn percent_encode(text: &str) -> String {
