@@ -52,6 +52,36 @@ impl GpuState {
         self.healthy && !self.legacy && !self.excluded
     }
 
+    /// The figures fitting and scoring read of this GPU.
+    pub fn load(&self) -> GpuLoad {
+        GpuLoad {
+            memory_total: self.memory_total,
+            memory_used: self.memory_used,
+            core_used: self.core_used,
+            counted: self.healthy && !self.legacy,
+            open: self.usable() && !self.closed,
+        }
+    }
+}
+
+/// What fitting and scoring read of one GPU ([`GpuState::load`]), packed: filter
+/// and prioritize read it for every GPU of thousands of candidate nodes per call,
+/// and the whole [`GpuState`] (names, labels, topology) is several cache lines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct GpuLoad {
+    /// Total memory in bytes.
+    pub memory_total: u64,
+    /// Memory bytes in use.
+    pub memory_used: u64,
+    /// Compute percent in use.
+    pub core_used: u64,
+    /// Healthy and not held by a device-plugin pod: counts in the node's fullness.
+    pub counted: bool,
+    /// Counted, and neither ruled out nor closed for the pod being placed.
+    pub open: bool,
+}
+
+impl GpuLoad {
     fn free_core(&self) -> u64 {
         100u64.saturating_sub(self.core_used)
     }
@@ -59,6 +89,44 @@ impl GpuState {
     fn free_memory(&self) -> u64 {
         self.memory_total.saturating_sub(self.memory_used)
     }
+}
+
+/// A node's GPUs as fitting and scoring read them, in one block: the ledger keeps
+/// it beside each node's [`NodeState`] ([`NodeLoad::of`] of it, always), so that
+/// filter and prioritize judge a node from a few cache lines ([`fits_pod_loaded`],
+/// [`score_pod_loaded`]).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct NodeLoad {
+    /// Per GPU, in the node's order.
+    pub gpus: Vec<GpuLoad>,
+    /// Some GPU is held by a sharing group: the pod's view of the node
+    /// ([`as_selected`]) needs the whole state.
+    pub grouped: bool,
+}
+
+impl NodeLoad {
+    /// The load of `node`.
+    pub fn of(node: &NodeState) -> Self {
+        let mut load = Self::default();
+        load.refresh(node);
+        load
+    }
+
+    /// Becomes the load of `node` again (after its use changed), reusing its memory.
+    pub fn refresh(&mut self, node: &NodeState) {
+        self.gpus.clear();
+        self.gpus.extend(node.gpus.iter().map(GpuState::load));
+        self.grouped = node.gpus.iter().any(|g| !g.groups.is_empty());
+    }
+}
+
+/// A node's state and its load ([`NodeLoad::of`] the state), as the ledger keeps them.
+#[derive(Debug, Clone, Copy)]
+pub struct LoadedNode<'a> {
+    /// The whole state.
+    pub state: &'a NodeState,
+    /// Its load.
+    pub load: &'a NodeLoad,
 }
 
 /// A node's GPUs.
@@ -126,7 +194,12 @@ struct Take {
 /// What `request` takes of `gpu`, when it fits. No allocation: this runs for
 /// every GPU of every candidate node.
 fn take(gpu: &GpuState, request: &GpuRequest) -> Option<Take> {
-    if !gpu.usable() || gpu.closed || gpu.memory_total == 0 {
+    take_load(&gpu.load(), request)
+}
+
+/// [`take`] from the GPU's load.
+fn take_load(gpu: &GpuLoad, request: &GpuRequest) -> Option<Take> {
+    if !gpu.open || gpu.memory_total == 0 {
         return None;
     }
     let (memory, ratio) = match request.memory {
@@ -163,12 +236,15 @@ fn to_share(gpu: &GpuState, take: Take) -> GpuShare {
 /// Whether `request` fits on `node` (cheaper than [`allocate`]: a group of
 /// `count` fitting GPUs always exists once `count` GPUs fit).
 pub fn fits(node: &NodeState, request: &GpuRequest) -> bool {
+    fits_in(node.gpus.iter().map(GpuState::load), request)
+}
+
+/// [`fits`] over the GPUs' loads.
+fn fits_in(gpus: impl Iterator<Item = GpuLoad>, request: &GpuRequest) -> bool {
     let needed = request.count as usize;
     needed > 0
-        && node
-            .gpus
-            .iter()
-            .filter(|g| take(g, request).is_some())
+        && gpus
+            .filter(|g| take_load(g, request).is_some())
             .take(needed)
             .count()
             == needed
@@ -176,6 +252,11 @@ pub fn fits(node: &NodeState, request: &GpuRequest) -> bool {
 
 /// How full the GPU would be after `take`, 0..=2 (compute + memory fractions).
 fn fullness_after(gpu: &GpuState, take: Take) -> f64 {
+    fullness_after_load(&gpu.load(), take)
+}
+
+/// [`fullness_after`] from the GPU's load.
+fn fullness_after_load(gpu: &GpuLoad, take: Take) -> f64 {
     let core = (gpu.core_used + take.core) as f64 / 100.0;
     let memory = (gpu.memory_used + take.memory) as f64 / gpu.memory_total.max(1) as f64;
     core + memory
@@ -324,24 +405,40 @@ pub fn score_request(
     node_policy: Policy,
 ) -> Option<i64> {
     if request.count == 1 {
-        let better = |a: f64, b: f64| match gpu_policy {
-            Policy::Binpack => a > b,
-            Policy::Spread => a < b,
-        };
-        let mut best: Option<(Take, f64)> = None;
-        for gpu in &node.gpus {
-            if let Some(t) = take(gpu, request) {
-                let full = fullness_after(gpu, t);
-                if best.as_ref().is_none_or(|(_, b)| better(full, *b)) {
-                    best = Some((t, full));
-                }
-            }
-        }
-        return best.map(|(t, _)| score_added(node, t.core, t.memory, node_policy));
+        return score_one(
+            || node.gpus.iter().map(GpuState::load),
+            request,
+            gpu_policy,
+            node_policy,
+        );
     }
     allocate(node, request, gpu_policy)
         .ok()
         .map(|placement| score(node, &placement, node_policy))
+}
+
+/// [`score_request`] of a one-GPU request over the GPUs' loads (`gpus` gives them
+/// afresh for each pass).
+fn score_one<I: Iterator<Item = GpuLoad>>(
+    gpus: impl Fn() -> I,
+    request: &GpuRequest,
+    gpu_policy: Policy,
+    node_policy: Policy,
+) -> Option<i64> {
+    let better = |a: f64, b: f64| match gpu_policy {
+        Policy::Binpack => a > b,
+        Policy::Spread => a < b,
+    };
+    let mut best: Option<(Take, f64)> = None;
+    for gpu in gpus() {
+        if let Some(t) = take_load(&gpu, request) {
+            let full = fullness_after_load(&gpu, t);
+            if best.as_ref().is_none_or(|(_, b)| better(full, *b)) {
+                best = Some((t, full));
+            }
+        }
+    }
+    best.map(|(t, _)| score_added_in(gpus(), t.core, t.memory, node_policy))
 }
 
 /// The extender score 0..=10 of placing `request` on `node`: binpack favours the
@@ -353,10 +450,25 @@ pub fn score(node: &NodeState, placement: &Placement, policy: Policy) -> i64 {
 }
 
 fn score_added(node: &NodeState, added_core: u64, added_memory: u64, policy: Policy) -> i64 {
+    score_added_in(
+        node.gpus.iter().map(GpuState::load),
+        added_core,
+        added_memory,
+        policy,
+    )
+}
+
+/// [`score_added`] over the GPUs' loads.
+fn score_added_in(
+    gpus: impl Iterator<Item = GpuLoad>,
+    added_core: u64,
+    added_memory: u64,
+    policy: Policy,
+) -> i64 {
     let (mut usable, mut memory_total, mut core_used, mut memory_used) =
         (0u64, 0u64, added_core, added_memory);
     // The node's fullness, whatever the pod's selection rules out.
-    for gpu in node.gpus.iter().filter(|g| g.healthy && !g.legacy) {
+    for gpu in gpus.filter(|g| g.counted) {
         usable += 1;
         memory_total += gpu.memory_total;
         core_used += gpu.core_used;
@@ -792,6 +904,50 @@ pub fn fits_pod(node: &NodeState, request: &PodGpuRequest, policy: Policy) -> bo
     match request.containers.as_slice() {
         [only] => fits(&node, &only.gpu),
         _ => allocate_pod_on(&node, request, gpu_policy_of(request, policy)).is_ok(),
+    }
+}
+
+/// The one container's request when the pod sees `node` as it is: one container,
+/// no GPU selection, no sharing group, no GPU held by a group there. Then
+/// [`as_selected`] leaves the node as it is and the node's load says all that
+/// fitting and scoring read.
+fn plain_request<'a>(node: LoadedNode<'_>, request: &'a PodGpuRequest) -> Option<&'a GpuRequest> {
+    match request.containers.as_slice() {
+        [only]
+            if request.selection.is_empty()
+                && request.sharing_group.is_none()
+                && !node.load.grouped =>
+        {
+            Some(&only.gpu)
+        }
+        _ => None,
+    }
+}
+
+/// [`fits_pod`], reading only the node's load when that says all.
+pub fn fits_pod_loaded(node: LoadedNode<'_>, request: &PodGpuRequest, policy: Policy) -> bool {
+    match plain_request(node, request) {
+        Some(gpu) => fits_in(node.load.gpus.iter().copied(), gpu),
+        None => fits_pod(node.state, request, policy),
+    }
+}
+
+/// [`score_pod`], reading only the node's load when that says all (a one-GPU
+/// request; several GPUs are chosen by topology, from the whole state).
+pub fn score_pod_loaded(
+    node: LoadedNode<'_>,
+    request: &PodGpuRequest,
+    gpu_policy: Policy,
+    node_policy: Policy,
+) -> Option<i64> {
+    match plain_request(node, request) {
+        Some(gpu) if gpu.count == 1 => score_one(
+            || node.load.gpus.iter().copied(),
+            gpu,
+            gpu_policy_of(request, gpu_policy),
+            node_policy_of(request, node_policy),
+        ),
+        _ => score_pod(node.state, request, gpu_policy, node_policy),
     }
 }
 

@@ -3,6 +3,7 @@
 //! Filter and prioritize hold the GPUs of the node they expect kube-scheduler to
 //! choose tentatively (docs/bind.md), so the next cycles see them taken.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -34,8 +35,8 @@ use crate::bind::{
     decide_rollback, rollback_patch,
 };
 use crate::core::{
-    DryRun, Policy, allocate_pod, fits_pod, gpu_victims, group_elsewhere, group_home,
-    never_fits_pod, node_victims, score_pod, selected_nowhere, unfit_reason_pod,
+    DryRun, Policy, allocate_pod, fits_pod_loaded, gpu_victims, group_elsewhere, group_home,
+    never_fits_pod, node_victims, score_pod_loaded, selected_nowhere, unfit_reason_pod,
 };
 use crate::events::BindObserver;
 use crate::leader::Leader;
@@ -61,6 +62,115 @@ pub struct NodeList {
     /// The nodes.
     #[serde(default)]
     pub items: Vec<Node>,
+}
+
+/// A node name as the HTTP path reads it: borrowed from the request body (no
+/// allocation per name; a call carries thousands), owned where JSON escapes made
+/// the text differ from the bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Name<'a>(Cow<'a, str>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for Name<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> serde::de::Visitor<'de> for Visitor<'a> {
+            type Value = Name<'a>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E: serde::de::Error>(
+                self,
+                v: &'de str,
+            ) -> Result<Self::Value, E> {
+                Ok(Name(Cow::Borrowed(v)))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(Name(Cow::Owned(v.to_owned())))
+            }
+            fn visit_string<E: serde::de::Error>(self, v: String) -> Result<Self::Value, E> {
+                Ok(Name(Cow::Owned(v)))
+            }
+        }
+        deserializer.deserialize_str(Visitor(std::marker::PhantomData))
+    }
+}
+
+/// [`ExtenderArgs`] as the HTTP path reads it, node names borrowed from the body.
+#[derive(Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct ExtenderArgsIn<'a> {
+    pod: Pod,
+    #[serde(default)]
+    nodes: Option<NodeList>,
+    #[serde(default, borrow)]
+    node_names: Option<Vec<Name<'a>>>,
+}
+
+/// The candidate names of a call: `NodeNames`, else the names of `Nodes`.
+fn candidate_names<'a>(
+    node_names: Option<Vec<Name<'a>>>,
+    nodes: Option<&NodeList>,
+) -> Vec<Name<'a>> {
+    node_names.unwrap_or_else(|| {
+        names_of(nodes)
+            .into_iter()
+            .map(|name| Name(Cow::Owned(name)))
+            .collect()
+    })
+}
+
+/// [`ExtenderFilterResult`] with the node names borrowed from the call's: written
+/// out as the same JSON, field for field.
+#[derive(Debug, Default, Serialize)]
+#[serde(rename_all = "PascalCase")]
+struct FilterAnswer<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    nodes: Option<serde_json::Value>,
+    node_names: Option<Vec<&'a str>>,
+    failed_nodes: BTreeMap<&'a str, String>,
+    failed_and_unresolvable_nodes: BTreeMap<&'a str, String>,
+    error: String,
+}
+
+impl FilterAnswer<'_> {
+    /// See [`ExtenderFilterResult::for_kube_scheduler`].
+    fn for_kube_scheduler(mut self) -> Self {
+        for reason in self
+            .failed_nodes
+            .values_mut()
+            .chain(self.failed_and_unresolvable_nodes.values_mut())
+        {
+            if reason.contains('%') {
+                *reason = reason.replace('%', " percent");
+            }
+        }
+        self
+    }
+
+    fn into_owned(self) -> ExtenderFilterResult {
+        let owned = |map: BTreeMap<&str, String>| {
+            map.into_iter()
+                .map(|(name, why)| (name.to_owned(), why))
+                .collect()
+        };
+        ExtenderFilterResult {
+            nodes: self.nodes,
+            node_names: self
+                .node_names
+                .map(|names| names.into_iter().map(str::to_owned).collect()),
+            failed_nodes: owned(self.failed_nodes),
+            failed_and_unresolvable_nodes: owned(self.failed_and_unresolvable_nodes),
+            error: self.error,
+        }
+    }
+}
+
+/// [`HostPriority`] with the host borrowed from the call's names.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "PascalCase")]
+struct HostScore<'a> {
+    host: &'a str,
+    score: i64,
 }
 
 /// `ExtenderFilterResult`.
@@ -437,20 +547,31 @@ impl Extender {
         upgraded
     }
 
-    /// `filter`. Takes the arguments by value: node names move into the answer
-    /// instead of being copied (thousands per call).
+    /// `filter`.
     pub fn filter(&self, args: ExtenderArgs) -> ExtenderFilterResult {
         let ExtenderArgs {
             pod,
             nodes,
             node_names,
         } = args;
-        let names = node_names.unwrap_or_else(|| names_of(nodes.as_ref()));
-        let request = match pod_gpu_request(&pod, &self.config.request) {
+        let node_names =
+            node_names.map(|names| names.into_iter().map(|n| Name(Cow::Owned(n))).collect());
+        let names = candidate_names(node_names, nodes.as_ref());
+        self.filter_names(&pod, nodes, &names).into_owned()
+    }
+
+    /// `filter` over `names`, the answer borrowing them.
+    fn filter_names<'n>(
+        &self,
+        pod: &Pod,
+        nodes: Option<NodeList>,
+        names: &'n [Name<'_>],
+    ) -> FilterAnswer<'n> {
+        let request = match pod_gpu_request(pod, &self.config.request) {
             Ok(Some(request)) => request,
             Ok(None) => {
-                return ExtenderFilterResult {
-                    node_names: Some(names),
+                return FilterAnswer {
+                    node_names: Some(names.iter().map(|name| name.0.as_ref()).collect()),
                     nodes: nodes.map(|n| json!(n)),
                     ..Default::default()
                 };
@@ -459,7 +580,7 @@ impl Extender {
                 // Not `Error`: that fails the whole cycle and the pod retries in a
                 // hot loop of backoffs. Unresolvable on every node, it waits for a
                 // change, and preemption evicts nothing for it.
-                let why = format!("pod {}: {error}", pod_name(&pod));
+                let why = format!("pod {}: {error}", pod_name(pod));
                 return refuse_all(names, nodes.is_some(), &why);
             }
         };
@@ -471,10 +592,10 @@ impl Extender {
         // the pod's mistake, like an invalid request: the same on every node.
         let nowhere = selected_nowhere(self.ledger().nodes(), &request.selection);
         if let Some(why) = nowhere {
-            let why = format!("pod {}: {why}", pod_name(&pod));
+            let why = format!("pod {}: {why}", pod_name(pod));
             return refuse_all(names, nodes.is_some(), &why);
         }
-        let mut result = ExtenderFilterResult::default();
+        let mut result = FilterAnswer::default();
         let mut fit = Vec::with_capacity(names.len());
         let uid = pod.metadata.uid.as_deref();
         {
@@ -487,32 +608,39 @@ impl Extender {
             });
             let home = group_home(ledger.nodes(), &request);
             for name in names {
+                let name = name.0.as_ref();
                 // A sharing group that holds a GPU on another node: unresolvable here,
                 // as no eviction here moves the group.
-                if let Some(why) = group_elsewhere(home.as_ref(), &request, &name) {
+                if let Some(why) = group_elsewhere(home.as_ref(), &request, name) {
                     result.failed_and_unresolvable_nodes.insert(name, why);
                     continue;
                 }
-                match ledger.node(&name) {
+                match ledger.loaded_node(name) {
                     None => {
                         result
                             .failed_and_unresolvable_nodes
                             .insert(name, "no Device CR: the node reports no GPUs".into());
                     }
-                    Some(node) if fits_pod(node, &request, self.config.gpu_policy) => {
+                    Some(node) if fits_pod_loaded(node, &request, self.config.gpu_policy) => {
                         fit.push(name);
                     }
                     // Never fits, even emptied: kube-scheduler's preemption must not
                     // pick it (its own dry run ignores GPU shares and would see room).
-                    Some(node) => match never_fits_pod(node, &request, self.config.gpu_policy) {
-                        Some(reason) => {
-                            result.failed_and_unresolvable_nodes.insert(name, reason);
+                    Some(loaded) => {
+                        match never_fits_pod(loaded.state, &request, self.config.gpu_policy) {
+                            Some(reason) => {
+                                result.failed_and_unresolvable_nodes.insert(name, reason);
+                            }
+                            None => {
+                                let reason = unfit_reason_pod(
+                                    loaded.state,
+                                    &request,
+                                    self.config.gpu_policy,
+                                );
+                                result.failed_nodes.insert(name, reason);
+                            }
                         }
-                        None => {
-                            let reason = unfit_reason_pod(node, &request, self.config.gpu_policy);
-                            result.failed_nodes.insert(name, reason);
-                        }
-                    },
+                    }
                 }
             }
             ledger.put_back(aside);
@@ -522,7 +650,7 @@ impl Extender {
             self.hold_tentatively(&mut self.ledger(), uid, only, &request);
         }
         if let Some(list) = nodes {
-            let keep: std::collections::HashSet<&str> = fit.iter().map(String::as_str).collect();
+            let keep: std::collections::HashSet<&str> = fit.iter().copied().collect();
             let items: Vec<Node> = list
                 .items
                 .into_iter()
@@ -542,9 +670,22 @@ impl Extender {
             nodes,
             node_names,
         } = args;
-        let names = node_names.unwrap_or_else(|| names_of(nodes.as_ref()));
+        let node_names =
+            node_names.map(|names| names.into_iter().map(|n| Name(Cow::Owned(n))).collect());
+        let names = candidate_names(node_names, nodes.as_ref());
+        self.prioritize_names(&pod, &names)
+            .into_iter()
+            .map(|scored| HostPriority {
+                host: scored.host.to_owned(),
+                score: scored.score,
+            })
+            .collect()
+    }
+
+    /// `prioritize` over `names`, the answer borrowing them.
+    fn prioritize_names<'n>(&self, pod: &Pod, names: &'n [Name<'_>]) -> Vec<HostScore<'n>> {
         // Unsynced: no preference (filter has refused every node anyway).
-        let request = pod_gpu_request(&pod, &self.config.request)
+        let request = pod_gpu_request(pod, &self.config.request)
             .ok()
             .flatten()
             .filter(|_| self.synced());
@@ -560,12 +701,13 @@ impl Extender {
             _ => None,
         };
         let mut best: Option<(i64, usize)> = None;
-        let scores: Vec<HostPriority> = names
-            .into_iter()
+        let scores: Vec<HostScore<'n>> = names
+            .iter()
             .enumerate()
             .map(|(index, host)| {
-                let score = match (&request, ledger.node(&host)) {
-                    (Some(request), Some(node)) => score_pod(
+                let host = host.0.as_ref();
+                let score = match (&request, ledger.loaded_node(host)) {
+                    (Some(request), Some(node)) => score_pod_loaded(
                         node,
                         request,
                         self.config.gpu_policy,
@@ -578,7 +720,7 @@ impl Extender {
                 {
                     best = Some((score, index));
                 }
-                HostPriority {
+                HostScore {
                     host,
                     score: score.unwrap_or(0),
                 }
@@ -587,7 +729,7 @@ impl Extender {
         // Back before any new hold: a bind's hold is never replaced by a tentative one.
         ledger.put_back(aside);
         if let (Some(request), Some(uid), Some((_, index))) = (&request, uid, best) {
-            self.hold_tentatively(&mut ledger, uid, &scores[index].host, request);
+            self.hold_tentatively(&mut ledger, uid, scores[index].host, request);
         }
         scores
     }
@@ -1068,6 +1210,25 @@ impl Extender {
         }
     }
 
+    /// `filter` from and to the wire: the node names are read in place from `body`
+    /// and written from there (see [`Name`]). The outer error is the request's.
+    fn filter_json(&self, body: &[u8]) -> serde_json::Result<serde_json::Result<Vec<u8>>> {
+        let args = serde_json::from_slice::<ExtenderArgsIn>(body)?;
+        let names = candidate_names(args.node_names, args.nodes.as_ref());
+        let answer = self.filter_names(&args.pod, args.nodes, &names);
+        Ok(encode(&answer.for_kube_scheduler(), names.len()))
+    }
+
+    /// `prioritize` from and to the wire, as [`Extender::filter_json`].
+    fn prioritize_json(&self, body: &[u8]) -> serde_json::Result<serde_json::Result<Vec<u8>>> {
+        let args = serde_json::from_slice::<ExtenderArgsIn>(body)?;
+        let names = candidate_names(args.node_names, args.nodes.as_ref());
+        Ok(encode(
+            &self.prioritize_names(&args.pod, &names),
+            names.len(),
+        ))
+    }
+
     /// Serves one HTTP request.
     pub async fn handle(&self, request: Request<Incoming>) -> Response<Full<Bytes>> {
         let (method, path) = (request.method().clone(), request.uri().path().to_owned());
@@ -1116,10 +1277,8 @@ impl Extender {
         };
         let started = Instant::now();
         let encoded = match verb(&path) {
-            "filter" => serde_json::from_slice::<ExtenderArgs>(&body)
-                .map(|args| serde_json::to_vec(&self.filter(args).for_kube_scheduler())),
-            "prioritize" => serde_json::from_slice::<ExtenderArgs>(&body)
-                .map(|args| serde_json::to_vec(&self.prioritize(args))),
+            "filter" => self.filter_json(&body),
+            "prioritize" => self.prioritize_json(&body),
             "preempt" => serde_json::from_slice::<ExtenderPreemptionArgs>(&body)
                 .map(|args| serde_json::to_vec(&self.preempt(args))),
             "bind" => match serde_json::from_slice::<ExtenderBindingArgs>(&body) {
@@ -1136,6 +1295,14 @@ impl Extender {
     }
 }
 
+/// `answer` as JSON, written into a buffer sized for `names` node names at once
+/// (not grown by doubling through a 100 KiB answer).
+fn encode<T: Serialize>(answer: &T, names: usize) -> serde_json::Result<Vec<u8>> {
+    let mut buffer = Vec::with_capacity(128 + names * 40);
+    serde_json::to_writer(&mut buffer, answer)?;
+    Ok(buffer)
+}
+
 /// The verb a request path names: its last segment (kube-scheduler sends
 /// `<urlPrefix>/<verb>`). Access checks ([`crate::transport::BindAccess`]) and routing
 /// both use it, so they never disagree about which verb a path calls.
@@ -1145,15 +1312,15 @@ pub fn verb(path: &str) -> &str {
 
 /// Every node unresolvable for `why`; no node fits (an empty list, also of
 /// nodes when kube-scheduler sent nodes rather than names).
-fn refuse_all(names: Vec<String>, sent_nodes: bool, why: &str) -> ExtenderFilterResult {
-    ExtenderFilterResult {
+fn refuse_all<'n>(names: &'n [Name<'_>], sent_nodes: bool, why: &str) -> FilterAnswer<'n> {
+    FilterAnswer {
         failed_and_unresolvable_nodes: names
-            .into_iter()
-            .map(|name| (name, why.to_owned()))
+            .iter()
+            .map(|name| (name.0.as_ref(), why.to_owned()))
             .collect(),
         node_names: Some(Vec::new()),
         nodes: sent_nodes.then(|| json!({"items": []})),
-        ..ExtenderFilterResult::default()
+        ..FilterAnswer::default()
     }
 }
 

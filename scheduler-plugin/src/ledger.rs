@@ -20,7 +20,10 @@ use tessera_api::{
     Device, DeviceAllocation, DeviceAllocations, LegacyDeviceEntry, NvlinkPeers, Quantity,
 };
 
-use crate::core::{GpuHolder, GpuShare, GpuState, NodeState, Placement, PodPlacement, account};
+use crate::core::{
+    GpuHolder, GpuShare, GpuState, LoadedNode, NodeLoad, NodeState, Placement, PodPlacement,
+    account,
+};
 
 /// A pod's use of one node.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -65,11 +68,35 @@ pub struct SetAside {
 /// Seconds an in-flight reservation holds unless told otherwise.
 pub const DEFAULT_IN_FLIGHT_TTL: u64 = 30;
 
+/// A node's GPUs with use applied and their load, which every change of them
+/// refreshes (the only way to change them is [`LedgerNode::account`]).
+#[derive(Debug)]
+struct LedgerNode {
+    /// [`NodeLoad::of`] the state.
+    load: NodeLoad,
+    state: NodeState,
+}
+
+impl LedgerNode {
+    fn new(state: NodeState) -> Self {
+        Self {
+            load: NodeLoad::of(&state),
+            state,
+        }
+    }
+
+    /// Adds or removes a placement's use ([`account`]).
+    fn account(&mut self, placement: &Placement, add: bool) {
+        account(&mut self.state, placement, add);
+        self.load.refresh(&self.state);
+    }
+}
+
 /// Per-node GPU state with every known use applied.
 #[derive(Debug, Default)]
 pub struct Ledger {
     /// Node → GPUs with use applied.
-    nodes: HashMap<String, NodeState>,
+    nodes: HashMap<String, LedgerNode>,
     /// Pod UID → its use (from its annotation).
     pods: HashMap<String, PodUse>,
     /// Node → UIDs of pods using it.
@@ -298,7 +325,7 @@ impl Ledger {
     fn remove_use(&mut self, uid: &str) {
         if let Some(old) = self.pods.remove(uid) {
             if let Some(node) = self.nodes.get_mut(&old.node) {
-                account(node, &old.placement, false);
+                node.account(&old.placement, false);
             }
             if let Some(set) = self.by_node.get_mut(&old.node) {
                 set.remove(uid);
@@ -309,7 +336,7 @@ impl Ledger {
     fn remove_reservation(&mut self, uid: &str) -> Option<Reservation> {
         let reservation = self.reservations.remove(uid)?;
         if let Some(node) = self.nodes.get_mut(&reservation.node) {
-            account(node, &reservation.placement, false);
+            node.account(&reservation.placement, false);
         }
         Some(reservation)
     }
@@ -333,7 +360,7 @@ impl Ledger {
         for reservation in self.reservations.values().filter(|r| r.node == name) {
             account(&mut node, &reservation.placement, true);
         }
-        self.nodes.insert(name.clone(), node);
+        self.nodes.insert(name.clone(), LedgerNode::new(node));
         self.legacy_pods
             .insert(name.clone(), legacy_pod_uids(device));
         // Unbound annotated pods seen before this node's GPUs: in flight here now.
@@ -355,8 +382,8 @@ impl Ledger {
         let first = &allocations.gpus().first()?.id;
         self.nodes
             .values()
-            .find(|node| node.gpus.iter().any(|gpu| &gpu.uuid == first))
-            .map(|node| node.name.as_str())
+            .find(|node| node.state.gpus.iter().any(|gpu| &gpu.uuid == first))
+            .map(|node| node.state.name.as_str())
     }
 
     /// An annotated pod that is not bound: its GPUs are in flight (its bind may be
@@ -377,7 +404,7 @@ impl Ledger {
         let gpus = self
             .nodes
             .get(&node)
-            .map(|n| n.gpus.clone())
+            .map(|n| n.state.gpus.clone())
             .unwrap_or_default();
         let placement = placement_of(allocations, &gpus);
         let ttl = match self.in_flight_ttl {
@@ -446,11 +473,11 @@ impl Ledger {
         let gpus = self
             .nodes
             .get(node_name)
-            .map(|n| n.gpus.clone())
+            .map(|n| n.state.gpus.clone())
             .unwrap_or_default();
         let placement = placement_of(&allocations, &gpus);
         if let Some(node) = self.nodes.get_mut(node_name) {
-            account(node, &placement, true);
+            node.account(&placement, true);
         }
         self.by_node
             .entry(node_name.to_owned())
@@ -510,12 +537,21 @@ impl Ledger {
 
     /// The node's GPUs with all use applied, in flight included.
     pub fn node(&self, name: &str) -> Option<&NodeState> {
-        self.nodes.get(name)
+        self.nodes.get(name).map(|node| &node.state)
+    }
+
+    /// The node's GPUs with all use applied, and their load (what filter and
+    /// prioritize read of each candidate node), in one lookup.
+    pub fn loaded_node(&self, name: &str) -> Option<LoadedNode<'_>> {
+        self.nodes.get(name).map(|node| LoadedNode {
+            state: &node.state,
+            load: &node.load,
+        })
     }
 
     /// Every node with a Device CR.
     pub fn nodes(&self) -> impl Iterator<Item = &NodeState> {
-        self.nodes.values()
+        self.nodes.values().map(|node| &node.state)
     }
 
     /// Holds `placement` on `node` for pod `uid` tentatively: filter or prioritize
@@ -536,7 +572,7 @@ impl Ledger {
             return false;
         }
         if let Some(state) = self.nodes.get_mut(node) {
-            account(state, &placement, true);
+            state.account(&placement, true);
         }
         self.reservations.insert(
             uid.to_owned(),
@@ -581,7 +617,7 @@ impl Ledger {
         };
         self.remove_reservation(&uid);
         if let Some(node) = self.nodes.get_mut(&reservation.node) {
-            account(node, &reservation.placement, true);
+            node.account(&reservation.placement, true);
         }
         self.reservations.insert(uid, reservation);
     }
@@ -610,7 +646,7 @@ impl Ledger {
     pub fn reserve(&mut self, uid: &str, node: &str, placement: Placement, expires_at: u64) {
         self.remove_reservation(uid);
         if let Some(state) = self.nodes.get_mut(node) {
-            account(state, &placement, true);
+            state.account(&placement, true);
         }
         self.reservations.insert(
             uid.to_owned(),
@@ -1146,5 +1182,50 @@ mod tests {
             assert_eq!(gpus[0].1.gpu_core(), Some(25));
         }
         assert!(parsed.gpus_of_container("sidecar").is_empty());
+    }
+
+    /// Every node's load is the load of its state, after every kind of change:
+    /// filter and prioritize read only the load of most nodes.
+    #[test]
+    fn loads_follow_every_change() {
+        const GROUP_1: &str = r#"{"gpu":[{"minor":1,"id":"GPU-1","resources":{"koordinator.sh/gpu-core":25,"koordinator.sh/gpu-memory-ratio":25},"extension":{"sharingGroup":"g"}}]}"#;
+        let current = |ledger: &Ledger| {
+            for (name, node) in &ledger.nodes {
+                assert_eq!(node.load, NodeLoad::of(&node.state), "node {name}");
+            }
+            ledger.loaded_node("n1").map(|n| n.load.clone())
+        };
+        let mut ledger = Ledger::default();
+        ledger.set_in_flight_ttl(5);
+        ledger.apply_pod(&pod("early", None, Some(HALF_0), "Pending"));
+        ledger.apply_device(&device("n1", 2, &["GPU-1"]));
+        let empty_but_early = current(&ledger).expect("n1");
+        assert_eq!(empty_but_early.gpus[0].core_used, 50);
+        assert!(
+            !empty_but_early.gpus[1].counted,
+            "GPU-1 is held by the device plugin"
+        );
+        ledger.apply_pod(&pod("p1", Some("n1"), Some(HALF_0), "Running"));
+        assert_eq!(current(&ledger).expect("n1").gpus[0].core_used, 100);
+        ledger.apply_device(&device("n1", 2, &[]));
+        ledger.apply_pod(&pod("g", Some("n1"), Some(GROUP_1), "Running"));
+        assert!(current(&ledger).expect("n1").grouped);
+        let half = half_of_gpu0(&ledger);
+        ledger.reserve_tentative("t", "n1", half.clone(), 10);
+        current(&ledger);
+        ledger.reserve("b", "n1", half.clone(), 10);
+        let aside = ledger.set_aside("b");
+        assert_eq!(current(&ledger).expect("n1").gpus[0].core_used, 150);
+        ledger.put_back(aside);
+        current(&ledger);
+        assert!(ledger.release_tentative("t"));
+        assert_eq!(ledger.expire(10), 2, "b and the early pod");
+        current(&ledger);
+        ledger.delete_pod("g");
+        assert!(!current(&ledger).expect("n1").grouped);
+        ledger.retain_pods(&std::collections::HashSet::new());
+        assert_eq!(current(&ledger).expect("n1").gpus[0].core_used, 0);
+        ledger.delete_device("n1");
+        assert_eq!(current(&ledger), None);
     }
 }

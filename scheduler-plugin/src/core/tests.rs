@@ -834,3 +834,76 @@ fn a_full_group_waits_for_its_own_gpu() {
     let plain = pod(&[("main", ContainerRole::App, half)]);
     assert_eq!(group_elsewhere(home.as_ref(), &plain, "m"), None);
 }
+
+// === The load: what filter and prioritize read of each candidate node ===
+
+fn any_gpu(i: u32) -> impl Strategy<Value = GpuState> {
+    (
+        (
+            any::<bool>(),
+            any::<bool>(),
+            prop_oneof![Just(0u64), Just(16384u64), Just(81920u64)],
+        ),
+        (0u64..=120, 0u64..=100),
+        proptest::option::of(prop_oneof![Just("a"), Just("b")]),
+        proptest::option::of(prop_oneof![Just("A100"), Just("T4")]),
+    )
+        .prop_map(
+            move |((healthy, legacy, total_mib), (core_used, used_percent), group, model)| {
+                let mut g = gpu(i, total_mib, total_mib);
+                g.healthy = healthy || i == 0;
+                g.legacy = legacy && i > 0;
+                g.core_used = core_used;
+                g.memory_used = g.memory_total / 100 * used_percent;
+                if let Some(group) = group {
+                    g.groups.insert(group.to_owned(), 1);
+                }
+                match model {
+                    Some(model) => of_model(g, model),
+                    None => g,
+                }
+            },
+        )
+}
+
+fn any_node() -> impl Strategy<Value = NodeState> {
+    (1u32..=8).prop_flat_map(|count| {
+        (0..count)
+            .map(any_gpu)
+            .collect::<Vec<_>>()
+            .prop_map(|gpus| node("n", gpus))
+    })
+}
+
+fn any_pod_request() -> impl Strategy<Value = PodGpuRequest> {
+    prop_oneof![
+        4 => container_request().prop_map(|gpu| pod(&[("main", ContainerRole::App, gpu)])),
+        1 => pod_request(),
+        1 => container_request().prop_map(|gpu| in_group("a", gpu)),
+        1 => container_request().prop_map(|gpu| with_rules(&[("nvidia.com/use-gputype", "A100")], gpu)),
+    ]
+}
+
+proptest! {
+    /// Filter and prioritize judge a node from its load ([`NodeLoad`]) where that
+    /// says all, else from the whole state: the answer is the same either way, for
+    /// any health, use, sharing group, selection, count and policy.
+    #[test]
+    fn the_load_judges_a_node_as_its_state_does(
+        n in any_node(),
+        request in any_pod_request(),
+        gpu_policy in prop_oneof![Just(Policy::Binpack), Just(Policy::Spread)],
+        node_policy in prop_oneof![Just(Policy::Binpack), Just(Policy::Spread)],
+    ) {
+        let load = NodeLoad::of(&n);
+        let loaded = LoadedNode { state: &n, load: &load };
+        prop_assert_eq!(
+            fits_pod_loaded(loaded, &request, gpu_policy),
+            fits_pod(&n, &request, gpu_policy)
+        );
+        prop_assert_eq!(
+            score_pod_loaded(loaded, &request, gpu_policy, node_policy),
+            score_pod(&n, &request, gpu_policy, node_policy)
+        );
+    }
+}

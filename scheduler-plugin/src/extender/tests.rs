@@ -551,3 +551,81 @@ fn reasons_reach_kube_scheduler_without_printf_verbs() {
         "never fits: 100 percent compute and 20 percent memory"
     );
 }
+
+/// The HTTP path reads node names in place from the request and writes answers
+/// that borrow them: byte for byte the JSON of the public answer types, for every
+/// kind of answer, also when JSON escapes spell a name (`n\u0031` is `n1`) and
+/// when kube-scheduler sends whole nodes.
+#[test]
+fn the_wire_path_answers_as_the_public_types_do() {
+    let extender = extender(&[
+        device("n1", &[(16, true), (16, true)], &[]),
+        device("busy", &[(16, true)], &[]),
+        device("small", &[(4, true)], &[]),
+    ]);
+    occupy(&extender, "busy", 0, 100, 16);
+    let half = one_container(
+        json!({"koordinator.sh/gpu-core": "50", "koordinator.sh/gpu-memory-ratio": "50"}),
+    );
+    let big = one_container(json!({"koordinator.sh/gpu-memory": "8Gi"}));
+    let plain = pod(json!([{"name": "main", "image": "x"}]));
+    let invalid = one_container(json!({"koordinator.sh/gpu-core": "150"}));
+    let names = ["n1", "busy", "small", "gone", "n1"];
+    let mut bodies: Vec<String> = [&half, &big, &plain, &invalid]
+        .into_iter()
+        .map(|pod| json!({"Pod": pod, "NodeNames": names}).to_string())
+        .collect();
+    bodies.push(json!({"Pod": half, "Nodes": {"items": [{"metadata": {"name": "n1"}}, {"metadata": {"name": "busy"}}]}}).to_string());
+    // `"n1"` spelt with an escape, twice: names that cannot be borrowed.
+    bodies.push(
+        bodies[0]
+            .replace(r#"["n1""#, r#"["n\u0031""#)
+            .replace(r#","n1"]"#, r#","\u006e1"]"#),
+    );
+    assert!(bodies[5].contains(r"\u0031") && bodies[5].contains(r"\u006e"));
+    for body in &bodies {
+        let args: ExtenderArgs = serde_json::from_str(body).expect("args");
+        let filtered = extender.filter(args.clone()).for_kube_scheduler();
+        let wire = extender
+            .filter_json(body.as_bytes())
+            .expect("valid")
+            .expect("encoded");
+        assert_eq!(
+            String::from_utf8(wire).expect("utf-8"),
+            serde_json::to_string(&filtered).expect("json"),
+            "filter {body}"
+        );
+        let scores = extender.prioritize(args);
+        let wire = extender
+            .prioritize_json(body.as_bytes())
+            .expect("valid")
+            .expect("encoded");
+        assert_eq!(
+            String::from_utf8(wire).expect("utf-8"),
+            serde_json::to_string(&scores).expect("json"),
+            "prioritize {body}"
+        );
+    }
+    // The escaped names were read as `n1`: it fits, and scores.
+    let filtered: ExtenderFilterResult = serde_json::from_slice(
+        &extender
+            .filter_json(bodies[5].as_bytes())
+            .expect("valid")
+            .expect("encoded"),
+    )
+    .expect("answer");
+    assert_eq!(
+        filtered.node_names,
+        Some(vec!["n1".to_owned(), "small".to_owned(), "n1".to_owned()])
+    );
+    assert!(filtered.failed_nodes.contains_key("busy"), "{filtered:?}");
+    assert!(
+        filtered.failed_and_unresolvable_nodes.contains_key("gone"),
+        "{filtered:?}"
+    );
+    // A name that is no string is refused as the public type refuses it.
+    let bad = json!({"Pod": half, "NodeNames": ["n1", 7]}).to_string();
+    let wire_error = extender.filter_json(bad.as_bytes()).expect_err("invalid");
+    let public_error = serde_json::from_str::<ExtenderArgs>(&bad).expect_err("invalid");
+    assert_eq!(wire_error.to_string(), public_error.to_string());
+}
