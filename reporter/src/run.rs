@@ -272,6 +272,66 @@ mod tests {
         }
     }
 
+    /// The XID sender of a running loop, and what stops it.
+    type Running = (
+        tokio::sync::mpsc::UnboundedSender<XidEvent>,
+        tokio::sync::oneshot::Sender<()>,
+    );
+
+    /// Copies kubelet's checkpoint fixture (one device-plugin GPU, held by pod
+    /// [`LEGACY_UID`]) into `dir`, and gives `api` the node `gpu-node-1` and that pod;
+    /// returns the checkpoint's path.
+    fn legacy_node(api: &ApiServer, dir: &Path) -> PathBuf {
+        let checkpoint = dir.join("kubelet_internal_checkpoint");
+        std::fs::copy(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../../shared/fixtures/kubelet-checkpoint/one-gpu-numa0.json"),
+            &checkpoint,
+        )
+        .expect("checkpoint fixture");
+        api.insert(
+            "v1",
+            "nodes",
+            json!({"apiVersion":"v1","kind":"Node","metadata":{"name":"gpu-node-1"},"status":{"capacity":{"cpu":"8"}}}),
+        );
+        api.insert(
+            "v1",
+            "pods",
+            json!({"apiVersion":"v1","kind":"Pod","metadata":{"name":"legacy","namespace":"default","uid":LEGACY_UID},
+                "spec":{"nodeName":"gpu-node-1","containers":[{"name":"app","image":"x"}]}}),
+        );
+        checkpoint
+    }
+
+    /// Spawns the loop for `node` on `api` over [`TwoGpus`], recording into `metrics`
+    /// and sending Events to `events`.
+    fn spawn_loop(
+        api: &ApiServer,
+        node: &str,
+        config: LoopConfig,
+        metrics: Arc<ReporterMetrics>,
+        events: GpuEvents,
+    ) -> Running {
+        let (xid_tx, xid_rx) = tokio::sync::mpsc::unbounded_channel();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let publisher = Publisher::new(api.client().expect("client"), node);
+        tokio::spawn(async move {
+            run_with_metrics(
+                Arc::new(TwoGpus),
+                publisher,
+                config,
+                &metrics,
+                events,
+                xid_rx,
+                async move {
+                    let _ = stopped.await;
+                },
+            )
+            .await;
+        });
+        (xid_tx, stop)
+    }
+
     /// Runs the loop for `node` with its metrics served on a loopback port; returns
     /// the port, the XID sender, and what stops it.
     async fn start(
@@ -288,8 +348,6 @@ mod tests {
             .serve("127.0.0.1:0".parse().expect("addr"))
             .await
             .expect("metrics endpoint");
-        let (xid_tx, xid_rx) = tokio::sync::mpsc::unbounded_channel();
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let config = LoopConfig {
             checkpoint,
             legacy_resources: vec!["nvidia.com/gpu".into()],
@@ -302,22 +360,8 @@ mod tests {
             },
             recovery_after: Duration::from_secs(3600),
         };
-        let publisher = Publisher::new(api.client().expect("client"), node);
-        tokio::spawn(async move {
-            run_with_metrics(
-                Arc::new(TwoGpus),
-                publisher,
-                config,
-                &metrics,
-                GpuEvents::none(),
-                xid_rx,
-                async move {
-                    let _ = stopped.await;
-                },
-            )
-            .await;
-        });
-        (addr, xid_tx, stop)
+        let (xids, stop) = spawn_loop(api, node, config, metrics, GpuEvents::none());
+        (addr, xids, stop)
     }
 
     /// Scrapes until every line is there; returns the last scrape.
@@ -338,25 +382,8 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn metrics_endpoint_shows_publishes_gpus_legacy_pods_and_xids() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let checkpoint = dir.path().join("kubelet_internal_checkpoint");
-        std::fs::copy(
-            Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../../shared/fixtures/kubelet-checkpoint/one-gpu-numa0.json"),
-            &checkpoint,
-        )
-        .expect("checkpoint fixture");
         let api = ApiServer::start().await.expect("api server");
-        api.insert(
-            "v1",
-            "nodes",
-            json!({"apiVersion":"v1","kind":"Node","metadata":{"name":"gpu-node-1"},"status":{"capacity":{"cpu":"8"}}}),
-        );
-        api.insert(
-            "v1",
-            "pods",
-            json!({"apiVersion":"v1","kind":"Pod","metadata":{"name":"legacy","namespace":"default","uid":LEGACY_UID},
-                "spec":{"nodeName":"gpu-node-1","containers":[{"name":"app","image":"x"}]}}),
-        );
+        let checkpoint = legacy_node(&api, dir.path());
 
         let (addr, xids, stop) = start(&api, "gpu-node-1", checkpoint.clone()).await;
         let (head, body) = scrape_until(
@@ -440,52 +467,17 @@ mod tests {
         tokio::sync::mpsc::UnboundedSender<XidEvent>,
         tokio::sync::oneshot::Sender<()>,
     ) {
-        let checkpoint = dir.join("kubelet_internal_checkpoint");
-        std::fs::copy(
-            Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../../shared/fixtures/kubelet-checkpoint/one-gpu-numa0.json"),
-            &checkpoint,
-        )
-        .expect("checkpoint fixture");
-        api.insert(
-            "v1",
-            "nodes",
-            json!({"apiVersion":"v1","kind":"Node","metadata":{"name":"gpu-node-1"},"status":{"capacity":{"cpu":"8"}}}),
-        );
-        api.insert(
-            "v1",
-            "pods",
-            json!({"apiVersion":"v1","kind":"Pod","metadata":{"name":"legacy","namespace":"default","uid":LEGACY_UID},
-                "spec":{"nodeName":"gpu-node-1","containers":[{"name":"app","image":"x"}]}}),
-        );
-        let metrics = Arc::new(ReporterMetrics::default());
-        let (xid_tx, xid_rx) = tokio::sync::mpsc::unbounded_channel();
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let config = LoopConfig {
-            checkpoint,
+            checkpoint: legacy_node(api, dir),
             legacy_resources: vec!["nvidia.com/gpu".into()],
             interval: Duration::from_secs(3600),
             checkpoint_poll: Duration::from_millis(20),
             capacity: CapacityOptions::default(),
             recovery_after,
         };
-        let publisher = Publisher::new(api.client().expect("client"), "gpu-node-1");
-        let loop_metrics = Arc::clone(&metrics);
-        tokio::spawn(async move {
-            run_with_metrics(
-                Arc::new(TwoGpus),
-                publisher,
-                config,
-                &loop_metrics,
-                events,
-                xid_rx,
-                async move {
-                    let _ = stopped.await;
-                },
-            )
-            .await;
-        });
-        (metrics, xid_tx, stop)
+        let metrics = Arc::new(ReporterMetrics::default());
+        let (xids, stop) = spawn_loop(api, "gpu-node-1", config, Arc::clone(&metrics), events);
+        (metrics, xids, stop)
     }
 
     /// Records what it is given.
