@@ -42,28 +42,23 @@ const WEBHOOK_NAME: &str = "tessera-harness-slow-binding";
 /// fills every GPU is placed whole, nothing double-booked.
 pub async fn two_replicas(cluster: &mut Cluster) -> anyhow::Result<()> {
     let names = pod_names("replicas", 8);
-    cluster.start_extender_replica().await?;
-    wait_ready_http(EXTENDER_REPLICA_PORT, Duration::from_secs(60)).await?;
-    wait_leader(cluster, FIRST, Duration::from_secs(40)).await?;
+    start_second_replica(cluster).await?;
     let outcome = async {
-        cluster
-            .set_extender(&format!("http://127.0.0.1:{EXTENDER_REPLICA_PORT}"), None)
-            .await?;
-        burst(cluster, "replicas", 8, 50).await?;
+        call_follower(cluster).await?;
+        burst(cluster, &names, 50).await?;
         settle(cluster, &names, Duration::from_secs(120)).await?;
         check_books(cluster, &names).await?;
         // Only the leader binds: the follower placed nothing itself.
-        ensure!(
-            leader(cluster).await?.as_deref() == Some(FIRST),
-            "the Lease changed hands during the burst: {:?}",
-            leader(cluster).await?
-        );
-        Ok(())
+        ensure_leader(cluster, FIRST, "the Lease changed hands during the burst").await
     }
     .await;
-    let deleted = delete_all(cluster, &names).await;
-    let restored = back_to_one_replica(cluster, false).await;
-    outcome.and(deleted).and(restored)
+    clean_up(
+        cluster,
+        &names,
+        outcome,
+        Replicas::Two { first_died: false },
+    )
+    .await
 }
 
 /// Every Binding waits 3 to 6 s on a real validating webhook: kube-scheduler's
@@ -73,15 +68,13 @@ pub async fn slow_binding(cluster: &mut Cluster) -> anyhow::Result<()> {
     let webhook = install_webhook(cluster, "slow-binding", 3..6).await?;
     let names = pod_names("slowbind", 6);
     let outcome = async {
-        burst(cluster, "slowbind", 6, 50).await?;
+        burst(cluster, &names, 50).await?;
         settle(cluster, &names, Duration::from_secs(120)).await?;
         check_books(cluster, &names).await?;
         reviewed_each(&webhook, &names)
     }
     .await;
-    let removed = remove_webhook(cluster).await;
-    let deleted = delete_all(cluster, &names).await;
-    outcome.and(removed).and(deleted)
+    clean_up(cluster, &names, outcome, Replicas::One).await
 }
 
 /// The leader is SIGKILLed while its Bindings wait on the slow webhook, after it
@@ -90,34 +83,23 @@ pub async fn slow_binding(cluster: &mut Cluster) -> anyhow::Result<()> {
 /// GPUs; none runs with GPUs its annotation does not name, none over 100%.
 pub async fn leader_killed_mid_bind(cluster: &mut Cluster) -> anyhow::Result<()> {
     let names = pod_names("killed", 6);
-    cluster.start_extender_replica().await?;
-    wait_ready_http(EXTENDER_REPLICA_PORT, Duration::from_secs(60)).await?;
-    wait_leader(cluster, FIRST, Duration::from_secs(40)).await?;
+    start_second_replica(cluster).await?;
     let outcome = async {
-        cluster
-            .set_extender(&format!("http://127.0.0.1:{EXTENDER_REPLICA_PORT}"), None)
-            .await?;
+        call_follower(cluster).await?;
         let webhook = install_webhook(cluster, "leader-killed", 5..7).await?;
-        burst(cluster, "killed", 6, 50).await?;
+        burst(cluster, &names, 50).await?;
         // The window: annotated by the leader, Binding held by the webhook.
         let caught = wait_annotated_unbound(cluster, &names, Duration::from_secs(60)).await?;
         cluster.kill(Component::Extender)?;
         println!("    leader {FIRST} SIGKILLed while {caught} waited on its Binding");
         settle(cluster, &names, Duration::from_secs(150)).await?;
         check_books(cluster, &names).await?;
-        ensure!(
-            leader(cluster).await?.as_deref() == Some(SECOND),
-            "after the leader's death the Lease is held by {:?}, want {SECOND}",
-            leader(cluster).await?
-        );
+        ensure_leader(cluster, SECOND, "after the leader's death").await?;
         drop(webhook);
         Ok(())
     }
     .await;
-    let removed = remove_webhook(cluster).await;
-    let deleted = delete_all(cluster, &names).await;
-    let restored = back_to_one_replica(cluster, true).await;
-    outcome.and(removed).and(deleted).and(restored)
+    clean_up(cluster, &names, outcome, Replicas::Two { first_died: true }).await
 }
 
 /// kube-apiserver crashes and restarts during a burst whose Bindings wait on the
@@ -130,9 +112,7 @@ pub async fn relist_during_binds(cluster: &mut Cluster) -> anyhow::Result<()> {
     let relists_before = relist_count(cluster);
     let names = pod_names("relist", 8);
     let outcome = relist_outcome(cluster, &names, relists_before).await;
-    let removed = remove_webhook(cluster).await;
-    let deleted = delete_all(cluster, &names).await;
-    outcome.and(removed).and(deleted)
+    clean_up(cluster, &names, outcome, Replicas::One).await
 }
 
 async fn relist_outcome(
@@ -142,7 +122,7 @@ async fn relist_outcome(
 ) -> anyhow::Result<()> {
     // Binds held 2 to 4 s by the webhook, so the crash lands while they go on.
     let _webhook = install_webhook(cluster, "relist", 2..4).await?;
-    burst(cluster, "relist", names.len(), 50).await?;
+    burst(cluster, names, 50).await?;
     let caught = wait_annotated_unbound(cluster, names, Duration::from_secs(60)).await?;
     let pending = pending_count(cluster, names).await?;
     println!(
@@ -170,16 +150,14 @@ async fn relist_outcome(
 pub async fn restart_during_burst(cluster: &mut Cluster) -> anyhow::Result<()> {
     let names = pod_names("restart", 12);
     let outcome = restart_outcome(cluster, &names).await;
-    let removed = remove_webhook(cluster).await;
-    let deleted = delete_all(cluster, &names).await;
-    outcome.and(removed).and(deleted)
+    clean_up(cluster, &names, outcome, Replicas::One).await
 }
 
 async fn restart_outcome(cluster: &mut Cluster, names: &[String]) -> anyhow::Result<()> {
     // Binds held 2 to 4 s by the webhook: the burst is still pending, some of it
     // mid-bind, when SIGTERM arrives.
     let _webhook = install_webhook(cluster, "restart", 2..4).await?;
-    burst(cluster, "restart", names.len(), 30).await?;
+    burst(cluster, names, 30).await?;
     wait_annotated_unbound(cluster, names, Duration::from_secs(60)).await?;
     let pending = pending_count(cluster, names).await?;
     cluster
@@ -258,16 +236,52 @@ fn reviewed_each(webhook: &SlowWebhook, names: &[String]) -> anyhow::Result<()> 
     Ok(())
 }
 
+// === set-up and clean-up ===
+
+/// The extender replicas a scenario ran.
+enum Replicas {
+    /// The first only, as every scenario starts.
+    One,
+    /// Both (see [`start_second_replica`]); `first_died`: the first was killed.
+    Two { first_died: bool },
+}
+
+/// Starts the second replica and waits until it is ready and the first leads.
+async fn start_second_replica(cluster: &mut Cluster) -> anyhow::Result<()> {
+    cluster.start_extender_replica().await?;
+    wait_ready_http(EXTENDER_REPLICA_PORT, Duration::from_secs(60)).await?;
+    wait_leader(cluster, FIRST, Duration::from_secs(40)).await
+}
+
+/// Points kube-scheduler at the second replica, the follower.
+async fn call_follower(cluster: &mut Cluster) -> anyhow::Result<()> {
+    cluster
+        .set_extender(&format!("http://127.0.0.1:{EXTENDER_REPLICA_PORT}"), None)
+        .await
+}
+
+/// Undoes a scenario whatever its `outcome`: the slow webhook's registration (none
+/// is fine), the pods `names`, and with [`Replicas::Two`] the second replica. The
+/// scenario's error comes first, then the clean-up's.
+async fn clean_up(
+    cluster: &mut Cluster,
+    names: &[String],
+    outcome: anyhow::Result<()>,
+    replicas: Replicas,
+) -> anyhow::Result<()> {
+    let removed = remove_webhook(cluster).await;
+    let deleted = delete_all(cluster, names).await;
+    let restored = match replicas {
+        Replicas::One => Ok(()),
+        Replicas::Two { first_died } => back_to_one_replica(cluster, first_died).await,
+    };
+    outcome.and(removed).and(deleted).and(restored)
+}
+
 // === steps ===
 
-/// Creates `n` pods `<prefix>-<i>` of `koordinator.sh/gpu: share`, all at once.
-async fn burst(
-    cluster: &Cluster,
-    prefix: &str,
-    n: usize,
-    share: u32,
-) -> anyhow::Result<Vec<String>> {
-    let names = pod_names(prefix, n);
+/// Creates the pods `names` of `koordinator.sh/gpu: share`, all at once.
+async fn burst(cluster: &Cluster, names: &[String], share: u32) -> anyhow::Result<()> {
     let creates = names.iter().map(|name| {
         create_one(
             cluster,
@@ -278,7 +292,7 @@ async fn burst(
     for created in futures_util::future::join_all(creates).await {
         created?;
     }
-    Ok(names)
+    Ok(())
 }
 
 /// `<prefix>-0` … `<prefix>-<n-1>`.
@@ -390,6 +404,16 @@ async fn leader(cluster: &Cluster) -> anyhow::Result<Option<String>> {
         .and_then(|l| l.spec)
         .and_then(|s| s.holder_identity)
         .filter(|h| !h.is_empty()))
+}
+
+/// Fails unless `want` holds the Lease, saying `when`.
+async fn ensure_leader(cluster: &Cluster, want: &str, when: &str) -> anyhow::Result<()> {
+    let holder = leader(cluster).await?;
+    ensure!(
+        holder.as_deref() == Some(want),
+        "{when}: the Lease is held by {holder:?}, want {want}"
+    );
+    Ok(())
 }
 
 async fn wait_leader(cluster: &Cluster, want: &str, timeout: Duration) -> anyhow::Result<()> {
