@@ -102,6 +102,37 @@ pub struct NodeLoad {
     /// Some GPU is held by a sharing group: the pod's view of the node
     /// ([`as_selected`]) needs the whole state.
     pub grouped: bool,
+    /// Every GPU has this much memory: a one-GPU share then takes the same of
+    /// whichever GPU the policy picks, and so scores the same.
+    pub same_memory: Option<u64>,
+    /// The node's fullness as scoring counts it.
+    pub fullness: Fullness,
+}
+
+/// Sums over a node's counted GPUs ([`GpuLoad::counted`]): what scoring reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Fullness {
+    /// How many GPUs count.
+    pub gpus: u64,
+    /// Their memory, bytes.
+    pub memory_total: u64,
+    /// Their compute in use, percent.
+    pub core_used: u64,
+    /// Their memory in use, bytes.
+    pub memory_used: u64,
+}
+
+impl Fullness {
+    fn of(gpus: impl Iterator<Item = GpuLoad>) -> Self {
+        let mut sums = Self::default();
+        for gpu in gpus.filter(|g| g.counted) {
+            sums.gpus += 1;
+            sums.memory_total += gpu.memory_total;
+            sums.core_used += gpu.core_used;
+            sums.memory_used += gpu.memory_used;
+        }
+        sums
+    }
 }
 
 impl NodeLoad {
@@ -117,6 +148,13 @@ impl NodeLoad {
         self.gpus.clear();
         self.gpus.extend(node.gpus.iter().map(GpuState::load));
         self.grouped = node.gpus.iter().any(|g| !g.groups.is_empty());
+        self.same_memory = match node.gpus.split_first() {
+            Some((first, rest)) if rest.iter().all(|g| g.memory_total == first.memory_total) => {
+                Some(first.memory_total)
+            }
+            _ => None,
+        };
+        self.fullness = Fullness::of(self.gpus.iter().copied());
     }
 }
 
@@ -465,19 +503,19 @@ fn score_added_in(
     added_memory: u64,
     policy: Policy,
 ) -> i64 {
-    let (mut usable, mut memory_total, mut core_used, mut memory_used) =
-        (0u64, 0u64, added_core, added_memory);
     // The node's fullness, whatever the pod's selection rules out.
-    for gpu in gpus.filter(|g| g.counted) {
-        usable += 1;
-        memory_total += gpu.memory_total;
-        core_used += gpu.core_used;
-        memory_used += gpu.memory_used;
-    }
-    if usable == 0 {
+    score_fullness(Fullness::of(gpus), added_core, added_memory, policy)
+}
+
+/// [`score_added`] from the node's [`Fullness`].
+fn score_fullness(sums: Fullness, added_core: u64, added_memory: u64, policy: Policy) -> i64 {
+    let memory_total = sums.memory_total;
+    let core_used = added_core + sums.core_used;
+    let memory_used = added_memory + sums.memory_used;
+    if sums.gpus == 0 {
         return 0;
     }
-    let core_total = 100 * usable;
+    let core_total = 100 * sums.gpus;
     let fullness = (core_used as f64 / core_total as f64
         + memory_used as f64 / memory_total.max(1) as f64)
         / 2.0;
@@ -941,14 +979,41 @@ pub fn score_pod_loaded(
     node_policy: Policy,
 ) -> Option<i64> {
     match plain_request(node, request) {
-        Some(gpu) if gpu.count == 1 => score_one(
-            || node.load.gpus.iter().copied(),
+        Some(gpu) if gpu.count == 1 => score_one_loaded(
+            node.load,
             gpu,
             gpu_policy_of(request, gpu_policy),
             node_policy_of(request, node_policy),
         ),
         _ => score_pod(node.state, request, gpu_policy, node_policy),
     }
+}
+
+/// [`score_one`] from the node's load. The score counts what the pod takes of
+/// the GPU the policy picks: its compute, and its memory, which is the same on
+/// every GPU unless it is a ratio of GPUs of different sizes. When it is the same,
+/// any GPU that fits scores as the picked one would, and the node's sums say the
+/// rest: no GPU is read beyond the first that fits.
+fn score_one_loaded(
+    load: &NodeLoad,
+    request: &GpuRequest,
+    gpu_policy: Policy,
+    node_policy: Policy,
+) -> Option<i64> {
+    let same_take = match request.memory {
+        GpuMemory::None | GpuMemory::Bytes(_) => true,
+        GpuMemory::Ratio(_) => load.same_memory.is_some(),
+    };
+    if !same_take {
+        return score_one(
+            || load.gpus.iter().copied(),
+            request,
+            gpu_policy,
+            node_policy,
+        );
+    }
+    let t = load.gpus.iter().find_map(|gpu| take_load(gpu, request))?;
+    Some(score_fullness(load.fullness, t.core, t.memory, node_policy))
 }
 
 /// Why the pod does not fit on `node`, naming the container that does not.

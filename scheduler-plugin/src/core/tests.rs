@@ -884,7 +884,41 @@ fn any_pod_request() -> impl Strategy<Value = PodGpuRequest> {
     ]
 }
 
+/// A memory ratio takes more of a bigger GPU: the score is that of the GPU the
+/// policy picks (binpack: the 80 GiB one, fuller), not of the first that fits.
+#[test]
+fn a_ratio_on_gpus_of_different_sizes_scores_the_gpu_the_policy_picks() {
+    let mut big = gpu(1, 81920, 81920);
+    big.core_used = 40;
+    let n = node("n", vec![gpu(0, 16384, 16384), big]);
+    let request = pod(&[(
+        "main",
+        ContainerRole::App,
+        GpuRequest {
+            count: 1,
+            core: 10,
+            memory: GpuMemory::Ratio(50),
+        },
+    )]);
+    let load = NodeLoad::of(&n);
+    assert_eq!(load.same_memory, None);
+    let loaded = LoadedNode {
+        state: &n,
+        load: &load,
+    };
+    // (40 + 10) / 200 compute and 40 / 96 GiB memory: 3 (the 16 GiB GPU would give 2).
+    assert_eq!(
+        score_pod(&n, &request, Policy::Binpack, Policy::Binpack),
+        Some(3)
+    );
+    assert_eq!(
+        score_pod_loaded(loaded, &request, Policy::Binpack, Policy::Binpack),
+        Some(3)
+    );
+}
+
 proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2048))]
     /// Filter and prioritize judge a node from its load ([`NodeLoad`]) where that
     /// says all, else from the whole state: the answer is the same either way, for
     /// any health, use, sharing group, selection, count and policy.
