@@ -135,15 +135,11 @@ struct FilterAnswer<'a> {
 impl FilterAnswer<'_> {
     /// See [`ExtenderFilterResult::for_kube_scheduler`].
     fn for_kube_scheduler(mut self) -> Self {
-        for reason in self
-            .failed_nodes
-            .values_mut()
-            .chain(self.failed_and_unresolvable_nodes.values_mut())
-        {
-            if reason.contains('%') {
-                *reason = reason.replace('%', " percent");
-            }
-        }
+        without_percent_signs(
+            self.failed_nodes
+                .values_mut()
+                .chain(self.failed_and_unresolvable_nodes.values_mut()),
+        );
         self
     }
 
@@ -202,16 +198,21 @@ impl ExtenderFilterResult {
     /// recorder as a printf format, so `50%` would read `50%!c(MISSING)` in the pod's
     /// events; `50 percent` reads the same there and in the pod's condition.
     pub fn for_kube_scheduler(mut self) -> Self {
-        for reason in self
-            .failed_nodes
-            .values_mut()
-            .chain(self.failed_and_unresolvable_nodes.values_mut())
-        {
-            if reason.contains('%') {
-                *reason = reason.replace('%', " percent");
-            }
-        }
+        without_percent_signs(
+            self.failed_nodes
+                .values_mut()
+                .chain(self.failed_and_unresolvable_nodes.values_mut()),
+        );
         self
+    }
+}
+
+/// Spells out `%` in `reasons` (see [`ExtenderFilterResult::for_kube_scheduler`]).
+fn without_percent_signs<'r>(reasons: impl Iterator<Item = &'r mut String>) {
+    for reason in reasons {
+        if reason.contains('%') {
+            *reason = reason.replace('%', " percent");
+        }
     }
 }
 
@@ -1368,6 +1369,9 @@ pub(crate) fn http1_server() -> hyper::server::conn::http1::Builder {
         .header_read_timeout(std::time::Duration::from_secs(5));
     builder
 }
+
+#[cfg(test)]
+mod fixtures;
 
 #[cfg(test)]
 mod tests;

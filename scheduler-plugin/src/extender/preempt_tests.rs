@@ -2,25 +2,10 @@
 //! (chosen on aggregate GPU capacity), the victims per GPU go back; nodes where
 //! no eviction helps are left out.
 
-use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex};
-
 use serde_json::{Value, json};
 
+use super::fixtures::{extender_over, healthy_device};
 use super::*;
-
-const GIB: u64 = 1 << 30;
-
-fn device(node: &str, gpus: usize) -> Value {
-    let devices: Vec<Value> = (0..gpus)
-        .map(|i| {
-            json!({"type": "gpu", "id": format!("GPU-{node}-{i}"), "minor": i, "health": true,
-            "resources": {"koordinator.sh/gpu-memory": (16 * GIB).to_string()}})
-        })
-        .collect();
-    json!({"apiVersion": "scheduling.koordinator.sh/v1alpha1", "kind": "Device",
-        "metadata": {"name": node}, "spec": {"devices": devices}})
-}
 
 /// A running pod `uid` of `priority` on `node`, holding `percent` of GPU `gpu`
 /// (none when `gpu` is `None`).
@@ -49,7 +34,7 @@ fn preemptor(limits: Value) -> Value {
 /// whole by a priority-100 pod.
 fn cluster() -> Extender {
     let mut ledger = Ledger::default();
-    for device in [device("n1", 2), device("n2", 1)] {
+    for device in [healthy_device("n1", 2), healthy_device("n2", 1)] {
         ledger.apply_device(&serde_json::from_value(device).expect("device"));
     }
     for pod in [
@@ -62,14 +47,7 @@ fn cluster() -> Extender {
     ] {
         ledger.apply_pod(&pod);
     }
-    Extender::new(
-        Arc::new(Mutex::new(ledger)),
-        None,
-        None,
-        ExtenderConfig::default(),
-        Arc::new(AtomicBool::new(true)),
-        Arc::new(Leader::new(true)),
-    )
+    extender_over(ledger)
 }
 
 fn meta(uids: &[&str], pdb: i64) -> Value {

@@ -2,53 +2,10 @@
 //! node, so the next pods' cycles see them taken before its bind arrives; the
 //! hold is replaced by the pod's next cycle or its bind, and expires on the TTL.
 
-use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex};
+use serde_json::Value;
 
-use serde_json::{Value, json};
-
+use super::fixtures::{args, extender, healthy_device, share_pod};
 use super::*;
-
-const GIB: u64 = 1 << 30;
-
-/// A Device CR for `node` with `gpus` GPUs of 16 GiB.
-fn device(node: &str, gpus: usize) -> Value {
-    let devices: Vec<Value> = (0..gpus)
-        .map(|i| {
-            json!({"type": "gpu", "id": format!("GPU-{node}-{i}"), "minor": i, "health": true,
-            "resources": {"koordinator.sh/gpu-memory": (16 * GIB).to_string()}})
-        })
-        .collect();
-    json!({"apiVersion": "scheduling.koordinator.sh/v1alpha1", "kind": "Device",
-        "metadata": {"name": node}, "spec": {"devices": devices}})
-}
-
-/// Pod `uid` asking `percent` of one GPU.
-fn share_pod(uid: &str, percent: u32) -> Value {
-    json!({"apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": uid, "namespace": "default", "uid": uid},
-        "spec": {"containers": [{"name": "main", "image": "x",
-            "resources": {"limits": {"koordinator.sh/gpu": percent.to_string()}}}]}})
-}
-
-fn extender(devices: &[Value]) -> Extender {
-    let mut ledger = Ledger::default();
-    for device in devices {
-        ledger.apply_device(&serde_json::from_value(device.clone()).expect("device"));
-    }
-    Extender::new(
-        Arc::new(Mutex::new(ledger)),
-        None,
-        None,
-        ExtenderConfig::default(),
-        Arc::new(AtomicBool::new(true)),
-        Arc::new(Leader::new(true)),
-    )
-}
-
-fn args(pod: &Value, nodes: &[&str]) -> ExtenderArgs {
-    serde_json::from_value(json!({"Pod": pod, "NodeNames": nodes})).expect("args")
-}
 
 fn fitting(extender: &Extender, pod: &Value, nodes: &[&str]) -> Vec<String> {
     extender
@@ -63,7 +20,7 @@ fn fitting(extender: &Extender, pod: &Value, nodes: &[&str]) -> Vec<String> {
 /// expires on the TTL when no bind comes.
 #[test]
 fn the_next_cycle_sees_the_gpus_the_last_one_chose() {
-    let extender = extender(&[device("n1", 1)]);
+    let extender = extender(&[healthy_device("n1", 1)]);
     let (a, b) = (share_pod("a", 60), share_pod("b", 60));
     assert_eq!(fitting(&extender, &a, &["n1"]), ["n1"]);
     let refused = extender.filter(args(&b, &["n1"]));
@@ -86,7 +43,7 @@ fn the_next_cycle_sees_the_gpus_the_last_one_chose() {
 /// binpack's fuller node), and the next pod's filter sees that node taken.
 #[test]
 fn prioritize_holds_the_gpus_on_the_node_it_scores_best() {
-    let extender = extender(&[device("n1", 1), device("n2", 1)]);
+    let extender = extender(&[healthy_device("n1", 1), healthy_device("n2", 1)]);
     let running = share_pod("running", 30);
     assert_eq!(fitting(&extender, &running, &["n1"]), ["n1"]);
     let (a, b) = (share_pod("a", 60), share_pod("b", 60));
@@ -110,7 +67,7 @@ fn prioritize_holds_the_gpus_on_the_node_it_scores_best() {
 /// the hold and the bind's share would not fit together, the bind still fits.
 #[test]
 fn the_bind_takes_over_the_pods_own_hold() {
-    let extender = extender(&[device("n1", 1)]);
+    let extender = extender(&[healthy_device("n1", 1)]);
     let a = share_pod("a", 60);
     assert_eq!(fitting(&extender, &a, &["n1"]), ["n1"]);
     let pod: Pod = serde_json::from_value(a).expect("pod");
@@ -137,7 +94,7 @@ fn the_bind_takes_over_the_pods_own_hold() {
 /// for every other pod, and is not replaced by a tentative one.
 #[test]
 fn an_earlier_attempts_hold_never_counts_against_the_pod_itself() {
-    let extender = extender(&[device("n1", 1)]);
+    let extender = extender(&[healthy_device("n1", 1)]);
     let (a, b) = (share_pod("a", 60), share_pod("b", 60));
     let placement = {
         let ledger = extender.ledger();

@@ -3,60 +3,11 @@
 //! current pods are merely failed; an invalid request refuses every node as
 //! unresolvable, naming the pod and the bad value, instead of a hot-looping Error.
 
-use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex};
-
 use serde_json::{Value, json};
 
+use super::fixtures::{GIB, args, device, extender, one_container, pod};
 use super::*;
 use crate::core::{GpuShare, Placement};
-
-const GIB: u64 = 1 << 30;
-
-/// A Device CR for `node`: one GPU per `(memory GiB, healthy)`; GPU indexes in
-/// `legacy` are held by a device-plugin pod.
-fn device(node: &str, gpus: &[(u64, bool)], legacy: &[usize]) -> Value {
-    let devices: Vec<Value> = gpus
-        .iter()
-        .enumerate()
-        .map(|(i, &(gib, health))| {
-            json!({"type": "gpu", "id": format!("GPU-{node}-{i}"), "minor": i, "health": health,
-            "resources": {"koordinator.sh/gpu-memory": (gib * GIB).to_string()}})
-        })
-        .collect();
-    let legacy: Vec<Value> = legacy
-        .iter()
-        .map(|i| json!({"podUID": "dp", "containerName": "c", "resourceName": "nvidia.com/gpu", "deviceIDs": [format!("GPU-{node}-{i}")]}))
-        .collect();
-    json!({"apiVersion": "scheduling.koordinator.sh/v1alpha1", "kind": "Device",
-        "metadata": {"name": node, "annotations": {"node.koordinator.sh/devices-checkpoints": json!(legacy).to_string()}},
-        "spec": {"devices": devices}})
-}
-
-fn pod(containers: Value) -> Value {
-    json!({"apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "p", "namespace": "default", "uid": "u-p"},
-        "spec": {"containers": containers}})
-}
-
-fn one_container(limits: Value) -> Value {
-    pod(json!([{"name": "main", "image": "x", "resources": {"limits": limits}}]))
-}
-
-fn extender(devices: &[Value]) -> Extender {
-    let mut ledger = Ledger::default();
-    for device in devices {
-        ledger.apply_device(&serde_json::from_value(device.clone()).expect("device"));
-    }
-    Extender::new(
-        Arc::new(Mutex::new(ledger)),
-        None,
-        None,
-        ExtenderConfig::default(),
-        Arc::new(AtomicBool::new(true)),
-        Arc::new(Leader::new(true)),
-    )
-}
 
 /// Books `gib` of GPU `index` on `node` for another pod, as a running pod would.
 fn occupy(extender: &Extender, node: &str, index: u32, core: u64, gib: u64) {
@@ -79,7 +30,7 @@ fn occupy(extender: &Extender, node: &str, index: u32, core: u64, gib: u64) {
 }
 
 fn filter(extender: &Extender, pod: Value, nodes: &[&str]) -> ExtenderFilterResult {
-    extender.filter(serde_json::from_value(json!({"Pod": pod, "NodeNames": nodes})).expect("args"))
+    extender.filter(args(&pod, nodes))
 }
 
 fn classes(result: &ExtenderFilterResult) -> (Vec<&str>, Vec<&str>, Vec<&str>) {
@@ -426,12 +377,7 @@ fn hami_node_policy_overrides_the_default_for_its_pod() {
     occupy(&extender, "a100", 0, 50, 40);
     let limits =
         json!({"nvidia.com/gpu": "1", "nvidia.com/gpucores": "10", "nvidia.com/gpumem": "1024"});
-    let prioritize = |pod: Value| {
-        extender.prioritize(
-            serde_json::from_value(json!({"Pod": pod, "NodeNames": ["a100", "h100"]}))
-                .expect("args"),
-        )
-    };
+    let prioritize = |pod: Value| extender.prioritize(args(&pod, &["a100", "h100"]));
     let best = |scores: Vec<HostPriority>| {
         scores
             .into_iter()
