@@ -68,6 +68,68 @@ pub struct SetAside {
 /// Seconds an in-flight reservation holds unless told otherwise.
 pub const DEFAULT_IN_FLIGHT_TTL: u64 = 30;
 
+/// A node's name as the key of the ledger's nodes: held in the hash table's own
+/// slot when short (as node names mostly are), so that looking a name up reads
+/// no other memory to compare it. Filter and prioritize look up thousands of
+/// names per call, each slot cold in the cache.
+#[derive(Debug, Clone)]
+enum NodeKey {
+    /// `len` bytes of UTF-8.
+    Inline {
+        len: u8,
+        bytes: [u8; NodeKey::INLINE],
+    },
+    /// Longer names.
+    Heap(Box<str>),
+}
+
+impl NodeKey {
+    const INLINE: usize = 46;
+
+    fn new(name: &str) -> Self {
+        match u8::try_from(name.len()) {
+            Ok(len) if name.len() <= Self::INLINE => {
+                let mut bytes = [0; Self::INLINE];
+                bytes[..name.len()].copy_from_slice(name.as_bytes());
+                Self::Inline { len, bytes }
+            }
+            _ => Self::Heap(name.into()),
+        }
+    }
+
+    fn as_str(&self) -> &str {
+        match self {
+            // Always valid: copied from a `str` whole.
+            Self::Inline { len, bytes } => {
+                std::str::from_utf8(&bytes[..usize::from(*len)]).unwrap_or_default()
+            }
+            Self::Heap(name) => name,
+        }
+    }
+}
+
+// As a `str`, so that `HashMap::get` takes a `&str` (`Borrow` requires the same
+// hash and equality as the borrowed form).
+impl std::hash::Hash for NodeKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.as_str().hash(state);
+    }
+}
+
+impl PartialEq for NodeKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
+
+impl Eq for NodeKey {}
+
+impl std::borrow::Borrow<str> for NodeKey {
+    fn borrow(&self) -> &str {
+        self.as_str()
+    }
+}
+
 /// A node's GPUs with use applied and their load, which every change of them
 /// refreshes (the only way to change them is [`LedgerNode::account`]).
 #[derive(Debug)]
@@ -96,7 +158,7 @@ impl LedgerNode {
 #[derive(Debug, Default)]
 pub struct Ledger {
     /// Node → GPUs with use applied.
-    nodes: HashMap<String, LedgerNode>,
+    nodes: HashMap<NodeKey, LedgerNode>,
     /// Pod UID → its use (from its annotation).
     pods: HashMap<String, PodUse>,
     /// Node → UIDs of pods using it.
@@ -324,7 +386,7 @@ pub fn annotation_of(placement: &PodPlacement) -> String {
 impl Ledger {
     fn remove_use(&mut self, uid: &str) {
         if let Some(old) = self.pods.remove(uid) {
-            if let Some(node) = self.nodes.get_mut(&old.node) {
+            if let Some(node) = self.nodes.get_mut(old.node.as_str()) {
                 node.account(&old.placement, false);
             }
             if let Some(set) = self.by_node.get_mut(&old.node) {
@@ -335,7 +397,7 @@ impl Ledger {
 
     fn remove_reservation(&mut self, uid: &str) -> Option<Reservation> {
         let reservation = self.reservations.remove(uid)?;
-        if let Some(node) = self.nodes.get_mut(&reservation.node) {
+        if let Some(node) = self.nodes.get_mut(reservation.node.as_str()) {
             node.account(&reservation.placement, false);
         }
         Some(reservation)
@@ -360,7 +422,8 @@ impl Ledger {
         for reservation in self.reservations.values().filter(|r| r.node == name) {
             account(&mut node, &reservation.placement, true);
         }
-        self.nodes.insert(name.clone(), LedgerNode::new(node));
+        self.nodes
+            .insert(NodeKey::new(&name), LedgerNode::new(node));
         self.legacy_pods
             .insert(name.clone(), legacy_pod_uids(device));
         // Unbound annotated pods seen before this node's GPUs: in flight here now.
@@ -403,7 +466,7 @@ impl Ledger {
         };
         let gpus = self
             .nodes
-            .get(&node)
+            .get(node.as_str())
             .map(|n| n.state.gpus.clone())
             .unwrap_or_default();
         let placement = placement_of(allocations, &gpus);
@@ -616,7 +679,7 @@ impl Ledger {
             return;
         };
         self.remove_reservation(&uid);
-        if let Some(node) = self.nodes.get_mut(&reservation.node) {
+        if let Some(node) = self.nodes.get_mut(reservation.node.as_str()) {
             node.account(&reservation.placement, true);
         }
         self.reservations.insert(uid, reservation);
@@ -722,7 +785,7 @@ impl Ledger {
 
     /// Forgets nodes whose Device CR is not in `names` (after a relist: they are gone).
     pub fn retain_devices(&mut self, names: &std::collections::HashSet<String>) {
-        self.nodes.retain(|name, _| names.contains(name));
+        self.nodes.retain(|name, _| names.contains(name.as_str()));
         self.legacy_pods.retain(|name, _| names.contains(name));
     }
 
@@ -1191,7 +1254,12 @@ mod tests {
         const GROUP_1: &str = r#"{"gpu":[{"minor":1,"id":"GPU-1","resources":{"koordinator.sh/gpu-core":25,"koordinator.sh/gpu-memory-ratio":25},"extension":{"sharingGroup":"g"}}]}"#;
         let current = |ledger: &Ledger| {
             for (name, node) in &ledger.nodes {
-                assert_eq!(node.load, NodeLoad::of(&node.state), "node {name}");
+                assert_eq!(
+                    node.load,
+                    NodeLoad::of(&node.state),
+                    "node {}",
+                    name.as_str()
+                );
             }
             ledger.loaded_node("n1").map(|n| n.load.clone())
         };
@@ -1227,5 +1295,35 @@ mod tests {
         assert_eq!(current(&ledger).expect("n1").gpus[0].core_used, 0);
         ledger.delete_device("n1");
         assert_eq!(current(&ledger), None);
+    }
+
+    /// Node names are found whatever their length: held in the key itself up to
+    /// its inline size, on the heap beyond (Kubernetes allows 253 bytes).
+    #[test]
+    fn node_names_of_any_length_are_keys() {
+        let names = [
+            "n1".to_owned(),
+            "x".repeat(NodeKey::INLINE),
+            "y".repeat(NodeKey::INLINE + 1),
+            "z".repeat(253),
+            "nœud-ü".to_owned(),
+        ];
+        let mut ledger = Ledger::default();
+        for name in &names {
+            ledger.apply_device(&device(name, 1, &[]));
+        }
+        for name in &names {
+            assert_eq!(
+                ledger.node(name).map(|n| n.name.as_str()),
+                Some(name.as_str())
+            );
+            assert_eq!(ledger.loaded_node(name).map(|n| n.load.gpus.len()), Some(1));
+        }
+        assert!(ledger.node("n").is_none() && ledger.node(&"x".repeat(45)).is_none());
+        ledger.retain_devices(&std::collections::HashSet::from([names[3].clone()]));
+        let left: Vec<&str> = ledger.nodes().map(|n| n.name.as_str()).collect();
+        assert_eq!(left, [names[3].as_str()]);
+        // The slot stays small: a name inline costs no more than a pointer pair and tag.
+        assert_eq!(std::mem::size_of::<NodeKey>(), 48);
     }
 }
