@@ -707,15 +707,15 @@ impl Extender {
             .enumerate()
             .map(|(index, host)| {
                 let host = host.0.as_ref();
-                let score = match (&request, ledger.loaded_node(host)) {
-                    (Some(request), Some(node)) => score_pod_loaded(
-                        node,
+                // No GPU asked: no node looked up.
+                let score = request.as_ref().and_then(|request| {
+                    score_pod_loaded(
+                        ledger.loaded_node(host)?,
                         request,
                         self.config.gpu_policy,
                         self.config.node_policy,
-                    ),
-                    _ => None,
-                };
+                    )
+                });
                 if let Some(score) = score
                     && best.is_none_or(|(top, _)| score > top)
                 {
