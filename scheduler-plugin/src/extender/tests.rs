@@ -529,37 +529,28 @@ fn the_wire_path_answers_as_the_public_types_do() {
             .replace(r#","n1"]"#, r#","\u006e1"]"#),
     );
     assert!(bodies[5].contains(r"\u0031") && bodies[5].contains(r"\u006e"));
+    let wire = |answer: serde_json::Result<serde_json::Result<Vec<u8>>>| {
+        String::from_utf8(answer.expect("valid").expect("encoded")).expect("utf-8")
+    };
     for body in &bodies {
         let args: ExtenderArgs = serde_json::from_str(body).expect("args");
         let filtered = extender.filter(args.clone()).for_kube_scheduler();
-        let wire = extender
-            .filter_json(body.as_bytes())
-            .expect("valid")
-            .expect("encoded");
+        let public = serde_json::to_string(&filtered).expect("json");
         assert_eq!(
-            String::from_utf8(wire).expect("utf-8"),
-            serde_json::to_string(&filtered).expect("json"),
+            wire(extender.filter_json(body.as_bytes())),
+            public,
             "filter {body}"
         );
-        let scores = extender.prioritize(args);
-        let wire = extender
-            .prioritize_json(body.as_bytes())
-            .expect("valid")
-            .expect("encoded");
+        let public = serde_json::to_string(&extender.prioritize(args)).expect("json");
         assert_eq!(
-            String::from_utf8(wire).expect("utf-8"),
-            serde_json::to_string(&scores).expect("json"),
+            wire(extender.prioritize_json(body.as_bytes())),
+            public,
             "prioritize {body}"
         );
     }
     // The escaped names were read as `n1`: it fits, and scores.
-    let filtered: ExtenderFilterResult = serde_json::from_slice(
-        &extender
-            .filter_json(bodies[5].as_bytes())
-            .expect("valid")
-            .expect("encoded"),
-    )
-    .expect("answer");
+    let filtered: ExtenderFilterResult =
+        serde_json::from_str(&wire(extender.filter_json(bodies[5].as_bytes()))).expect("answer");
     assert_eq!(
         filtered.node_names,
         Some(vec!["n1".to_owned(), "small".to_owned(), "n1".to_owned()])
