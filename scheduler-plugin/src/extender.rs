@@ -95,9 +95,10 @@ impl<'de: 'a, 'a> Deserialize<'de> for Name<'a> {
     }
 }
 
-/// [`ExtenderArgs`] as the HTTP path reads it, node names borrowed from the body.
+/// [`ExtenderArgs`] as the HTTP path reads it, node names borrowed from the body
+/// (named so in errors too, which go back to the caller).
 #[derive(Deserialize)]
-#[serde(rename_all = "PascalCase")]
+#[serde(expecting = "struct ExtenderArgs", rename_all = "PascalCase")]
 struct ExtenderArgsIn<'a> {
     pod: Pod,
     #[serde(default)]

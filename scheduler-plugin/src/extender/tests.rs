@@ -560,9 +560,15 @@ fn the_wire_path_answers_as_the_public_types_do() {
         filtered.failed_and_unresolvable_nodes.contains_key("gone"),
         "{filtered:?}"
     );
-    // A name that is no string is refused as the public type refuses it.
-    let bad = json!({"Pod": half, "NodeNames": ["n1", 7]}).to_string();
-    let wire_error = extender.filter_json(bad.as_bytes()).expect_err("invalid");
-    let public_error = serde_json::from_str::<ExtenderArgs>(&bad).expect_err("invalid");
-    assert_eq!(wire_error.to_string(), public_error.to_string());
+    // Bad requests are refused with the public type's words.
+    for bad in [
+        json!({"Pod": half, "NodeNames": ["n1", 7]}).to_string(),
+        json!(["n1"]).to_string(),
+        json!(7).to_string(),
+        json!({"NodeNames": ["n1"]}).to_string(),
+    ] {
+        let wire_error = extender.filter_json(bad.as_bytes()).expect_err("invalid");
+        let public_error = serde_json::from_str::<ExtenderArgs>(&bad).expect_err("invalid");
+        assert_eq!(wire_error.to_string(), public_error.to_string());
+    }
 }
