@@ -4,10 +4,13 @@
 //! server restarted during a burst (every watch breaks and relists), and
 //! tessera-scheduler restarted during a burst.
 //!
-//! After each, [`check_books`]: every Running pod's containers hold exactly the
-//! GPUs its allocation annotation names, and no GPU's booked compute (summed over
-//! every annotation) exceeds 100. Each burst fills the GPUs to their last share, so a
-//! double booking shows either as a GPU over 100 or as a pod left Pending.
+//! After each, [`check_books`]: every Running pod carries an allocation annotation
+//! and its containers hold exactly the GPUs it names, and no GPU's booked compute
+//! (summed over every annotation) exceeds 100. Each burst but the slow-binding one
+//! (which leaves one share free, see there) fills the GPUs to their last share, so
+//! a double booking shows either as a GPU over 100 or as a pod left Pending.
+//! docs/fault-proofs.md lists, per scenario, the protection it proves and the
+//! mutation of the scheduler that makes it fail.
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -48,8 +51,8 @@ pub async fn two_replicas(cluster: &mut Cluster) -> anyhow::Result<()> {
         burst(cluster, &names, 50).await?;
         settle(cluster, &names, Duration::from_secs(120)).await?;
         check_books(cluster, &names).await?;
-        // Only the leader binds: the follower placed nothing itself.
-        ensure_leader(cluster, FIRST, "the Lease changed hands during the burst").await
+        ensure_leader(cluster, FIRST, "the Lease changed hands during the burst").await?;
+        bound_by_leader(cluster, &names)
     }
     .await;
     clean_up(
@@ -61,16 +64,39 @@ pub async fn two_replicas(cluster: &mut Cluster) -> anyhow::Result<()> {
     .await
 }
 
-/// Every Binding waits 3 to 6 s on a real validating webhook: kube-scheduler's
-/// 5 s `httpTimeout` runs out on some binds and it retries them while they still
-/// run. Every pod still runs with exactly its annotation's GPUs, none over 100%.
+/// Every Binding waits 7 to 9 s on a real validating webhook: kube-scheduler's
+/// 5 s `httpTimeout` runs out on every bind and, after its 1 s backoff, it retries
+/// the bind while the first still runs. Each retry joins the running bind (one bind
+/// per pod UID): the webhook reviews one Binding per pod. A second wave arrives
+/// while the first wave's Bindings are held, seconds after they were reserved: the
+/// first wave's GPUs stay reserved in flight until their Bindings land, so the
+/// second wave takes the other GPUs. Seven pods leave one share free, so a bind
+/// that ran twice would find room and be seen (a full node refuses it before it
+/// writes). Every pod runs with exactly its annotation's GPUs, none over 100%.
 pub async fn slow_binding(cluster: &mut Cluster) -> anyhow::Result<()> {
-    let webhook = install_webhook(cluster, "slow-binding", 3..6).await?;
-    let names = pod_names("slowbind", 6);
+    let webhook = install_webhook(cluster, "slow-binding", 7..9).await?;
+    let (first, second) = (pod_names("slowbind", 4), pod_names("slowlate", 3));
+    let names = [first.as_slice(), second.as_slice()].concat();
     let outcome = async {
-        burst(cluster, &names, 50).await?;
+        burst(cluster, &first, 50).await?;
+        wait_annotated_unbound(cluster, &first, Duration::from_secs(60)).await?;
+        // Past a second of the ledger's clock: an in-flight hold that expired early
+        // (or a 1 s `--reservation-ttl`) would be gone by the time the second wave
+        // is placed, the first's Bindings still held for 4 s and more.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let held = pending_count(cluster, &first).await?;
+        ensure!(
+            held == first.len(),
+            "only {held} of the first wave were unbound when the second came: the Bindings were not held"
+        );
+        burst(cluster, &second, 50).await?;
         settle(cluster, &names, Duration::from_secs(120)).await?;
+        // The pods run once their first Binding lands; a retry's own bind, had it
+        // run, would end up to 9 s later (its Binding held too) and write its
+        // rollback then. The books are read after that.
+        tokio::time::sleep(Duration::from_secs(10)).await;
         check_books(cluster, &names).await?;
+        timed_out_in_kube_scheduler(cluster, &names)?;
         reviewed_each(&webhook, &names)
     }
     .await;
@@ -146,7 +172,8 @@ async fn relist_outcome(
 }
 
 /// tessera-scheduler restarts (SIGTERM, drain, start) while 12 pods are pending,
-/// their binds slowed by the webhook: none is lost, none double-booked.
+/// their binds slowed by the webhook: none is lost, none double-booked, and none
+/// waits on a bind the restart cut (SIGTERM lets running binds end first).
 pub async fn restart_during_burst(cluster: &mut Cluster) -> anyhow::Result<()> {
     let names = pod_names("restart", 12);
     let outcome = restart_outcome(cluster, &names).await;
@@ -169,7 +196,10 @@ async fn restart_outcome(cluster: &mut Cluster, names: &[String]) -> anyhow::Res
         pending >= 10,
         "only {pending} pods were unbound when tessera-scheduler restarted: not a burst"
     );
-    settle(cluster, names, Duration::from_secs(150)).await?;
+    // Within 20 s, under the 30 s in-flight TTL: a bind cut by the restart leaves
+    // its annotation on an unbound pod, held in flight by the new process until
+    // the TTL, so its retry would wait that out (and pass, slowly, with 150 s).
+    settle(cluster, names, Duration::from_secs(20)).await?;
     check_books(cluster, names).await
 }
 
@@ -190,6 +220,11 @@ async fn check_books(cluster: &Cluster, names: &[String]) -> anyhow::Result<()> 
             .as_ref()
             .and_then(|a| a.get(ALLOCATED))
         else {
+            // A pod of the burst runs: it asked for GPUs, so it must say which.
+            ensure!(
+                !(names.contains(&name) && is_running(&pod)),
+                "pod {name} runs without {ALLOCATED}: its GPUs are nobody's grant"
+            );
             continue;
         };
         let value: Value = serde_json::from_str(text)
@@ -222,16 +257,62 @@ async fn check_books(cluster: &Cluster, names: &[String]) -> anyhow::Result<()> 
     Ok(())
 }
 
-/// Fails unless the webhook reviewed the Binding of each of `names`.
+/// Fails unless the webhook reviewed exactly one Binding of each of `names`: none
+/// missing (the fault was in the path), none twice (a retried bind joined the
+/// running one instead of writing and binding again).
 fn reviewed_each(webhook: &SlowWebhook, names: &[String]) -> anyhow::Result<()> {
     let reviewed = webhook.reviewed_bindings();
-    let missing: Vec<&String> = names
-        .iter()
-        .filter(|n| !reviewed.contains(&format!("default/{n}")))
-        .collect();
+    let times = |n: &String| {
+        reviewed
+            .iter()
+            .filter(|r| **r == format!("default/{n}"))
+            .count()
+    };
+    let missing: Vec<&String> = names.iter().filter(|n| times(n) == 0).collect();
     ensure!(
         missing.is_empty(),
         "the slow webhook never saw the Binding of {missing:?} (it saw {reviewed:?}): the fault was not in the path"
+    );
+    let twice: Vec<&String> = names.iter().filter(|n| times(n) > 1).collect();
+    ensure!(
+        twice.is_empty(),
+        "the slow webhook saw more than one Binding of {twice:?} (it saw {reviewed:?}): a retried bind ran again instead of joining the running one"
+    );
+    Ok(())
+}
+
+/// Fails unless kube-scheduler's log shows a bind of one of `names` outlasting its
+/// `httpTimeout` (so it retried while that bind still ran).
+fn timed_out_in_kube_scheduler(cluster: &Cluster, names: &[String]) -> anyhow::Result<()> {
+    let log = cluster.log(Component::Scheduler);
+    let timed_out = |name: &String| {
+        log.lines().any(|line| {
+            line.contains("Client.Timeout exceeded")
+                && line.contains(&format!("pod=\"default/{name}\""))
+        })
+    };
+    ensure!(
+        names.iter().any(timed_out),
+        "kube-scheduler's log shows no bind of {names:?} running past its httpTimeout: the fault was not in the path"
+    );
+    Ok(())
+}
+
+/// Fails unless the leader ([`FIRST`]) bound every pod of `names` and the follower
+/// ([`SECOND`]) none: each `bound` line is in the leader's log. One ledger places
+/// everything; a follower binding from its own would place this burst once, yet
+/// twice beside a leader binding too.
+fn bound_by_leader(cluster: &Cluster, names: &[String]) -> anyhow::Result<()> {
+    let (leads, follows) = (
+        cluster.log(Component::Extender),
+        cluster.log(Component::ExtenderReplica),
+    );
+    let bound_in = |log: &str, name: &String| log.contains(&format!("bound pod={name} "));
+    let not_by_leader: Vec<&String> = names.iter().filter(|n| !bound_in(&leads, n)).collect();
+    let by_follower: Vec<&String> = names.iter().filter(|n| bound_in(&follows, n)).collect();
+    ensure!(
+        not_by_leader.is_empty() && by_follower.is_empty(),
+        "binds not handed to the leader {FIRST}: it bound none of {not_by_leader:?}, the follower {SECOND} bound {by_follower:?} itself"
     );
     Ok(())
 }
