@@ -1026,27 +1026,43 @@ impl Extender {
         request: &PodGpuRequest,
     ) -> Result<String, BindError> {
         let mut ledger = self.ledger();
-        // The pod's own tentative choice must not crowd out its bind.
+        // The pod's own tentative choice must not crowd out its bind, nor an
+        // earlier attempt's in-flight hold (a bind whose outcome was lost, or its
+        // annotation seen unbound after a relist): as in filter, counted against
+        // the pod it would refuse the pod its own GPUs until the hold expired. The
+        // per-UID join means no other bind of this pod runs now; the new
+        // reservation replaces the hold, and the pod's annotation is replaced with
+        // the resourceVersion read as precondition. A refusal restores the hold.
         ledger.release_tentative(&args.pod_uid);
-        // Under the ledger's lock: two binds of one new sharing group never take
-        // GPUs on two nodes.
-        let home = group_home(ledger.nodes(), request);
-        if let Some(reason) = group_elsewhere(home.as_ref(), request, &args.node) {
-            return Err(BindError::Unfit {
-                node: args.node.clone(),
-                reason,
-            });
-        }
-        let node = ledger.node(&args.node).ok_or_else(|| BindError::NoDevice {
-            node: args.node.clone(),
-        })?;
-        let placement = allocate_pod(node, request, self.config.gpu_policy).map_err(|reason| {
-            BindError::Unfit {
-                node: args.node.clone(),
-                reason,
+        let aside = ledger.set_aside(&args.pod_uid);
+        let chosen = (|| {
+            // Under the ledger's lock: two binds of one new sharing group never take
+            // GPUs on two nodes.
+            let home = group_home(ledger.nodes(), request);
+            if let Some(reason) = group_elsewhere(home.as_ref(), request, &args.node) {
+                return Err(BindError::Unfit {
+                    node: args.node.clone(),
+                    reason,
+                });
             }
-        })?;
+            let node = ledger.node(&args.node).ok_or_else(|| BindError::NoDevice {
+                node: args.node.clone(),
+            })?;
+            allocate_pod(node, request, self.config.gpu_policy).map_err(|reason| BindError::Unfit {
+                node: args.node.clone(),
+                reason,
+            })
+        })();
+        let placement = match chosen {
+            Ok(placement) => placement,
+            Err(error) => {
+                ledger.put_back(aside);
+                return Err(error);
+            }
+        };
         let expires = self.now() + self.config.reservation_ttl.as_secs();
+        // Replaces the set-aside hold for good.
+        drop(aside);
         ledger.reserve(&args.pod_uid, &args.node, placement.booked.clone(), expires);
         Ok(annotation_of(&placement))
     }

@@ -127,3 +127,55 @@ fn an_earlier_attempts_hold_never_counts_against_the_pod_itself() {
     let ledger = extender.ledger();
     assert_eq!((ledger.in_flight(), ledger.tentative()), (1, 0));
 }
+
+/// A retried bind (kube-scheduler binds again after an attempt whose outcome was
+/// lost) replaces the pod's own in-flight hold instead of counting it: without
+/// this every retry was refused until the hold expired (30 s after a relist, seen
+/// on the real cluster). A refused retry leaves the hold as it was.
+#[test]
+fn a_retried_bind_takes_over_the_earlier_attempts_hold() {
+    let extender = extender(&[healthy_device("n1", 1)]);
+    let pod: Pod = serde_json::from_value(share_pod("a", 60)).expect("pod");
+    let request = pod_gpu_request(&pod, &extender.config.request)
+        .expect("valid")
+        .expect("asks GPUs");
+    let placement = {
+        let ledger = extender.ledger();
+        allocate_pod(
+            ledger.node("n1").expect("n1"),
+            &request,
+            extender.config.gpu_policy,
+        )
+        .expect("fits")
+    };
+    let expires = extender.now() + extender.config.reservation_ttl.as_secs();
+    extender
+        .ledger()
+        .reserve("a", "n1", placement.booked, expires);
+    let bind = |node: &str| ExtenderBindingArgs {
+        pod_name: "a".into(),
+        pod_namespace: "default".into(),
+        pod_uid: "a".into(),
+        node: node.into(),
+    };
+    let refused = extender.reserve(&bind("n9"), &request);
+    assert!(
+        matches!(refused, Err(BindError::NoDevice { .. })),
+        "{refused:?}"
+    );
+    {
+        let ledger = extender.ledger();
+        assert_eq!(ledger.in_flight(), 1, "a refused retry gives the hold back");
+        assert_eq!(ledger.node("n1").expect("n1").gpus[0].core_used, 60);
+    }
+    extender
+        .reserve(&bind("n1"), &request)
+        .expect("the earlier attempt's hold does not crowd out the retry");
+    let ledger = extender.ledger();
+    assert_eq!(ledger.in_flight(), 1);
+    assert_eq!(
+        ledger.node("n1").expect("n1").gpus[0].core_used,
+        60,
+        "booked once"
+    );
+}

@@ -162,7 +162,9 @@ async fn relist_outcome(
         .start_again(Component::ApiServer)
         .await
         .context("starting kube-apiserver again")?;
-    settle(cluster, names, Duration::from_secs(150)).await?;
+    // Under the 30 s in-flight TTL: a retried bind must not wait out its own
+    // earlier attempt's hold (it did, until the bind set it aside as filter does).
+    settle(cluster, names, Duration::from_secs(25)).await?;
     check_books(cluster, names).await?;
     ensure!(
         relist_count(cluster) > relists_before,
