@@ -7,6 +7,8 @@
 //! hands the runtime `:authority: localhost` for such calls, and the frame relay,
 //! which hands it the authority as it was sent.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -17,9 +19,8 @@ use bytes::{BufMut, Bytes, BytesMut};
 use k8s_cri::v1 as cri;
 use prost::Message;
 use tessera_runtime_proxy::authority::KubeletStream;
-use tessera_runtime_proxy::metrics::Metrics;
 use tessera_runtime_proxy::relay::{self, RelayMode};
-use tessera_runtime_proxy::{Proxy, ProxyOptions, hpack, server};
+use tessera_runtime_proxy::{Proxy, hpack};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{UnixListener, UnixStream};
 
@@ -217,32 +218,8 @@ impl Setup {
             .expect("tempdir");
         let runtime_socket = dir.path().join("runtime.sock");
         let seen = start_runtime(&runtime_socket);
-        let options = ProxyOptions {
-            runtime_endpoint: runtime_socket.clone(),
-            image_endpoint: runtime_socket,
-            max_message_bytes: 16 << 20,
-        };
-        let proxy = Arc::new(Proxy::new(
-            &options,
-            Vec::new(),
-            Arc::new(Metrics::default()),
-        ));
         let proxy_socket = dir.path().join("proxy.sock");
-        let (listener, _) = server::listen(&proxy_socket).expect("listen");
-        match mode {
-            RelayMode::H2 => tokio::spawn(server::serve(
-                listener,
-                Arc::clone(&proxy),
-                std::future::pending(),
-                Duration::from_secs(1),
-            )),
-            RelayMode::Frames => tokio::spawn(relay::serve(
-                listener,
-                Arc::clone(&proxy),
-                std::future::pending(),
-                Duration::from_secs(1),
-            )),
-        };
+        let proxy = common::serve_proxy(&runtime_socket, &proxy_socket, Vec::new(), mode);
         Self {
             mode,
             _dir: dir,

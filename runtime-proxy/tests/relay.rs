@@ -3,6 +3,8 @@
 //! runtime with HTTP/2's smallest windows, and the relay's own answers leave the
 //! connection usable; a passthrough answer goes on as its bytes come.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -11,10 +13,8 @@ use async_trait::async_trait;
 use bytes::{BufMut, Bytes, BytesMut};
 use k8s_cri::v1 as cri;
 use prost::Message;
-use tessera_runtime_proxy::metrics::Metrics;
-use tessera_runtime_proxy::{
-    Hook, HookContext, HookRejection, LifecycleRequest, Proxy, ProxyOptions, relay, server,
-};
+use tessera_runtime_proxy::relay::RelayMode;
+use tessera_runtime_proxy::{Hook, HookContext, HookRejection, LifecycleRequest, Proxy};
 use tokio::net::{UnixListener, UnixStream};
 use tonic::Code;
 
@@ -155,21 +155,9 @@ async fn start() -> Setup {
         .expect("tempdir");
     let runtime = dir.path().join("runtime.sock");
     let seen = start_runtime(&runtime);
-    let options = ProxyOptions {
-        runtime_endpoint: runtime.clone(),
-        image_endpoint: runtime,
-        max_message_bytes: 16 << 20,
-    };
-    let hooks: Vec<Arc<dyn Hook>> = vec![Arc::new(GrowOrRefuse)];
-    let proxy = Arc::new(Proxy::new(&options, hooks, Arc::new(Metrics::default())));
     let socket = dir.path().join("proxy.sock");
-    let (listener, _) = server::listen(&socket).expect("listen");
-    tokio::spawn(relay::serve(
-        listener,
-        Arc::clone(&proxy),
-        std::future::pending(),
-        Duration::from_secs(1),
-    ));
+    let hooks: Vec<Arc<dyn Hook>> = vec![Arc::new(GrowOrRefuse)];
+    let proxy = common::serve_proxy(&runtime, &socket, hooks, RelayMode::Frames);
     Setup {
         _dir: dir,
         socket,
@@ -405,24 +393,8 @@ async fn a_passthrough_answer_goes_on_as_its_bytes_come_not_frame_by_frame() {
         .expect("tempdir");
     let runtime_socket = dir.path().join("runtime.sock");
     let runtime = UnixListener::bind(&runtime_socket).expect("bind runtime");
-    let options = ProxyOptions {
-        runtime_endpoint: runtime_socket.clone(),
-        image_endpoint: runtime_socket,
-        max_message_bytes: 16 << 20,
-    };
-    let proxy = Arc::new(Proxy::new(
-        &options,
-        Vec::new(),
-        Arc::new(Metrics::default()),
-    ));
     let socket = dir.path().join("proxy.sock");
-    let (listener, _) = server::listen(&socket).expect("listen");
-    tokio::spawn(relay::serve(
-        listener,
-        proxy,
-        std::future::pending(),
-        Duration::from_secs(1),
-    ));
+    common::serve_proxy(&runtime_socket, &socket, Vec::new(), RelayMode::Frames);
 
     // kubelet: preface, empty SETTINGS, a Version request (`:path` a literal
     // without indexing) ending its stream.
