@@ -35,8 +35,8 @@ use crate::bind::{
     decide_rollback, rollback_patch,
 };
 use crate::core::{
-    DryRun, Policy, allocate_pod, fits_pod_loaded, gpu_victims, group_elsewhere, group_home,
-    never_fits_pod, node_victims, score_pod_loaded, selected_nowhere, unfit_reason_pod,
+    DryRun, PodPlacement, Policy, allocate_pod, fits_pod_loaded, gpu_victims, group_elsewhere,
+    group_home, never_fits_pod, node_victims, score_pod_loaded, selected_nowhere, unfit_reason_pod,
 };
 use crate::events::BindObserver;
 use crate::leader::Leader;
@@ -1035,25 +1035,7 @@ impl Extender {
         // the resourceVersion read as precondition. A refusal restores the hold.
         ledger.release_tentative(&args.pod_uid);
         let aside = ledger.set_aside(&args.pod_uid);
-        let chosen = (|| {
-            // Under the ledger's lock: two binds of one new sharing group never take
-            // GPUs on two nodes.
-            let home = group_home(ledger.nodes(), request);
-            if let Some(reason) = group_elsewhere(home.as_ref(), request, &args.node) {
-                return Err(BindError::Unfit {
-                    node: args.node.clone(),
-                    reason,
-                });
-            }
-            let node = ledger.node(&args.node).ok_or_else(|| BindError::NoDevice {
-                node: args.node.clone(),
-            })?;
-            allocate_pod(node, request, self.config.gpu_policy).map_err(|reason| BindError::Unfit {
-                node: args.node.clone(),
-                reason,
-            })
-        })();
-        let placement = match chosen {
+        let placement = match self.choose_for_bind(&ledger, args, request) {
             Ok(placement) => placement,
             Err(error) => {
                 ledger.put_back(aside);
@@ -1065,6 +1047,30 @@ impl Extender {
         drop(aside);
         ledger.reserve(&args.pod_uid, &args.node, placement.booked.clone(), expires);
         Ok(annotation_of(&placement))
+    }
+
+    /// The GPUs of `args.node` the pod's bind takes, judged under the ledger's
+    /// lock: two binds of one new sharing group never take GPUs on two nodes.
+    fn choose_for_bind(
+        &self,
+        ledger: &Ledger,
+        args: &ExtenderBindingArgs,
+        request: &PodGpuRequest,
+    ) -> Result<PodPlacement, BindError> {
+        let home = group_home(ledger.nodes(), request);
+        if let Some(reason) = group_elsewhere(home.as_ref(), request, &args.node) {
+            return Err(BindError::Unfit {
+                node: args.node.clone(),
+                reason,
+            });
+        }
+        let node = ledger.node(&args.node).ok_or_else(|| BindError::NoDevice {
+            node: args.node.clone(),
+        })?;
+        allocate_pod(node, request, self.config.gpu_policy).map_err(|reason| BindError::Unfit {
+            node: args.node.clone(),
+            reason,
+        })
     }
 
     /// Bind (the Binding carries the pod's UID as a precondition); when it fails
