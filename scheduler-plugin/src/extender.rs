@@ -6,7 +6,7 @@
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client as HttpClient;
@@ -350,6 +350,63 @@ pub struct Extender {
     binds: Arc<Mutex<HashMap<String, (String, RunningBind)>>>,
     /// Metrics and Events on pods ([`crate::events`]); never waits.
     observer: BindObserver,
+    /// The scores the last filter computed, for the prioritize that follows it.
+    scores: Arc<Mutex<Option<ScoreMemo>>>,
+    /// How many prioritize answers took filter's scores (all or some).
+    scores_reused: Arc<AtomicU64>,
+}
+
+/// The scores filter computed for the nodes it let through, kept for the
+/// prioritize kube-scheduler calls next with those nodes (same pod, same list,
+/// same order). Valid only while the ledger's nodes are as they were then
+/// ([`Ledger::generation`]) and the pod asks the same: a score reads only its
+/// node's state and the request. It saves prioritize a ledger lookup and a
+/// reading of the node's load per name, thousands per call.
+#[derive(Debug)]
+struct ScoreMemo {
+    uid: String,
+    request: PodGpuRequest,
+    generation: u64,
+    /// The names filter let through, one after the other.
+    names: String,
+    /// Per name, in filter's order: where it ends in `names`, and its score.
+    scores: Vec<(usize, Option<i64>)>,
+}
+
+impl ScoreMemo {
+    /// The memo of `scores` of `names` for pod `uid`'s `request`, the ledger at `generation`.
+    fn new(
+        uid: &str,
+        request: &PodGpuRequest,
+        generation: u64,
+        names: &[&str],
+        scores: &[Option<i64>],
+    ) -> Self {
+        let mut all = String::with_capacity(names.iter().map(|n| n.len()).sum());
+        let mut ends = Vec::with_capacity(names.len());
+        for (name, score) in names.iter().zip(scores) {
+            all.push_str(name);
+            ends.push((all.len(), *score));
+        }
+        Self {
+            uid: uid.to_owned(),
+            request: request.clone(),
+            generation,
+            names: all,
+            scores: ends,
+        }
+    }
+
+    /// The score filter gave `name`, if it was the `index`-th name it let through
+    /// (kube-scheduler passes them on in filter's order; any other is scored anew).
+    fn score(&self, index: usize, name: &str) -> Option<Option<i64>> {
+        let &(end, score) = self.scores.get(index)?;
+        let start = index
+            .checked_sub(1)
+            .and_then(|before| self.scores.get(before))
+            .map_or(0, |&(end, _)| end);
+        (self.names.get(start..end) == Some(name)).then_some(score)
+    }
 }
 
 /// How a follower reaches the leader to hand it a bind.
@@ -439,6 +496,8 @@ impl Extender {
             started: Instant::now(),
             binds: Arc::default(),
             observer: BindObserver::default(),
+            scores: Arc::default(),
+            scores_reused: Arc::default(),
         }
     }
 
@@ -599,8 +658,10 @@ impl Extender {
         }
         let mut result = FilterAnswer::default();
         let mut fit = Vec::with_capacity(names.len());
+        // Scored here, where each fitting node is at hand, for the prioritize that follows.
+        let mut scores = Vec::with_capacity(names.len());
         let uid = pod.metadata.uid.as_deref();
-        {
+        let generation = {
             let mut ledger = self.ledger();
             // A new cycle of this pod: its earlier choice is not one any more, and
             // an earlier attempt's hold does not count against the pod itself.
@@ -625,6 +686,12 @@ impl Extender {
                     }
                     Some(node) if fits_pod_loaded(node, &request, self.config.gpu_policy) => {
                         fit.push(name);
+                        scores.push(score_pod_loaded(
+                            node,
+                            &request,
+                            self.config.gpu_policy,
+                            self.config.node_policy,
+                        ));
                     }
                     // Never fits, even emptied: kube-scheduler's preemption must not
                     // pick it (its own dry run ignores GPU shares and would see room).
@@ -646,10 +713,18 @@ impl Extender {
                 }
             }
             ledger.put_back(aside);
-        }
-        if let ([only], Some(uid)) = (fit.as_slice(), uid) {
-            // One node fits: kube-scheduler takes it without calling prioritize.
-            self.hold_tentatively(&mut self.ledger(), uid, only, &request);
+            ledger.generation()
+        };
+        match (fit.as_slice(), uid) {
+            ([only], Some(uid)) => {
+                // One node fits: kube-scheduler takes it without calling prioritize.
+                self.hold_tentatively(&mut self.ledger(), uid, only, &request);
+            }
+            ([_, _, ..], Some(uid)) => {
+                let memo = ScoreMemo::new(uid, &request, generation, &fit, &scores);
+                *lock(&self.scores) = Some(memo);
+            }
+            _ => {}
         }
         if let Some(list) = nodes {
             let keep: std::collections::HashSet<&str> = fit.iter().copied().collect();
@@ -693,6 +768,16 @@ impl Extender {
             .filter(|_| self.synced());
         let mut ledger = self.ledger();
         let uid = pod.metadata.uid.as_deref();
+        // Filter's scores, if nothing they read changed since (taken either way:
+        // they serve one prioritize). Checked before this call's own changes below,
+        // which repeat filter's: the pod's tentative hold was given back there, and
+        // its in-flight hold is set aside now as it was there.
+        let memo = lock(&self.scores).take().filter(|memo| {
+            Some(memo.uid.as_str()) == uid
+                && memo.generation == ledger.generation()
+                && request.as_ref() == Some(&memo.request)
+        });
+        let mut reused = false;
         // Scored without its own earlier choice, which would skew its node, and
         // without an earlier attempt's hold (see `Ledger::set_aside`).
         let aside = match (uid, &request) {
@@ -710,6 +795,10 @@ impl Extender {
                 let host = host.0.as_ref();
                 // No GPU asked: no node looked up.
                 let score = request.as_ref().and_then(|request| {
+                    if let Some(score) = memo.as_ref().and_then(|memo| memo.score(index, host)) {
+                        reused = true;
+                        return score;
+                    }
                     score_pod_loaded(
                         ledger.loaded_node(host)?,
                         request,
@@ -728,6 +817,9 @@ impl Extender {
                 }
             })
             .collect();
+        if reused {
+            self.scores_reused.fetch_add(1, Ordering::Relaxed);
+        }
         // Back before any new hold: a bind's hold is never replaced by a tentative one.
         ledger.put_back(aside);
         if let (Some(request), Some(uid), Some((_, index))) = (&request, uid, best) {
@@ -1401,6 +1493,9 @@ mod tests;
 
 #[cfg(test)]
 mod tentative_tests;
+
+#[cfg(test)]
+mod score_memo_tests;
 
 #[cfg(test)]
 mod preempt_tests;

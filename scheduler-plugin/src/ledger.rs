@@ -100,33 +100,40 @@ impl NodeKey {
     fn as_str(&self) -> &str {
         match self {
             // Always valid: copied from a `str` whole.
-            Self::Inline { len, bytes } => {
-                std::str::from_utf8(&bytes[..usize::from(*len)]).unwrap_or_default()
-            }
+            Self::Inline { .. } => std::str::from_utf8(self.as_bytes()).unwrap_or_default(),
             Self::Heap(name) => name,
+        }
+    }
+
+    /// The name's UTF-8: what lookups hash and compare (no check of the UTF-8 on
+    /// each of the thousands of lookups a call makes).
+    fn as_bytes(&self) -> &[u8] {
+        match self {
+            Self::Inline { len, bytes } => &bytes[..usize::from(*len)],
+            Self::Heap(name) => name.as_bytes(),
         }
     }
 }
 
-// As a `str`, so that `HashMap::get` takes a `&str` (`Borrow` requires the same
-// hash and equality as the borrowed form).
+// As a byte slice, so that `HashMap::get` takes a name's bytes (`Borrow` requires
+// the same hash and equality as the borrowed form).
 impl std::hash::Hash for NodeKey {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.as_str().hash(state);
+        self.as_bytes().hash(state);
     }
 }
 
 impl PartialEq for NodeKey {
     fn eq(&self, other: &Self) -> bool {
-        self.as_str() == other.as_str()
+        self.as_bytes() == other.as_bytes()
     }
 }
 
 impl Eq for NodeKey {}
 
-impl std::borrow::Borrow<str> for NodeKey {
-    fn borrow(&self) -> &str {
-        self.as_str()
+impl std::borrow::Borrow<[u8]> for NodeKey {
+    fn borrow(&self) -> &[u8] {
+        self.as_bytes()
     }
 }
 
@@ -154,11 +161,53 @@ impl LedgerNode {
     }
 }
 
+/// The ledger's nodes, counting the changes: every access that may change a node,
+/// or which nodes there are, advances [`Nodes::generation`]. While it stays, what
+/// was read of the nodes still holds (prioritize reuses filter's scores so).
+#[derive(Debug, Default)]
+struct Nodes {
+    /// Hashed by foldhash, seeded per process: SipHash cost a few percent of a
+    /// filter call, and foldhash's seed still keeps crafted names from colliding.
+    map: HashMap<NodeKey, LedgerNode, foldhash::fast::RandomState>,
+    generation: u64,
+}
+
+impl Nodes {
+    fn get(&self, name: &str) -> Option<&LedgerNode> {
+        self.map.get(name.as_bytes())
+    }
+
+    /// The node to change (counted as changed, whether it is or not).
+    fn get_mut(&mut self, name: &str) -> Option<&mut LedgerNode> {
+        self.generation = self.generation.wrapping_add(1);
+        self.map.get_mut(name.as_bytes())
+    }
+
+    fn insert(&mut self, name: &str, node: LedgerNode) {
+        self.generation = self.generation.wrapping_add(1);
+        self.map.insert(NodeKey::new(name), node);
+    }
+
+    fn remove(&mut self, name: &str) {
+        self.generation = self.generation.wrapping_add(1);
+        self.map.remove(name.as_bytes());
+    }
+
+    fn retain(&mut self, keep: impl FnMut(&NodeKey, &mut LedgerNode) -> bool) {
+        self.generation = self.generation.wrapping_add(1);
+        self.map.retain(keep);
+    }
+
+    fn values(&self) -> impl Iterator<Item = &LedgerNode> {
+        self.map.values()
+    }
+}
+
 /// Per-node GPU state with every known use applied.
 #[derive(Debug, Default)]
 pub struct Ledger {
     /// Node → GPUs with use applied.
-    nodes: HashMap<NodeKey, LedgerNode>,
+    nodes: Nodes,
     /// Pod UID → its use (from its annotation).
     pods: HashMap<String, PodUse>,
     /// Node → UIDs of pods using it.
@@ -422,8 +471,7 @@ impl Ledger {
         for reservation in self.reservations.values().filter(|r| r.node == name) {
             account(&mut node, &reservation.placement, true);
         }
-        self.nodes
-            .insert(NodeKey::new(&name), LedgerNode::new(node));
+        self.nodes.insert(&name, LedgerNode::new(node));
         self.legacy_pods
             .insert(name.clone(), legacy_pod_uids(device));
         // Unbound annotated pods seen before this node's GPUs: in flight here now.
@@ -610,6 +658,12 @@ impl Ledger {
             state: &node.state,
             load: &node.load,
         })
+    }
+
+    /// Advances with every change of any node's GPUs or use, and of which nodes
+    /// there are: while it stays, what was read of [`Ledger::loaded_node`] holds.
+    pub fn generation(&self) -> u64 {
+        self.nodes.generation
     }
 
     /// Every node with a Device CR.
@@ -1253,7 +1307,7 @@ mod tests {
     fn loads_follow_every_change() {
         const GROUP_1: &str = r#"{"gpu":[{"minor":1,"id":"GPU-1","resources":{"koordinator.sh/gpu-core":25,"koordinator.sh/gpu-memory-ratio":25},"extension":{"sharingGroup":"g"}}]}"#;
         let current = |ledger: &Ledger| {
-            for (name, node) in &ledger.nodes {
+            for (name, node) in &ledger.nodes.map {
                 assert_eq!(
                     node.load,
                     NodeLoad::of(&node.state),

@@ -867,7 +867,8 @@ fn any_gpu(i: u32) -> impl Strategy<Value = GpuState> {
 }
 
 fn any_node() -> impl Strategy<Value = NodeState> {
-    (1u32..=8).prop_flat_map(|count| {
+    // Beyond 8 GPUs, the load holds them on the heap ([`GpuLoads`]).
+    (1u32..=10).prop_flat_map(|count| {
         (0..count)
             .map(any_gpu)
             .collect::<Vec<_>>()
@@ -915,6 +916,25 @@ fn a_ratio_on_gpus_of_different_sizes_scores_the_gpu_the_policy_picks() {
         score_pod_loaded(loaded, &request, Policy::Binpack, Policy::Binpack),
         Some(3)
     );
+}
+
+/// A node's GPU loads are held in place up to 8 GPUs, on the heap beyond; a
+/// refresh moves them between the two, and they read the same either way.
+#[test]
+fn gpu_loads_in_place_or_on_the_heap_read_the_same() {
+    let mut load = NodeLoad::default();
+    for count in [2u32, 12, 9, 8, 0, 3, 16] {
+        let mut n = node("n", (0..count).map(|i| gpu(i, 16384, 8192)).collect());
+        if let Some(last) = n.gpus.last_mut() {
+            last.core_used = 70;
+        }
+        load.refresh(&n);
+        let each: Vec<GpuLoad> = n.gpus.iter().map(GpuState::load).collect();
+        assert_eq!(&*load.gpus, each.as_slice(), "{count} GPUs");
+        assert_eq!(load, NodeLoad::of(&n), "{count} GPUs");
+        let in_place = matches!(load.gpus, GpuLoads::Inline { .. });
+        assert_eq!(in_place, count <= 8, "{count} GPUs");
+    }
 }
 
 proptest! {
