@@ -670,7 +670,14 @@ impl Extender {
                 ledger.set_aside(uid)
             });
             let home = group_home(ledger.nodes(), &request);
-            for name in names {
+            // Every name looked up first, in a loop that does nothing else: each
+            // lookup misses the cache, and with no judging in between the
+            // processor waits for many misses at once, not one after another.
+            let found: Vec<_> = names
+                .iter()
+                .map(|name| ledger.loaded_node(name.0.as_ref()))
+                .collect();
+            for (name, found) in names.iter().zip(found) {
                 let name = name.0.as_ref();
                 // A sharing group that holds a GPU on another node: unresolvable here,
                 // as no eviction here moves the group.
@@ -678,7 +685,7 @@ impl Extender {
                     result.failed_and_unresolvable_nodes.insert(name, why);
                     continue;
                 }
-                match ledger.loaded_node(name) {
+                match found {
                     None => {
                         result
                             .failed_and_unresolvable_nodes
@@ -1327,22 +1334,19 @@ impl Extender {
     }
 
     /// `filter` from and to the wire: the node names are read in place from `body`
-    /// and written from there (see [`Name`]). The outer error is the request's.
+    /// and written from there (see [`Name`], [`wire`]). The outer error is the request's.
     fn filter_json(&self, body: &[u8]) -> serde_json::Result<serde_json::Result<Vec<u8>>> {
-        let args = serde_json::from_slice::<ExtenderArgsIn>(body)?;
+        let args = wire::read_args(body)?;
         let names = candidate_names(args.node_names, args.nodes.as_ref());
         let answer = self.filter_names(&args.pod, args.nodes, &names);
-        Ok(encode(&answer.for_kube_scheduler(), names.len()))
+        Ok(encode_filter(&answer.for_kube_scheduler()))
     }
 
     /// `prioritize` from and to the wire, as [`Extender::filter_json`].
     fn prioritize_json(&self, body: &[u8]) -> serde_json::Result<serde_json::Result<Vec<u8>>> {
-        let args = serde_json::from_slice::<ExtenderArgsIn>(body)?;
+        let args = wire::read_args(body)?;
         let names = candidate_names(args.node_names, args.nodes.as_ref());
-        Ok(encode(
-            &self.prioritize_names(&args.pod, &names),
-            names.len(),
-        ))
+        Ok(encode_scores(&self.prioritize_names(&args.pod, &names)))
     }
 
     /// Serves one HTTP request.
@@ -1411,12 +1415,103 @@ impl Extender {
     }
 }
 
-/// `answer` as JSON, written into a buffer sized for `names` node names at once
-/// (not grown by doubling through a 100 KiB answer).
-fn encode<T: Serialize>(answer: &T, names: usize) -> serde_json::Result<Vec<u8>> {
-    let mut buffer = Vec::with_capacity(128 + names * 40);
-    serde_json::to_writer(&mut buffer, answer)?;
-    Ok(buffer)
+/// Writes `name` as a JSON string, as serde_json would: copied as it is when
+/// nothing in it needs escaping (node names never do), else escaped by serde_json.
+/// A call writes thousands of names; serde_json's string writer costs several
+/// times a copy of one.
+fn write_name(out: &mut Vec<u8>, name: &str) -> serde_json::Result<()> {
+    if name.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+        out.reserve(name.len() + 2);
+        out.push(b'"');
+        out.extend_from_slice(name.as_bytes());
+        out.push(b'"');
+        Ok(())
+    } else {
+        serde_json::to_writer(out, name)
+    }
+}
+
+/// Writes `score` as serde_json would (prioritize's scores are 0..=10).
+fn write_score(out: &mut Vec<u8>, score: i64) -> serde_json::Result<()> {
+    match u8::try_from(score) {
+        Ok(digit @ 0..=9) => {
+            out.push(b'0' + digit);
+            Ok(())
+        }
+        _ => serde_json::to_writer(out, &score),
+    }
+}
+
+/// Prioritize's answer as JSON: the bytes `serde_json::to_vec(scores)` writes
+/// (a test holds them equal), written without serde's per-field machinery.
+fn encode_scores(scores: &[HostScore<'_>]) -> serde_json::Result<Vec<u8>> {
+    const ENTRY: usize = r#"{"Host":"","Score":10},"#.len();
+    let bytes = scores.iter().map(|s| s.host.len() + ENTRY).sum::<usize>() + 2;
+    let mut out = Vec::with_capacity(bytes);
+    out.push(b'[');
+    for (index, scored) in scores.iter().enumerate() {
+        if index > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(br#"{"Host":"#);
+        write_name(&mut out, scored.host)?;
+        out.extend_from_slice(br#","Score":"#);
+        write_score(&mut out, scored.score)?;
+        out.push(b'}');
+    }
+    out.push(b']');
+    Ok(out)
+}
+
+/// Filter's answer as JSON: the bytes `serde_json::to_vec(answer)` writes (a test
+/// holds them equal), the node names copied as they are ([`write_name`]).
+fn encode_filter(answer: &FilterAnswer<'_>) -> serde_json::Result<Vec<u8>> {
+    let names = answer.node_names.as_deref().unwrap_or_default();
+    let bytes = names.iter().map(|name| name.len() + 3).sum::<usize>() + 128;
+    let mut out = Vec::with_capacity(bytes);
+    out.push(b'{');
+    if let Some(nodes) = &answer.nodes {
+        out.extend_from_slice(br#""Nodes":"#);
+        serde_json::to_writer(&mut out, nodes)?;
+        out.push(b',');
+    }
+    out.extend_from_slice(br#""NodeNames":"#);
+    match &answer.node_names {
+        Some(names) => {
+            out.push(b'[');
+            for (index, name) in names.iter().enumerate() {
+                if index > 0 {
+                    out.push(b',');
+                }
+                write_name(&mut out, name)?;
+            }
+            out.push(b']');
+        }
+        None => out.extend_from_slice(b"null"),
+    }
+    for (field, reasons) in [
+        (&br#","FailedNodes":"#[..], &answer.failed_nodes),
+        (
+            &br#","FailedAndUnresolvableNodes":"#[..],
+            &answer.failed_and_unresolvable_nodes,
+        ),
+    ] {
+        out.extend_from_slice(field);
+        out.push(b'{');
+        for (index, (name, why)) in reasons.iter().enumerate() {
+            if index > 0 {
+                out.push(b',');
+            }
+            write_name(&mut out, name)?;
+            out.push(b':');
+            serde_json::to_writer(&mut out, why)?;
+        }
+        out.push(b'}');
+    }
+    out.extend_from_slice(br#","Error":"#);
+    serde_json::to_writer(&mut out, &answer.error)?;
+    out.push(b'}');
+    Ok(out)
 }
 
 /// The verb a request path names: its last segment (kube-scheduler sends
@@ -1485,6 +1580,8 @@ pub(crate) fn http1_server() -> hyper::server::conn::http1::Builder {
     builder
 }
 
+mod wire;
+
 #[cfg(test)]
 mod fixtures;
 
@@ -1496,6 +1593,12 @@ mod tentative_tests;
 
 #[cfg(test)]
 mod score_memo_tests;
+
+#[cfg(test)]
+mod encode_tests;
+
+#[cfg(test)]
+mod wire_tests;
 
 #[cfg(test)]
 mod preempt_tests;
