@@ -1420,7 +1420,7 @@ impl Extender {
 /// A call writes thousands of names; serde_json's string writer costs several
 /// times a copy of one.
 fn write_name(out: &mut Vec<u8>, name: &str) -> serde_json::Result<()> {
-    if name.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+    if wire::plain_prefix(name.as_bytes()) == name.len() {
         out.reserve(name.len() + 2);
         out.push(b'"');
         out.extend_from_slice(name.as_bytes());

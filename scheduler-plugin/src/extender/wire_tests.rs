@@ -152,3 +152,26 @@ proptest! {
         prop_assert_eq!(ours, serde);
     }
 }
+
+proptest! {
+    /// Eight bytes at a time, the same as one at a time, wherever the first quote,
+    /// backslash or control character sits (or none).
+    #[test]
+    fn plain_prefix_stops_where_a_byte_at_a_time_stops(
+        mut bytes in prop::collection::vec(0x20u8..=0xff, 0..40),
+        special in prop::sample::select(vec![b'"', b'\\', 0x00, 0x1f, 0x0a]),
+        at in any::<prop::sample::Index>(),
+        put in any::<bool>(),
+    ) {
+        bytes.retain(|&b| b != b'"' && b != b'\\');
+        if put && !bytes.is_empty() {
+            let at = at.index(bytes.len());
+            bytes[at] = special;
+        }
+        let naive = bytes
+            .iter()
+            .position(|&b| b == b'"' || b == b'\\' || b < 0x20)
+            .unwrap_or(bytes.len());
+        prop_assert_eq!(wire::plain_prefix(&bytes), naive);
+    }
+}
