@@ -1,15 +1,12 @@
 //! One kubelet connection relayed to one runtime connection, frame by frame.
 //!
-//! Two loops, a task each: kubelet → runtime ([`Relay::kubelet_side`]) and
+//! Two loops share one task: kubelet → runtime ([`Relay::kubelet_side`]) and
 //! runtime → kubelet ([`Relay::runtime_side`]). Each cuts what it reads into whole
-//! frames and writes them on in the order they came, unchanged; DATA of a
-//! passthrough answer goes on as its bytes come ([`Passing`]), as a byte relay
-//! would pass them. What a read brings is written before the bookkeeping it
-//! causes: a request header block as soon as it is known to go as sent (or
-//! re-encoded), answers before they are even decoded while nothing of them can
-//! change ([`Shared::answers_pass_unchanged`]). Header blocks are decoded,
-//! never re-encoded: stream IDs and both HPACK tables stay identical on the two
-//! legs, and any `:authority` reaches the runtime as it was sent. A call's metrics are
+//! frames and writes them on in the order they came, unchanged, in one write per
+//! read; DATA of a passthrough answer goes on as its bytes come ([`Passing`]),
+//! as a byte relay would pass them. Header blocks are decoded, never re-encoded:
+//! stream IDs and both HPACK tables stay identical on the two legs, and any
+//! `:authority` reaches the runtime as it was sent. A call's metrics are
 //! recorded after the write that ended it, off the answer's way.
 //!
 //! A lifecycle call ([`Method`]) differs in one way: its request DATA is held by
@@ -115,8 +112,6 @@ struct Outbound {
 /// the handling of one read, never across an await.
 struct Shared {
     calls: HashMap<u32, Call>,
-    /// How many of `calls` are lifecycle calls.
-    intercepted: usize,
     /// The runtime's connection window for what the relay sends it.
     runtime_window: i64,
     /// Bytes the relay sent the runtime that kubelet never sent (see the module doc).
@@ -175,31 +170,10 @@ impl Shared {
         }
     }
 
-    fn open_call(&mut self, stream: u32, call: Call) {
-        let intercepted = call.intercept.is_some();
-        if let Some(old) = self.calls.insert(stream, call) {
-            self.intercepted -= usize::from(old.intercept.is_some());
-        }
-        self.intercepted += usize::from(intercepted);
-    }
-
-    fn remove_call(&mut self, stream: u32) -> Option<Call> {
-        let call = self.calls.remove(&stream)?;
-        self.intercepted -= usize::from(call.intercept.is_some());
-        Some(call)
-    }
-
-    /// Whether every frame the runtime sends now goes to kubelet unchanged, and
-    /// nothing of the relay's own is due there: no lifecycle call is open, the
-    /// runtime owes no credit for the relay's own DATA, nothing waits for kubelet.
-    fn answers_pass_unchanged(&self) -> bool {
-        self.intercepted == 0 && self.debt == 0 && self.to_kubelet.is_empty()
-    }
-
     /// A call's stream ended at the runtime's side (or was reset): record it and
     /// hand a lifecycle call's answer to its post stage.
     fn end_call(&mut self, stream: u32, code: Option<Code>) {
-        let Some(call) = self.remove_call(stream) else {
+        let Some(call) = self.calls.remove(&stream) else {
             return;
         };
         let Call { record, intercept } = call;
@@ -429,7 +403,6 @@ impl Relay {
     pub(crate) fn new(proxy: Arc<Proxy>) -> Self {
         let shared = Shared {
             calls: HashMap::new(),
-            intercepted: 0,
             runtime_window: frame::DEFAULT_WINDOW,
             debt: 0,
             initial_window: frame::DEFAULT_WINDOW,
@@ -463,33 +436,17 @@ impl Relay {
         runtime: UnixStream,
         stopping: watch::Receiver<bool>,
     ) -> Result<(), RelayError> {
-        let kubelet = Arc::new(Socket::new(kubelet).map_err(|source| RelayError::Io {
+        let kubelet = Socket::new(kubelet).map_err(|source| RelayError::Io {
             side: "kubelet",
             source,
-        })?);
-        let runtime = Arc::new(Socket::new(runtime).map_err(|source| RelayError::Io {
+        })?;
+        let runtime = Socket::new(runtime).map_err(|source| RelayError::Io {
             side: "runtime",
             source,
-        })?);
-        let relay = Arc::new(self);
-        // One task per direction: a wake-up polls only the side it is for, and
-        // the two sides' reads and writes do not wait on each other's.
-        let requests = tokio::spawn({
-            let (relay, from, to) = (
-                Arc::clone(&relay),
-                Arc::clone(&kubelet),
-                Arc::clone(&runtime),
-            );
-            async move { relay.kubelet_side(&from, &to).await }.in_current_span()
-        });
-        let mut requests = AbortOnDrop(requests);
+        })?;
         tokio::select! {
-            joined = &mut requests.0 => match joined {
-                Ok(result) => result,
-                // Aborted only by the guard below; a panic is the runtime's to report.
-                Err(_) => Ok(()),
-            },
-            result = relay.runtime_side(&runtime, &kubelet, stopping) => result,
+            result = self.kubelet_side(&kubelet, &runtime) => result,
+            result = self.runtime_side(&runtime, &kubelet, stopping) => result,
         }
     }
 
@@ -528,20 +485,19 @@ impl Relay {
                 preface -= n;
             }
             if preface == 0 && open {
-                open = self
-                    .requests(&mut input, &mut blocks, &mut held, &mut out, &mut ended, to)
-                    .map_err(io)?;
-            } else {
+                open = self.requests(&mut input, &mut blocks, &mut held, &mut out);
+            }
+            {
                 let mut shared = self.lock();
                 shared.pump(&mut out, blocks.at_boundary());
                 std::mem::swap(&mut shared.ended, &mut ended);
             }
             if !out.is_empty() {
                 to.write_all(&out).await.map_err(io)?;
+                // Dropped, not cleared: it may share `input`'s buffer, which can
+                // then be reused in place.
+                out = BytesMut::new();
             }
-            // Dropped, not cleared: it may share `input`'s buffer, which can then
-            // be reused in place.
-            out = BytesMut::new();
             finish(&mut ended);
             if !open && !input.is_empty() {
                 // Kubelet closed, or sent what the runtime fails it on: that goes as it came.
@@ -554,46 +510,23 @@ impl Relay {
         }
     }
 
-    /// Handles every whole frame in `input`, and writes to the runtime what its
-    /// window lets go now; false when nothing more is to be read.
-    ///
-    /// A request header block is written as soon as it is known whether it goes
-    /// as sent or re-encoded, before the call's bookkeeping: that is off the
-    /// request's way. What the socket does not take stays in `out`, in order.
+    /// Handles every whole frame in `input`; false when nothing more is to be read.
     fn requests(
         &self,
         input: &mut BytesMut,
         blocks: &mut HeaderBlocks,
         held: &mut BytesMut,
         out: &mut BytesMut,
-        ended: &mut Vec<(CallRecord, Code)>,
-        to: &Socket,
-    ) -> std::io::Result<bool> {
+    ) -> bool {
         let mut shared = self.lock();
         let shared = &mut *shared;
-        let open = self.read_requests(shared, input, blocks, held, out, to)?;
-        shared.pump(out, blocks.at_boundary());
-        std::mem::swap(&mut shared.ended, ended);
-        flush(to, out)?;
-        Ok(open)
-    }
-
-    fn read_requests(
-        &self,
-        shared: &mut Shared,
-        input: &mut BytesMut,
-        blocks: &mut HeaderBlocks,
-        held: &mut BytesMut,
-        out: &mut BytesMut,
-        to: &Socket,
-    ) -> std::io::Result<bool> {
         while let Some((head, frame)) = frame::next_frame(input) {
             let step = blocks.read(&head, &frame, shared.runtime_table_limit);
             match step {
                 Step::Fatal => {
                     forward(shared, out, block_head(head.stream), held.split());
                     forward(shared, out, head, frame);
-                    return Ok(false);
+                    return false;
                 }
                 Step::Block(block, fields) => {
                     // A block goes on whole, as sent or re-encoded: only now is
@@ -605,7 +538,6 @@ impl Relay {
                         frame::put_block(held, &block, blocks.reencoded());
                     }
                     forward(shared, out, block_head(block.stream), held.split());
-                    flush(to, out)?;
                     self.request_block(shared, block, fields);
                 }
                 Step::Forward if matches!(head.kind, kind::HEADERS | kind::CONTINUATION) => {
@@ -635,7 +567,7 @@ impl Relay {
                 },
             }
         }
-        Ok(true)
+        true
     }
 
     /// A whole request header block: a new call, or trailers of one.
@@ -681,7 +613,7 @@ impl Relay {
             answer: Answer::default(),
         });
         let lifecycle = intercept.is_some();
-        shared.open_call(head.stream, Call { record, intercept });
+        shared.calls.insert(head.stream, Call { record, intercept });
         if lifecycle && head.has(flag::END_STREAM) {
             self.start_pre_stage(shared, head.stream);
         }
@@ -799,9 +731,7 @@ impl Relay {
                     }
                 }
             }
-            let fatal = !self
-                .answers(&mut input, &mut blocks, &mut passing, &mut out, to)
-                .map_err(io)?;
+            let fatal = !self.answers(&mut input, &mut blocks, &mut passing, &mut out);
             let done = {
                 let mut shared = self.lock();
                 if blocks.at_boundary() && passing.is_none() && !shared.to_kubelet.is_empty() {
@@ -812,8 +742,8 @@ impl Relay {
             };
             if !out.is_empty() {
                 to.write_all(&out).await.map_err(io)?;
+                out = BytesMut::new();
             }
-            out = BytesMut::new();
             finish(&mut ended);
             if !open || fatal || done {
                 if !input.is_empty() {
@@ -827,56 +757,15 @@ impl Relay {
 
     /// Handles every whole frame from the runtime; false when the connection is
     /// to end after what is in `out`.
-    ///
-    /// While answers pass unchanged ([`Shared::answers_pass_unchanged`]) the
-    /// whole frames read go to kubelet first, as a byte relay would send them,
-    /// and are read afterwards: decoding and bookkeeping are off the answer's
-    /// way. The lock is held from that check to the end of the reading, so what
-    /// the check found holds for every frame written early.
     fn answers(
         &self,
         input: &mut BytesMut,
         blocks: &mut HeaderBlocks,
         passing: &mut Option<Passing>,
         out: &mut BytesMut,
-        to: &Socket,
-    ) -> std::io::Result<bool> {
+    ) -> bool {
         let mut guard = self.lock();
         let shared = &mut *guard;
-        if passing.is_none() && blocks.at_boundary() && shared.answers_pass_unchanged() {
-            let whole = frame::whole_frames_len(input);
-            if whole > 0 {
-                let written = to.try_write(&input[..whole])?;
-                let mut early = input.split_to(whole);
-                // What the socket did not take now goes with the rest, unchanged.
-                out.extend_from_slice(&early[written..]);
-                #[cfg(debug_assertions)]
-                let sent = early.clone();
-                let mut read = BytesMut::new();
-                let ok = self.read_answers(shared, &mut early, blocks, passing, &mut read);
-                #[cfg(debug_assertions)]
-                if ok {
-                    debug_assert!(read == sent, "an answer frame sent early was to be changed");
-                }
-                if !ok {
-                    // The receiver fails the connection on a frame in there; what
-                    // followed it went as a byte relay would send it.
-                    out.extend_from_slice(&early);
-                    return Ok(false);
-                }
-            }
-        }
-        Ok(self.read_answers(shared, input, blocks, passing, out))
-    }
-
-    fn read_answers(
-        &self,
-        shared: &mut Shared,
-        input: &mut BytesMut,
-        blocks: &mut HeaderBlocks,
-        passing: &mut Option<Passing>,
-        out: &mut BytesMut,
-    ) -> bool {
         let limit = self.proxy.max_message_bytes();
         let mut wake_runtime = false;
         loop {
@@ -899,7 +788,6 @@ impl Relay {
             match blocks.read(&head, &frame, shared.kubelet_table_limit) {
                 Step::Fatal => {
                     out.unsplit(frame);
-                    self.wake_runtime_if(wake_runtime);
                     return false;
                 }
                 Step::Block(block, fields) => {
@@ -998,14 +886,11 @@ impl Relay {
                 },
             }
         }
-        self.wake_runtime_if(wake_runtime);
-        true
-    }
-
-    fn wake_runtime_if(&self, wake: bool) {
-        if wake {
+        drop(guard);
+        if wake_runtime {
             self.runtime_wake.notify();
         }
+        true
     }
 }
 
@@ -1091,17 +976,6 @@ impl PreStage {
 
 // === helpers ===
 
-/// The kubelet side's task, which ends with the connection's: it returns only on
-/// an error, and the runtime side's end (or the connection being dropped while
-/// draining) must not leave it waiting.
-struct AbortOnDrop(tokio::task::JoinHandle<Result<(), RelayError>>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 /// A DATA frame of a passthrough call passed on as its bytes come, as a byte
 /// relay would, rather than once whole: what of it is still to come.
 #[derive(Debug)]
@@ -1136,15 +1010,6 @@ fn cut_through(
         left,
         ends: head.has(flag::END_STREAM).then_some(head.stream),
     })
-}
-
-/// Writes what of `out` the socket takes now; the rest stays, in order.
-fn flush(to: &Socket, out: &mut BytesMut) -> std::io::Result<()> {
-    if !out.is_empty() {
-        let written = to.try_write(out)?;
-        let _ = out.split_to(written);
-    }
-    Ok(())
 }
 
 /// Records the calls that ended, once what ended them is on its way.
@@ -1224,7 +1089,7 @@ fn refuse(shared: &mut Shared, stream: u32, refusal: &Refusal) {
     push_own(&mut shared.injected_runtime, stream, |b| {
         frame::put_rst_stream(b, stream, reason::CANCEL)
     });
-    if let Some(call) = shared.remove_call(stream) {
+    if let Some(call) = shared.calls.remove(&stream) {
         shared.ended.push((call.record, refusal.code));
     }
 }
