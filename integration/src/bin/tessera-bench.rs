@@ -42,6 +42,11 @@ enum Command {
         /// The proxy binary [default: tessera-runtime-proxy beside this binary].
         #[arg(long)]
         proxy_bin: Option<PathBuf>,
+        /// Another build of the proxy, run with --relay=frames where the h2 proxy
+        /// would run: two builds of the frame relay compared in one run. Its
+        /// figures are printed in the h2 proxy's rows.
+        #[arg(long)]
+        baseline_bin: Option<PathBuf>,
     },
     /// CreateContainer of a half-GPU pod on a fake 4-GPU node: direct vs through the
     /// proxy with the embedded GPU hook vs through the proxy calling tessera-gpu-hook
@@ -161,12 +166,20 @@ async fn run(command: Command) -> anyhow::Result<()> {
             containers,
             cycles,
             proxy_bin,
+            baseline_bin,
         } => {
             let proxy_bin = match proxy_bin {
                 Some(path) => path,
                 None => std::env::current_exe()?.with_file_name("tessera-runtime-proxy"),
             };
-            proxy_bench(&proxy_bin, iterations, containers, cycles).await
+            proxy_bench(
+                &proxy_bin,
+                baseline_bin.as_deref(),
+                iterations,
+                containers,
+                cycles,
+            )
+            .await
         }
         Command::GpuHook { iterations } => gpu_hook_bench(iterations).await,
         // kube-scheduler sends the nodes its own filters passed: with 5,000 nodes its
@@ -262,18 +275,39 @@ where
             call((*driver).clone()).await?;
         }
     }
-    // The order rotates every round, so each path follows every other equally
-    // often: a path's call must not always pay for the work its predecessor's
-    // process still does after answering (the h2 proxy's ~90 µs per call).
+    // Each round takes the next of all N! orders, so each path follows every
+    // other equally often: a path's call must not keep paying for the work its
+    // predecessor's process still does after answering (the h2 proxy's ~90 µs per
+    // call). Rotating one order would not do: it keeps every path's predecessor.
+    let orders = orders::<N>();
     for round in 0..n {
-        for k in 0..N {
-            let index = (round + k) % N;
+        for &index in &orders[round % orders.len()] {
             let started = Instant::now();
             call(drivers[index].clone()).await?;
             samples[index].0.push(started.elapsed());
         }
     }
     Ok(samples)
+}
+
+/// Every order of `0..N` (N! of them).
+fn orders<const N: usize>() -> Vec<[usize; N]> {
+    fn extend<const N: usize>(prefix: &mut Vec<usize>, all: &mut Vec<[usize; N]>) {
+        if prefix.len() == N {
+            all.push(std::array::from_fn(|i| prefix[i]));
+            return;
+        }
+        for next in 0..N {
+            if !prefix.contains(&next) {
+                prefix.push(next);
+                extend(prefix, all);
+                prefix.pop();
+            }
+        }
+    }
+    let mut all = Vec::new();
+    extend(&mut Vec::with_capacity(N), &mut all);
+    all
 }
 
 /// The floor of any extra hop: a byte relay (no HTTP/2 parsing) between two unix
@@ -397,6 +431,7 @@ async fn peak_rss_under(
 
 async fn proxy_bench(
     binary: &Path,
+    baseline: Option<&Path>,
     iterations: usize,
     containers: usize,
     cycles: usize,
@@ -417,7 +452,12 @@ async fn proxy_bench(
             no_hooks.clone().into(),
         ]
     };
-    let proxy = spawn_proxy_with(binary, &socket, &containerd.socket(), &flags("h2")).await?;
+    let proxy = match baseline {
+        Some(other) => {
+            spawn_proxy_with(other, &socket, &containerd.socket(), &flags("frames")).await?
+        }
+        None => spawn_proxy_with(binary, &socket, &containerd.socket(), &flags("h2")).await?,
+    };
     let frames_socket = dir.path().join("frames.sock");
     let frames = spawn_proxy_with(
         binary,
@@ -553,10 +593,16 @@ async fn proxy_bench(
 
     println!(
         "tessera-bench proxy: {iterations} calls per method ({} for ListContainers), {cycles} lifecycle cycles; \
-         direct, h2 proxy, frame relay and byte relay interleaved call by call, the order rotating every round",
+         direct, h2 proxy, frame relay and byte relay interleaved call by call, each round in the next of all 24 orders",
         iterations / 4
     );
     let all: Vec<Row> = rows.into_iter().chain(lifecycle).collect();
+    if let Some(baseline) = baseline {
+        println!(
+            "NOTE: the \"h2 proxy\" rows are {} --relay=frames (--baseline-bin)",
+            baseline.display()
+        );
+    }
     print_rows(&all);
     println!(
         "(h2 proxy and frame relay: tessera-runtime-proxy --relay=h2 and --relay=frames (its default), \
@@ -1122,4 +1168,29 @@ fn pod_cache_bench(pods: usize) -> anyhow::Result<()> {
         mib(full.rss_added.saturating_sub(trimmed.rss_added))
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::orders;
+
+    #[test]
+    fn every_path_follows_every_other_equally_often() {
+        let all = orders::<4>();
+        assert_eq!(all.len(), 24);
+        // Within the rounds and across their boundaries, as measure() runs them.
+        let sequence: Vec<usize> = all.iter().flatten().copied().collect();
+        let mut follows = [[0; 4]; 4];
+        for pair in sequence.windows(2) {
+            follows[pair[0]][pair[1]] += 1;
+        }
+        for (before, row) in follows.iter().enumerate() {
+            for (after, &count) in row.iter().enumerate() {
+                if before != after {
+                    // 6 inside the orders, plus at most 2 at round boundaries.
+                    assert!((6..=8).contains(&count), "{before} → {after}: {count}");
+                }
+            }
+        }
+    }
 }
