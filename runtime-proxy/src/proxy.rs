@@ -609,10 +609,20 @@ pub(crate) struct CallRecord {
 impl CallRecord {
     /// Starts timing a call of `series`' method, whose fields are recorded on `span`.
     pub(crate) fn start(metrics: Arc<Metrics>, series: MethodSeries, span: Span) -> Self {
+        Self::started_at(metrics, series, span, Instant::now())
+    }
+
+    /// As [`CallRecord::start`], for a call that began at `start`.
+    pub(crate) fn started_at(
+        metrics: Arc<Metrics>,
+        series: MethodSeries,
+        span: Span,
+        start: Instant,
+    ) -> Self {
         Self {
             metrics,
             series,
-            start: Instant::now(),
+            start,
             span,
             finished: false,
         }

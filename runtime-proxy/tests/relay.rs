@@ -432,3 +432,101 @@ async fn a_passthrough_answer_goes_on_as_its_bytes_come_not_frame_by_frame() {
     runtime.write_all(b"456789").await.expect("rest");
     assert_eq!(read_exactly(&mut kubelet, 6).await, b"456789");
 }
+
+#[tokio::test]
+async fn a_call_reset_in_the_read_that_opened_it_is_recorded_at_once() {
+    use tessera_runtime_proxy::relay::frame::{PREFACE, flag, kind, put_head, put_rst_stream};
+    use tokio::io::AsyncWriteExt;
+
+    let dir = tempfile::Builder::new()
+        .prefix("trelay-")
+        .tempdir_in("/tmp")
+        .expect("tempdir");
+    let runtime_socket = dir.path().join("runtime.sock");
+    let runtime = UnixListener::bind(&runtime_socket).expect("bind runtime");
+    let socket = dir.path().join("proxy.sock");
+    let proxy = common::serve_proxy(&runtime_socket, &socket, Vec::new(), RelayMode::Frames);
+
+    // One write: preface, SETTINGS, a Version request's headers, and its reset.
+    // The relay opens a passthrough call's record after writing what it read;
+    // the reset in the same read must still find it.
+    let mut kubelet = UnixStream::connect(&socket).await.expect("connect");
+    let mut request = BytesMut::from(&PREFACE[..]);
+    put_head(&mut request, 0, kind::SETTINGS, 0, 0);
+    let path = b"/runtime.v1.RuntimeService/Version";
+    let mut block = vec![0x83, 0x86, 0x04, path.len() as u8];
+    block.extend_from_slice(path);
+    put_head(
+        &mut request,
+        block.len(),
+        kind::HEADERS,
+        flag::END_HEADERS,
+        1,
+    );
+    request.extend_from_slice(&block);
+    put_rst_stream(&mut request, 1, 0x8);
+    kubelet.write_all(&request).await.expect("request");
+    let (mut runtime, _) = runtime.accept().await.expect("relay dials the runtime");
+    assert_eq!(
+        read_exactly(&mut runtime, request.len()).await,
+        &request[..]
+    );
+    // Both connections stay open: a call left open would be recorded (as
+    // cancelled) only when they close.
+    let metrics = proxy.metrics().encode();
+    assert!(
+        metrics.contains(r#"tessera_proxy_requests_total{method="Version",code="Cancelled"} 1"#),
+        "{metrics}"
+    );
+    drop((kubelet, runtime));
+}
+
+#[tokio::test]
+async fn an_answer_the_receiver_fails_on_goes_once_with_what_followed_it_then_the_end() {
+    use tessera_runtime_proxy::relay::frame::{PREFACE, flag, kind, put_head};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let dir = tempfile::Builder::new()
+        .prefix("trelay-")
+        .tempdir_in("/tmp")
+        .expect("tempdir");
+    let runtime_socket = dir.path().join("runtime.sock");
+    let runtime = UnixListener::bind(&runtime_socket).expect("bind runtime");
+    let socket = dir.path().join("proxy.sock");
+    common::serve_proxy(&runtime_socket, &socket, Vec::new(), RelayMode::Frames);
+
+    let mut kubelet = UnixStream::connect(&socket).await.expect("connect");
+    let mut request = BytesMut::from(&PREFACE[..]);
+    put_head(&mut request, 0, kind::SETTINGS, 0, 0);
+    let path = b"/runtime.v1.RuntimeService/Version";
+    let mut block = vec![0x83, 0x86, 0x04, path.len() as u8];
+    block.extend_from_slice(path);
+    put_head(
+        &mut request,
+        block.len(),
+        kind::HEADERS,
+        flag::END_HEADERS | flag::END_STREAM,
+        1,
+    );
+    request.extend_from_slice(&block);
+    kubelet.write_all(&request).await.expect("request");
+    let (mut runtime, _) = runtime.accept().await.expect("relay dials the runtime");
+    read_exactly(&mut runtime, request.len()).await;
+
+    // In one write, while nothing of the answers could change (no lifecycle
+    // call): SETTINGS, a header block that does not decode (index 0), a PING.
+    let mut answer = BytesMut::new();
+    put_head(&mut answer, 0, kind::SETTINGS, 0, 0);
+    put_head(&mut answer, 1, kind::HEADERS, flag::END_HEADERS, 1);
+    answer.put_u8(0x80);
+    put_head(&mut answer, 8, 0x6, 0, 0); // PING
+    answer.extend_from_slice(b"pingpong");
+    runtime.write_all(&answer).await.expect("answer");
+    // Kubelet reads each byte once, then the end of the relayed connection.
+    let mut received = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), kubelet.read_to_end(&mut received))
+        .await
+        .expect("the relay ends the connection")
+        .expect("read");
+    assert_eq!(received, &answer[..]);
+}

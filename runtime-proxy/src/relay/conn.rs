@@ -4,10 +4,16 @@
 //! runtime → kubelet ([`Relay::runtime_side`]). Each cuts what it reads into whole
 //! frames and writes them on in the order they came, unchanged, in one write per
 //! read; DATA of a passthrough answer goes on as its bytes come ([`Passing`]),
-//! as a byte relay would pass them. Header blocks are decoded, never re-encoded:
-//! stream IDs and both HPACK tables stay identical on the two legs, and any
-//! `:authority` reaches the runtime as it was sent. A call's metrics are
-//! recorded after the write that ended it, off the answer's way.
+//! as a byte relay would pass them. The bookkeeping a read causes comes after
+//! its write: a passthrough call's record is opened once its request headers
+//! went (a lifecycle call's at once: its DATA is held), and answers are written
+//! before they are even decoded while nothing of them can change
+//! ([`Shared::answers_pass_unchanged`]). Header blocks are decoded, never
+//! re-encoded: stream IDs and both HPACK tables stay identical on the two legs,
+//! and any `:authority` reaches the runtime as it was sent. A call's metrics are
+//! recorded after the write that ended it, off the answer's way. Splitting a
+//! read's frames over two writes would cost more than all of this saves: the
+//! runtime wakes for each.
 //!
 //! A lifecycle call ([`Method`]) differs in one way: its request DATA is held by
 //! the relay, run through [`Proxy::pre_stage`] and re-emitted (rewritten or not)
@@ -25,7 +31,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::pin::pin;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use tokio::net::UnixStream;
@@ -74,6 +80,14 @@ struct Route {
     series: MethodSeries,
 }
 
+/// A call whose request header block was read, to be opened.
+struct NewCall {
+    stream: u32,
+    end_stream: bool,
+    path: String,
+    timeout: Option<Duration>,
+}
+
 /// What the relay keeps of a lifecycle call.
 struct Intercept {
     method: Method,
@@ -112,6 +126,8 @@ struct Outbound {
 /// the handling of one read, never across an await.
 struct Shared {
     calls: HashMap<u32, Call>,
+    /// How many of `calls` are lifecycle calls.
+    intercepted: usize,
     /// The runtime's connection window for what the relay sends it.
     runtime_window: i64,
     /// Bytes the relay sent the runtime that kubelet never sent (see the module doc).
@@ -170,10 +186,31 @@ impl Shared {
         }
     }
 
+    fn open_call(&mut self, stream: u32, call: Call) {
+        let intercepted = call.intercept.is_some();
+        if let Some(old) = self.calls.insert(stream, call) {
+            self.intercepted -= usize::from(old.intercept.is_some());
+        }
+        self.intercepted += usize::from(intercepted);
+    }
+
+    fn remove_call(&mut self, stream: u32) -> Option<Call> {
+        let call = self.calls.remove(&stream)?;
+        self.intercepted -= usize::from(call.intercept.is_some());
+        Some(call)
+    }
+
+    /// Whether every frame the runtime sends now goes to kubelet unchanged, and
+    /// nothing of the relay's own is due there: no lifecycle call is open, the
+    /// runtime owes no credit for the relay's own DATA, nothing waits for kubelet.
+    fn answers_pass_unchanged(&self) -> bool {
+        self.intercepted == 0 && self.debt == 0 && self.to_kubelet.is_empty()
+    }
+
     /// A call's stream ended at the runtime's side (or was reset): record it and
     /// hand a lifecycle call's answer to its post stage.
     fn end_call(&mut self, stream: u32, code: Option<Code>) {
-        let Some(call) = self.calls.remove(&stream) else {
+        let Some(call) = self.remove_call(stream) else {
             return;
         };
         let Call { record, intercept } = call;
@@ -201,6 +238,8 @@ pub struct Fields {
     pub status: Option<Code>,
     /// `grpc-message`, percent-decoded.
     pub message: Option<String>,
+    /// `:path` names a lifecycle call.
+    pub lifecycle: bool,
     /// A request of a lifecycle call that names its body's length, which the
     /// hooks may change: it is sent re-encoded without it ([`HeaderBlocks::reencoded`]).
     pub lifecycle_content_length: bool,
@@ -376,6 +415,7 @@ impl HeaderBlocks {
                 _ => {}
             }
         });
+        fields.lifecycle = lifecycle;
         fields.changed_table = self.decoder.table_changes() != changes;
         match decoded {
             Ok(()) => Step::Block(head, fields),
@@ -403,6 +443,7 @@ impl Relay {
     pub(crate) fn new(proxy: Arc<Proxy>) -> Self {
         let shared = Shared {
             calls: HashMap::new(),
+            intercepted: 0,
             runtime_window: frame::DEFAULT_WINDOW,
             debt: 0,
             initial_window: frame::DEFAULT_WINDOW,
@@ -485,19 +526,20 @@ impl Relay {
                 preface -= n;
             }
             if preface == 0 && open {
-                open = self.requests(&mut input, &mut blocks, &mut held, &mut out);
-            }
-            {
+                open = self
+                    .requests(&mut input, &mut blocks, &mut held, &mut out, &mut ended, to)
+                    .map_err(io)?;
+            } else {
                 let mut shared = self.lock();
                 shared.pump(&mut out, blocks.at_boundary());
                 std::mem::swap(&mut shared.ended, &mut ended);
             }
             if !out.is_empty() {
                 to.write_all(&out).await.map_err(io)?;
-                // Dropped, not cleared: it may share `input`'s buffer, which can
-                // then be reused in place.
-                out = BytesMut::new();
             }
+            // Dropped, not cleared: it may share `input`'s buffer, which can then
+            // be reused in place.
+            out = BytesMut::new();
             finish(&mut ended);
             if !open && !input.is_empty() {
                 // Kubelet closed, or sent what the runtime fails it on: that goes as it came.
@@ -510,16 +552,49 @@ impl Relay {
         }
     }
 
-    /// Handles every whole frame in `input`; false when nothing more is to be read.
+    /// Handles every whole frame in `input`, and writes to the runtime what its
+    /// window lets go now; false when nothing more is to be read.
+    ///
+    /// A request header block is written as soon as it is known whether it goes
+    /// as sent or re-encoded, before the call's bookkeeping: that is off the
+    /// request's way. What the socket does not take stays in `out`, in order.
     fn requests(
         &self,
         input: &mut BytesMut,
         blocks: &mut HeaderBlocks,
         held: &mut BytesMut,
         out: &mut BytesMut,
-    ) -> bool {
+        ended: &mut Vec<(CallRecord, Code)>,
+        to: &Socket,
+    ) -> std::io::Result<bool> {
+        let started = Instant::now();
+        let mut deferred = Vec::new();
         let mut shared = self.lock();
         let shared = &mut *shared;
+        let open = self.read_requests(shared, input, blocks, held, out, &mut deferred, started);
+        shared.pump(out, blocks.at_boundary());
+        // What the read brought goes in one write, as it came; the passthrough
+        // calls it started are registered after it, and before anything awaits
+        // (the answers' side finds them).
+        flush(to, out)?;
+        for call in deferred {
+            self.start_call(shared, call, started);
+        }
+        std::mem::swap(&mut shared.ended, ended);
+        Ok(open)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn read_requests(
+        &self,
+        shared: &mut Shared,
+        input: &mut BytesMut,
+        blocks: &mut HeaderBlocks,
+        held: &mut BytesMut,
+        out: &mut BytesMut,
+        deferred: &mut Vec<NewCall>,
+        started: Instant,
+    ) -> bool {
         while let Some((head, frame)) = frame::next_frame(input) {
             let step = blocks.read(&head, &frame, shared.runtime_table_limit);
             match step {
@@ -538,7 +613,7 @@ impl Relay {
                         frame::put_block(held, &block, blocks.reencoded());
                     }
                     forward(shared, out, block_head(block.stream), held.split());
-                    self.request_block(shared, block, fields);
+                    self.request_block(shared, block, fields, deferred, started);
                 }
                 Step::Forward if matches!(head.kind, kind::HEADERS | kind::CONTINUATION) => {
                     held.unsplit(frame);
@@ -547,6 +622,9 @@ impl Relay {
                     kind::DATA => self.request_data(shared, out, head, frame),
                     kind::RST_STREAM => {
                         // The call ends here; a lifecycle call's pre stage finds it gone.
+                        for call in deferred.drain(..) {
+                            self.start_call(shared, call, started);
+                        }
                         forward(shared, out, head, frame);
                         shared.end_call(head.stream, Some(Code::Cancelled));
                         if shared.last_stream.is_some() {
@@ -571,7 +649,16 @@ impl Relay {
     }
 
     /// A whole request header block: a new call, or trailers of one.
-    fn request_block(&self, shared: &mut Shared, head: FrameHead, fields: Fields) {
+    /// A lifecycle call is opened now (its DATA is held from the next frame on);
+    /// a passthrough call is left in `deferred` for after the write.
+    fn request_block(
+        &self,
+        shared: &mut Shared,
+        head: FrameHead,
+        fields: Fields,
+        deferred: &mut Vec<NewCall>,
+        started: Instant,
+    ) {
         if head.stream <= shared.highest_stream {
             return;
         }
@@ -586,7 +673,27 @@ impl Relay {
             self.kubelet_wake.notify();
             return;
         }
-        let path = fields.path.unwrap_or_default();
+        let call = NewCall {
+            stream: head.stream,
+            end_stream: head.has(flag::END_STREAM),
+            path: fields.path.unwrap_or_default(),
+            timeout: fields.timeout,
+        };
+        if fields.lifecycle {
+            self.start_call(shared, call, started);
+        } else {
+            deferred.push(call);
+        }
+    }
+
+    /// Starts the record (and for a lifecycle call, the interception) of a call.
+    fn start_call(&self, shared: &mut Shared, call: NewCall, started: Instant) {
+        let NewCall {
+            stream,
+            end_stream,
+            path,
+            timeout,
+        } = call;
         let Route { method, series } = match shared.routes.get(&path) {
             Some(route) => route.clone(),
             None => {
@@ -602,20 +709,25 @@ impl Relay {
             }
         };
         let span = call_span(series.method(), method.is_some());
-        let record = CallRecord::start(Arc::clone(self.proxy.metrics()), series, span.clone());
+        let record = CallRecord::started_at(
+            Arc::clone(self.proxy.metrics()),
+            series,
+            span.clone(),
+            started,
+        );
         let intercept = method.map(|method| Intercept {
             method,
             span,
-            deadline: fields.timeout,
+            deadline: timeout,
             request: BytesMut::new(),
             send_window: shared.initial_window,
             answer_to: None,
             answer: Answer::default(),
         });
         let lifecycle = intercept.is_some();
-        shared.calls.insert(head.stream, Call { record, intercept });
-        if lifecycle && head.has(flag::END_STREAM) {
-            self.start_pre_stage(shared, head.stream);
+        shared.open_call(stream, Call { record, intercept });
+        if lifecycle && end_stream {
+            self.start_pre_stage(shared, stream);
         }
     }
 
@@ -731,7 +843,9 @@ impl Relay {
                     }
                 }
             }
-            let fatal = !self.answers(&mut input, &mut blocks, &mut passing, &mut out);
+            let fatal = !self
+                .answers(&mut input, &mut blocks, &mut passing, &mut out, to)
+                .map_err(io)?;
             let done = {
                 let mut shared = self.lock();
                 if blocks.at_boundary() && passing.is_none() && !shared.to_kubelet.is_empty() {
@@ -742,8 +856,8 @@ impl Relay {
             };
             if !out.is_empty() {
                 to.write_all(&out).await.map_err(io)?;
-                out = BytesMut::new();
             }
+            out = BytesMut::new();
             finish(&mut ended);
             if !open || fatal || done {
                 if !input.is_empty() {
@@ -757,15 +871,57 @@ impl Relay {
 
     /// Handles every whole frame from the runtime; false when the connection is
     /// to end after what is in `out`.
+    ///
+    /// While answers pass unchanged ([`Shared::answers_pass_unchanged`]) the
+    /// whole frames read go to kubelet first, as a byte relay would send them,
+    /// and are read afterwards: decoding and bookkeeping are off the answer's
+    /// way. The lock is held from that check to the end of the reading, so what
+    /// the check found holds for every frame written early.
     fn answers(
         &self,
         input: &mut BytesMut,
         blocks: &mut HeaderBlocks,
         passing: &mut Option<Passing>,
         out: &mut BytesMut,
-    ) -> bool {
+        to: &Socket,
+    ) -> std::io::Result<bool> {
         let mut guard = self.lock();
         let shared = &mut *guard;
+        if passing.is_none() && blocks.at_boundary() && shared.answers_pass_unchanged() {
+            // Only whole frames: a part of one goes with what follows it
+            // ([`cut_through`]), and one read's bytes go in one write.
+            let whole = frame::whole_frames_len(input);
+            if whole > 0 && whole == input.len() {
+                let written = to.try_write(&input[..whole])?;
+                let mut early = input.split_to(whole);
+                // What the socket did not take now goes with the rest, unchanged.
+                out.extend_from_slice(&early[written..]);
+                #[cfg(debug_assertions)]
+                let sent = early.clone();
+                let mut read = BytesMut::new();
+                let ok = self.read_answers(shared, &mut early, blocks, passing, &mut read);
+                #[cfg(debug_assertions)]
+                if ok {
+                    debug_assert!(read == sent, "an answer frame sent early was to be changed");
+                }
+                if !ok {
+                    // The receiver fails the connection on a frame in there; what
+                    // followed it went too, as a byte relay would send it.
+                    return Ok(false);
+                }
+            }
+        }
+        Ok(self.read_answers(shared, input, blocks, passing, out))
+    }
+
+    fn read_answers(
+        &self,
+        shared: &mut Shared,
+        input: &mut BytesMut,
+        blocks: &mut HeaderBlocks,
+        passing: &mut Option<Passing>,
+        out: &mut BytesMut,
+    ) -> bool {
         let limit = self.proxy.max_message_bytes();
         let mut wake_runtime = false;
         loop {
@@ -788,6 +944,7 @@ impl Relay {
             match blocks.read(&head, &frame, shared.kubelet_table_limit) {
                 Step::Fatal => {
                     out.unsplit(frame);
+                    self.wake_runtime_if(wake_runtime);
                     return false;
                 }
                 Step::Block(block, fields) => {
@@ -886,11 +1043,14 @@ impl Relay {
                 },
             }
         }
-        drop(guard);
-        if wake_runtime {
+        self.wake_runtime_if(wake_runtime);
+        true
+    }
+
+    fn wake_runtime_if(&self, wake: bool) {
+        if wake {
             self.runtime_wake.notify();
         }
-        true
     }
 }
 
@@ -1012,6 +1172,15 @@ fn cut_through(
     })
 }
 
+/// Writes what of `out` the socket takes now; the rest stays, in order.
+fn flush(to: &Socket, out: &mut BytesMut) -> std::io::Result<()> {
+    if !out.is_empty() {
+        let written = to.try_write(out)?;
+        let _ = out.split_to(written);
+    }
+    Ok(())
+}
+
 /// Records the calls that ended, once what ended them is on its way.
 fn finish(ended: &mut Vec<(CallRecord, Code)>) {
     for (record, code) in ended.drain(..) {
@@ -1089,7 +1258,7 @@ fn refuse(shared: &mut Shared, stream: u32, refusal: &Refusal) {
     push_own(&mut shared.injected_runtime, stream, |b| {
         frame::put_rst_stream(b, stream, reason::CANCEL)
     });
-    if let Some(call) = shared.calls.remove(&stream) {
+    if let Some(call) = shared.remove_call(stream) {
         shared.ended.push((call.record, refusal.code));
     }
 }

@@ -112,6 +112,19 @@ pub fn next_frame(input: &mut BytesMut) -> Option<(FrameHead, BytesMut)> {
     Some((head, input.split_to(HEAD_LEN + head.len)))
 }
 
+/// How many bytes at the front of `input` are whole frames.
+pub fn whole_frames_len(input: &[u8]) -> usize {
+    let mut at = 0;
+    while let Some(head) = FrameHead::parse(&input[at..]) {
+        let end = at + HEAD_LEN + head.len;
+        if end > input.len() {
+            break;
+        }
+        at = end;
+    }
+    at
+}
+
 /// Where the header block fragment of a HEADERS or CONTINUATION frame lies in
 /// `frame` (header included), past padding and priority fields.
 pub fn header_fragment(head: &FrameHead, frame: &[u8]) -> Result<Range<usize>, FrameError> {
@@ -297,6 +310,20 @@ mod tests {
         assert_eq!(&first[HEAD_LEN..], b"hello");
         assert!(next_frame(&mut input).is_none());
         assert_eq!(input.len(), 5);
+    }
+
+    #[test]
+    fn whole_frames_end_before_a_partial_one() {
+        let mut input = frame(kind::HEADERS, 0, 1, b"abc");
+        input.extend_from_slice(&frame(kind::DATA, 0, 1, b"hello"));
+        let whole = input.len();
+        assert_eq!(whole_frames_len(&input), whole);
+        // A head alone, then a head that promises more than came.
+        input.extend_from_slice(&frame(kind::DATA, 0, 3, b"xyz")[..HEAD_LEN + 1]);
+        assert_eq!(whole_frames_len(&input), whole);
+        assert_eq!(whole_frames_len(&input[..whole - 1]), HEAD_LEN + 3);
+        assert_eq!(whole_frames_len(&input[..4]), 0);
+        assert_eq!(whole_frames_len(&[]), 0);
     }
 
     #[test]

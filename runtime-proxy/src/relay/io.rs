@@ -61,31 +61,42 @@ impl Socket {
         }
     }
 
+    /// Writes what of `bytes` the socket's buffer takes now, without waiting:
+    /// how many bytes went.
+    pub(crate) fn try_write(&self, bytes: &[u8]) -> io::Result<usize> {
+        let mut written = 0;
+        while written < bytes.len() {
+            match self.fd.get_ref().write(&bytes[written..]) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => written += n,
+                Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => break,
+                Err(error) => return Err(error),
+            }
+        }
+        Ok(written)
+    }
+
     /// Writes all of `bytes`: straight to the socket, waiting for room only when
     /// its buffer is full.
     pub(crate) async fn write_all(&self, mut bytes: &[u8]) -> io::Result<()> {
         let mut room: Option<AsyncFd<UnixStream>> = None;
-        while !bytes.is_empty() {
-            match self.fd.get_ref().write(bytes) {
-                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(n) => bytes = &bytes[n..],
-                Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
-                Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
-                    let fd = match &room {
-                        Some(fd) => fd,
-                        // A second descriptor of the same socket, registered for
-                        // writability: epoll reports it at once if room came meanwhile.
-                        None => room.insert(register(
-                            self.fd.get_ref().try_clone()?,
-                            Interest::WRITABLE,
-                        )?),
-                    };
-                    fd.writable().await?.clear_ready();
-                }
-                Err(error) => return Err(error),
+        loop {
+            bytes = &bytes[self.try_write(bytes)?..];
+            if bytes.is_empty() {
+                return Ok(());
             }
+            let fd = match &room {
+                Some(fd) => fd,
+                // A second descriptor of the same socket, registered for
+                // writability: epoll reports it at once if room came meanwhile.
+                None => room.insert(register(
+                    self.fd.get_ref().try_clone()?,
+                    Interest::WRITABLE,
+                )?),
+            };
+            fd.writable().await?.clear_ready();
         }
-        Ok(())
     }
 
     /// Ends the writing direction: the peer reads end of stream.
