@@ -382,8 +382,19 @@ async fn read_exactly(socket: &mut UnixStream, want: usize) -> Vec<u8> {
     got
 }
 
-#[tokio::test]
-async fn a_passthrough_answer_goes_on_as_its_bytes_come_not_frame_by_frame() {
+/// A frame relay with no hooks in front of a runtime socket the test plays
+/// itself, and a kubelet connection that sent, in one write, the preface, empty
+/// SETTINGS, a Version request's header block (`:path` a literal without
+/// indexing; `flags` on its HEADERS) and `more`; the relay passed all of it to
+/// the runtime unchanged.
+struct RawCall {
+    _dir: tempfile::TempDir,
+    proxy: Arc<Proxy>,
+    kubelet: UnixStream,
+    runtime: UnixStream,
+}
+
+async fn raw_version_call(flags: u8, more: impl FnOnce(&mut BytesMut)) -> RawCall {
     use tessera_runtime_proxy::relay::frame::{PREFACE, flag, kind, put_head};
     use tokio::io::AsyncWriteExt;
 
@@ -394,10 +405,8 @@ async fn a_passthrough_answer_goes_on_as_its_bytes_come_not_frame_by_frame() {
     let runtime_socket = dir.path().join("runtime.sock");
     let runtime = UnixListener::bind(&runtime_socket).expect("bind runtime");
     let socket = dir.path().join("proxy.sock");
-    common::serve_proxy(&runtime_socket, &socket, Vec::new(), RelayMode::Frames);
+    let proxy = common::serve_proxy(&runtime_socket, &socket, Vec::new(), RelayMode::Frames);
 
-    // kubelet: preface, empty SETTINGS, a Version request (`:path` a literal
-    // without indexing) ending its stream.
     let mut kubelet = UnixStream::connect(&socket).await.expect("connect");
     let mut request = BytesMut::from(&PREFACE[..]);
     put_head(&mut request, 0, kind::SETTINGS, 0, 0);
@@ -408,17 +417,35 @@ async fn a_passthrough_answer_goes_on_as_its_bytes_come_not_frame_by_frame() {
         &mut request,
         block.len(),
         kind::HEADERS,
-        flag::END_HEADERS | flag::END_STREAM,
+        flag::END_HEADERS | flags,
         1,
     );
     request.extend_from_slice(&block);
+    more(&mut request);
     kubelet.write_all(&request).await.expect("request");
     let (mut runtime, _) = runtime.accept().await.expect("relay dials the runtime");
     assert_eq!(
         read_exactly(&mut runtime, request.len()).await,
         &request[..]
     );
+    RawCall {
+        _dir: dir,
+        proxy,
+        kubelet,
+        runtime,
+    }
+}
 
+#[tokio::test]
+async fn a_passthrough_answer_goes_on_as_its_bytes_come_not_frame_by_frame() {
+    use tessera_runtime_proxy::relay::frame::{flag, kind, put_head};
+    use tokio::io::AsyncWriteExt;
+
+    let RawCall {
+        mut kubelet,
+        mut runtime,
+        ..
+    } = raw_version_call(flag::END_STREAM, |_| {}).await;
     // The runtime: SETTINGS, `:status 200`, then a 10-byte DATA frame of which
     // only 4 bytes come for now.
     let mut answer = BytesMut::new();
@@ -435,84 +462,30 @@ async fn a_passthrough_answer_goes_on_as_its_bytes_come_not_frame_by_frame() {
 
 #[tokio::test]
 async fn a_call_reset_in_the_read_that_opened_it_is_recorded_at_once() {
-    use tessera_runtime_proxy::relay::frame::{PREFACE, flag, kind, put_head, put_rst_stream};
-    use tokio::io::AsyncWriteExt;
+    use tessera_runtime_proxy::relay::frame::put_rst_stream;
 
-    let dir = tempfile::Builder::new()
-        .prefix("trelay-")
-        .tempdir_in("/tmp")
-        .expect("tempdir");
-    let runtime_socket = dir.path().join("runtime.sock");
-    let runtime = UnixListener::bind(&runtime_socket).expect("bind runtime");
-    let socket = dir.path().join("proxy.sock");
-    let proxy = common::serve_proxy(&runtime_socket, &socket, Vec::new(), RelayMode::Frames);
-
-    // One write: preface, SETTINGS, a Version request's headers, and its reset.
     // The relay opens a passthrough call's record after writing what it read;
     // the reset in the same read must still find it.
-    let mut kubelet = UnixStream::connect(&socket).await.expect("connect");
-    let mut request = BytesMut::from(&PREFACE[..]);
-    put_head(&mut request, 0, kind::SETTINGS, 0, 0);
-    let path = b"/runtime.v1.RuntimeService/Version";
-    let mut block = vec![0x83, 0x86, 0x04, path.len() as u8];
-    block.extend_from_slice(path);
-    put_head(
-        &mut request,
-        block.len(),
-        kind::HEADERS,
-        flag::END_HEADERS,
-        1,
-    );
-    request.extend_from_slice(&block);
-    put_rst_stream(&mut request, 1, 0x8);
-    kubelet.write_all(&request).await.expect("request");
-    let (mut runtime, _) = runtime.accept().await.expect("relay dials the runtime");
-    assert_eq!(
-        read_exactly(&mut runtime, request.len()).await,
-        &request[..]
-    );
+    let call = raw_version_call(0, |request| put_rst_stream(request, 1, 0x8)).await;
     // Both connections stay open: a call left open would be recorded (as
     // cancelled) only when they close.
-    let metrics = proxy.metrics().encode();
+    let metrics = call.proxy.metrics().encode();
     assert!(
         metrics.contains(r#"tessera_proxy_requests_total{method="Version",code="Cancelled"} 1"#),
         "{metrics}"
     );
-    drop((kubelet, runtime));
 }
 
 #[tokio::test]
 async fn an_answer_the_receiver_fails_on_goes_once_with_what_followed_it_then_the_end() {
-    use tessera_runtime_proxy::relay::frame::{PREFACE, flag, kind, put_head};
+    use tessera_runtime_proxy::relay::frame::{flag, kind, put_head};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-    let dir = tempfile::Builder::new()
-        .prefix("trelay-")
-        .tempdir_in("/tmp")
-        .expect("tempdir");
-    let runtime_socket = dir.path().join("runtime.sock");
-    let runtime = UnixListener::bind(&runtime_socket).expect("bind runtime");
-    let socket = dir.path().join("proxy.sock");
-    common::serve_proxy(&runtime_socket, &socket, Vec::new(), RelayMode::Frames);
-
-    let mut kubelet = UnixStream::connect(&socket).await.expect("connect");
-    let mut request = BytesMut::from(&PREFACE[..]);
-    put_head(&mut request, 0, kind::SETTINGS, 0, 0);
-    let path = b"/runtime.v1.RuntimeService/Version";
-    let mut block = vec![0x83, 0x86, 0x04, path.len() as u8];
-    block.extend_from_slice(path);
-    put_head(
-        &mut request,
-        block.len(),
-        kind::HEADERS,
-        flag::END_HEADERS | flag::END_STREAM,
-        1,
-    );
-    request.extend_from_slice(&block);
-    kubelet.write_all(&request).await.expect("request");
-    let (mut runtime, _) = runtime.accept().await.expect("relay dials the runtime");
-    read_exactly(&mut runtime, request.len()).await;
-
+    let RawCall {
+        mut kubelet,
+        mut runtime,
+        ..
+    } = raw_version_call(flag::END_STREAM, |_| {}).await;
     // In one write, while nothing of the answers could change (no lifecycle
     // call): SETTINGS, a header block that does not decode (index 0), a PING.
     let mut answer = BytesMut::new();
