@@ -148,3 +148,43 @@ fn answers_are_read_for_status_and_message_and_never_reencoded() {
         assert!(blocks.reencoded().is_empty());
     }
 }
+
+#[test]
+fn only_whole_frames_without_header_blocks_go_before_they_are_read() {
+    let data = |len: usize| {
+        let mut frame = BytesMut::new();
+        frame::put_head(&mut frame, len, kind::DATA, 0, 1);
+        frame.extend_from_slice(&vec![0; len]);
+        frame
+    };
+    let mut read = data(10);
+    frame::put_window_update(&mut read, 0, 100);
+    frame::put_rst_stream(&mut read, 3, reason::CANCEL);
+    let mut shared = Shared::new();
+    assert!(shared.requests_pass_unchanged(&read));
+    assert!(!shared.requests_pass_unchanged(&[]));
+    // Cut short: the rest of a frame has not come.
+    assert!(!shared.requests_pass_unchanged(&read[..read.len() - 1]));
+    assert!(!shared.requests_pass_unchanged(&read[..4]));
+    // A header block must be decoded first.
+    let (_, headers) = headers(5, &[0x82]);
+    let mut with_headers = read.clone();
+    with_headers.extend_from_slice(&headers);
+    assert!(!shared.requests_pass_unchanged(&with_headers));
+    // DATA past the runtime's window waits in the queue.
+    shared.runtime_window = 9;
+    assert!(!shared.requests_pass_unchanged(&read));
+    shared.runtime_window = 10;
+    assert!(shared.requests_pass_unchanged(&read));
+    // Frames queued ahead, or a lifecycle call whose DATA the relay holds.
+    shared.to_runtime.push_back(Outbound {
+        frame: Bytes::new(),
+        stream: 1,
+        flow: 0,
+        own: false,
+    });
+    assert!(!shared.requests_pass_unchanged(&read));
+    shared.to_runtime.clear();
+    shared.intercepted = 1;
+    assert!(!shared.requests_pass_unchanged(&read));
+}
