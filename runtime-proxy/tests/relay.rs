@@ -382,20 +382,6 @@ async fn read_exactly(socket: &mut UnixStream, want: usize) -> Vec<u8> {
     got
 }
 
-/// A frame relay with no hooks serving `proxy.sock` in a new directory, in front
-/// of `runtime.sock` there, whose listener the test plays the runtime on.
-fn relay_before_raw_runtime() -> (tempfile::TempDir, Arc<Proxy>, UnixListener) {
-    let dir = tempfile::Builder::new()
-        .prefix("trelay-")
-        .tempdir_in("/tmp")
-        .expect("tempdir");
-    let runtime_socket = dir.path().join("runtime.sock");
-    let runtime = UnixListener::bind(&runtime_socket).expect("bind runtime");
-    let socket = dir.path().join("proxy.sock");
-    let proxy = common::serve_proxy(&runtime_socket, &socket, Vec::new(), RelayMode::Frames);
-    (dir, proxy, runtime)
-}
-
 /// A frame relay with no hooks in front of a runtime socket the test plays
 /// itself, and a kubelet connection that sent, in one write, the preface, empty
 /// SETTINGS, a Version request's header block (`:path` a literal without
@@ -412,10 +398,16 @@ async fn raw_version_call(flags: u8, more: impl FnOnce(&mut BytesMut)) -> RawCal
     use tessera_runtime_proxy::relay::frame::{PREFACE, flag, kind, put_head};
     use tokio::io::AsyncWriteExt;
 
-    let (dir, proxy, runtime) = relay_before_raw_runtime();
-    let mut kubelet = UnixStream::connect(dir.path().join("proxy.sock"))
-        .await
-        .expect("connect");
+    let dir = tempfile::Builder::new()
+        .prefix("trelay-")
+        .tempdir_in("/tmp")
+        .expect("tempdir");
+    let runtime_socket = dir.path().join("runtime.sock");
+    let runtime = UnixListener::bind(&runtime_socket).expect("bind runtime");
+    let socket = dir.path().join("proxy.sock");
+    let proxy = common::serve_proxy(&runtime_socket, &socket, Vec::new(), RelayMode::Frames);
+
+    let mut kubelet = UnixStream::connect(&socket).await.expect("connect");
     let mut request = BytesMut::from(&PREFACE[..]);
     put_head(&mut request, 0, kind::SETTINGS, 0, 0);
     let path = b"/runtime.v1.RuntimeService/Version";
@@ -510,24 +502,4 @@ async fn an_answer_the_receiver_fails_on_goes_once_with_what_followed_it_then_th
         .expect("the relay ends the connection")
         .expect("read");
     assert_eq!(received, &answer[..]);
-}
-
-#[tokio::test]
-async fn the_preface_goes_first_when_frames_come_with_it() {
-    use tessera_runtime_proxy::relay::frame::{PREFACE, kind, put_head, put_window_update};
-    use tokio::io::AsyncWriteExt;
-
-    let (dir, _proxy, runtime) = relay_before_raw_runtime();
-
-    // As h2 clients start: the preface, SETTINGS and a connection WINDOW_UPDATE in
-    // one write, no header block (frames the relay may send before reading them).
-    let mut kubelet = UnixStream::connect(dir.path().join("proxy.sock"))
-        .await
-        .expect("connect");
-    let mut start = BytesMut::from(&PREFACE[..]);
-    put_head(&mut start, 0, kind::SETTINGS, 0, 0);
-    put_window_update(&mut start, 0, 1 << 20);
-    kubelet.write_all(&start).await.expect("start");
-    let (mut runtime, _) = runtime.accept().await.expect("relay dials the runtime");
-    assert_eq!(read_exactly(&mut runtime, start.len()).await, &start[..]);
 }

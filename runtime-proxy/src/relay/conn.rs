@@ -153,26 +153,6 @@ struct Shared {
 }
 
 impl Shared {
-    /// A new connection's: HTTP/2's initial windows and table sizes, no call.
-    fn new() -> Self {
-        Self {
-            calls: HashMap::new(),
-            intercepted: 0,
-            runtime_window: frame::DEFAULT_WINDOW,
-            debt: 0,
-            initial_window: frame::DEFAULT_WINDOW,
-            to_runtime: VecDeque::new(),
-            injected_runtime: VecDeque::new(),
-            to_kubelet: BytesMut::new(),
-            runtime_table_limit: frame::DEFAULT_TABLE_SIZE,
-            kubelet_table_limit: frame::DEFAULT_TABLE_SIZE,
-            highest_stream: 0,
-            last_stream: None,
-            ended: Vec::new(),
-            routes: HashMap::new(),
-        }
-    }
-
     /// Moves what the runtime's windows allow from the queues to `out`.
     fn pump(&mut self, out: &mut BytesMut, at_boundary: bool) {
         if at_boundary {
@@ -225,34 +205,6 @@ impl Shared {
     /// runtime owes no credit for the relay's own DATA, nothing waits for kubelet.
     fn answers_pass_unchanged(&self) -> bool {
         self.intercepted == 0 && self.debt == 0 && self.to_kubelet.is_empty()
-    }
-
-    /// Whether every frame of `input` goes to the runtime unchanged and now: whole
-    /// frames without a header block among them, no lifecycle call open (whose
-    /// DATA the relay would hold), nothing queued ahead of them, DATA within the
-    /// runtime's window.
-    fn requests_pass_unchanged(&self, input: &[u8]) -> bool {
-        if self.intercepted != 0
-            || !self.to_runtime.is_empty()
-            || !self.injected_runtime.is_empty()
-            || input.is_empty()
-        {
-            return false;
-        }
-        let mut flow = 0;
-        let mut at = 0;
-        while at < input.len() {
-            let Some(head) = FrameHead::parse(&input[at..]) else {
-                return false;
-            };
-            match head.kind {
-                kind::HEADERS | kind::CONTINUATION => return false,
-                kind::DATA => flow += head.len as i64,
-                _ => {}
-            }
-            at += frame::HEAD_LEN + head.len;
-        }
-        at == input.len() && flow <= self.runtime_window
     }
 
     /// A call's stream ended at the runtime's side (or was reset): record it and
@@ -489,9 +441,25 @@ pub(crate) struct Relay {
 
 impl Relay {
     pub(crate) fn new(proxy: Arc<Proxy>) -> Self {
+        let shared = Shared {
+            calls: HashMap::new(),
+            intercepted: 0,
+            runtime_window: frame::DEFAULT_WINDOW,
+            debt: 0,
+            initial_window: frame::DEFAULT_WINDOW,
+            to_runtime: VecDeque::new(),
+            injected_runtime: VecDeque::new(),
+            to_kubelet: BytesMut::new(),
+            runtime_table_limit: frame::DEFAULT_TABLE_SIZE,
+            kubelet_table_limit: frame::DEFAULT_TABLE_SIZE,
+            highest_stream: 0,
+            last_stream: None,
+            ended: Vec::new(),
+            routes: HashMap::new(),
+        };
         Self {
             proxy,
-            shared: Arc::new(Mutex::new(Shared::new())),
+            shared: Arc::new(Mutex::new(shared)),
             runtime_wake: Arc::new(Wake::default()),
             kubelet_wake: Arc::new(Wake::default()),
         }
@@ -603,33 +571,6 @@ impl Relay {
         let mut deferred = Vec::new();
         let mut shared = self.lock();
         let shared = &mut *shared;
-        // Nothing may go ahead of what is already in `out` (the preface).
-        let at_boundary =
-            out.is_empty() && blocks.at_boundary() && !blocks.diverged && held.is_empty();
-        if at_boundary && shared.requests_pass_unchanged(input) {
-            // No header block in the read and nothing that holds or queues
-            // frames: it goes as it came, and is read after (as answers are).
-            let written = to.try_write(input)?;
-            let mut early = input.split();
-            out.extend_from_slice(&early[written..]);
-            #[cfg(debug_assertions)]
-            let sent = early.clone();
-            let mut read = BytesMut::new();
-            let open = self.read_requests(
-                shared,
-                &mut early,
-                blocks,
-                held,
-                &mut read,
-                &mut deferred,
-                started,
-            );
-            #[cfg(debug_assertions)]
-            debug_assert!(read == sent, "a request frame sent early was to be changed");
-            debug_assert!(open && deferred.is_empty());
-            std::mem::swap(&mut shared.ended, ended);
-            return Ok(open);
-        }
         let open = self.read_requests(shared, input, blocks, held, out, &mut deferred, started);
         shared.pump(out, blocks.at_boundary());
         // What the read brought goes in one write, as it came; the passthrough
@@ -946,11 +887,7 @@ impl Relay {
     ) -> std::io::Result<bool> {
         let mut guard = self.lock();
         let shared = &mut *guard;
-        if out.is_empty()
-            && passing.is_none()
-            && blocks.at_boundary()
-            && shared.answers_pass_unchanged()
-        {
+        if passing.is_none() && blocks.at_boundary() && shared.answers_pass_unchanged() {
             // Only whole frames: a part of one goes with what follows it
             // ([`cut_through`]), and one read's bytes go in one write.
             let whole = frame::whole_frames_len(input);
