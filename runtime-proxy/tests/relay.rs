@@ -436,6 +436,18 @@ async fn raw_version_call(flags: u8, more: impl FnOnce(&mut BytesMut)) -> RawCal
     }
 }
 
+/// The runtime's first frames on a [`raw_version_call`]: empty SETTINGS, then
+/// HEADERS on stream 1 whose block is the one byte `block`.
+fn answer_start(block: u8) -> BytesMut {
+    use tessera_runtime_proxy::relay::frame::{flag, kind, put_head};
+
+    let mut answer = BytesMut::new();
+    put_head(&mut answer, 0, kind::SETTINGS, 0, 0);
+    put_head(&mut answer, 1, kind::HEADERS, flag::END_HEADERS, 1);
+    answer.put_u8(block);
+    answer
+}
+
 #[tokio::test]
 async fn a_passthrough_answer_goes_on_as_its_bytes_come_not_frame_by_frame() {
     use tessera_runtime_proxy::relay::frame::{flag, kind, put_head};
@@ -448,10 +460,7 @@ async fn a_passthrough_answer_goes_on_as_its_bytes_come_not_frame_by_frame() {
     } = raw_version_call(flag::END_STREAM, |_| {}).await;
     // The runtime: SETTINGS, `:status 200`, then a 10-byte DATA frame of which
     // only 4 bytes come for now.
-    let mut answer = BytesMut::new();
-    put_head(&mut answer, 0, kind::SETTINGS, 0, 0);
-    put_head(&mut answer, 1, kind::HEADERS, flag::END_HEADERS, 1);
-    answer.put_u8(0x88);
+    let mut answer = answer_start(0x88);
     put_head(&mut answer, 10, kind::DATA, flag::END_STREAM, 1);
     answer.extend_from_slice(b"0123");
     runtime.write_all(&answer).await.expect("answer");
@@ -478,7 +487,7 @@ async fn a_call_reset_in_the_read_that_opened_it_is_recorded_at_once() {
 
 #[tokio::test]
 async fn an_answer_the_receiver_fails_on_goes_once_with_what_followed_it_then_the_end() {
-    use tessera_runtime_proxy::relay::frame::{flag, kind, put_head};
+    use tessera_runtime_proxy::relay::frame::{flag, put_head};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     let RawCall {
@@ -488,10 +497,7 @@ async fn an_answer_the_receiver_fails_on_goes_once_with_what_followed_it_then_th
     } = raw_version_call(flag::END_STREAM, |_| {}).await;
     // In one write, while nothing of the answers could change (no lifecycle
     // call): SETTINGS, a header block that does not decode (index 0), a PING.
-    let mut answer = BytesMut::new();
-    put_head(&mut answer, 0, kind::SETTINGS, 0, 0);
-    put_head(&mut answer, 1, kind::HEADERS, flag::END_HEADERS, 1);
-    answer.put_u8(0x80);
+    let mut answer = answer_start(0x80);
     put_head(&mut answer, 8, 0x6, 0, 0); // PING
     answer.extend_from_slice(b"pingpong");
     runtime.write_all(&answer).await.expect("answer");

@@ -553,11 +553,11 @@ impl Relay {
     }
 
     /// Handles every whole frame in `input`, and writes to the runtime what its
-    /// window lets go now; false when nothing more is to be read.
+    /// window lets go now, in one write; false when nothing more is to be read.
     ///
-    /// A request header block is written as soon as it is known whether it goes
-    /// as sent or re-encoded, before the call's bookkeeping: that is off the
-    /// request's way. What the socket does not take stays in `out`, in order.
+    /// Passthrough calls the read started are opened after that write: their
+    /// bookkeeping is off the request's way. What the socket does not take stays
+    /// in `out`, in order.
     fn requests(
         &self,
         input: &mut BytesMut,
@@ -890,10 +890,9 @@ impl Relay {
         if passing.is_none() && blocks.at_boundary() && shared.answers_pass_unchanged() {
             // Only whole frames: a part of one goes with what follows it
             // ([`cut_through`]), and one read's bytes go in one write.
-            let whole = frame::whole_frames_len(input);
-            if whole > 0 && whole == input.len() {
-                let written = to.try_write(&input[..whole])?;
-                let mut early = input.split_to(whole);
+            if !input.is_empty() && frame::whole_frames_len(input) == input.len() {
+                let written = to.try_write(input)?;
+                let mut early = input.split();
                 // What the socket did not take now goes with the rest, unchanged.
                 out.extend_from_slice(&early[written..]);
                 #[cfg(debug_assertions)]
