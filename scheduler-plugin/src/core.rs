@@ -109,78 +109,14 @@ pub struct NodeLoad {
     pub fullness: Fullness,
 }
 
-/// A node's [`GpuLoad`]s, in place up to [`GpuLoads::INLINE`] GPUs (nodes mostly
-/// have 8 at most): the ledger's node table then holds the whole load, and a cold
-/// node read by filter costs one place in memory, not two. On thousands of nodes
-/// per call, each a cache and TLB miss, the second place cost as much as the first.
-#[derive(Debug, Clone)]
-// In place is the point: the large variant is the common one.
-#[allow(clippy::large_enum_variant)]
-pub enum GpuLoads {
-    /// The first `len` of `gpus`.
-    Inline {
-        /// How many GPUs.
-        len: u8,
-        /// Their loads, then unused ones.
-        gpus: [GpuLoad; GpuLoads::INLINE],
-    },
-    /// More GPUs than fit in place.
-    Heap(Vec<GpuLoad>),
-}
+/// A node's [`GpuLoad`]s, in place up to [`INLINE_GPUS`] (nodes mostly have 8 at
+/// most): the ledger's node table then holds the whole load, and a cold node read
+/// by filter costs one place in memory, not two. On thousands of nodes per call,
+/// each a cache and TLB miss, the second place cost as much as the first.
+pub type GpuLoads = smallvec::SmallVec<[GpuLoad; INLINE_GPUS]>;
 
-impl GpuLoads {
-    /// GPUs held in place.
-    pub const INLINE: usize = 8;
-
-    /// Becomes `loads`, in place when they fit.
-    fn set(&mut self, loads: impl ExactSizeIterator<Item = GpuLoad>) {
-        match self {
-            Self::Heap(gpus) if loads.len() > Self::INLINE => {
-                gpus.clear();
-                gpus.extend(loads);
-            }
-            _ => match u8::try_from(loads.len()) {
-                Ok(len) if loads.len() <= Self::INLINE => {
-                    let mut gpus = [GpuLoad::default(); Self::INLINE];
-                    for (slot, load) in gpus.iter_mut().zip(loads) {
-                        *slot = load;
-                    }
-                    *self = Self::Inline { len, gpus };
-                }
-                _ => *self = Self::Heap(loads.collect()),
-            },
-        }
-    }
-}
-
-impl Default for GpuLoads {
-    fn default() -> Self {
-        Self::Inline {
-            len: 0,
-            gpus: [GpuLoad::default(); Self::INLINE],
-        }
-    }
-}
-
-impl std::ops::Deref for GpuLoads {
-    type Target = [GpuLoad];
-
-    fn deref(&self) -> &[GpuLoad] {
-        match self {
-            Self::Inline { len, gpus } => &gpus[..usize::from(*len)],
-            Self::Heap(gpus) => gpus,
-        }
-    }
-}
-
-// The GPUs' loads, however held.
-impl PartialEq for GpuLoads {
-    fn eq(&self, other: &Self) -> bool {
-        **self == **other
-    }
-}
-
-impl Eq for GpuLoads {}
+/// GPUs a node's [`GpuLoads`] holds in place.
+pub const INLINE_GPUS: usize = 8;
 
 /// Sums over a node's counted GPUs ([`GpuLoad::counted`]): what scoring reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -218,7 +154,14 @@ impl NodeLoad {
 
     /// Becomes the load of `node` again (after its use changed), reusing its memory.
     pub fn refresh(&mut self, node: &NodeState) {
-        self.gpus.set(node.gpus.iter().map(GpuState::load));
+        let loads = node.gpus.iter().map(GpuState::load);
+        if self.gpus.spilled() && loads.len() > INLINE_GPUS {
+            self.gpus.clear();
+            self.gpus.extend(loads);
+        } else {
+            // In place again when they fit.
+            self.gpus = loads.collect();
+        }
         self.grouped = node.gpus.iter().any(|g| !g.groups.is_empty());
         self.same_memory = match node.gpus.split_first() {
             Some((first, rest)) if rest.iter().all(|g| g.memory_total == first.memory_total) => {

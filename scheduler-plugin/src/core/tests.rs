@@ -932,7 +932,7 @@ fn gpu_loads_in_place_or_on_the_heap_read_the_same() {
         let each: Vec<GpuLoad> = n.gpus.iter().map(GpuState::load).collect();
         assert_eq!(&*load.gpus, each.as_slice(), "{count} GPUs");
         assert_eq!(load, NodeLoad::of(&n), "{count} GPUs");
-        let in_place = matches!(load.gpus, GpuLoads::Inline { .. });
+        let in_place = !load.gpus.spilled();
         assert_eq!(in_place, count <= 8, "{count} GPUs");
     }
 }
