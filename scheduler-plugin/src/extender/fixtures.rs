@@ -60,6 +60,14 @@ pub(super) fn args(pod: &Value, nodes: &[&str]) -> ExtenderArgs {
 }
 
 /// A synced leader's extender over these Device CRs.
+/// The names filter lets through for `pod` among `nodes`.
+pub(super) fn fitting(extender: &Extender, pod: &Value, nodes: &[&str]) -> Vec<String> {
+    extender
+        .filter(args(pod, nodes))
+        .node_names
+        .unwrap_or_default()
+}
+
 pub(super) fn extender(devices: &[Value]) -> Extender {
     let mut ledger = Ledger::default();
     for device in devices {

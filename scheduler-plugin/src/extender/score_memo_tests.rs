@@ -5,7 +5,7 @@
 use proptest::prelude::*;
 use serde_json::Value;
 
-use super::fixtures::{args, extender, healthy_device, share_pod};
+use super::fixtures::{args, extender, fitting, healthy_device, share_pod};
 use super::*;
 use crate::core::{GpuShare, Placement};
 
@@ -13,13 +13,6 @@ impl Extender {
     fn reused(&self) -> u64 {
         self.scores_reused.load(Ordering::Relaxed)
     }
-}
-
-fn fitting(extender: &Extender, pod: &Value, nodes: &[&str]) -> Vec<String> {
-    extender
-        .filter(args(pod, nodes))
-        .node_names
-        .unwrap_or_default()
 }
 
 /// kube-scheduler's order: filter, then prioritize over the nodes it let

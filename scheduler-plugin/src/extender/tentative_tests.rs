@@ -2,17 +2,8 @@
 //! node, so the next pods' cycles see them taken before its bind arrives; the
 //! hold is replaced by the pod's next cycle or its bind, and expires on the TTL.
 
-use serde_json::Value;
-
-use super::fixtures::{args, extender, healthy_device, share_pod};
+use super::fixtures::{args, extender, fitting, healthy_device, share_pod};
 use super::*;
-
-fn fitting(extender: &Extender, pod: &Value, nodes: &[&str]) -> Vec<String> {
-    extender
-        .filter(args(pod, nodes))
-        .node_names
-        .unwrap_or_default()
-}
 
 /// One node fits: kube-scheduler takes it without prioritize, so filter holds
 /// the GPUs. The next pod's filter sees them taken (without the hold it would
