@@ -1,7 +1,10 @@
 //! A slow admission webhook: a real HTTPS server, run as a child process, that
-//! answers every AdmissionReview with "allowed" after sleeping a random time in a
-//! range. Registered as a ValidatingWebhookConfiguration on `pods/binding`, it makes
-//! the API server hold each Binding that long, as a slow or overloaded webhook does.
+//! answers every AdmissionReview of a pod's subresource with "allowed" after
+//! sleeping a random time in a range. Registered as a ValidatingWebhookConfiguration
+//! on `pods/binding`, it makes the API server hold each Binding that long, as a slow
+//! or overloaded webhook does. The same configuration sends it dry-run ConfigMaps
+//! labelled [`PROBE_LABEL`], answered at once: one reviewed proves the API server
+//! calls the webhook ([`SlowWebhook::wait_active`]).
 //!
 //! Its own CA (made with `openssl` here) signs its serving certificate for
 //! `127.0.0.1`; the configuration carries that CA as `caBundle`, so the API server
@@ -13,10 +16,24 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::Api;
+use kube::api::PostParams;
 use serde_json::{Value, json};
 
+/// The label of the dry-run ConfigMaps that [`SlowWebhook::wait_active`] creates:
+/// the only ConfigMaps the configuration sends to the webhook.
+pub const PROBE_LABEL: &str = "tessera-harness/webhook-probe";
+
+/// How long the API server waits for a review: the most a webhook may take, so that
+/// a Binding held up to the delay (9 s at most in the scenarios) never runs out of
+/// it. A review that did would fail its Binding, and the retry would be a second
+/// Binding the scenario did not cause.
+const TIMEOUT_SECONDS: u32 = 30;
+
 /// The server: one thread per request, so the API server's parallel reviews each wait
-/// their own delay. Each review is logged as one line `review <resource>/<subresource>
+/// their own delay (a pod's subresource; anything else, the probe, is answered at
+/// once). Each review is logged as one line `review <resource>/<subresource>
 /// <namespace>/<name>` before the sleep.
 const SERVER: &str = r#"
 import http.server, json, random, ssl, sys, time
@@ -28,7 +45,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
         request = review["request"]
         print("review %s/%s %s/%s" % (request["resource"]["resource"], request.get("subResource", ""),
               request.get("namespace", ""), request.get("name", "")), flush=True)
-        time.sleep(random.uniform(low, high))
+        if request["resource"]["resource"] == "pods":
+            time.sleep(random.uniform(low, high))
         body = json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
                            "response": {"uid": request["uid"], "allowed": True}}).encode()
         self.send_response(200)
@@ -155,26 +173,82 @@ impl SlowWebhook {
     }
 
     /// A ValidatingWebhookConfiguration `name` sending every `pods/binding` CREATE
-    /// to this server, failing the Binding if the server does not answer in 10 s.
+    /// to this server, failing the Binding if the server does not answer in
+    /// [`TIMEOUT_SECONDS`]; and the probe's ConfigMaps (labelled [`PROBE_LABEL`],
+    /// ignored if the server is gone). One object: the API server takes both
+    /// webhooks in the same update, so a reviewed probe proves the Bindings' one is
+    /// in force too.
     pub fn configuration(&self, name: &str) -> Value {
+        let client = json!({
+            "url": format!("https://127.0.0.1:{}/validate", self.port),
+            "caBundle": k8s_openapi::ByteString(self.ca.as_bytes().to_vec()),
+        });
         json!({
             "apiVersion": "admissionregistration.k8s.io/v1",
             "kind": "ValidatingWebhookConfiguration",
             "metadata": {"name": name},
             "webhooks": [{
                 "name": "slow-binding.tessera-harness.local",
-                "clientConfig": {
-                    "url": format!("https://127.0.0.1:{}/validate", self.port),
-                    "caBundle": k8s_openapi::ByteString(self.ca.as_bytes().to_vec()),
-                },
+                "clientConfig": client,
                 "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
                            "resources": ["pods/binding"], "scope": "Namespaced"}],
                 "failurePolicy": "Fail",
                 "sideEffects": "None",
                 "admissionReviewVersions": ["v1"],
-                "timeoutSeconds": 10,
+                "timeoutSeconds": TIMEOUT_SECONDS,
+            }, {
+                "name": "probe.tessera-harness.local",
+                "clientConfig": client,
+                "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+                           "resources": ["configmaps"], "scope": "Namespaced"}],
+                "objectSelector": {"matchLabels": {PROBE_LABEL: "true"}},
+                "failurePolicy": "Ignore",
+                "sideEffects": "None",
+                "admissionReviewVersions": ["v1"],
+                "timeoutSeconds": 5,
             }],
         })
+    }
+
+    /// Waits until the API server calls this webhook: creates dry-run ConfigMaps
+    /// labelled [`PROBE_LABEL`] in `namespace` (nothing is stored) until the
+    /// server's log shows one reviewed. A blind wait after registering the
+    /// configuration would let a Binding slip past a webhook not yet in force.
+    pub async fn wait_active(
+        &self,
+        client: kube::Client,
+        namespace: &str,
+        timeout: Duration,
+    ) -> anyhow::Result<()> {
+        let configmaps: Api<ConfigMap> = Api::namespaced(client, namespace);
+        let params = PostParams {
+            dry_run: true,
+            ..PostParams::default()
+        };
+        let started = Instant::now();
+        let mut attempt = 0_u32;
+        loop {
+            attempt += 1;
+            let name = format!("webhook-probe-{attempt}");
+            let probe: ConfigMap = serde_json::from_value(json!({
+                "metadata": {"name": name, "labels": {PROBE_LABEL: "true"}},
+            }))?;
+            configmaps
+                .create(&params, &probe)
+                .await
+                .with_context(|| format!("creating the dry-run ConfigMap {namespace}/{name}"))?;
+            let reviewed = format!("review configmaps/ {namespace}/{name}");
+            if self.log_text().lines().any(|line| line == reviewed) {
+                return Ok(());
+            }
+            if started.elapsed() > timeout {
+                bail!(
+                    "the API server did not call the webhook within {timeout:?} of its registration ({attempt} probes): {}",
+                    self.log_text()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// The names (`namespace/name`) of the pods whose Binding the server reviewed,

@@ -238,18 +238,44 @@ async fn run(
         if failed.is_empty() {
             String::new()
         } else {
-            format!(": {}", failed.join(", "))
+            let names: Vec<&str> = failed.iter().map(|f| f.name.as_str()).collect();
+            format!(": {}", names.join(", "))
         }
     );
+    // Once more after the components' log tails, so the last lines of a long run
+    // (all that a CI summary may keep) say why each failed.
+    for failure in &failed {
+        println!("  {}: {}", failure.name, failure.reason);
+    }
     Ok(failed.is_empty())
 }
 
+/// A scenario that failed: its name and its error, cut to what a summary line holds.
+struct Failure {
+    name: String,
+    reason: String,
+}
+
+impl Failure {
+    /// Errors longer than this are cut (the whole one is printed where it failed).
+    const REASON_CHARS: usize = 600;
+
+    fn new(name: String, error: &anyhow::Error) -> Self {
+        let whole = format!("{error:#}");
+        let mut reason: String = whole.chars().take(Self::REASON_CHARS).collect();
+        if reason.len() < whole.len() {
+            reason.push_str(" …");
+        }
+        Self { name, reason }
+    }
+}
+
 /// The scenarios on a cluster whose Tessera is the harness's processes; returns
-/// how many passed and the names of those that failed.
+/// how many passed and those that failed.
 async fn harness_suite(
     binaries: K8sBinaries,
     selected: &[(&'static str, Scenario)],
-) -> anyhow::Result<(usize, Vec<String>)> {
+) -> anyhow::Result<(usize, Vec<Failure>)> {
     let started = Instant::now();
     let options = ClusterOptions {
         // The GPU hook trusts one namespace of GPU agents; privileged containers
@@ -280,7 +306,7 @@ async fn harness_suite(
             Ok(()) => println!("test {name} ... ok ({secs:.1} s)"),
             Err(e) => {
                 println!("test {name} ... FAILED ({secs:.1} s)\n{e:#}\n");
-                failed.push((*name).to_owned());
+                failed.push(Failure::new((*name).to_owned(), &e));
             }
         }
     }

@@ -228,11 +228,11 @@ pub(super) fn options(trusted_agents: &str) -> ClusterOptions {
 }
 
 /// Runs the install, then `scenarios` against it, then the upgrade and the
-/// uninstall, each reported as a test; returns the names of those that failed.
+/// uninstall, each reported as a test; returns those that failed.
 pub(super) async fn suite(
     cluster: &mut Cluster,
     scenarios: &[(&'static str, super::Scenario)],
-) -> Vec<String> {
+) -> Vec<super::Failure> {
     let mut failed = Vec::new();
     let mut report = |name: &str, started: Instant, outcome: anyhow::Result<()>| {
         let secs = started.elapsed().as_secs_f64();
@@ -240,7 +240,7 @@ pub(super) async fn suite(
             Ok(()) => println!("test chart/{name} ... ok ({secs:.1} s)"),
             Err(e) => {
                 println!("test chart/{name} ... FAILED ({secs:.1} s)\n{e:#}\n");
-                failed.push(format!("chart/{name}"));
+                failed.push(super::Failure::new(format!("chart/{name}"), &e));
             }
         }
     };

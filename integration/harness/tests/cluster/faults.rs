@@ -544,8 +544,8 @@ fn relist_count(cluster: &Cluster) -> usize {
         .count()
 }
 
-/// Starts the slow webhook (`delay` seconds) and registers it on `pods/binding`,
-/// then gives the API server's webhook cache a moment to take it.
+/// Starts the slow webhook (`delay` seconds), registers it on `pods/binding`, and
+/// waits until the API server calls it.
 async fn install_webhook(
     cluster: &Cluster,
     tag: &str,
@@ -559,7 +559,9 @@ async fn install_webhook(
     let mut config = webhook.configuration(WEBHOOK_NAME);
     config["metadata"]["name"] = json!(WEBHOOK_NAME);
     cluster.apply(&config).await?;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    webhook
+        .wait_active(cluster.client().await?, "default", Duration::from_secs(30))
+        .await?;
     Ok(webhook)
 }
 
