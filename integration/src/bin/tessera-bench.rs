@@ -30,9 +30,15 @@ enum Command {
     /// Direct vs proxied p50/p99 for Version, ListContainers, ContainerStatus and a
     /// create→start→stop→remove cycle, plus the proxy's peak RSS. Needs root.
     Proxy {
-        /// Calls per measured method and path.
-        #[arg(long, default_value_t = 2000)]
+        /// Calls per measured method and path, over all rounds.
+        #[arg(long, default_value_t = 10_000)]
         iterations: usize,
+        /// Rounds the passthrough calls are split into, each against freshly
+        /// started proxy and relay processes: how fast one process instance is
+        /// depends on where it lands on the machine's CPUs, and differs from one
+        /// start to the next by as much as the target. Every round is printed.
+        #[arg(long, default_value_t = 5)]
+        rounds: usize,
         /// Containers that exist while ListContainers is measured.
         #[arg(long, default_value_t = 100)]
         containers: usize,
@@ -163,23 +169,25 @@ async fn run(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Proxy {
             iterations,
+            rounds,
             containers,
             cycles,
             proxy_bin,
             baseline_bin,
         } => {
+            anyhow::ensure!(
+                (1..=iterations.max(1)).contains(&rounds),
+                "--rounds {rounds}: must be at least 1 and at most --iterations ({iterations})"
+            );
             let proxy_bin = match proxy_bin {
                 Some(path) => path,
                 None => std::env::current_exe()?.with_file_name("tessera-runtime-proxy"),
             };
-            proxy_bench(
-                &proxy_bin,
-                baseline_bin.as_deref(),
-                iterations,
-                containers,
-                cycles,
-            )
-            .await
+            let binaries = Binaries {
+                proxy: proxy_bin,
+                baseline: baseline_bin,
+            };
+            proxy_bench(&binaries, iterations, rounds, containers, cycles).await
         }
         Command::GpuHook { iterations } => gpu_hook_bench(iterations).await,
         // kube-scheduler sends the nodes its own filters passed: with 5,000 nodes its
@@ -429,10 +437,111 @@ async fn peak_rss_under(
     Ok(process.peak_rss_kib().map(|kib| kib as f64 / 1024.0))
 }
 
+/// The proxy builds a proxy bench runs.
+struct Binaries {
+    /// Runs as the h2 proxy and the frame relay.
+    proxy: PathBuf,
+    /// Runs as a frame relay in the h2 proxy's place (`--baseline-bin`).
+    baseline: Option<PathBuf>,
+}
+
+/// The processes of one round besides containerd (h2 proxy, frame relay, byte
+/// relay), each with kubelet's connection to it.
+struct Hops {
+    proxy: ProxyProcess,
+    frames: ProxyProcess,
+    relay: ProxyProcess,
+    proxied: KubeletDriver,
+    framed: KubeletDriver,
+    relayed: KubeletDriver,
+}
+
+impl Hops {
+    /// Starts round `round`'s processes, sockets under `dir`, in front of `runtime`:
+    /// the proxy binary once per --relay mode, with its embedded GPU hook and no
+    /// external hooks, and the byte relay.
+    async fn start(
+        binaries: &Binaries,
+        dir: &Path,
+        runtime: &Path,
+        round: usize,
+    ) -> anyhow::Result<Self> {
+        let no_hooks = dir.join("no-hooks.d");
+        std::fs::create_dir_all(&no_hooks)?;
+        // Each serves metrics, as on a node, on a port of its own: with the default
+        // port only the first to start would, and a round's proxies may start
+        // before the last round's have let go of theirs.
+        let flags = |mode: &str| -> Vec<std::ffi::OsString> {
+            vec![
+                format!("--relay={mode}").into(),
+                "--hooks-dir".into(),
+                no_hooks.clone().into(),
+                "--metrics-addr=127.0.0.1:0".into(),
+            ]
+        };
+        let socket = |name: &str| dir.join(format!("{name}-{round}.sock"));
+        let (proxy_socket, frames_socket, relay_socket) =
+            (socket("proxy"), socket("frames"), socket("relay"));
+        let proxy = match &binaries.baseline {
+            Some(other) => {
+                spawn_proxy_with(other, &proxy_socket, runtime, &flags("frames")).await?
+            }
+            None => spawn_proxy_with(&binaries.proxy, &proxy_socket, runtime, &flags("h2")).await?,
+        };
+        let frames =
+            spawn_proxy_with(&binaries.proxy, &frames_socket, runtime, &flags("frames")).await?;
+        let relay = spawn_byte_relay(&relay_socket, runtime).await?;
+        Ok(Self {
+            proxied: KubeletDriver::connect(&proxy_socket).await?,
+            framed: KubeletDriver::connect(&frames_socket).await?,
+            relayed: KubeletDriver::connect(&relay_socket).await?,
+            proxy,
+            frames,
+            relay,
+        })
+    }
+
+    fn cpu(&self) -> Cpu {
+        Cpu::read(&self.proxy, &self.frames, &self.relay)
+    }
+
+    /// kubelet's connections, in [`PATHS`] order.
+    fn drivers(&mut self) -> [&mut KubeletDriver; 3] {
+        [&mut self.proxied, &mut self.framed, &mut self.relayed]
+    }
+}
+
+/// What the passthrough rounds measured of one method.
+struct Method {
+    name: String,
+    /// Direct and [`PATHS`], every round's calls together.
+    samples: [Samples; 4],
+    /// Per round: the frame relay's p50 ratio minus the byte relay's.
+    gaps: Vec<f64>,
+}
+
+impl Method {
+    fn new(name: String) -> Self {
+        Self {
+            name,
+            samples: std::array::from_fn(|_| Samples::default()),
+            gaps: Vec::new(),
+        }
+    }
+
+    fn add_round(&mut self, round: [Samples; 4]) {
+        let ratio = |s: &Samples| us(s.quantile(0.5)) / us(round[0].quantile(0.5));
+        self.gaps.push(ratio(&round[2]) - ratio(&round[3]));
+        for (all, these) in self.samples.iter_mut().zip(round) {
+            all.0.extend(these.0);
+        }
+    }
+}
+
 async fn proxy_bench(
-    binary: &Path,
-    baseline: Option<&Path>,
+    binaries: &Binaries,
     iterations: usize,
+    rounds: usize,
     containers: usize,
     cycles: usize,
 ) -> anyhow::Result<()> {
@@ -440,38 +549,7 @@ async fn proxy_bench(
     let dir = tempfile::Builder::new()
         .prefix("tbench-")
         .tempdir_in("/tmp")?;
-    let socket = dir.path().join("proxy.sock");
-    // The proxy binary twice, once per --relay mode, with its embedded GPU hook and
-    // no external hooks.
-    let no_hooks = dir.path().join("no-hooks.d");
-    std::fs::create_dir_all(&no_hooks)?;
-    let flags = |mode: &str| -> Vec<std::ffi::OsString> {
-        vec![
-            format!("--relay={mode}").into(),
-            "--hooks-dir".into(),
-            no_hooks.clone().into(),
-        ]
-    };
-    let proxy = match baseline {
-        Some(other) => {
-            spawn_proxy_with(other, &socket, &containerd.socket(), &flags("frames")).await?
-        }
-        None => spawn_proxy_with(binary, &socket, &containerd.socket(), &flags("h2")).await?,
-    };
-    let frames_socket = dir.path().join("frames.sock");
-    let frames = spawn_proxy_with(
-        binary,
-        &frames_socket,
-        &containerd.socket(),
-        &flags("frames"),
-    )
-    .await?;
-    let relay_socket = dir.path().join("relay.sock");
-    let relay = spawn_byte_relay(&relay_socket, &containerd.socket()).await?;
     let mut direct = KubeletDriver::connect(&containerd.socket()).await?;
-    let mut proxied = KubeletDriver::connect(&socket).await?;
-    let mut framed = KubeletDriver::connect(&frames_socket).await?;
-    let mut relayed = KubeletDriver::connect(&relay_socket).await?;
 
     // The population ListContainers walks.
     let pod = PodSpec::new("bench", "population");
@@ -491,38 +569,46 @@ async fn proxy_bench(
         }
     }
 
-    let mut rows = Vec::new();
-    let cpu_before = Cpu::read(&proxy, &frames, &relay);
-    let samples = measure(
-        [&mut direct, &mut proxied, &mut framed, &mut relayed],
-        iterations,
-        |mut driver| async move {
+    let per_round = iterations.div_ceil(rounds);
+    let list_per_round = (iterations / 4).div_ceil(rounds);
+    let mut methods = [
+        Method::new("Version".into()),
+        Method::new(format!("ListContainers ({containers})")),
+        Method::new("ContainerStatus".into()),
+    ];
+    // CPU per Version and per ListContainers call, summed over the rounds.
+    let mut cpu_sum = [[Some(0.0); 3]; 2];
+    let mut hops = None;
+    for round in 0..rounds {
+        // The last round's processes go first: one set runs at a time.
+        drop(hops.take());
+        let mut these = Hops::start(binaries, dir.path(), &containerd.socket(), round).await?;
+
+        let before = these.cpu();
+        let [p, f, r] = these.drivers();
+        let samples = measure([&mut direct, p, f, r], per_round, |mut driver| async move {
             driver.version().await?;
             Ok(())
-        },
-    )
-    .await?;
-    // Warm-up calls included: measure() makes min(n, 10) of them per path.
-    let calls = (iterations + iterations.min(10)) as f64;
-    let cpu = cpu_before.per_call(&Cpu::read(&proxy, &frames, &relay), calls);
-    rows.extend(rows_for("Version", samples));
+        })
+        .await?;
+        // Warm-up calls included: measure() makes min(n, 10) of them per path.
+        let calls = (per_round + per_round.min(10)) as f64;
+        add_cpu(&mut cpu_sum[0], before.per_call(&these.cpu(), calls));
+        methods[0].add_round(samples);
 
-    let list_cpu_before = Cpu::read(&proxy, &frames, &relay);
-    let samples = measure(
-        [&mut direct, &mut proxied, &mut framed, &mut relayed],
-        iterations / 4,
-        |driver| list_containers(driver, containers),
-    )
-    .await?;
-    let list_calls = (iterations / 4 + (iterations / 4).min(10)) as f64;
-    let list_cpu = list_cpu_before.per_call(&Cpu::read(&proxy, &frames, &relay), list_calls);
-    rows.extend(rows_for(&format!("ListContainers ({containers})"), samples));
+        let before = these.cpu();
+        let [p, f, r] = these.drivers();
+        let samples = measure([&mut direct, p, f, r], list_per_round, |driver| {
+            list_containers(driver, containers)
+        })
+        .await?;
+        let calls = (list_per_round + list_per_round.min(10)) as f64;
+        add_cpu(&mut cpu_sum[1], before.per_call(&these.cpu(), calls));
+        methods[1].add_round(samples);
 
-    let status_id = first.clone();
-    let samples = measure(
-        [&mut direct, &mut proxied, &mut framed, &mut relayed],
-        iterations,
-        move |mut driver| {
+        let status_id = first.clone();
+        let [p, f, r] = these.drivers();
+        let samples = measure([&mut direct, p, f, r], per_round, move |mut driver| {
             let id = status_id.clone();
             async move {
                 driver
@@ -534,10 +620,31 @@ async fn proxy_bench(
                     .await?;
                 Ok(())
             }
-        },
-    )
-    .await?;
-    rows.extend(rows_for("ContainerStatus", samples));
+        })
+        .await?;
+        methods[2].add_round(samples);
+        hops = Some(these);
+    }
+    let mean = |sum: [Option<f64>; 3]| sum.map(|s| s.map(|s| s / rounds as f64));
+    let (cpu, list_cpu) = (mean(cpu_sum[0]), mean(cpu_sum[1]));
+    let mut rows = Vec::new();
+    let mut gaps = Vec::new();
+    for method in methods {
+        gaps.push((method.name.clone(), method.gaps));
+        rows.extend(rows_for(&method.name, method.samples));
+    }
+    // Lifecycle and RSS on the last round's processes.
+    let Some(Hops {
+        proxy,
+        frames,
+        relay: _relay,
+        mut proxied,
+        mut framed,
+        relayed: _,
+    }) = hops
+    else {
+        anyhow::bail!("no round ran");
+    };
 
     let lifecycle_pod = PodSpec::new("bench", "lifecycle");
     let lifecycle_config = lifecycle_pod.sandbox_config();
@@ -592,12 +699,14 @@ async fn proxy_bench(
     let frames_rss = peak_rss_under(&frames, &framed, CONCURRENT, containers).await?;
 
     println!(
-        "tessera-bench proxy: {iterations} calls per method ({} for ListContainers), {cycles} lifecycle cycles; \
-         direct, h2 proxy, frame relay and byte relay interleaved call by call, each round in the next of all 24 orders",
-        iterations / 4
+        "tessera-bench proxy: {} calls per method ({} for ListContainers) in {rounds} rounds, each against freshly \
+         started proxies and byte relay, {cycles} lifecycle cycles; direct, h2 proxy, frame relay and byte relay \
+         interleaved call by call, each turn in the next of all 24 orders",
+        per_round * rounds,
+        list_per_round * rounds,
     );
     let all: Vec<Row> = rows.into_iter().chain(lifecycle).collect();
-    if let Some(baseline) = baseline {
+    if let Some(baseline) = &binaries.baseline {
         println!(
             "NOTE: the \"h2 proxy\" rows are {} --relay=frames (--baseline-bin)",
             baseline.display()
@@ -624,11 +733,25 @@ async fn proxy_bench(
         show_rss(h2_rss),
         show_rss(frames_rss)
     );
+    println!(
+        "frame relay's p50 ratio minus the byte relay's, round by round (fresh processes each; the rows above pool every round):"
+    );
+    for (name, gaps) in &gaps {
+        let each: Vec<String> = gaps.iter().map(|g| format!("{g:+.3}")).collect();
+        println!("  {name:<22} {}", each.join(" "));
+    }
     print_verdicts(&all, cpu, [h2_rss, frames_rss]);
     direct.stop_and_remove_pod(&population).await.ok();
     drop(proxy);
     drop(frames);
     Ok(())
+}
+
+/// Adds one round's CPU per call to `sum`; a path without a figure has none.
+fn add_cpu(sum: &mut [Option<f64>; 3], round: [Option<f64>; 3]) {
+    for (total, this) in sum.iter_mut().zip(round) {
+        *total = total.zip(this).map(|(a, b)| a + b);
+    }
 }
 
 /// The issue's targets for each of the h2 proxy and the frame relay, with the
@@ -1172,7 +1295,43 @@ fn pod_cache_bench(pods: usize) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::orders;
+    use std::time::Duration;
+
+    use super::{Method, Samples, add_cpu, orders};
+
+    fn samples(micros: &[u64]) -> Samples {
+        Samples(micros.iter().map(|&m| Duration::from_micros(m)).collect())
+    }
+
+    #[test]
+    fn rounds_pool_their_calls_and_keep_each_rounds_gap() {
+        let mut method = Method::new("Version".into());
+        // direct, h2 proxy, frame relay, byte relay: p50s 100, _, 130, 120 µs.
+        method.add_round([
+            samples(&[100; 3]),
+            samples(&[150; 3]),
+            samples(&[130; 3]),
+            samples(&[120; 3]),
+        ]);
+        // A slower round: direct 200, frame relay 230, byte relay 230.
+        method.add_round([
+            samples(&[200; 3]),
+            samples(&[300; 3]),
+            samples(&[230; 3]),
+            samples(&[230; 3]),
+        ]);
+        let gaps: Vec<String> = method.gaps.iter().map(|g| format!("{g:.3}")).collect();
+        assert_eq!(gaps, ["0.100", "0.000"]);
+        assert!(method.samples.iter().all(|s| s.0.len() == 6));
+    }
+
+    #[test]
+    fn cpu_sums_have_no_figure_once_a_round_had_none() {
+        let mut sum = [Some(0.0); 3];
+        add_cpu(&mut sum, [Some(1.5), Some(2.0), None]);
+        add_cpu(&mut sum, [Some(1.0), Some(2.0), Some(3.0)]);
+        assert_eq!(sum, [Some(2.5), Some(4.0), None]);
+    }
 
     #[test]
     fn every_path_follows_every_other_equally_often() {
