@@ -364,17 +364,46 @@ async fn spawn_byte_relay(socket: &Path, runtime: &Path) -> anyhow::Result<Proxy
 /// The paths every passthrough method is measured on, interleaved call by call.
 const PATHS: [&str; 3] = ["h2 proxy", "frame relay", "byte relay"];
 
+/// One method's calls on every path.
+#[derive(Default)]
+struct Round {
+    /// Direct calls interleaved with the relays'.
+    direct: Samples,
+    /// The h2 proxy's (or with `--baseline-bin` the other build's), and the direct
+    /// calls interleaved with them (the same as `direct` when it shares the relays'
+    /// rotation).
+    h2_direct: Samples,
+    h2: Samples,
+    frames: Samples,
+    bytes: Samples,
+}
+
+impl Round {
+    /// Appends `other`'s calls.
+    fn extend(&mut self, other: Round) {
+        for (all, these) in [
+            (&mut self.direct, other.direct),
+            (&mut self.h2_direct, other.h2_direct),
+            (&mut self.h2, other.h2),
+            (&mut self.frames, other.frames),
+            (&mut self.bytes, other.bytes),
+        ] {
+            all.0.extend(these.0);
+        }
+    }
+}
+
 /// Rows for one method measured on direct + [`PATHS`].
-fn rows_for(method: &str, [direct, h2, frames, bytes]: [Samples; 4]) -> [Row; 3] {
-    let row = |path: &str, samples: Samples| Row {
+fn rows_for(method: &str, round: Round) -> [Row; 3] {
+    let row = |path: &str, direct: &Samples, samples: Samples| Row {
         name: format!("{method} via {path}"),
         direct: Samples(direct.0.clone()),
         proxied: samples,
     };
     [
-        row(PATHS[0], h2),
-        row(PATHS[1], frames),
-        row(PATHS[2], bytes),
+        row(PATHS[0], &round.h2_direct, round.h2),
+        row(PATHS[1], &round.direct, round.frames),
+        row(PATHS[2], &round.direct, round.bytes),
     ]
 }
 
@@ -505,17 +534,66 @@ impl Hops {
         Cpu::read(&self.proxy, &self.frames, &self.relay)
     }
 
-    /// kubelet's connections, in [`PATHS`] order.
-    fn drivers(&mut self) -> [&mut KubeletDriver; 3] {
-        [&mut self.proxied, &mut self.framed, &mut self.relayed]
+    /// `n` calls of `call` on every path, alternating call by call.
+    ///
+    /// The h2 proxy has a rotation of its own, with direct calls of its own: its
+    /// process goes on working ~90 µs after each answer, which on this 2-vCPU
+    /// machine lands on whatever call comes next, and there is no such neighbour
+    /// on a node (one proxy runs there). The other build of `--baseline-bin`
+    /// shares the relays' rotation: an A/B of two builds wants the same conditions.
+    async fn measure<F, Fut>(
+        &mut self,
+        direct: &mut KubeletDriver,
+        n: usize,
+        mut call: F,
+        baseline: bool,
+    ) -> anyhow::Result<Round>
+    where
+        F: FnMut(KubeletDriver) -> Fut,
+        Fut: std::future::Future<Output = anyhow::Result<()>>,
+    {
+        if baseline {
+            let [direct, h2, frames, bytes] = measure(
+                [
+                    direct,
+                    &mut self.proxied,
+                    &mut self.framed,
+                    &mut self.relayed,
+                ],
+                n,
+                call,
+            )
+            .await?;
+            return Ok(Round {
+                h2_direct: Samples(direct.0.clone()),
+                direct,
+                h2,
+                frames,
+                bytes,
+            });
+        }
+        let [direct_samples, frames, bytes] = measure(
+            [&mut *direct, &mut self.framed, &mut self.relayed],
+            n,
+            &mut call,
+        )
+        .await?;
+        let [h2_direct, h2] = measure([direct, &mut self.proxied], n, &mut call).await?;
+        Ok(Round {
+            direct: direct_samples,
+            h2_direct,
+            h2,
+            frames,
+            bytes,
+        })
     }
 }
 
 /// What the passthrough rounds measured of one method.
 struct Method {
     name: String,
-    /// Direct and [`PATHS`], every round's calls together.
-    samples: [Samples; 4],
+    /// Every round's calls together.
+    samples: Round,
     /// Per round: the frame relay's p50 ratio minus the byte relay's.
     gaps: Vec<f64>,
 }
@@ -524,17 +602,15 @@ impl Method {
     fn new(name: String) -> Self {
         Self {
             name,
-            samples: std::array::from_fn(|_| Samples::default()),
+            samples: Round::default(),
             gaps: Vec::new(),
         }
     }
 
-    fn add_round(&mut self, round: [Samples; 4]) {
-        let ratio = |s: &Samples| us(s.quantile(0.5)) / us(round[0].quantile(0.5));
-        self.gaps.push(ratio(&round[2]) - ratio(&round[3]));
-        for (all, these) in self.samples.iter_mut().zip(round) {
-            all.0.extend(these.0);
-        }
+    fn add_round(&mut self, round: Round) {
+        let ratio = |s: &Samples| us(s.quantile(0.5)) / us(round.direct.quantile(0.5));
+        self.gaps.push(ratio(&round.frames) - ratio(&round.bytes));
+        self.samples.extend(round);
     }
 }
 
@@ -569,6 +645,7 @@ async fn proxy_bench(
         }
     }
 
+    let baseline = binaries.baseline.is_some();
     let per_round = iterations.div_ceil(rounds);
     let list_per_round = (iterations / 4).div_ceil(rounds);
     let mut methods = [
@@ -585,30 +662,37 @@ async fn proxy_bench(
         let mut these = Hops::start(binaries, dir.path(), &containerd.socket(), round).await?;
 
         let before = these.cpu();
-        let [p, f, r] = these.drivers();
-        let samples = measure([&mut direct, p, f, r], per_round, |mut driver| async move {
-            driver.version().await?;
-            Ok(())
-        })
-        .await?;
+        let samples = these
+            .measure(
+                &mut direct,
+                per_round,
+                |mut driver| async move {
+                    driver.version().await?;
+                    Ok(())
+                },
+                baseline,
+            )
+            .await?;
         // Warm-up calls included: measure() makes min(n, 10) of them per path.
         let calls = (per_round + per_round.min(10)) as f64;
         add_cpu(&mut cpu_sum[0], before.per_call(&these.cpu(), calls));
         methods[0].add_round(samples);
 
         let before = these.cpu();
-        let [p, f, r] = these.drivers();
-        let samples = measure([&mut direct, p, f, r], list_per_round, |driver| {
-            list_containers(driver, containers)
-        })
-        .await?;
+        let samples = these
+            .measure(
+                &mut direct,
+                list_per_round,
+                |driver| list_containers(driver, containers),
+                baseline,
+            )
+            .await?;
         let calls = (list_per_round + list_per_round.min(10)) as f64;
         add_cpu(&mut cpu_sum[1], before.per_call(&these.cpu(), calls));
         methods[1].add_round(samples);
 
         let status_id = first.clone();
-        let [p, f, r] = these.drivers();
-        let samples = measure([&mut direct, p, f, r], per_round, move |mut driver| {
+        let status = move |mut driver: KubeletDriver| {
             let id = status_id.clone();
             async move {
                 driver
@@ -620,8 +704,10 @@ async fn proxy_bench(
                     .await?;
                 Ok(())
             }
-        })
-        .await?;
+        };
+        let samples = these
+            .measure(&mut direct, per_round, status, baseline)
+            .await?;
         methods[2].add_round(samples);
         hops = Some(these);
     }
@@ -698,10 +784,15 @@ async fn proxy_bench(
     let h2_rss = peak_rss_under(&proxy, &proxied, CONCURRENT, containers).await?;
     let frames_rss = peak_rss_under(&frames, &framed, CONCURRENT, containers).await?;
 
+    let rotation = if baseline {
+        "direct, the other build, frame relay and byte relay interleaved call by call, each turn in the next of all 24 orders"
+    } else {
+        "direct, frame relay and byte relay interleaved call by call, each turn in the next of all 6 orders; \
+         then the h2 proxy interleaved with direct calls of its own (its work after each answer would land on the relays' calls)"
+    };
     println!(
         "tessera-bench proxy: {} calls per method ({} for ListContainers) in {rounds} rounds, each against freshly \
-         started proxies and byte relay, {cycles} lifecycle cycles; direct, h2 proxy, frame relay and byte relay \
-         interleaved call by call, each turn in the next of all 24 orders",
+         started proxies and byte relay, {cycles} lifecycle cycles; {rotation}",
         per_round * rounds,
         list_per_round * rounds,
     );
@@ -1297,7 +1388,7 @@ fn pod_cache_bench(pods: usize) -> anyhow::Result<()> {
 mod tests {
     use std::time::Duration;
 
-    use super::{Method, Samples, add_cpu, orders};
+    use super::{Method, Round, Samples, add_cpu, orders, rows_for};
 
     fn samples(micros: &[u64]) -> Samples {
         Samples(micros.iter().map(|&m| Duration::from_micros(m)).collect())
@@ -1306,23 +1397,28 @@ mod tests {
     #[test]
     fn rounds_pool_their_calls_and_keep_each_rounds_gap() {
         let mut method = Method::new("Version".into());
-        // direct, h2 proxy, frame relay, byte relay: p50s 100, _, 130, 120 µs.
-        method.add_round([
-            samples(&[100; 3]),
-            samples(&[150; 3]),
-            samples(&[130; 3]),
-            samples(&[120; 3]),
-        ]);
-        // A slower round: direct 200, frame relay 230, byte relay 230.
-        method.add_round([
-            samples(&[200; 3]),
-            samples(&[300; 3]),
-            samples(&[230; 3]),
-            samples(&[230; 3]),
-        ]);
+        // direct p50 100 µs, frame relay 130, byte relay 120: gap +0.1.
+        let round = |direct: u64, frames: u64, bytes: u64| Round {
+            direct: samples(&[direct; 3]),
+            h2_direct: samples(&[direct; 3]),
+            h2: samples(&[2 * direct; 3]),
+            frames: samples(&[frames; 3]),
+            bytes: samples(&[bytes; 3]),
+        };
+        method.add_round(round(100, 130, 120));
+        // A slower round, no gap.
+        method.add_round(round(200, 230, 230));
         let gaps: Vec<String> = method.gaps.iter().map(|g| format!("{g:.3}")).collect();
         assert_eq!(gaps, ["0.100", "0.000"]);
-        assert!(method.samples.iter().all(|s| s.0.len() == 6));
+        let rows = rows_for("Version", method.samples);
+        assert!(
+            rows.iter()
+                .all(|r| r.direct.0.len() == 6 && r.proxied.0.len() == 6)
+        );
+        // The h2 row is judged against its own direct calls.
+        let p50 = |s: &Samples| s.quantile(0.5).as_micros();
+        assert_eq!((p50(&rows[0].direct), p50(&rows[0].proxied)), (200, 400));
+        assert_eq!((p50(&rows[1].direct), p50(&rows[1].proxied)), (200, 230));
     }
 
     #[test]
