@@ -242,9 +242,11 @@ impl SlowWebhook {
                 return Ok(());
             }
             if started.elapsed() > timeout {
+                let log = self.log_text();
+                let tail: Vec<&str> = log.lines().rev().take(5).collect();
                 bail!(
-                    "the API server did not call the webhook within {timeout:?} of its registration ({attempt} probes): {}",
-                    self.log_text()
+                    "the API server did not call the webhook within {timeout:?} of its registration ({attempt} probes); its log ends: {}",
+                    tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
                 );
             }
             tokio::time::sleep(Duration::from_millis(100)).await;

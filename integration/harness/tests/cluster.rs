@@ -213,7 +213,15 @@ async fn run(
     }
     if let Some(on_chart) = on_chart {
         let started = Instant::now();
-        let mut cluster = Cluster::start(binaries, chart::options(AGENTS_NAMESPACE)).await?;
+        let mut cluster = match Cluster::start(binaries, chart::options(AGENTS_NAMESPACE)).await {
+            Ok(cluster) => cluster,
+            Err(e) => {
+                // Reported with the harness suite's failures, not in their place.
+                println!("chart suite: its cluster did not start: {e:#}");
+                failed.push(Failure::new("chart/(cluster start)".to_owned(), &e));
+                return Ok(summarise(passed, &failed));
+            }
+        };
         println!(
             "cluster without Tessera's cluster side up in {:.1} s ({})",
             started.elapsed().as_secs_f64(),
@@ -231,6 +239,11 @@ async fn run(
         }
         failed.extend(bad);
     }
+    Ok(summarise(passed, &failed))
+}
+
+/// Prints the suite's result line and each failure's reason; true when none failed.
+fn summarise(passed: usize, failed: &[Failure]) -> bool {
     println!(
         "\ncluster test result: {}. {passed} passed; {} failed{}",
         if failed.is_empty() { "ok" } else { "FAILED" },
@@ -244,10 +257,10 @@ async fn run(
     );
     // Once more after the components' log tails, so the last lines of a long run
     // (all that a CI summary may keep) say why each failed.
-    for failure in &failed {
+    for failure in failed {
         println!("  {}: {}", failure.name, failure.reason);
     }
-    Ok(failed.is_empty())
+    failed.is_empty()
 }
 
 /// A scenario that failed: its name and its error, cut to what a summary line holds.
@@ -261,7 +274,8 @@ impl Failure {
     const REASON_CHARS: usize = 600;
 
     fn new(name: String, error: &anyhow::Error) -> Self {
-        let whole = format!("{error:#}");
+        // One line: a reason may quote a log.
+        let whole = format!("{error:#}").replace('\n', " | ");
         let mut reason: String = whole.chars().take(Self::REASON_CHARS).collect();
         if reason.len() < whole.len() {
             reason.push_str(" …");

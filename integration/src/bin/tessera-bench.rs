@@ -34,9 +34,8 @@ enum Command {
         #[arg(long, default_value_t = 10_000)]
         iterations: usize,
         /// Rounds the passthrough calls are split into, each against freshly
-        /// started proxy and relay processes: how fast one process instance is
-        /// depends on where it lands on the machine's CPUs, and differs from one
-        /// start to the next by as much as the target. Every round is printed.
+        /// started proxy and relay processes, so that no verdict rests on one
+        /// process instance; every round's gap is printed, the rows pool them all.
         #[arg(long, default_value_t = 5)]
         rounds: usize,
         /// Containers that exist while ListContainers is measured.
@@ -284,9 +283,10 @@ where
         }
     }
     // Each round takes the next of all N! orders, so each path follows every
-    // other equally often: a path's call must not keep paying for the work its
-    // predecessor's process still does after answering (the h2 proxy's ~90 µs per
-    // call). Rotating one order would not do: it keeps every path's predecessor.
+    // other equally often: no path keeps paying for the work one predecessor's
+    // process still does after answering. Rotating one order would not do: it
+    // keeps every path's predecessor. (Evenly in count, not in effect: the h2
+    // proxy's ~90 µs after each answer is measured apart, see `Hops::measure`.)
     let orders = orders::<N>();
     for round in 0..n {
         for &index in &orders[round % orders.len()] {
@@ -361,7 +361,7 @@ async fn spawn_byte_relay(socket: &Path, runtime: &Path) -> anyhow::Result<Proxy
     Ok(ProxyProcess(child))
 }
 
-/// The paths every passthrough method is measured on, interleaved call by call.
+/// The paths every passthrough method is measured on (see [`Hops::measure`]).
 const PATHS: [&str; 3] = ["h2 proxy", "frame relay", "byte relay"];
 
 /// One method's calls on every path.
@@ -657,7 +657,8 @@ async fn proxy_bench(
     let mut cpu_sum = [[Some(0.0); 3]; 2];
     let mut hops = None;
     for round in 0..rounds {
-        // The last round's processes go first: one set runs at a time.
+        // The last round's processes are killed first (SIGKILL, reaped in the
+        // background): the new set does not run beside them for long.
         drop(hops.take());
         let mut these = Hops::start(binaries, dir.path(), &containerd.socket(), round).await?;
 
@@ -788,7 +789,8 @@ async fn proxy_bench(
         "direct, the other build, frame relay and byte relay interleaved call by call, each turn in the next of all 24 orders"
     } else {
         "direct, frame relay and byte relay interleaved call by call, each turn in the next of all 6 orders; \
-         then the h2 proxy interleaved with direct calls of its own (its work after each answer would land on the relays' calls)"
+         then the h2 proxy interleaved with direct calls of its own (its work after each answer would land on the relays' calls); \
+         the lifecycle cycles (milliseconds each) interleave direct, h2 proxy and frame relay"
     };
     println!(
         "tessera-bench proxy: {} calls per method ({} for ListContainers) in {rounds} rounds, each against freshly \

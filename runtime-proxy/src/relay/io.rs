@@ -41,10 +41,12 @@ impl Socket {
     /// `scratch` (a read into `BytesMut`'s spare room needs `unsafe`); `Ok(0)` at
     /// the end of the stream. Cancel-safe: nothing is read before the last await.
     ///
-    /// An empty `input` that nothing else holds a part of starts again at the
-    /// front of its buffer: frames split off one by one would otherwise walk each
-    /// read onto lines of the buffer not touched since it last wrapped, cold in
-    /// the cache (1–3 µs a call at p50 on the development VM, docs/benchmarks.md).
+    /// An empty `input` that nothing else holds a part of, and that has less than
+    /// [`READ_CHUNK`] of room left, starts again at the front of its buffer:
+    /// frames split off one by one would otherwise walk each read onto lines of
+    /// the buffer not touched since it last wrapped, cold in the cache (0–5 µs a
+    /// call at p50 on the development VM, docs/benchmarks.md). A buffer grown past
+    /// 64 KiB (a large message) walks until that much room is left, then comes back.
     pub(crate) async fn read(&self, input: &mut BytesMut, scratch: &mut [u8]) -> io::Result<usize> {
         if input.is_empty() {
             // False when a part is still held elsewhere: then it stays as it is.

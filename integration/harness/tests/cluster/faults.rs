@@ -559,9 +559,22 @@ async fn install_webhook(
     let mut config = webhook.configuration(WEBHOOK_NAME);
     config["metadata"]["name"] = json!(WEBHOOK_NAME);
     cluster.apply(&config).await?;
-    webhook
-        .wait_active(cluster.client().await?, "default", Duration::from_secs(30))
-        .await?;
+    let active = async {
+        webhook
+            .wait_active(cluster.client().await?, "default", Duration::from_secs(30))
+            .await
+    }
+    .await;
+    if let Err(error) = active {
+        // Registered with failurePolicy Fail and its server about to go: left
+        // behind, it would refuse every later scenario's Binding.
+        return Err(error.context(match remove_webhook(cluster).await {
+            Ok(()) => "the slow webhook was not in force (its registration is removed)".to_owned(),
+            Err(e) => format!(
+                "the slow webhook was not in force, and removing its registration failed too: {e:#}"
+            ),
+        }));
+    }
     Ok(webhook)
 }
 
