@@ -471,11 +471,11 @@ async fn a_passthrough_answer_goes_on_as_its_bytes_come_not_frame_by_frame() {
 
 #[tokio::test]
 async fn a_call_reset_in_the_read_that_opened_it_is_recorded_at_once() {
-    use tessera_runtime_proxy::relay::frame::put_rst_stream;
+    use tessera_runtime_proxy::relay::frame::{put_rst_stream, reason};
 
     // The relay opens a passthrough call's record after writing what it read;
     // the reset in the same read must still find it.
-    let call = raw_version_call(0, |request| put_rst_stream(request, 1, 0x8)).await;
+    let call = raw_version_call(0, |request| put_rst_stream(request, 1, reason::CANCEL)).await;
     // Both connections stay open: a call left open would be recorded (as
     // cancelled) only when they close.
     let metrics = call.proxy.metrics().encode();

@@ -278,7 +278,7 @@ where
     let mut samples: [Samples; N] = std::array::from_fn(|_| Samples::default());
     // Warm-up: connections, caches.
     for driver in drivers.iter() {
-        for _ in 0..n.min(10) {
+        for _ in 0..warm_up(n) {
             call((*driver).clone()).await?;
         }
     }
@@ -296,6 +296,11 @@ where
         }
     }
     Ok(samples)
+}
+
+/// The calls [`measure`] makes on each path before timing `n`.
+fn warm_up(n: usize) -> usize {
+    n.min(10)
 }
 
 /// Every order of `0..N` (N! of them).
@@ -477,6 +482,8 @@ struct Binaries {
 /// The processes of one round besides containerd (h2 proxy, frame relay, byte
 /// relay), each with kubelet's connection to it.
 struct Hops {
+    /// The h2 proxy's place holds the other build of `--baseline-bin`.
+    baseline: bool,
     proxy: ProxyProcess,
     frames: ProxyProcess,
     relay: ProxyProcess,
@@ -521,6 +528,7 @@ impl Hops {
             spawn_proxy_with(&binaries.proxy, &frames_socket, runtime, &flags("frames")).await?;
         let relay = spawn_byte_relay(&relay_socket, runtime).await?;
         Ok(Self {
+            baseline: binaries.baseline.is_some(),
             proxied: KubeletDriver::connect(&proxy_socket).await?,
             framed: KubeletDriver::connect(&frames_socket).await?,
             relayed: KubeletDriver::connect(&relay_socket).await?,
@@ -534,7 +542,8 @@ impl Hops {
         Cpu::read(&self.proxy, &self.frames, &self.relay)
     }
 
-    /// `n` calls of `call` on every path, alternating call by call.
+    /// `n` calls of `call` on every path, alternating call by call, and each
+    /// path's CPU per call over them (warm-up included).
     ///
     /// The h2 proxy has a rotation of its own, with direct calls of its own: its
     /// process goes on working ~90 µs after each answer, which on this 2-vCPU
@@ -545,14 +554,29 @@ impl Hops {
         &mut self,
         direct: &mut KubeletDriver,
         n: usize,
+        call: F,
+    ) -> anyhow::Result<(Round, [Option<f64>; 3])>
+    where
+        F: FnMut(KubeletDriver) -> Fut,
+        Fut: std::future::Future<Output = anyhow::Result<()>>,
+    {
+        let before = self.cpu();
+        let round = self.interleave(direct, n, call).await?;
+        let calls = (n + warm_up(n)) as f64;
+        Ok((round, before.per_call(&self.cpu(), calls)))
+    }
+
+    async fn interleave<F, Fut>(
+        &mut self,
+        direct: &mut KubeletDriver,
+        n: usize,
         mut call: F,
-        baseline: bool,
     ) -> anyhow::Result<Round>
     where
         F: FnMut(KubeletDriver) -> Fut,
         Fut: std::future::Future<Output = anyhow::Result<()>>,
     {
-        if baseline {
+        if self.baseline {
             let [direct, h2, frames, bytes] = measure(
                 [
                     direct,
@@ -596,6 +620,8 @@ struct Method {
     samples: Round,
     /// Per round: the frame relay's p50 ratio minus the byte relay's.
     gaps: Vec<f64>,
+    /// CPU per call of each path (as [`Cpu::per_call`]), summed over the rounds.
+    cpu: [Option<f64>; 3],
 }
 
 impl Method {
@@ -604,13 +630,21 @@ impl Method {
             name,
             samples: Round::default(),
             gaps: Vec::new(),
+            cpu: [Some(0.0); 3],
         }
     }
 
-    fn add_round(&mut self, round: Round) {
+    fn add_round(&mut self, (round, cpu): (Round, [Option<f64>; 3])) {
         let ratio = |s: &Samples| us(s.quantile(0.5)) / us(round.direct.quantile(0.5));
         self.gaps.push(ratio(&round.frames) - ratio(&round.bytes));
         self.samples.extend(round);
+        add_cpu(&mut self.cpu, cpu);
+    }
+
+    /// CPU per call of each path, the mean over the rounds.
+    fn cpu_per_call(&self) -> [Option<f64>; 3] {
+        let rounds = self.gaps.len().max(1) as f64;
+        self.cpu.map(|sum| sum.map(|sum| sum / rounds))
     }
 }
 
@@ -645,7 +679,6 @@ async fn proxy_bench(
         }
     }
 
-    let baseline = binaries.baseline.is_some();
     let per_round = iterations.div_ceil(rounds);
     let list_per_round = (iterations / 4).div_ceil(rounds);
     let mut methods = [
@@ -653,8 +686,6 @@ async fn proxy_bench(
         Method::new(format!("ListContainers ({containers})")),
         Method::new("ContainerStatus".into()),
     ];
-    // CPU per Version and per ListContainers call, summed over the rounds.
-    let mut cpu_sum = [[Some(0.0); 3]; 2];
     let mut hops = None;
     for round in 0..rounds {
         // The last round's processes are killed first (SIGKILL, reaped in the
@@ -662,35 +693,13 @@ async fn proxy_bench(
         drop(hops.take());
         let mut these = Hops::start(binaries, dir.path(), &containerd.socket(), round).await?;
 
-        let before = these.cpu();
-        let samples = these
-            .measure(
-                &mut direct,
-                per_round,
-                |mut driver| async move {
-                    driver.version().await?;
-                    Ok(())
-                },
-                baseline,
-            )
-            .await?;
-        // Warm-up calls included: measure() makes min(n, 10) of them per path.
-        let calls = (per_round + per_round.min(10)) as f64;
-        add_cpu(&mut cpu_sum[0], before.per_call(&these.cpu(), calls));
-        methods[0].add_round(samples);
-
-        let before = these.cpu();
-        let samples = these
-            .measure(
-                &mut direct,
-                list_per_round,
-                |driver| list_containers(driver, containers),
-                baseline,
-            )
-            .await?;
-        let calls = (list_per_round + list_per_round.min(10)) as f64;
-        add_cpu(&mut cpu_sum[1], before.per_call(&these.cpu(), calls));
-        methods[1].add_round(samples);
+        let version = |mut driver: KubeletDriver| async move {
+            driver.version().await?;
+            Ok(())
+        };
+        methods[0].add_round(these.measure(&mut direct, per_round, version).await?);
+        let list = |driver| list_containers(driver, containers);
+        methods[1].add_round(these.measure(&mut direct, list_per_round, list).await?);
 
         let status_id = first.clone();
         let status = move |mut driver: KubeletDriver| {
@@ -706,14 +715,10 @@ async fn proxy_bench(
                 Ok(())
             }
         };
-        let samples = these
-            .measure(&mut direct, per_round, status, baseline)
-            .await?;
-        methods[2].add_round(samples);
+        methods[2].add_round(these.measure(&mut direct, per_round, status).await?);
         hops = Some(these);
     }
-    let mean = |sum: [Option<f64>; 3]| sum.map(|s| s.map(|s| s / rounds as f64));
-    let (cpu, list_cpu) = (mean(cpu_sum[0]), mean(cpu_sum[1]));
+    let (cpu, list_cpu) = (methods[0].cpu_per_call(), methods[1].cpu_per_call());
     let mut rows = Vec::new();
     let mut gaps = Vec::new();
     for method in methods {
@@ -728,6 +733,7 @@ async fn proxy_bench(
         mut proxied,
         mut framed,
         relayed: _,
+        baseline: _,
     }) = hops
     else {
         anyhow::bail!("no round ran");
@@ -785,7 +791,7 @@ async fn proxy_bench(
     let h2_rss = peak_rss_under(&proxy, &proxied, CONCURRENT, containers).await?;
     let frames_rss = peak_rss_under(&frames, &framed, CONCURRENT, containers).await?;
 
-    let rotation = if baseline {
+    let rotation = if binaries.baseline.is_some() {
         "direct, the other build, frame relay and byte relay interleaved call by call, each turn in the next of all 24 orders"
     } else {
         "direct, frame relay and byte relay interleaved call by call, each turn in the next of all 6 orders; \
@@ -1407,9 +1413,10 @@ mod tests {
             frames: samples(&[frames; 3]),
             bytes: samples(&[bytes; 3]),
         };
-        method.add_round(round(100, 130, 120));
+        method.add_round((round(100, 130, 120), [Some(50.0), Some(40.0), None]));
         // A slower round, no gap.
-        method.add_round(round(200, 230, 230));
+        method.add_round((round(200, 230, 230), [Some(70.0), Some(60.0), Some(1.0)]));
+        assert_eq!(method.cpu_per_call(), [Some(60.0), Some(50.0), None]);
         let gaps: Vec<String> = method.gaps.iter().map(|g| format!("{g:.3}")).collect();
         assert_eq!(gaps, ["0.100", "0.000"]);
         let rows = rows_for("Version", method.samples);

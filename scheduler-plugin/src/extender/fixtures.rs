@@ -59,7 +59,6 @@ pub(super) fn args(pod: &Value, nodes: &[&str]) -> ExtenderArgs {
     serde_json::from_value(json!({"Pod": pod, "NodeNames": nodes})).expect("args")
 }
 
-/// A synced leader's extender over these Device CRs.
 /// The names filter lets through for `pod` among `nodes`.
 pub(super) fn fitting(extender: &Extender, pod: &Value, nodes: &[&str]) -> Vec<String> {
     extender
@@ -68,6 +67,7 @@ pub(super) fn fitting(extender: &Extender, pod: &Value, nodes: &[&str]) -> Vec<S
         .unwrap_or_default()
 }
 
+/// A synced leader's extender over these Device CRs.
 pub(super) fn extender(devices: &[Value]) -> Extender {
     let mut ledger = Ledger::default();
     for device in devices {
