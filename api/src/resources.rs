@@ -18,6 +18,11 @@ pub const DEVICES_CHECKPOINTS: &str = "node.koordinator.sh/devices-checkpoints";
 /// Device CR annotation naming each GPU's NVLink peers ([`crate::nvlink`]).
 pub const NVLINK_PEERS: &str = "tessera.io/nvlink-peers";
 
+/// Which enforcement backends hold a share: on a shared container (its OCI spec's
+/// annotations, set by the GPU hook) the ones that hold it, and on the Device CR the
+/// ones the node has; `+`-joined names (`driver-memory+hami-core`), or `none`.
+pub const ENFORCEMENT: &str = "tessera.io/enforcement";
+
 /// Device type key of GPUs in the allocation annotation.
 pub const DEVICE_TYPE_GPU: &str = "gpu";
 /// Device type key of RDMA devices in the allocation annotation.

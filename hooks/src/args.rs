@@ -3,7 +3,9 @@
 
 use std::path::PathBuf;
 
-use crate::gpu::{GpuHookConfig, GpuMode, PrivilegedPolicy, TrustedGpuAgent};
+use crate::gpu::{
+    Enforcement, GpuHookConfig, GpuMode, HamiCoreFiles, PrivilegedPolicy, TrustedGpuAgent,
+};
 use crate::probe::ProbePaths;
 
 /// GPU hook flags.
@@ -57,6 +59,46 @@ pub struct GpuHookArgs {
     /// is always refused [default: refuse-gpu]
     #[arg(long, value_enum, value_name = "POLICY")]
     pub privileged: Option<PrivilegedPolicy>,
+    /// The driver's per-cgroup GPU memory limits (NVML r615 and later): each shared
+    /// container's cgroup gets its granted bytes on each of its GPUs before its first
+    /// process runs, and a container whose limit cannot be set is not started. auto:
+    /// on where the NVML library has the calls and the driver answers them; on: the
+    /// proxy does not start without them; off: never. The external tessera-gpu-hook
+    /// cannot set them (only the proxy sees StartContainer)
+    #[arg(long, value_enum, value_name = "auto|on|off", default_value_t = Switch::Auto)]
+    pub gpu_memory_limits: Switch,
+    /// HAMi-core's libvgpu.so on the host (from HAMi's image; Tessera does not ship
+    /// it): each shared container gets it read-only at /usr/local/vgpu/libvgpu.so,
+    /// named in a read-only /etc/ld.so.preload (so LD_PRELOAD stays the user's), with
+    /// its own HAMi-core directory and the node's lock directory. It holds memory and
+    /// compute inside the container's processes: see docs/enforcement.md for what a
+    /// process can still do [default: none]
+    #[arg(long, value_name = "PATH")]
+    pub hami_core_library: Option<PathBuf>,
+    /// Host directory for HAMi-core's preload list, lock directory and per-container
+    /// directories (removed with their pod)
+    #[arg(long, value_name = "DIR", default_value = "/run/tessera/enforce")]
+    pub enforcement_dir: PathBuf,
+    /// The tessera-enforce OCI hook binary the runtime runs to set GPU memory limits
+    /// (runtime proxy only) [default: tessera-enforce beside the proxy's own binary]
+    #[arg(long, value_name = "PATH")]
+    pub enforce_binary: Option<PathBuf>,
+    /// CDI spec directory for the GPU memory limit hooks (runtime proxy only)
+    /// [default: the last of the runtime's cdi_spec_dirs, as its Status reports them]
+    #[arg(long, value_name = "DIR")]
+    pub cdi_spec_dir: Option<PathBuf>,
+}
+
+/// An on/off setting that can also follow what the node supports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Switch {
+    /// On where the node supports it.
+    #[default]
+    Auto,
+    /// On; not starting without it.
+    On,
+    /// Off.
+    Off,
 }
 
 impl Default for GpuHookArgs {
@@ -72,6 +114,11 @@ impl Default for GpuHookArgs {
             kubelet_checkpoint: crate::probe::KUBELET_CHECKPOINT.into(),
             trusted_gpu_agents: Vec::new(),
             privileged: None,
+            gpu_memory_limits: Switch::Auto,
+            hami_core_library: None,
+            enforcement_dir: "/run/tessera/enforce".into(),
+            enforce_binary: None,
+            cdi_spec_dir: None,
         }
     }
 }
@@ -87,8 +134,19 @@ impl GpuHookArgs {
                 .then(|| self.unallocated_visible_devices.clone()),
             trusted_agents: self.trusted_gpu_agents.clone(),
             privileged: self.privileged.unwrap_or_default(),
+            enforcement: Enforcement {
+                driver_memory: false,
+                hami_core: self.hami_core_files(),
+            },
             ..GpuHookConfig::default()
         }
+    }
+
+    /// HAMi-core's host files, when `--hami-core-library` names the library.
+    pub fn hami_core_files(&self) -> Option<HamiCoreFiles> {
+        self.hami_core_library
+            .as_deref()
+            .map(|library| HamiCoreFiles::under(&self.enforcement_dir.join("hami-core"), library))
     }
 
     /// The node probe these flags describe (NVML first, then /proc).

@@ -76,7 +76,9 @@ use tessera_protos::hook::v1::{
     CdiDevice, ContainerHookRequest, ContainerHookResponse, DeviceNode, Event, KeyValue,
 };
 
+pub mod enforce;
 pub mod trust;
+pub use enforce::{Enforcement, HamiCoreFiles, shared_memory_limits};
 pub use trust::{PrivilegedPolicy, PrivilegedReason, TrustedGpuAgent, TrustedGpuAgentError};
 
 /// Container annotations through which a device plugin asks containerd for CDI devices.
@@ -125,6 +127,8 @@ pub struct GpuHookConfig {
     pub trusted_agents: Vec<TrustedGpuAgent>,
     /// What privileged containers may do on a node with GPUs.
     pub privileged: PrivilegedPolicy,
+    /// What holds shared containers to their share on this node.
+    pub enforcement: Enforcement,
 }
 
 impl GpuHookConfig {
@@ -145,6 +149,7 @@ impl Default for GpuHookConfig {
             unallocated_visible_devices: Some("void".into()),
             trusted_agents: Vec::new(),
             privileged: PrivilegedPolicy::default(),
+            enforcement: Enforcement::default(),
         }
     }
 }
@@ -577,16 +582,17 @@ pub fn rewrite(
             }
             GpuMode::Cdi => cdi_mode(container, &gpus, config, &mut edit),
         }
+        let device_error = |(path, problem)| GpuHookError::Device {
+            pod: pod.clone(),
+            container: name.to_owned(),
+            path,
+            problem,
+        };
         if config.limiter_env {
-            limiter_env(container, &gpus, &mut edit).map_err(|(path, problem)| {
-                GpuHookError::Device {
-                    pod: pod.clone(),
-                    container: name.to_owned(),
-                    path,
-                    problem,
-                }
-            })?;
+            limiter_env(container, &gpus, &mut edit).map_err(device_error)?;
         }
+        enforce::shared_edits(container, &gpus, &config.enforcement, &mut edit)
+            .map_err(device_error)?;
     }
     let rdma = allocations.devices_of_container(DEVICE_TYPE_RDMA, name);
     add_rdma(&rdma, node, config, &pod, name, &mut edit)?;
@@ -978,12 +984,7 @@ fn limiter_env(
         return Ok(());
     }
     for (index, gpu) in gpus.iter().enumerate() {
-        let bytes = gpu.allocation.gpu_memory().or_else(|| {
-            let ratio = gpu.allocation.gpu_memory_ratio()?;
-            let total = gpu.memory_total?;
-            u64::try_from(u128::from(total) * u128::from(ratio) / 100).ok()
-        });
-        if let Some(bytes) = bytes {
+        if let Some(bytes) = enforce::granted_bytes(gpu) {
             if bytes >> 20 == 0 {
                 return Err((
                     format!("gpu[{}].resources", gpu.index),

@@ -70,7 +70,25 @@ impl ContainerHook for GpuHook {
         } else {
             NodeDevices::default()
         };
-        rewrite(request, &node, &self.config)
+        let edit = rewrite(request, &node, &self.config)?;
+        // A bind mount's source must exist before the runtime mounts it.
+        crate::gpu::enforce::prepare_host(&edit, &self.config.enforcement).map_err(|error| {
+            GpuHookError::Device {
+                pod: request
+                    .pod
+                    .as_ref()
+                    .map(|p| format!("{}/{}", p.namespace, p.name))
+                    .unwrap_or_default(),
+                container: request
+                    .container
+                    .as_ref()
+                    .map(|c| c.name.clone())
+                    .unwrap_or_default(),
+                path: "HAMi-core directory".into(),
+                problem: format!("creating it on the host: {error}"),
+            }
+        })?;
+        Ok(edit)
     }
 }
 

@@ -14,6 +14,7 @@ pub mod body;
 pub mod config;
 pub mod convert;
 pub mod dispatch;
+pub mod enforce;
 pub mod gpu;
 pub mod grpc;
 pub mod hook;

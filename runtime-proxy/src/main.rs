@@ -3,7 +3,9 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Parser;
 use tessera_hooks::server::GpuHook;
+use tessera_runtime_proxy::backend::Backend;
 use tessera_runtime_proxy::dispatch::HookRegistry;
+use tessera_runtime_proxy::enforce::{self as enforcement, EnforceHook};
 use tessera_runtime_proxy::gpu::EmbeddedGpuHook;
 use tessera_runtime_proxy::hook::Hook;
 use tessera_runtime_proxy::metrics::Metrics;
@@ -52,11 +54,16 @@ async fn run(config: Config) -> anyhow::Result<()> {
     let mut hooks: Vec<Arc<dyn Hook>> = Vec::new();
     if let Some(gpu) = &config.gpu_hook {
         let probe = Arc::new(gpu.probe());
-        tracing::info!(config = ?gpu.config(), "embedded GPU hook on");
+        let runtime = Backend::new(&config.runtime_endpoint, Arc::clone(&metrics));
+        let (enforcement, driver) = enforcement::node(gpu, Arc::new(runtime))?;
+        let mut hook_config = gpu.config();
+        hook_config.enforcement = enforcement.clone();
+        tracing::info!(config = ?hook_config, "embedded GPU hook on");
         hooks.push(Arc::new(EmbeddedGpuHook::new(GpuHook::new(
-            gpu.config(),
-            probe,
+            hook_config,
+            Arc::clone(&probe) as Arc<dyn tessera_hooks::probe::DeviceProbe>,
         ))));
+        hooks.push(Arc::new(EnforceHook::new(enforcement, driver, probe)));
     }
     // External hooks run after the embedded GPU hook, in file-name order.
     let registry = HookRegistry::new(&config.hooks_dir);

@@ -1629,3 +1629,198 @@ fn trusted_agent_entries_parse_or_name_what_is_wrong() {
         assert_eq!(err.to_string(), message);
     }
 }
+
+mod enforcement {
+    use super::*;
+    use crate::gpu::enforce::{
+        ENFORCEMENT_ENV, HAMI_CACHE_DIR, HAMI_CACHE_ENV, HAMI_LIBRARY, HAMI_LOCK_DIR, LD_SO_PRELOAD,
+    };
+    use tessera_api::resources::ENFORCEMENT;
+
+    const SHARE: &str = r#"{"gpu":[{"minor":0,"id":"GPU-00000000-0000-0000-0000-000000000000","resources":{"koordinator.sh/gpu-core":25,"koordinator.sh/gpu-memory-ratio":25}}]}"#;
+    const WHOLE: &str = r#"{"gpu":[{"minor":1,"id":"GPU-11111111-1111-1111-1111-111111111111","resources":{"koordinator.sh/gpu-core":100,"koordinator.sh/gpu-memory-ratio":100}}]}"#;
+
+    fn files() -> HamiCoreFiles {
+        HamiCoreFiles::under(
+            std::path::Path::new("/run/t/hami"),
+            std::path::Path::new("/opt/libvgpu.so"),
+        )
+    }
+
+    fn both() -> GpuHookConfig {
+        GpuHookConfig {
+            enforcement: Enforcement {
+                driver_memory: true,
+                hami_core: Some(files()),
+            },
+            ..GpuHookConfig::default()
+        }
+    }
+
+    /// A container of pod UID `uid` named `main`, with the tenant's own HAMi
+    /// switches, a CDI device of Tessera's kind and `LD_PRELOAD`.
+    fn tenant(annotation: &str, uid: &str) -> ContainerHookRequest {
+        let mut request = container(Some(annotation));
+        if let Some(pod) = request.pod.as_mut() {
+            pod.uid = uid.into();
+        }
+        request.container = Some(ContainerMetadata {
+            name: "main".into(),
+            ..Default::default()
+        });
+        request.envs.extend([
+            kv("CUDA_DISABLE_CONTROL", "true"),
+            kv(HAMI_CACHE_ENV, "/tmp/other-tenant.cache"),
+            kv(ENFORCEMENT_ENV, "none-of-your-business"),
+            kv("LD_PRELOAD", "/usr/lib/libmine.so"),
+        ]);
+        request.cdi_devices.push(CdiDevice {
+            name: "tessera.io/enforce=victim_main".into(),
+        });
+        request
+    }
+
+    fn env(edit: &ContainerHookResponse, request: &ContainerHookRequest) -> Vec<(String, String)> {
+        let mut view = request.clone();
+        apply(&mut view, edit);
+        view.envs.into_iter().map(|e| (e.key, e.value)).collect()
+    }
+
+    #[test]
+    fn a_shared_container_gets_both_backends_and_loses_the_tenants_switches()
+    -> Result<(), GpuHookError> {
+        let request = tenant(SHARE, "uid-1");
+        let edit = rewrite(&request, &node(), &both())?;
+        let envs = env(&edit, &request);
+        let value = |key: &str| -> Vec<&str> {
+            envs.iter()
+                .filter(|(k, _)| k == key)
+                .map(|(_, v)| v.as_str())
+                .collect()
+        };
+        assert_eq!(value(ENFORCEMENT_ENV), ["driver-memory+hami-core"]);
+        assert_eq!(
+            value(HAMI_CACHE_ENV),
+            [format!("{HAMI_CACHE_DIR}/vgpu.cache").as_str()]
+        );
+        assert!(value("CUDA_DISABLE_CONTROL").is_empty(), "{envs:?}");
+        // The user's own preload stays theirs: HAMi-core comes through /etc/ld.so.preload.
+        assert_eq!(value("LD_PRELOAD"), ["/usr/lib/libmine.so"]);
+        assert_eq!(
+            edit.set_annotations.get(ENFORCEMENT).map(String::as_str),
+            Some("driver-memory+hami-core")
+        );
+        assert_eq!(
+            edit.add_cdi_devices,
+            [CdiDevice {
+                name: "tessera.io/enforce=uid-1_main".into()
+            }]
+        );
+        assert_eq!(edit.remove_cdi_devices, ["tessera.io/enforce=victim_main"]);
+        let mounts: Vec<(&str, &str, bool)> = edit
+            .add_mounts
+            .iter()
+            .map(|m| (m.container_path.as_str(), m.host_path.as_str(), m.readonly))
+            .collect();
+        assert_eq!(
+            mounts,
+            [
+                (HAMI_LIBRARY, "/opt/libvgpu.so", true),
+                (LD_SO_PRELOAD, "/run/t/hami/ld.so.preload", true),
+                (HAMI_LOCK_DIR, "/run/t/hami/lock", false),
+                (HAMI_CACHE_DIR, "/run/t/hami/containers/uid-1/main", false),
+            ]
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn a_whole_gpu_needs_no_limiter() -> Result<(), GpuHookError> {
+        let request = tenant(WHOLE, "uid-1");
+        let edit = rewrite(&request, &node(), &both())?;
+        assert!(edit.add_mounts.is_empty(), "{:?}", edit.add_mounts);
+        assert!(edit.add_cdi_devices.is_empty());
+        assert!(!edit.set_annotations.contains_key(ENFORCEMENT));
+        assert!(!edit.set_envs.iter().any(|e| e.key == ENFORCEMENT_ENV));
+        Ok(())
+    }
+
+    #[test]
+    fn without_backends_a_share_says_none() -> Result<(), GpuHookError> {
+        let request = tenant(SHARE, "uid-1");
+        let edit = rewrite(&request, &node(), &GpuHookConfig::default())?;
+        assert_eq!(
+            edit.set_annotations.get(ENFORCEMENT).map(String::as_str),
+            Some("none")
+        );
+        assert!(edit.add_mounts.is_empty() && edit.add_cdi_devices.is_empty());
+        Ok(())
+    }
+
+    #[test]
+    fn a_name_unfit_for_a_host_path_is_refused() {
+        for uid in ["../../etc", "a/b", ""] {
+            let request = tenant(SHARE, uid);
+            let result = rewrite(&request, &node(), &both());
+            assert!(
+                matches!(&result, Err(GpuHookError::Device { problem, .. }) if problem.contains("cannot name")),
+                "{uid:?}: {result:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn driver_limits_are_the_granted_bytes_of_each_gpu() -> Result<(), GpuHookError> {
+        // 25 % of 16 GiB.
+        let limits = shared_memory_limits("ml/train-0", SHARE, "main", &node())?;
+        assert_eq!(
+            limits,
+            [tessera_enforce::MemoryLimit {
+                uuid: UUID0.into(),
+                bytes: 4 << 30
+            }]
+        );
+        assert!(shared_memory_limits("ml/train-0", WHOLE, "main", &node())?.is_empty());
+        // A ratio on a GPU of unknown size cannot be held: refused, not skipped.
+        let unknown = NodeDevices {
+            gpus: None,
+            ..node()
+        };
+        let error = shared_memory_limits("ml/train-0", SHARE, "main", &unknown);
+        assert!(
+            matches!(&error, Err(GpuHookError::Device { problem, .. }) if problem.contains("unknown")),
+            "{error:?}"
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn host_dirs_are_made_for_the_containers_mounts_and_removed_with_the_pod()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let library = dir.path().join("libvgpu.so");
+        std::fs::write(&library, b"")?;
+        let files = HamiCoreFiles::under(&dir.path().join("hami"), &library);
+        files.install()?;
+        assert_eq!(
+            std::fs::read_to_string(&files.preload)?,
+            format!("{HAMI_LIBRARY}\n")
+        );
+        let config = GpuHookConfig {
+            enforcement: Enforcement {
+                driver_memory: false,
+                hami_core: Some(files.clone()),
+            },
+            ..GpuHookConfig::default()
+        };
+        let edit = rewrite(&tenant(SHARE, "uid-9"), &node(), &config)?;
+        enforce::prepare_host(&edit, &config.enforcement)?;
+        assert!(files.cache_root.join("uid-9/main").is_dir());
+        enforce::remove_pod_dirs(&config.enforcement, "uid-9")?;
+        assert!(!files.cache_root.join("uid-9").exists());
+        // A missing library is named.
+        let missing = HamiCoreFiles::under(dir.path(), &dir.path().join("nope.so"));
+        assert!(missing.install().is_err());
+        Ok(())
+    }
+}

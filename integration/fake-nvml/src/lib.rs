@@ -20,11 +20,48 @@
 //! `migCapable` (false: MIG calls answer "not supported"; true: MIG mode is
 //! disabled and there are no MIG devices).
 //!
-//! Only the functions Tessera's reporter and NVIDIA's k8s-device-plugin call
-//! exist; callers report any other as missing. XID events are delivered by
-//! `nvmlEventSetWait_v2`, each once, no earlier than `afterMs` after `nvmlInit`.
+//! Optional node fields: `memoryLimits` (false) and `memoryLimitsLog` (absent),
+//! for NVML r615's per-cgroup device-memory limits (below).
+//!
+//! Only the functions Tessera's reporter, its node agent and NVIDIA's
+//! k8s-device-plugin call exist; callers report any other as missing. XID events
+//! are delivered by `nvmlEventSetWait_v2`, each once, no earlier than `afterMs`
+//! after `nvmlInit`.
+//!
+//! # Per-cgroup memory limits (NVML r615)
+//!
+//! `nvmlDeviceSetMemoryLimits_v1(device, nvmlSetMemoryLimits_v1_t *)` and
+//! `nvmlDeviceGetMemoryLimits_v1(device, nvmlGetMemoryLimits_v1_t *)`, whose
+//! structs (no version field) are `{const char *nameSpace; unsigned long long
+//! softLimit, hardLimit;}`, the get one with `currentUsed` after them. `nameSpace`
+//! is the full path of a cgroup v2 directory; soft 0 with hard
+//! `NVML_DEVICE_MEMORY_LIMIT_MAX` (`u64::MAX`) means no limit.
+//!
+//! - `memoryLimits` false (the default) emulates a driver older than r615: once
+//!   initialised, both calls answer `NVML_ERROR_FUNCTION_NOT_FOUND` (13), whatever
+//!   the arguments, and record and log nothing.
+//! - `memoryLimits` true: set checks, in order, that the library is initialised
+//!   (`NVML_ERROR_UNINITIALIZED`); that the device is one of this library's and
+//!   `limits` and `nameSpace` are non-null (`nameSpace` UTF-8); that `nameSpace` is
+//!   an absolute path to an existing directory (as the driver refuses a cgroup that
+//!   does not exist); that soft <= hard; and that hard is at most the GPU's
+//!   `memoryBytes` or is MAX: each failure is `NVML_ERROR_INVALID_ARGUMENT`. Then it
+//!   stores soft and hard for (GPU, `nameSpace` exactly as given), or forgets them
+//!   when soft is 0 and hard is MAX, and succeeds. Get makes the same checks but
+//!   for the directory's existence, and fills in the stored limits (soft 0, hard
+//!   MAX for a `nameSpace` never set or cleared) and `currentUsed` 0. Limits live
+//!   in the library's state: `nvmlShutdown` of the last handle forgets them.
+//! - `memoryLimitsLog` (a file path), with `memoryLimits` true: every set call made
+//!   after initialisation appends one JSON line, successful or not, `{"uuid":
+//!   "GPU-…", "nameSpace": "/sys/fs/cgroup/…", "softLimit": n, "hardLimit": n,
+//!   "pid": caller's pid, "result": nvmlReturn_t}` (`uuid` null for a device not
+//!   of this library; `nameSpace`, `softLimit` and `hardLimit` null where the
+//!   caller passed null pointers), in one `O_APPEND` write, so processes sharing
+//!   the file do not interleave lines. Get calls are not logged.
 
+use std::collections::HashMap;
 use std::ffi::{CStr, c_char, c_int, c_uint, c_ulonglong};
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -43,6 +80,7 @@ const ERROR_NOT_FOUND: nvmlReturn_t = 6;
 const ERROR_INSUFFICIENT_SIZE: nvmlReturn_t = 7;
 const ERROR_DRIVER_NOT_LOADED: nvmlReturn_t = 9;
 const ERROR_TIMEOUT: nvmlReturn_t = 10;
+const ERROR_FUNCTION_NOT_FOUND: nvmlReturn_t = 13;
 const ERROR_ARGUMENT_VERSION_MISMATCH: nvmlReturn_t = 25;
 const ERROR_UNKNOWN: nvmlReturn_t = 999;
 
@@ -63,6 +101,38 @@ const NVLINK_MAX_LINKS: c_uint = 18;
 
 /// `NVML_DEVICE_ARCH_UNKNOWN`.
 const ARCH_UNKNOWN: nvmlDeviceArchitecture_t = 0xffff_ffff;
+
+/// `NVML_DEVICE_MEMORY_LIMIT_MAX`: a hard limit of "no limit".
+pub const DEVICE_MEMORY_LIMIT_MAX: c_ulonglong = c_ulonglong::MAX;
+
+/// `nvmlSetMemoryLimits_v1_t` (NVML r615; no version field).
+#[allow(non_camel_case_types, non_snake_case)]
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct nvmlSetMemoryLimits_v1_t {
+    /// Full path of the cgroup v2 directory the limits are for.
+    pub nameSpace: *const c_char,
+    /// Soft limit in bytes; 0: none.
+    pub softLimit: c_ulonglong,
+    /// Hard limit in bytes; [`DEVICE_MEMORY_LIMIT_MAX`]: none.
+    pub hardLimit: c_ulonglong,
+}
+
+/// `nvmlGetMemoryLimits_v1_t` (NVML r615; no version field): `nameSpace` in, the
+/// rest out.
+#[allow(non_camel_case_types, non_snake_case)]
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct nvmlGetMemoryLimits_v1_t {
+    /// Full path of the cgroup v2 directory to read the limits of.
+    pub nameSpace: *const c_char,
+    /// Soft limit in bytes; 0: none.
+    pub softLimit: c_ulonglong,
+    /// Hard limit in bytes; [`DEVICE_MEMORY_LIMIT_MAX`]: none.
+    pub hardLimit: c_ulonglong,
+    /// Device memory the cgroup's processes use.
+    pub currentUsed: c_ulonglong,
+}
 
 /// CUDA driver version reported when the description gives none (CUDA 12.4,
 /// which driver 550 ships with).
@@ -85,6 +155,13 @@ pub struct FakeNode {
     /// XID events to deliver.
     #[serde(default)]
     pub xid_events: Vec<FakeXid>,
+    /// Whether NVML r615's per-cgroup memory limit calls work; false: they answer
+    /// `NVML_ERROR_FUNCTION_NOT_FOUND`, as on older drivers.
+    #[serde(default)]
+    pub memory_limits: bool,
+    /// A file each `nvmlDeviceSetMemoryLimits_v1` call appends a JSON line to.
+    #[serde(default)]
+    pub memory_limits_log: Option<PathBuf>,
 }
 
 /// One GPU.
@@ -277,6 +354,21 @@ struct State {
     node: FakeNode,
     started: Instant,
     pending: Vec<FakeXid>,
+    /// (GPU index, nameSpace) -> (soft, hard) per-cgroup memory limits.
+    memory_limits: HashMap<(usize, String), (c_ulonglong, c_ulonglong)>,
+}
+
+impl State {
+    fn new(node: FakeNode) -> Self {
+        let pending = node.xid_events.clone();
+        Self {
+            refs: 1,
+            node,
+            started: Instant::now(),
+            pending,
+            memory_limits: HashMap::new(),
+        }
+    }
 }
 
 static STATE: Mutex<Option<State>> = Mutex::new(None);
@@ -297,9 +389,14 @@ fn handle(index: usize) -> nvmlDevice_t {
 }
 
 fn gpu(state: &State, device: nvmlDevice_t) -> Result<&FakeGpu, nvmlReturn_t> {
+    gpu_index(state, device).map(|index| &state.node.gpus[index])
+}
+
+/// The index of the GPU behind `device`.
+fn gpu_index(state: &State, device: nvmlDevice_t) -> Result<usize, nvmlReturn_t> {
     (device as usize)
         .checked_sub(1)
-        .and_then(|index| state.node.gpus.get(index))
+        .filter(|&index| index < state.node.gpus.len())
         .ok_or(ERROR_INVALID_ARGUMENT)
 }
 
@@ -364,14 +461,30 @@ fn write<T>(out: *mut T, value: T) -> Result<(), nvmlReturn_t> {
 
 /// Reads the NUL-terminated string the caller passed.
 fn read_string<'a>(text: *const c_char) -> Result<&'a str, nvmlReturn_t> {
+    read_c_string(text)?
+        .to_str()
+        .map_err(|_| ERROR_INVALID_ARGUMENT)
+}
+
+/// Reads the NUL-terminated string the caller passed, as bytes.
+fn read_c_string<'a>(text: *const c_char) -> Result<&'a CStr, nvmlReturn_t> {
     if text.is_null() {
         return Err(ERROR_INVALID_ARGUMENT);
     }
     // SAFETY: non-null, and NVML's contract is that string arguments are
     // NUL-terminated and stay valid for the duration of the call, which is as long
     // as the returned borrow is used.
-    let text = unsafe { CStr::from_ptr(text) };
-    text.to_str().map_err(|_| ERROR_INVALID_ARGUMENT)
+    Ok(unsafe { CStr::from_ptr(text) })
+}
+
+/// Reads the struct the caller passed.
+fn read<T: Copy>(input: *const T) -> Result<T, nvmlReturn_t> {
+    if input.is_null() {
+        return Err(ERROR_INVALID_ARGUMENT);
+    }
+    // SAFETY: non-null, and NVML's contract is that struct arguments point to a
+    // valid, aligned, initialised T owned by the caller for the duration of the call.
+    Ok(unsafe { input.read() })
 }
 
 /// Reads the `version` field that opens a versioned NVML struct.
@@ -473,13 +586,7 @@ pub extern "C" fn nvmlInit_v2() -> nvmlReturn_t {
         Ok(node) => node,
         Err(code) => return code,
     };
-    let pending = node.xid_events.clone();
-    *guard = Some(State {
-        refs: 1,
-        node,
-        started: Instant::now(),
-        pending,
-    });
+    *guard = Some(State::new(node));
     SUCCESS
 }
 
@@ -527,7 +634,7 @@ pub extern "C" fn nvmlErrorString(result: nvmlReturn_t) -> *const c_char {
         8 => c"Insufficient External Power",
         ERROR_DRIVER_NOT_LOADED => c"Driver Not Loaded",
         ERROR_TIMEOUT => c"Timeout",
-        13 => c"Function Not Found",
+        ERROR_FUNCTION_NOT_FOUND => c"Function Not Found",
         15 => c"GPU is lost",
         ERROR_ARGUMENT_VERSION_MISMATCH => c"Argument version mismatch",
         _ => c"Unknown Error",
@@ -723,6 +830,123 @@ pub extern "C" fn nvmlDeviceGetMemoryInfo_v2(
                     .memory_bytes
                     .saturating_sub(reserved.saturating_add(used)),
                 used,
+            },
+        )
+    }))
+}
+
+/// Checks a set of per-cgroup memory limits and stores it, or forgets the
+/// cgroup's limits when it clears them.
+fn set_memory_limits(
+    state: &mut State,
+    device: nvmlDevice_t,
+    limits: Option<nvmlSetMemoryLimits_v1_t>,
+) -> Result<(), nvmlReturn_t> {
+    let index = gpu_index(state, device)?;
+    let limits = limits.ok_or(ERROR_INVALID_ARGUMENT)?;
+    let name_space = read_string(limits.nameSpace)?;
+    let (soft, hard) = (limits.softLimit, limits.hardLimit);
+    let path = Path::new(name_space);
+    if !path.is_absolute() || !path.is_dir() {
+        return Err(ERROR_INVALID_ARGUMENT);
+    }
+    if soft > hard {
+        return Err(ERROR_INVALID_ARGUMENT);
+    }
+    if hard != DEVICE_MEMORY_LIMIT_MAX && hard > state.node.gpus[index].memory_bytes {
+        return Err(ERROR_INVALID_ARGUMENT);
+    }
+    let key = (index, name_space.to_owned());
+    if (soft, hard) == (0, DEVICE_MEMORY_LIMIT_MAX) {
+        state.memory_limits.remove(&key);
+    } else {
+        state.memory_limits.insert(key, (soft, hard));
+    }
+    Ok(())
+}
+
+/// Appends `line` and a newline to `path` in one `O_APPEND` write.
+fn append_line(path: &Path, line: &str) {
+    use std::io::Write as _;
+    let written = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .and_then(|mut file| file.write_all(format!("{line}\n").as_bytes()));
+    if let Err(error) = written {
+        eprintln!("fake NVML: cannot append to {}: {error}", path.display());
+    }
+}
+
+/// NVML r615's per-cgroup memory limit: see the module docs. "Function not found"
+/// unless the description turns `memoryLimits` on.
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlDeviceSetMemoryLimits_v1(
+    device: nvmlDevice_t,
+    limits: *mut nvmlSetMemoryLimits_v1_t,
+) -> nvmlReturn_t {
+    let mut log = None;
+    let result = status(with_state(|s| {
+        if !s.node.memory_limits {
+            return Err(ERROR_FUNCTION_NOT_FOUND);
+        }
+        let given = read(limits.cast_const()).ok();
+        let result = status(set_memory_limits(s, device, given));
+        if let Some(path) = &s.node.memory_limits_log {
+            let uuid = gpu(s, device).ok().map(|gpu| gpu.uuid.clone());
+            let name_space = given
+                .and_then(|given| read_c_string(given.nameSpace).ok())
+                .map(|text| text.to_string_lossy().into_owned());
+            let line = serde_json::json!({
+                "uuid": uuid,
+                "nameSpace": name_space,
+                "softLimit": given.map(|given| given.softLimit),
+                "hardLimit": given.map(|given| given.hardLimit),
+                "pid": std::process::id(),
+                "result": result,
+            });
+            log = Some((path.clone(), line.to_string()));
+        }
+        match result {
+            SUCCESS => Ok(()),
+            code => Err(code),
+        }
+    }));
+    // Written after the state's lock is released.
+    if let Some((path, line)) = log {
+        append_line(&path, &line);
+    }
+    result
+}
+
+/// The per-cgroup memory limits set for `nameSpace` (soft 0, hard
+/// `NVML_DEVICE_MEMORY_LIMIT_MAX` if none), and `currentUsed` 0. "Function not
+/// found" unless the description turns `memoryLimits` on.
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlDeviceGetMemoryLimits_v1(
+    device: nvmlDevice_t,
+    limits: *mut nvmlGetMemoryLimits_v1_t,
+) -> nvmlReturn_t {
+    status(with_state(|s| {
+        if !s.node.memory_limits {
+            return Err(ERROR_FUNCTION_NOT_FOUND);
+        }
+        let index = gpu_index(s, device)?;
+        // Only `nameSpace`, the first field, is input: the rest may be uninitialised.
+        let name_space_ptr = read(limits.cast::<*const c_char>().cast_const())?;
+        let name_space = read_string(name_space_ptr)?;
+        let (soft, hard) = s
+            .memory_limits
+            .get(&(index, name_space.to_owned()))
+            .copied()
+            .unwrap_or((0, DEVICE_MEMORY_LIMIT_MAX));
+        write(
+            limits,
+            nvmlGetMemoryLimits_v1_t {
+                nameSpace: name_space_ptr,
+                softLimit: soft,
+                hardLimit: hard,
+                currentUsed: 0,
             },
         )
     }))
@@ -978,7 +1202,24 @@ pub extern "C" fn nvmlEventSetWait_v2(
 
 #[cfg(test)]
 mod tests {
+    use std::sync::MutexGuard;
+
     use super::*;
+
+    /// Serialises the tests that touch the library's global state.
+    static STATE_TESTS: Mutex<()> = Mutex::new(());
+
+    /// Initialises the library with `node`, as `nvmlInit` does from the JSON file,
+    /// holding the returned guard so no other test touches the state meanwhile.
+    fn init_with(node: FakeNode) -> MutexGuard<'static, ()> {
+        let guard = STATE_TESTS
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *STATE
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(State::new(node));
+        guard
+    }
 
     fn h100(uuid: &str, bus_id: &str) -> FakeGpu {
         FakeGpu {
@@ -1022,25 +1263,18 @@ mod tests {
         assert_eq!(gpu.architecture(), ARCH_UNKNOWN);
     }
 
-    /// The calls NVIDIA's k8s-device-plugin makes, in-process. The only test that
-    /// touches the library's global state.
+    /// The calls NVIDIA's k8s-device-plugin makes, in-process.
     #[test]
     fn device_plugin_calls() {
         let mut second = h100("GPU-b", "00000000:3B:00.0");
         second.mig_capable = true;
         second.reserved_bytes = 1 << 29;
         second.used_bytes = 1 << 30;
-        let node = FakeNode {
+        let _state = init_with(FakeNode {
             driver_version: "550.54.15".into(),
             cuda_driver_version: None,
             gpus: vec![h100("GPU-a", "00000000:19:00.0"), second],
-            xid_events: Vec::new(),
-        };
-        *STATE.lock().unwrap() = Some(State {
-            refs: 1,
-            node,
-            started: Instant::now(),
-            pending: Vec::new(),
+            ..FakeNode::default()
         });
 
         let mut device: nvmlDevice_t = std::ptr::null_mut();
@@ -1131,5 +1365,333 @@ mod tests {
         );
         assert_eq!(nvmlShutdown(), SUCCESS);
         assert_eq!(nvmlDeviceGetCount_v2(&mut current), ERROR_UNINITIALIZED);
+    }
+
+    /// A directory of the test's own under the system's temporary directory,
+    /// removed when dropped.
+    struct TempDir(PathBuf);
+
+    impl TempDir {
+        fn new(name: &str) -> Self {
+            let dir = std::env::temp_dir()
+                .join(format!("tessera-fake-nvml-{}-{name}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).expect("temporary directory");
+            Self(dir)
+        }
+
+        /// `self`/`name` as a C string.
+        fn c_path(&self, name: &str) -> std::ffi::CString {
+            let path = self.0.join(name);
+            std::ffi::CString::new(path.to_str().expect("UTF-8 path")).expect("no NUL")
+        }
+    }
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    /// A node of two H100s with memory limits on, logging to `log`.
+    fn limits_node(log: Option<PathBuf>) -> FakeNode {
+        FakeNode {
+            driver_version: "615.10".into(),
+            gpus: vec![
+                h100("GPU-a", "00000000:19:00.0"),
+                h100("GPU-b", "00000000:3B:00.0"),
+            ],
+            memory_limits: true,
+            memory_limits_log: log,
+            ..FakeNode::default()
+        }
+    }
+
+    fn set(device: nvmlDevice_t, name_space: &CStr, soft: u64, hard: u64) -> nvmlReturn_t {
+        let mut limits = nvmlSetMemoryLimits_v1_t {
+            nameSpace: name_space.as_ptr(),
+            softLimit: soft,
+            hardLimit: hard,
+        };
+        nvmlDeviceSetMemoryLimits_v1(device, &mut limits)
+    }
+
+    /// `(result, soft, hard, currentUsed)` of a get.
+    fn get(device: nvmlDevice_t, name_space: &CStr) -> (nvmlReturn_t, u64, u64, u64) {
+        let mut limits = nvmlGetMemoryLimits_v1_t {
+            nameSpace: name_space.as_ptr(),
+            softLimit: 1,
+            hardLimit: 2,
+            currentUsed: 3,
+        };
+        let result = nvmlDeviceGetMemoryLimits_v1(device, &mut limits);
+        assert_eq!(limits.nameSpace, name_space.as_ptr());
+        (
+            result,
+            limits.softLimit,
+            limits.hardLimit,
+            limits.currentUsed,
+        )
+    }
+
+    fn log_lines(path: &Path) -> Vec<serde_json::Value> {
+        std::fs::read_to_string(path)
+            .unwrap_or_default()
+            .lines()
+            .map(|line| serde_json::from_str(line).expect("a JSON line"))
+            .collect()
+    }
+
+    #[test]
+    fn memory_limits_are_function_not_found_by_default() {
+        let dir = TempDir::new("default");
+        let log = dir.0.join("limits.jsonl");
+        let cgroup = dir.c_path("");
+        let _state = init_with(FakeNode {
+            gpus: vec![h100("GPU-a", "00000000:19:00.0")],
+            memory_limits_log: Some(log.clone()),
+            ..FakeNode::default()
+        });
+        assert_eq!(
+            set(handle(0), &cgroup, 0, 1 << 30),
+            ERROR_FUNCTION_NOT_FOUND
+        );
+        assert_eq!(get(handle(0), &cgroup).0, ERROR_FUNCTION_NOT_FOUND);
+        assert_eq!(
+            nvmlDeviceSetMemoryLimits_v1(handle(0), std::ptr::null_mut()),
+            ERROR_FUNCTION_NOT_FOUND
+        );
+        assert!(!log.exists(), "nothing logged");
+        assert!(
+            STATE
+                .lock()
+                .unwrap()
+                .as_ref()
+                .unwrap()
+                .memory_limits
+                .is_empty()
+        );
+        assert_eq!(nvmlShutdown(), SUCCESS);
+        assert_eq!(set(handle(0), &cgroup, 0, 1 << 30), ERROR_UNINITIALIZED);
+    }
+
+    #[test]
+    fn memory_limits_round_trip_per_gpu_and_cgroup() {
+        let dir = TempDir::new("round-trip");
+        std::fs::create_dir(dir.0.join("pod")).unwrap();
+        let (cgroup, pod) = (dir.c_path(""), dir.c_path("pod"));
+        let _state = init_with(limits_node(None));
+        assert_eq!(
+            get(handle(0), &cgroup),
+            (SUCCESS, 0, DEVICE_MEMORY_LIMIT_MAX, 0)
+        );
+        assert_eq!(set(handle(0), &cgroup, 1 << 30, 2 << 30), SUCCESS);
+        assert_eq!(set(handle(1), &pod, 0, 80 << 30), SUCCESS);
+        assert_eq!(get(handle(0), &cgroup), (SUCCESS, 1 << 30, 2 << 30, 0));
+        assert_eq!(get(handle(1), &pod), (SUCCESS, 0, 80 << 30, 0));
+        // Per GPU and per cgroup.
+        assert_eq!(
+            get(handle(1), &cgroup),
+            (SUCCESS, 0, DEVICE_MEMORY_LIMIT_MAX, 0)
+        );
+        assert_eq!(
+            get(handle(0), &pod),
+            (SUCCESS, 0, DEVICE_MEMORY_LIMIT_MAX, 0)
+        );
+        // A soft limit alone (hard MAX) is a limit.
+        assert_eq!(
+            set(handle(0), &pod, 4 << 30, DEVICE_MEMORY_LIMIT_MAX),
+            SUCCESS
+        );
+        assert_eq!(
+            get(handle(0), &pod),
+            (SUCCESS, 4 << 30, DEVICE_MEMORY_LIMIT_MAX, 0)
+        );
+        // Get needs no directory.
+        assert_eq!(
+            get(handle(0), c"/sys/fs/cgroup/no/such/cgroup"),
+            (SUCCESS, 0, DEVICE_MEMORY_LIMIT_MAX, 0)
+        );
+        assert_eq!(get(handle(2), &cgroup).0, ERROR_INVALID_ARGUMENT);
+        assert_eq!(get(std::ptr::null_mut(), &cgroup).0, ERROR_INVALID_ARGUMENT);
+        assert_eq!(
+            nvmlDeviceGetMemoryLimits_v1(handle(0), std::ptr::null_mut()),
+            ERROR_INVALID_ARGUMENT
+        );
+        let mut no_name = nvmlGetMemoryLimits_v1_t {
+            nameSpace: std::ptr::null(),
+            softLimit: 0,
+            hardLimit: 0,
+            currentUsed: 0,
+        };
+        assert_eq!(
+            nvmlDeviceGetMemoryLimits_v1(handle(0), &mut no_name),
+            ERROR_INVALID_ARGUMENT
+        );
+        assert_eq!(nvmlShutdown(), SUCCESS);
+        assert_eq!(get(handle(0), &cgroup).0, ERROR_UNINITIALIZED);
+    }
+
+    #[test]
+    fn memory_limits_clear() {
+        let dir = TempDir::new("clear");
+        let cgroup = dir.c_path("");
+        let _state = init_with(limits_node(None));
+        assert_eq!(set(handle(0), &cgroup, 1 << 30, 2 << 30), SUCCESS);
+        assert_eq!(set(handle(0), &cgroup, 0, DEVICE_MEMORY_LIMIT_MAX), SUCCESS);
+        assert_eq!(
+            get(handle(0), &cgroup),
+            (SUCCESS, 0, DEVICE_MEMORY_LIMIT_MAX, 0)
+        );
+        assert!(
+            STATE
+                .lock()
+                .unwrap()
+                .as_ref()
+                .unwrap()
+                .memory_limits
+                .is_empty()
+        );
+        // Clearing what was never set succeeds too.
+        assert_eq!(set(handle(1), &cgroup, 0, DEVICE_MEMORY_LIMIT_MAX), SUCCESS);
+    }
+
+    #[test]
+    fn memory_limits_refuse_a_cgroup_that_does_not_exist() {
+        let dir = TempDir::new("missing");
+        std::fs::write(dir.0.join("file"), "").unwrap();
+        let _state = init_with(limits_node(None));
+        for name_space in [
+            dir.c_path("gone"),
+            dir.c_path("file"),
+            std::ffi::CString::new("relative/cgroup").unwrap(),
+            std::ffi::CString::new("").unwrap(),
+        ] {
+            assert_eq!(
+                set(handle(0), &name_space, 0, 1 << 30),
+                ERROR_INVALID_ARGUMENT,
+                "{name_space:?}"
+            );
+        }
+        let mut no_name = nvmlSetMemoryLimits_v1_t {
+            nameSpace: std::ptr::null(),
+            softLimit: 0,
+            hardLimit: 1 << 30,
+        };
+        assert_eq!(
+            nvmlDeviceSetMemoryLimits_v1(handle(0), &mut no_name),
+            ERROR_INVALID_ARGUMENT
+        );
+        assert_eq!(
+            nvmlDeviceSetMemoryLimits_v1(handle(0), std::ptr::null_mut()),
+            ERROR_INVALID_ARGUMENT
+        );
+        let cgroup = dir.c_path("");
+        assert_eq!(set(handle(2), &cgroup, 0, 1 << 30), ERROR_INVALID_ARGUMENT);
+        assert_eq!(
+            set(std::ptr::null_mut(), &cgroup, 0, 1 << 30),
+            ERROR_INVALID_ARGUMENT
+        );
+        assert!(
+            STATE
+                .lock()
+                .unwrap()
+                .as_ref()
+                .unwrap()
+                .memory_limits
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn memory_limits_refuse_soft_above_hard() {
+        let dir = TempDir::new("soft-above-hard");
+        let cgroup = dir.c_path("");
+        let _state = init_with(limits_node(None));
+        assert_eq!(
+            set(handle(0), &cgroup, 2 << 30, 1 << 30),
+            ERROR_INVALID_ARGUMENT
+        );
+        assert_eq!(set(handle(0), &cgroup, 2 << 30, 2 << 30), SUCCESS);
+        assert_eq!(
+            set(handle(0), &cgroup, 3 << 30, 2 << 30),
+            ERROR_INVALID_ARGUMENT
+        );
+        // A refused set leaves the earlier limits.
+        assert_eq!(get(handle(0), &cgroup), (SUCCESS, 2 << 30, 2 << 30, 0));
+    }
+
+    #[test]
+    fn memory_limits_refuse_hard_above_the_gpu_memory() {
+        let dir = TempDir::new("hard-above-memory");
+        let cgroup = dir.c_path("");
+        let _state = init_with(limits_node(None));
+        assert_eq!(
+            set(handle(0), &cgroup, 0, (80 << 30) + 1),
+            ERROR_INVALID_ARGUMENT
+        );
+        assert_eq!(
+            set(handle(0), &cgroup, 0, DEVICE_MEMORY_LIMIT_MAX - 1),
+            ERROR_INVALID_ARGUMENT
+        );
+        assert_eq!(set(handle(0), &cgroup, 0, 80 << 30), SUCCESS);
+        assert_eq!(get(handle(0), &cgroup), (SUCCESS, 0, 80 << 30, 0));
+    }
+
+    #[test]
+    fn memory_limits_log_every_set_call() {
+        let dir = TempDir::new("log");
+        let log = dir.0.join("limits.jsonl");
+        let cgroup = dir.c_path("");
+        let missing = dir.c_path("gone");
+        let _state = init_with(limits_node(Some(log.clone())));
+        assert_eq!(set(handle(1), &cgroup, 1 << 30, 2 << 30), SUCCESS);
+        assert_eq!(get(handle(1), &cgroup).0, SUCCESS);
+        assert_eq!(set(handle(0), &missing, 0, 1 << 30), ERROR_INVALID_ARGUMENT);
+        assert_eq!(
+            nvmlDeviceSetMemoryLimits_v1(handle(5), std::ptr::null_mut()),
+            ERROR_INVALID_ARGUMENT
+        );
+        let pid = std::process::id();
+        assert_eq!(
+            log_lines(&log),
+            [
+                serde_json::json!({
+                    "uuid": "GPU-b", "nameSpace": cgroup.to_str().unwrap(),
+                    "softLimit": 1u64 << 30, "hardLimit": 2u64 << 30, "pid": pid, "result": 0,
+                }),
+                serde_json::json!({
+                    "uuid": "GPU-a", "nameSpace": missing.to_str().unwrap(),
+                    "softLimit": 0, "hardLimit": 1u64 << 30, "pid": pid, "result": 2,
+                }),
+                serde_json::json!({
+                    "uuid": null, "nameSpace": null, "softLimit": null, "hardLimit": null,
+                    "pid": pid, "result": 2,
+                }),
+            ]
+        );
+        // Not logged once shut down.
+        assert_eq!(nvmlShutdown(), SUCCESS);
+        assert_eq!(
+            set(handle(1), &cgroup, 1 << 30, 2 << 30),
+            ERROR_UNINITIALIZED
+        );
+        assert_eq!(log_lines(&log).len(), 3);
+    }
+
+    #[test]
+    fn memory_limit_fields_come_from_the_json() {
+        let node: FakeNode = serde_json::from_str(
+            r#"{"gpus": [], "memoryLimits": true, "memoryLimitsLog": "/tmp/limits.jsonl"}"#,
+        )
+        .unwrap();
+        assert!(node.memory_limits);
+        assert_eq!(
+            node.memory_limits_log,
+            Some(PathBuf::from("/tmp/limits.jsonl"))
+        );
+        let node: FakeNode = serde_json::from_str(r#"{"gpus": []}"#).unwrap();
+        assert!(!node.memory_limits);
+        assert_eq!(node.memory_limits_log, None);
     }
 }

@@ -319,6 +319,11 @@ pub struct ClusterOptions {
     /// switch pair (0-1, 2-3) ([`fake_nvml::pair_nvlinks`]). [`Cluster::set_nvlinks`]
     /// changes them on a running cluster.
     pub nvlinks: Option<Vec<[u32; 2]>>,
+    /// Enforced shares: the fake NVML has the driver's per-cgroup memory limits
+    /// (its calls logged, [`Cluster::memory_limit_calls`]), containerd runs CDI
+    /// hooks, and the proxy sets limits through `tessera-enforce` and preloads a
+    /// stand-in for HAMi-core's `libvgpu.so`.
+    pub enforcement: bool,
 }
 
 impl Default for ClusterOptions {
@@ -329,6 +334,7 @@ impl Default for ClusterOptions {
             proxy_args: Vec::new(),
             cluster_side: true,
             nvlinks: None,
+            enforcement: false,
         }
     }
 }
@@ -343,6 +349,7 @@ pub struct Cluster {
     /// The fake GPU node's device nodes and driver files.
     pub gpu_node: FakeGpuNode,
     api_route: Option<ApiServiceRoute>,
+    enforcement: bool,
     _lock: nix::fcntl::Flock<std::fs::File>,
 }
 
@@ -405,6 +412,7 @@ impl Cluster {
             processes: BTreeMap::new(),
             gpu_node,
             api_route: None,
+            enforcement: options.enforcement,
             _lock: lock,
         };
         cluster.write_files()?;
@@ -532,12 +540,45 @@ impl Cluster {
     /// NVML description and restarts tessera-reporter, which reads NVML when it
     /// starts. The caller waits for the Device CR to show them.
     pub async fn set_nvlinks(&mut self, links: &[[u32; 2]]) -> anyhow::Result<()> {
-        let description = fake_nvml::describe_with_nvlinks(&self.gpu_node, links);
+        let description = self.nvml_description(links);
         std::fs::write(
             self.dir.path().join("nvml").join("fake-nvml.json"),
             serde_json::to_vec_pretty(&description)?,
         )?;
         self.restart(Component::Reporter).await
+    }
+
+    /// The fake NVML description of this node with `links`: with the driver's
+    /// memory limits, logged, when the cluster enforces shares.
+    fn nvml_description(&self, links: &[[u32; 2]]) -> Value {
+        let description = fake_nvml::describe_with_nvlinks(&self.gpu_node, links);
+        if self.enforcement {
+            fake_nvml::with_memory_limits(description, &self.memory_limits_log())
+        } else {
+            description
+        }
+    }
+
+    fn memory_limits_log(&self) -> PathBuf {
+        self.dir.path().join("nvml").join("memory-limits.jsonl")
+    }
+
+    /// Every `nvmlDeviceSetMemoryLimits_v1` call the fake NVML saw, in order:
+    /// `{uuid, nameSpace, softLimit, hardLimit, pid, result}`.
+    pub fn memory_limit_calls(&self) -> anyhow::Result<Vec<Value>> {
+        let text = match std::fs::read_to_string(self.memory_limits_log()) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(e.into()),
+        };
+        text.lines()
+            .map(|line| serde_json::from_str(line).with_context(|| format!("log line {line:?}")))
+            .collect()
+    }
+
+    /// The CDI spec directory containerd reads.
+    pub fn cdi_dir(&self) -> PathBuf {
+        self.dir.path().join("cdi")
     }
 
     /// Kills a component with SIGKILL, as an OOM kill or a node loss would: no
@@ -834,10 +875,7 @@ impl Cluster {
         let nvlinks = options.nvlinks.clone().unwrap_or_else(|| {
             fake_nvml::pair_nvlinks(u32::try_from(self.gpu_node.gpus.len()).unwrap_or(0))
         });
-        let library = fake_nvml::install(
-            &nvml_dir,
-            &fake_nvml::describe_with_nvlinks(&self.gpu_node, &nvlinks),
-        )?;
+        let library = fake_nvml::install(&nvml_dir, &self.nvml_description(&nvlinks))?;
         let images = dir.join("images");
         std::fs::create_dir_all(&images)?;
         for archive in [
@@ -863,6 +901,19 @@ impl Cluster {
             format!("--nvml-library={}", library.display()),
             format!("--kubelet-checkpoint={KUBELET_CHECKPOINT}"),
         ];
+        if options.enforcement {
+            let hami = image::vgpu_stand_in(&dir.join("hami"))?;
+            self.import_image(&image::preload_probe_archive(&images)?)?;
+            args.extend([
+                "--gpu-memory-limits=on".to_owned(),
+                format!(
+                    "--enforce-binary={}",
+                    tessera_binary("tessera-enforce")?.display()
+                ),
+                format!("--hami-core-library={}", hami.display()),
+                format!("--enforcement-dir={}", dir.join("enforce").display()),
+            ]);
+        }
         args.extend(options.proxy_args.iter().cloned());
         self.launch(
             Component::RuntimeProxy,
@@ -1098,6 +1149,23 @@ impl Cluster {
         let client = self.client().await?;
         let discovery = discover(&client).await?;
         apply(&client, &discovery, doc).await
+    }
+
+    /// The host PID of a running container's init process (`ctr tasks ls`).
+    pub fn container_pid(&self, container_id: &str) -> anyhow::Result<u32> {
+        let id = container_id.trim_start_matches("containerd://");
+        let output = std::process::Command::new(self.k8s.path("ctr"))
+            .arg("-a")
+            .arg(self.containerd_socket())
+            .args(["-n", "k8s.io", "tasks", "ls"])
+            .output()?;
+        let text = String::from_utf8_lossy(&output.stdout);
+        text.lines()
+            .find_map(|line| {
+                let mut fields = line.split_whitespace();
+                (fields.next() == Some(id)).then(|| fields.next()?.parse().ok())?
+            })
+            .with_context(|| format!("no task {id} in ctr tasks ls:\n{text}"))
     }
 
     /// Kills a container's task as an OOM kill or crash would; kubelet restarts it.
@@ -1621,6 +1689,10 @@ state = "{dir}/state"
   disable_apparmor = true
   # network namespaces under our directory, so teardown finds them
   netns_mounts_under_state_dir = true
+  # CDI (containerd 2.x's default is on) from our directory only: the proxy writes
+  # its enforcement hooks there
+  enable_cdi = true
+  cdi_spec_dirs = ["{dir}/cdi"]
   [plugins."io.containerd.cri.v1.runtime".containerd]
     default_runtime_name = "runc"
     [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]

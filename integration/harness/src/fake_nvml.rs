@@ -105,3 +105,34 @@ pub fn describe_with_nvlinks(node: &crate::gpu_node::FakeGpuNode, links: &[[u32;
         .collect();
     json!({"driverVersion": "550.54.15", "cudaDriverVersion": 12040, "gpus": gpus, "xidEvents": []})
 }
+
+/// `description` (from [`describe`], [`describe_with_nvlinks`] or
+/// [`four_gpu_node`]) with NVML r615's per-cgroup memory limit calls
+/// (`nvmlDeviceSetMemoryLimits_v1`, `nvmlDeviceGetMemoryLimits_v1`) turned on, and
+/// each set call appended to `log` as a JSON line (`uuid`, `nameSpace`,
+/// `softLimit`, `hardLimit`, `pid`, `result`). Without it those calls answer
+/// "function not found", as on drivers before r615.
+pub fn with_memory_limits(mut description: Value, log: &Path) -> Value {
+    if let Some(fields) = description.as_object_mut() {
+        fields.insert("memoryLimits".into(), Value::Bool(true));
+        fields.insert(
+            "memoryLimitsLog".into(),
+            Value::String(log.to_string_lossy().into_owned()),
+        );
+    }
+    description
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn with_memory_limits_sets_both_fields_and_keeps_the_rest() {
+        let node = with_memory_limits(four_gpu_node(), Path::new("/tmp/limits.jsonl"));
+        assert_eq!(node["memoryLimits"], json!(true));
+        assert_eq!(node["memoryLimitsLog"], json!("/tmp/limits.jsonl"));
+        assert_eq!(node["gpus"], four_gpu_node()["gpus"]);
+        assert!(four_gpu_node().get("memoryLimits").is_none());
+    }
+}

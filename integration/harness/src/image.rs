@@ -15,6 +15,10 @@ pub const PROBE_IMAGE: &str = "tessera.local/probe:1";
 /// CRI request); containerd puts it before the request's, and the NVIDIA toolkit
 /// obeys the last entry.
 pub const CUDA_PROBE_IMAGE: &str = "tessera.local/cuda-probe:1";
+/// A dynamically linked test image whose entrypoint reports whether a preloaded
+/// `libvgpu.so` is mapped into it and into a child started with an empty
+/// environment (`preload-probe.c`).
+pub const PRELOAD_PROBE_IMAGE: &str = "tessera.local/preload-probe:1";
 /// NVIDIA's device plugin binary with the libraries it and NVML load, as NVIDIA's
 /// image ships it (its config sets `NVIDIA_VISIBLE_DEVICES=all` too).
 pub const DEVICE_PLUGIN_IMAGE: &str = "tessera.local/nvidia-device-plugin:1";
@@ -41,6 +45,46 @@ pub fn compile_static(name: &str, out: &Path) -> anyhow::Result<PathBuf> {
         bail!("cc -static {} failed with {status}", source.display());
     }
     Ok(binary)
+}
+
+/// Compiles `integration/harness/images/<name>.c` with `cc` and `flags` into `out`.
+fn compile(name: &str, flags: &[&str], output: &Path) -> anyhow::Result<()> {
+    let source = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("images")
+        .join(format!("{name}.c"));
+    let status = Command::new("cc")
+        .args(flags)
+        .arg("-o")
+        .arg(output)
+        .arg(&source)
+        .status()
+        .context("running cc (install gcc and libc6-dev)")?;
+    if !status.success() {
+        bail!("cc {flags:?} {} failed with {status}", source.display());
+    }
+    Ok(())
+}
+
+/// Builds the stand-in for HAMi-core's `libvgpu.so` (`vgpu-stand-in.c`) as
+/// `<dir>/libvgpu.so`; returns its path.
+pub fn vgpu_stand_in(dir: &Path) -> anyhow::Result<PathBuf> {
+    std::fs::create_dir_all(dir)?;
+    let library = dir.join("libvgpu.so");
+    compile("vgpu-stand-in", &["-shared", "-fPIC", "-O2"], &library)?;
+    Ok(library)
+}
+
+/// Builds the preload-probe image archive under `dir`: the dynamic binary and
+/// the libraries it loads; returns its path.
+pub fn preload_probe_archive(dir: &Path) -> anyhow::Result<PathBuf> {
+    let binary = dir.join("preload-probe");
+    compile("preload-probe", &["-O2"], &binary)?;
+    let archive = archive_path(PRELOAD_PROBE_IMAGE, dir);
+    Image::new(PRELOAD_PROBE_IMAGE)
+        .add_binary(&binary, "/preload-probe")?
+        .entrypoint(&["/preload-probe"])
+        .write_archive(&archive)?;
+    Ok(archive)
 }
 
 /// The archive of an image: `tessera.local/cuda-probe:1` → `<dir>/cuda-probe.tar`.

@@ -26,6 +26,8 @@ use tessera_harness::image::CUDA_PROBE_IMAGE;
 
 #[path = "cluster/chart.rs"]
 mod chart;
+#[path = "cluster/enforcement.rs"]
+mod enforcement;
 #[path = "cluster/faults.rs"]
 mod faults;
 #[path = "cluster/observability.rs"]
@@ -92,6 +94,14 @@ fn scenarios() -> Vec<(&'static str, Scenario)> {
         (
             "kubeshare_annotation_pods_are_translated_at_admission_and_share_by_group",
             |c| Box::pin(kubeshare(c)),
+        ),
+        (
+            "shared_containers_get_driver_memory_limits_on_their_own_cgroup",
+            |c| Box::pin(enforcement::driver_memory_limits_on_the_containers_own_cgroup(c)),
+        ),
+        (
+            "hami_core_is_preloaded_in_shared_containers_even_under_env_i",
+            |c| Box::pin(enforcement::hami_core_is_preloaded_even_under_env_i(c)),
         ),
         ("restarts_lose_nothing", |c| Box::pin(restarts(c))),
         ("faults_two_replicas_place_a_burst_once", |c| {
@@ -295,6 +305,8 @@ async fn harness_suite(
         // The GPU hook trusts one namespace of GPU agents; privileged containers
         // are left to the default policy (refuse-gpu), which the scenarios check.
         proxy_args: vec![format!("--trusted-gpu-agents={AGENTS_NAMESPACE}")],
+        // Every scenario's shared containers go through the enforcement backends.
+        enforcement: true,
         ..ClusterOptions::default()
     };
     let mut cluster = Cluster::start(binaries, options).await?;
@@ -329,6 +341,8 @@ async fn harness_suite(
             Component::RuntimeProxy,
             Component::Extender,
             Component::Reporter,
+            Component::Containerd,
+            Component::Kubelet,
         ] {
             println!(
                 "--- {component} log (tail) ---\n{}",

@@ -1,0 +1,284 @@
+//! What holds a shared container to its share, as edits to the container
+//! (HAMi-core's files) and as the limits the node agent sets on its cgroup (the
+//! driver's). Pure: the host files are named by [`HamiCoreFiles`], created by
+//! [`prepare_host`]. `docs/enforcement.md` has the threat model.
+//!
+//! A container is *shared* when one of its GPUs is granted in part
+//! ([`DeviceAllocation::is_fractional`]); a whole-GPU grant needs no limiter.
+
+use std::path::{Path, PathBuf};
+
+use tessera_api::DeviceAllocations;
+use tessera_api::resources::ENFORCEMENT;
+use tessera_enforce::cdi;
+use tessera_enforce::{Backend, MemoryLimit};
+use tessera_protos::hook::v1::{CdiDevice, ContainerHookRequest, ContainerHookResponse, Mount};
+
+use super::{GpuHookError, NodeDevices, ResolvedGpu, kv, resolve_gpus};
+
+/// Where HAMi-core's library is in a shared container: HAMi's own path, so an
+/// image built for HAMi finds it where it looks.
+pub const HAMI_LIBRARY: &str = "/usr/local/vgpu/libvgpu.so";
+/// The loader's preload list: read by every dynamically linked process, whatever
+/// its env (`env -i` included), unlike `LD_PRELOAD`, which stays the user's.
+pub const LD_SO_PRELOAD: &str = "/etc/ld.so.preload";
+/// HAMi-core's node-wide lock directory, in the container, as HAMi mounts it.
+pub const HAMI_LOCK_DIR: &str = "/tmp/vgpulock";
+/// The container's own HAMi-core directory, holding its shared region.
+pub const HAMI_CACHE_DIR: &str = "/tmp/vgpu";
+/// HAMi-core's shared region: its limits and usage, per container.
+pub const HAMI_CACHE_ENV: &str = "CUDA_DEVICE_MEMORY_SHARED_CACHE";
+/// Env with which a process asks HAMi-core to stand down; never the tenant's to set.
+pub const HAMI_DISABLE_ENV: &str = "CUDA_DISABLE_CONTROL";
+/// Env naming the backends that hold the container's share (`driver-memory+hami-core`,
+/// or `none`): for the application and for whoever reads the OCI spec. The same
+/// value is in the container's `tessera.io/enforcement` annotation (CRI status).
+pub const ENFORCEMENT_ENV: &str = "TESSERA_ENFORCEMENT";
+/// Env keys HAMi-core reads that only the hook may set.
+const HAMI_CONTROLLED_ENV: &[&str] = &[
+    HAMI_CACHE_ENV,
+    HAMI_DISABLE_ENV,
+    "CUDA_OVERSUBSCRIBE",
+    "GPU_CORE_UTILIZATION_POLICY",
+    "CUDA_TASK_PRIORITY",
+];
+
+/// HAMi-core's files on the host, when the operator supplied `libvgpu.so`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HamiCoreFiles {
+    /// `libvgpu.so`, mounted read-only at [`HAMI_LIBRARY`].
+    pub library: PathBuf,
+    /// A file naming [`HAMI_LIBRARY`], mounted read-only at [`LD_SO_PRELOAD`].
+    pub preload: PathBuf,
+    /// The node-wide lock directory, mounted at [`HAMI_LOCK_DIR`].
+    pub lock_dir: PathBuf,
+    /// Per-container directories (`<pod UID>/<container>`), mounted at [`HAMI_CACHE_DIR`].
+    pub cache_root: PathBuf,
+}
+
+impl HamiCoreFiles {
+    /// The files under `dir` for the library at `library`: `dir/ld.so.preload`,
+    /// `dir/lock`, `dir/containers`.
+    pub fn under(dir: &Path, library: &Path) -> Self {
+        Self {
+            library: library.to_owned(),
+            preload: dir.join("ld.so.preload"),
+            lock_dir: dir.join("lock"),
+            cache_root: dir.join("containers"),
+        }
+    }
+
+    /// Writes the preload list and makes the directories. The library itself must exist.
+    pub fn install(&self) -> std::io::Result<()> {
+        if !self.library.is_file() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                format!("HAMi-core library {} is not a file", self.library.display()),
+            ));
+        }
+        if let Some(parent) = self.preload.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        std::fs::write(&self.preload, format!("{HAMI_LIBRARY}\n"))?;
+        std::fs::create_dir_all(&self.lock_dir)?;
+        std::fs::create_dir_all(&self.cache_root)
+    }
+
+    /// The container's own directory on the host.
+    fn cache_dir(&self, pod_uid: &str, container: &str) -> PathBuf {
+        self.cache_root.join(pod_uid).join(container)
+    }
+}
+
+/// The node's enforcement: which backends hold shared containers here.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Enforcement {
+    /// The driver's per-cgroup memory limits, set by the runtime proxy at
+    /// StartContainer (the hook only names them on the container).
+    pub driver_memory: bool,
+    /// HAMi-core, preloaded from these host files.
+    pub hami_core: Option<HamiCoreFiles>,
+}
+
+impl Enforcement {
+    /// The backends, strongest first.
+    pub fn backends(&self) -> Vec<Backend> {
+        let mut backends = Vec::new();
+        if self.driver_memory {
+            backends.push(Backend::DriverMemory);
+        }
+        if self.hami_core.is_some() {
+            backends.push(Backend::HamiCore);
+        }
+        backends
+    }
+}
+
+/// A name safe as one path component: kubelet's pod UID and container name are,
+/// but the hook does not build host paths from anything it has not checked.
+fn path_component(value: &str) -> bool {
+    !value.is_empty()
+        && value != "."
+        && value != ".."
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+}
+
+/// The edits that hold a shared container to its share: the enforcement
+/// annotation and, with HAMi-core, its preload, library, lock and cache mounts.
+/// Returns (path, problem) for a pod UID or container name unfit for a host path.
+pub(super) fn shared_edits(
+    container: &ContainerHookRequest,
+    gpus: &[ResolvedGpu<'_>],
+    enforcement: &Enforcement,
+    edit: &mut ContainerHookResponse,
+) -> Result<(), (String, String)> {
+    if !gpus.iter().any(|g| g.allocation.is_fractional()) {
+        return Ok(());
+    }
+    let backends = tessera_enforce::joined(&enforcement.backends());
+    edit.set_envs.push(kv(ENFORCEMENT_ENV, backends.clone()));
+    edit.set_annotations
+        .insert(ENFORCEMENT.to_owned(), backends);
+    // Set by the tenant, these would turn HAMi-core off or point it at a region of
+    // the tenant's choosing: removed whether or not HAMi-core is on.
+    edit.remove_envs.extend(
+        container
+            .envs
+            .iter()
+            .filter(|e| HAMI_CONTROLLED_ENV.contains(&e.key.as_str()))
+            .map(|e| e.key.clone()),
+    );
+    // Only the device the runtime proxy wrote for this container runs the hook:
+    // one named in the request is the tenant's, and goes.
+    edit.remove_cdi_devices.extend(
+        container
+            .cdi_devices
+            .iter()
+            .filter(|c| c.name.starts_with(cdi::KIND))
+            .map(|c| c.name.clone()),
+    );
+    let uid = container.pod.as_ref().map_or("", |p| p.uid.as_str());
+    let name = container.container.as_ref().map_or("", |c| c.name.as_str());
+    if enforcement.driver_memory {
+        let device = cdi::device_name(uid, name).ok_or_else(|| {
+            (
+                "pod uid / container name".to_owned(),
+                format!("{uid:?} / {name:?} cannot name the container's enforcement CDI device"),
+            )
+        })?;
+        edit.add_cdi_devices.push(CdiDevice {
+            name: cdi::qualified(&device),
+        });
+    }
+    let Some(files) = &enforcement.hami_core else {
+        return Ok(());
+    };
+    if !path_component(uid) || !path_component(name) {
+        return Err((
+            "pod uid / container name".into(),
+            format!(
+                "{uid:?} / {name:?} cannot name the container's HAMi-core directory (letters, digits, '-', '_', '.' only)"
+            ),
+        ));
+    }
+    let mount = |host: &Path, container_path: &str, readonly: bool| Mount {
+        container_path: container_path.into(),
+        host_path: host.to_string_lossy().into_owned(),
+        readonly,
+    };
+    edit.add_mounts.extend([
+        mount(&files.library, HAMI_LIBRARY, true),
+        mount(&files.preload, LD_SO_PRELOAD, true),
+        mount(&files.lock_dir, HAMI_LOCK_DIR, false),
+        mount(&files.cache_dir(uid, name), HAMI_CACHE_DIR, false),
+    ]);
+    edit.set_envs
+        .push(kv(HAMI_CACHE_ENV, format!("{HAMI_CACHE_DIR}/vgpu.cache")));
+    Ok(())
+}
+
+/// Makes the host directories an edit mounts from under HAMi-core's cache root
+/// (a bind mount's source must exist). Side effect of the hook, after the pure
+/// rewrite.
+pub fn prepare_host(
+    edit: &ContainerHookResponse,
+    enforcement: &Enforcement,
+) -> std::io::Result<()> {
+    let Some(files) = &enforcement.hami_core else {
+        return Ok(());
+    };
+    for mount in &edit.add_mounts {
+        let host = Path::new(&mount.host_path);
+        if host.starts_with(&files.cache_root) {
+            std::fs::create_dir_all(host)?;
+        }
+    }
+    Ok(())
+}
+
+/// Removes a pod's HAMi-core directories, once the pod is gone.
+pub fn remove_pod_dirs(enforcement: &Enforcement, pod_uid: &str) -> std::io::Result<()> {
+    let Some(files) = &enforcement.hami_core else {
+        return Ok(());
+    };
+    if !path_component(pod_uid) {
+        return Ok(());
+    }
+    match std::fs::remove_dir_all(files.cache_root.join(pod_uid)) {
+        Err(error) if error.kind() != std::io::ErrorKind::NotFound => Err(error),
+        _ => Ok(()),
+    }
+}
+
+/// The bytes of GPU memory a GPU's share holds: its `gpu-memory`, or its ratio of
+/// the GPU's memory when only that is known.
+pub(super) fn granted_bytes(gpu: &ResolvedGpu<'_>) -> Option<u64> {
+    gpu.allocation.gpu_memory().or_else(|| {
+        let ratio = gpu.allocation.gpu_memory_ratio()?;
+        let total = gpu.memory_total?;
+        u64::try_from(u128::from(total) * u128::from(ratio) / 100).ok()
+    })
+}
+
+/// The driver memory limits of a container of a pod with allocation
+/// `annotation`: one per GPU when one of its GPUs is shared, none otherwise (a
+/// whole-GPU grant, or a container the grant does not name). The same bytes as
+/// the limiter env. A shared GPU whose bytes are unknown (a memory ratio of a GPU
+/// whose size the node does not know) is refused: its share could not be held.
+pub fn shared_memory_limits(
+    pod: &str,
+    annotation: &str,
+    container: &str,
+    node: &NodeDevices,
+) -> Result<Vec<MemoryLimit>, GpuHookError> {
+    let allocations =
+        DeviceAllocations::parse(annotation).map_err(|source| GpuHookError::Annotation {
+            pod: pod.to_owned(),
+            container: container.to_owned(),
+            source,
+        })?;
+    let granted = allocations.gpus_of_container(container);
+    let gpus = resolve_gpus(&granted, node, pod, container)?;
+    if !gpus.iter().any(|g| g.allocation.is_fractional()) {
+        return Ok(Vec::new());
+    }
+    gpus.iter()
+        .map(|gpu| {
+            let bytes = granted_bytes(gpu).ok_or_else(|| GpuHookError::Device {
+                pod: pod.to_owned(),
+                container: container.to_owned(),
+                path: format!("gpu[{}].resources", gpu.index),
+                problem: format!(
+                    "the share's GPU memory on GPU {} is unknown (no gpu-memory, and the node does not know the GPU's size), so its limit cannot be set",
+                    gpu.uuid
+                ),
+            })?;
+            Ok(MemoryLimit {
+                uuid: gpu.uuid.clone(),
+                bytes,
+            })
+        })
+        .collect()
+}

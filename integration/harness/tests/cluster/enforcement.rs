@@ -1,0 +1,339 @@
+//! Enforced shares on the real cluster (issue "Enforced shares"): what holds a
+//! shared container to its grant, checked where it takes effect.
+//!
+//! - Driver memory limits: the fake NVML logs every `nvmlDeviceSetMemoryLimits_v1`
+//!   call; the one for a shared container must name the cgroup its process really
+//!   runs in (`/proc/<pid>/cgroup`), with its granted bytes, and come again for the
+//!   new container when kubelet restarts it.
+//! - HAMi-core (a stand-in `libvgpu.so`): mapped into the container's process and
+//!   into a child it starts with an empty environment, through `/etc/ld.so.preload`.
+
+use anyhow::{Context, ensure};
+use k8s_openapi::api::core::v1::Pod;
+use serde_json::{Value, json};
+use tessera_harness::cluster::{Cluster, allocated_gpus, env_values, probe_pod as pod};
+use tessera_harness::image::PRELOAD_PROBE_IMAGE;
+
+const GIB: u64 = 1 << 30;
+
+/// The container ID kubelet reports for `container`.
+fn container_id(pod: &Pod, container: &str) -> anyhow::Result<String> {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.name == container))
+        .and_then(|c| c.container_id.clone())
+        .with_context(|| format!("no container ID for {container}"))
+}
+
+/// The sysfs cgroup v2 directory the process `pid` runs in: its `0::` path
+/// under the host's cgroup2 mount (`/sys/fs/cgroup`, or `/sys/fs/cgroup/unified`
+/// on a hybrid host such as these machines).
+fn cgroup_of(pid: u32) -> anyhow::Result<String> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))?;
+    let path = text
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .context("no cgroup v2 line")?;
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo")?;
+    let mount = mounts
+        .lines()
+        .find_map(|line| {
+            let (left, right) = line.split_once(" - ")?;
+            right
+                .starts_with("cgroup2 ")
+                .then(|| left.split_whitespace().nth(4))?
+        })
+        .context("no cgroup2 mount")?;
+    Ok(format!("{mount}{path}"))
+}
+
+/// The `SetMemoryLimits` calls naming `cgroup`.
+fn calls_on(cluster: &Cluster, cgroup: &str) -> anyhow::Result<Vec<Value>> {
+    Ok(cluster
+        .memory_limit_calls()?
+        .into_iter()
+        .filter(|c| c["nameSpace"] == cgroup)
+        .collect())
+}
+
+/// Checks that the driver holds `bytes` on `uuid` for the cgroup of `pod`'s
+/// container `main` as it runs now.
+fn assert_limit_on_running(
+    cluster: &Cluster,
+    pod: &Pod,
+    uuid: &str,
+    bytes: u64,
+) -> anyhow::Result<String> {
+    let id = container_id(pod, "main")?;
+    let pid = cluster.container_pid(&id)?;
+    let cgroup = cgroup_of(pid)?;
+    let calls = calls_on(cluster, &cgroup)?;
+    ensure!(
+        calls.len() == 1,
+        "container {id} (pid {pid}, cgroup {cgroup}): {} SetMemoryLimits calls on its cgroup, want 1; all calls: {:?}",
+        calls.len(),
+        cluster.memory_limit_calls()?
+    );
+    let call = &calls[0];
+    ensure!(
+        call["uuid"] == uuid
+            && call["hardLimit"] == bytes
+            && call["softLimit"] == bytes
+            && call["result"] == 0,
+        "container {id}: SetMemoryLimits call {call}, want {uuid} soft = hard = {bytes}, result 0"
+    );
+    ensure!(
+        call["pid"] != pid,
+        "the limit was set by the container's own process {pid}, not by the runtime's hook"
+    );
+    Ok(cgroup)
+}
+
+/// A shared container's driver memory limit is on its own cgroup before it runs,
+/// and on its next cgroup after kubelet restarts it; a whole-GPU container and a
+/// GPU-less one get none; the container's spec says which backends hold it.
+pub async fn driver_memory_limits_on_the_containers_own_cgroup(
+    cluster: &mut Cluster,
+) -> anyhow::Result<()> {
+    let calls_before = cluster.memory_limit_calls()?.len();
+    cluster
+        .create_pod(
+            "admin",
+            &pod(
+                "enforced",
+                &[(
+                    "main",
+                    json!({"koordinator.sh/gpu-core": "25", "koordinator.sh/gpu-memory-ratio": "25"}),
+                )],
+                &[],
+            ),
+        )
+        .await?;
+    cluster
+        .create_pod(
+            "admin",
+            &pod(
+                "whole",
+                &[("main", json!({"koordinator.sh/gpu": "100"}))],
+                &[],
+            ),
+        )
+        .await?;
+    cluster
+        .create_pod("admin", &pod("plain", &[("main", json!({}))], &[]))
+        .await?;
+    let enforced = cluster.wait_running("enforced").await?;
+    let whole = cluster.wait_running("whole").await?;
+    let plain = cluster.wait_running("plain").await?;
+
+    let gpus = allocated_gpus(&enforced)?;
+    ensure!(gpus.len() == 1, "enforced: granted {gpus:?}");
+    let uuid = gpus[0].0.clone();
+    // 25 % of the fake GPU's 80 GiB.
+    let bytes = 20 * GIB;
+    let first = assert_limit_on_running(cluster, &enforced, &uuid, bytes)?;
+
+    let spec = cluster
+        .container_specs(&enforced)?
+        .remove("main")
+        .context("no spec")?;
+    ensure!(
+        env_values(&spec, "TESSERA_ENFORCEMENT") == ["driver-memory+hami-core"],
+        "enforced: TESSERA_ENFORCEMENT {:?}, want [driver-memory+hami-core]",
+        env_values(&spec, "TESSERA_ENFORCEMENT")
+    );
+    let hooks = spec["hooks"]["createRuntime"].to_string();
+    ensure!(
+        hooks.contains("tessera-enforce") && hooks.contains(&format!("--limit={uuid}={bytes}")),
+        "enforced: createRuntime hooks {hooks}, want tessera-enforce with --limit={uuid}={bytes}"
+    );
+
+    // kubelet restarts the container: a new container, a new cgroup, the limit again.
+    let restarts_before = cluster.memory_limit_calls()?.len();
+    cluster.kill_container(&container_id(&enforced, "main")?)?;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let restarted = loop {
+        let pod = cluster.wait_running("enforced").await?;
+        let restarted = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .and_then(|cs| cs.first())
+            .is_some_and(|c| c.restart_count >= 1 && c.ready);
+        if restarted {
+            break pod;
+        }
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "enforced: not restarted within 60 s of its container being killed"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    };
+    let second = assert_limit_on_running(cluster, &restarted, &uuid, bytes)?;
+    ensure!(
+        second != first,
+        "the restarted container runs in the cgroup of the one before ({first})"
+    );
+    ensure!(
+        cluster.memory_limit_calls()?.len() == restarts_before + 1,
+        "the restart made {} SetMemoryLimits calls, want 1",
+        cluster.memory_limit_calls()?.len() - restarts_before
+    );
+
+    // Whole GPUs and no GPUs: no limit, no backend named, no hook.
+    for pod in [&whole, &plain] {
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let pid = cluster.container_pid(&container_id(pod, "main")?)?;
+        ensure!(
+            calls_on(cluster, &cgroup_of(pid)?)?.is_empty(),
+            "{name}: a container without a share got a memory limit"
+        );
+        let spec = cluster
+            .container_specs(pod)?
+            .remove("main")
+            .context("no spec")?;
+        ensure!(
+            env_values(&spec, "TESSERA_ENFORCEMENT").is_empty()
+                && !spec["hooks"].to_string().contains("tessera-enforce"),
+            "{name}: enforcement on a container without a share: TESSERA_ENFORCEMENT {:?}, hooks {}",
+            env_values(&spec, "TESSERA_ENFORCEMENT"),
+            spec["hooks"]
+        );
+    }
+    ensure!(
+        cluster.memory_limit_calls()?.len() == calls_before + 2,
+        "{} SetMemoryLimits calls in this scenario, want 2 (start and restart of the shared container)",
+        cluster.memory_limit_calls()?.len() - calls_before
+    );
+    // The pod's CDI spec goes with the pod.
+    let uid = enforced.metadata.uid.clone().unwrap_or_default();
+    for name in ["enforced", "whole", "plain"] {
+        cluster.delete_pod(name).await?;
+    }
+    let cdi = cluster.cdi_dir();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let left: Vec<String> = std::fs::read_dir(&cdi)?
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.contains(&uid))
+            .collect();
+        if left.is_empty() {
+            break;
+        }
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "CDI specs of deleted pod {uid} still in {}: {left:?}",
+            cdi.display()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+    Ok(())
+}
+
+/// HAMi-core, when the operator supplies it, is preloaded in a shared
+/// container: mapped into its process and into a child started with an empty
+/// environment, with the tenant's own switches removed; a container without a
+/// share does not get it.
+pub async fn hami_core_is_preloaded_even_under_env_i(cluster: &mut Cluster) -> anyhow::Result<()> {
+    let preload_pod = |name: &str, limits: Value| {
+        json!({"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": name, "namespace": "default"},
+               "spec": {"containers": [{
+                   "name": "main", "image": PRELOAD_PROBE_IMAGE, "imagePullPolicy": "Never",
+                   "env": [{"name": "CUDA_DISABLE_CONTROL", "value": "true"},
+                           {"name": "LD_PRELOAD", "value": "/nonexistent-user-lib.so"}],
+                   "resources": {"limits": limits}}],
+                        "terminationGracePeriodSeconds": 0,
+                        "automountServiceAccountToken": false}})
+    };
+    cluster
+        .create_pod(
+            "admin",
+            &preload_pod("preloaded", json!({"koordinator.sh/gpu": "30"})),
+        )
+        .await?;
+    cluster
+        .create_pod("admin", &preload_pod("unshared", json!({})))
+        .await?;
+    let preloaded = cluster.wait_running("preloaded").await?;
+    let unshared = cluster.wait_running("unshared").await?;
+    let lines = |pod: &Pod| -> anyhow::Result<Vec<String>> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            let log = cluster.container_log(pod, "main")?;
+            let lines: Vec<String> = log
+                .lines()
+                .filter_map(|l| l.split_once("preload ").map(|(_, rest)| rest.to_owned()))
+                .collect();
+            if lines.len() >= 2 || std::time::Instant::now() > deadline {
+                return Ok(lines);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+    };
+    let library = "/usr/local/vgpu/libvgpu.so";
+    let seen = lines(&preloaded)?;
+    ensure!(
+        seen.len() == 2
+            && seen[0].starts_with("main:")
+            && seen[0].ends_with(&format!("mapped={library}"))
+            && seen[1] == format!("env-i: env=0 mapped={library}"),
+        "preloaded: the probe printed {seen:?}, want libvgpu.so mapped in main and in the env -i child"
+    );
+    let seen = lines(&unshared)?;
+    ensure!(
+        seen.len() == 2 && seen.iter().all(|l| l.ends_with("mapped=none")),
+        "unshared: the probe printed {seen:?}, want no libvgpu.so"
+    );
+    let spec = cluster
+        .container_specs(&preloaded)?
+        .remove("main")
+        .context("no spec")?;
+    ensure!(
+        env_values(&spec, "CUDA_DISABLE_CONTROL").is_empty(),
+        "preloaded: the tenant's CUDA_DISABLE_CONTROL reached the runtime"
+    );
+    ensure!(
+        env_values(&spec, "LD_PRELOAD") == ["/nonexistent-user-lib.so"],
+        "preloaded: the user's LD_PRELOAD was changed: {:?}",
+        env_values(&spec, "LD_PRELOAD")
+    );
+    ensure!(
+        env_values(&spec, "CUDA_DEVICE_MEMORY_SHARED_CACHE") == ["/tmp/vgpu/vgpu.cache"],
+        "preloaded: CUDA_DEVICE_MEMORY_SHARED_CACHE {:?}",
+        env_values(&spec, "CUDA_DEVICE_MEMORY_SHARED_CACHE")
+    );
+    let mounts: Vec<(String, bool)> = spec["mounts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|m| {
+            let destination = m["destination"].as_str()?.to_owned();
+            let readonly = m["options"]
+                .as_array()
+                .is_some_and(|o| o.iter().any(|x| x == "ro"));
+            Some((destination, readonly))
+        })
+        .filter(|(d, _)| {
+            ["/etc/ld.so.preload", library, "/tmp/vgpu", "/tmp/vgpulock"].contains(&d.as_str())
+        })
+        .collect();
+    let mut mounts = mounts;
+    mounts.sort();
+    let want = [
+        ("/etc/ld.so.preload".to_owned(), true),
+        ("/tmp/vgpu".to_owned(), false),
+        ("/tmp/vgpulock".to_owned(), false),
+        (library.to_owned(), true),
+    ];
+    ensure!(
+        mounts == want,
+        "preloaded: HAMi-core mounts (destination, read-only) {mounts:?}, want {want:?}"
+    );
+    for name in ["preloaded", "unshared"] {
+        cluster.delete_pod(name).await?;
+    }
+    Ok(())
+}

@@ -1,0 +1,437 @@
+//! The node side of enforced shares that needs more than a container edit:
+//!
+//! - **driver memory limits**: writes each shared container's CDI spec (a
+//!   `createRuntime` hook running `tessera-enforce`, see [`tessera_enforce::cdi`])
+//!   in the runtime's CDI directory when its pod's sandbox is created, before any
+//!   of its containers (containerd reads new spec files asynchronously), and again
+//!   at CreateContainer when it is missing. A shared container whose limits the
+//!   runtime would not run (CDI off in the runtime) is refused, never created
+//!   unlimited.
+//! - **cleanup**: a pod's spec files and HAMi-core directories go with its sandbox.
+//!
+//! The GPU hook (which runs first) names the CDI device on the container; this
+//! hook makes sure the runtime has it.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use k8s_cri::v1 as cri;
+use tessera_api::DeviceAllocations;
+use tessera_api::resources::DEVICE_ALLOCATED;
+use tessera_enforce::MemoryLimit;
+use tessera_enforce::cdi::{self, HookCommand};
+use tessera_hooks::gpu::{Enforcement, NodeDevices, shared_memory_limits};
+use tessera_hooks::probe::DeviceProbe;
+use tokio::sync::OnceCell;
+use tonic::Code;
+
+use crate::backend::Backend;
+use crate::hook::{CallOutcome, Hook, HookContext, HookRejection, LifecycleRequest};
+use crate::store::PodInfo;
+
+const STATUS: &str = "/runtime.v1.RuntimeService/Status";
+
+/// What the runtime says of its CDI support (its verbose Status `config`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuntimeCdi {
+    /// `enable_cdi`.
+    pub enabled: bool,
+    /// `cdi_spec_dirs`, lowest priority first.
+    pub spec_dirs: Vec<PathBuf>,
+}
+
+impl RuntimeCdi {
+    /// Reads containerd's CRI config, as its verbose Status reports it under
+    /// `info["config"]` (`enableCDI`, `cdiSpecDirs`). A runtime that reports
+    /// neither (containerd 1.6, which has no CDI) has it off.
+    pub fn from_status(status: &cri::StatusResponse) -> Self {
+        let config: serde_json::Value = status
+            .info
+            .get("config")
+            .and_then(|text| serde_json::from_str(text).ok())
+            .unwrap_or_default();
+        let enabled = config
+            .get("enableCDI")
+            .and_then(serde_json::Value::as_bool)
+            .unwrap_or(false);
+        let spec_dirs = config
+            .get("cdiSpecDirs")
+            .and_then(serde_json::Value::as_array)
+            .map(|dirs| {
+                dirs.iter()
+                    .filter_map(|d| d.as_str().map(PathBuf::from))
+                    .collect()
+            })
+            .unwrap_or_default();
+        Self { enabled, spec_dirs }
+    }
+
+    /// The directory to write in: the runtime's last (highest priority) one.
+    pub fn spec_dir(&self) -> Option<&Path> {
+        self.spec_dirs.last().map(PathBuf::as_path)
+    }
+}
+
+/// Where the runtime's CDI support comes from: the runtime, asked once.
+#[async_trait]
+pub trait CdiSource: Send + Sync + std::fmt::Debug {
+    /// The runtime's CDI support.
+    async fn runtime_cdi(&self) -> Result<RuntimeCdi, String>;
+}
+
+#[async_trait]
+impl CdiSource for Backend {
+    async fn runtime_cdi(&self) -> Result<RuntimeCdi, String> {
+        let status: cri::StatusResponse = self
+            .unary(STATUS, &cri::StatusRequest { verbose: true })
+            .await
+            .map_err(|e| format!("asking the runtime for its status: {}", e.message))?;
+        Ok(RuntimeCdi::from_status(&status))
+    }
+}
+
+/// The driver-memory part: the hook command and where the runtime's CDI is.
+#[derive(Debug)]
+pub struct DriverMemory {
+    /// What the CDI hook runs.
+    pub hook: HookCommand,
+    /// The runtime, asked for its CDI support.
+    pub runtime: Arc<dyn CdiSource>,
+    /// A CDI directory that overrides the runtime's own (`--cdi-spec-dir`).
+    pub spec_dir: Option<PathBuf>,
+}
+
+/// Why the node's enforcement could not be set up as configured.
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    /// `--gpu-memory-limits=on` on a node whose driver cannot.
+    #[error("--gpu-memory-limits=on: {0}")]
+    DriverMemory(String),
+    /// The tessera-enforce binary is not where it should be.
+    #[error(
+        "GPU memory limits: the tessera-enforce hook binary {0} is not a file (--enforce-binary)"
+    )]
+    HookBinary(PathBuf),
+    /// HAMi-core's files could not be laid out.
+    #[error("--hami-core-library: {0}")]
+    HamiCore(std::io::Error),
+}
+
+/// The node's enforcement from the GPU hook's flags: driver memory limits where
+/// NVML has them (`auto`) or as required (`on`), HAMi-core's files installed.
+pub fn node(
+    args: &tessera_hooks::args::GpuHookArgs,
+    runtime: Arc<dyn CdiSource>,
+) -> Result<(Enforcement, Option<DriverMemory>), SetupError> {
+    use tessera_hooks::args::Switch;
+    let hami_core = args.hami_core_files();
+    if let Some(files) = &hami_core {
+        files.install().map_err(SetupError::HamiCore)?;
+    }
+    let driver_memory = match args.gpu_memory_limits {
+        Switch::Off => false,
+        Switch::Auto | Switch::On => {
+            match tessera_enforce::nvml::NvmlMemoryLimits::open(&args.nvml_library) {
+                Ok(_) => true,
+                Err(error) if args.gpu_memory_limits == Switch::On => {
+                    return Err(SetupError::DriverMemory(error.to_string()));
+                }
+                Err(error) => {
+                    tracing::info!(%error, "GPU memory limits off: the driver does not support them");
+                    false
+                }
+            }
+        }
+    };
+    let driver = if driver_memory {
+        let binary = match &args.enforce_binary {
+            Some(path) => path.clone(),
+            None => std::env::current_exe()
+                .ok()
+                .and_then(|exe| exe.parent().map(|dir| dir.join("tessera-enforce")))
+                .unwrap_or_else(|| PathBuf::from("/usr/local/bin/tessera-enforce")),
+        };
+        if !binary.is_file() {
+            return Err(SetupError::HookBinary(binary));
+        }
+        Some(DriverMemory {
+            hook: HookCommand {
+                binary,
+                nvml_library: args.nvml_library.clone(),
+            },
+            runtime,
+            spec_dir: args.cdi_spec_dir.clone(),
+        })
+    } else {
+        None
+    };
+    let enforcement = Enforcement {
+        driver_memory,
+        hami_core,
+    };
+    tracing::info!(backends = %tessera_enforce::joined(&enforcement.backends()), "share enforcement");
+    Ok((enforcement, driver))
+}
+
+/// Writes and removes enforcement files around the lifecycle; see the module docs.
+#[derive(Debug)]
+pub struct EnforceHook {
+    enforcement: Enforcement,
+    driver: Option<DriverMemory>,
+    probe: Arc<dyn DeviceProbe>,
+    cdi: OnceCell<RuntimeCdi>,
+}
+
+impl EnforceHook {
+    /// A hook for `enforcement`, with `driver` when driver memory limits are on.
+    pub fn new(
+        enforcement: Enforcement,
+        driver: Option<DriverMemory>,
+        probe: Arc<dyn DeviceProbe>,
+    ) -> Self {
+        Self {
+            enforcement,
+            driver,
+            probe,
+            cdi: OnceCell::new(),
+        }
+    }
+
+    /// The CDI directory to write in; an error when the runtime will not run CDI hooks.
+    async fn spec_dir(&self, driver: &DriverMemory) -> Result<PathBuf, HookRejection> {
+        let cdi = self
+            .cdi
+            .get_or_try_init(|| driver.runtime.runtime_cdi())
+            .await
+            .map_err(|e| HookRejection::new(Code::Unavailable, e))?;
+        if !cdi.enabled {
+            return Err(HookRejection::new(
+                Code::FailedPrecondition,
+                "the runtime has CDI off (containerd: enable_cdi; containerd 1.6 has none), so it would not run the hook that sets a shared container's GPU memory limit; turn CDI on, or run the proxy with --gpu-memory-limits=off",
+            ));
+        }
+        driver
+            .spec_dir
+            .clone()
+            .or_else(|| cdi.spec_dir().map(Path::to_path_buf))
+            .ok_or_else(|| {
+                HookRejection::new(
+                    Code::FailedPrecondition,
+                    "the runtime names no CDI spec directory (cdi_spec_dirs); set --cdi-spec-dir",
+                )
+            })
+    }
+
+    /// The limits of each named container of `pod`, reading the node (blocking)
+    /// off the async threads.
+    async fn limits(
+        &self,
+        pod: &PodInfo,
+        containers: Vec<String>,
+    ) -> Result<Vec<(String, Vec<MemoryLimit>)>, HookRejection> {
+        let Some(annotation) = pod.annotations.get(DEVICE_ALLOCATED).cloned() else {
+            return Ok(Vec::new());
+        };
+        let probe = Arc::clone(&self.probe);
+        let name = pod.display_name();
+        tokio::task::spawn_blocking(move || {
+            let node: NodeDevices = probe.probe();
+            containers
+                .into_iter()
+                .map(|container| {
+                    let limits = shared_memory_limits(&name, &annotation, &container, &node)
+                        .map_err(|e| {
+                            let status: tonic::Status = e.into();
+                            HookRejection::new(status.code(), status.message())
+                        })?;
+                    Ok((container, limits))
+                })
+                .collect()
+        })
+        .await
+        .map_err(|e| HookRejection::new(Code::Internal, format!("enforcement task failed: {e}")))?
+    }
+
+    /// Writes each shared container's spec file; returns how many.
+    async fn write_specs(
+        &self,
+        driver: &DriverMemory,
+        pod: &PodInfo,
+        containers: Vec<String>,
+    ) -> Result<usize, HookRejection> {
+        let shared: Vec<(String, Vec<MemoryLimit>)> = self
+            .limits(pod, containers)
+            .await?
+            .into_iter()
+            .filter(|(_, limits)| !limits.is_empty())
+            .collect();
+        if shared.is_empty() {
+            return Ok(0);
+        }
+        let dir = self.spec_dir(driver).await?;
+        let uid = pod.uid.clone();
+        let hook = driver.hook.clone();
+        let count = shared.len();
+        tokio::task::spawn_blocking(move || write_spec_files(&dir, &uid, &shared, &hook))
+            .await
+            .map_err(|e| {
+                HookRejection::new(Code::Internal, format!("enforcement task failed: {e}"))
+            })?
+            .map_err(|e| {
+                HookRejection::new(
+                    Code::Internal,
+                    format!("writing the CDI spec that sets GPU memory limits: {e}"),
+                )
+            })?;
+        Ok(count)
+    }
+}
+
+/// One spec file per shared container, written whole (temp file, rename) so the
+/// runtime never reads half of one.
+fn write_spec_files(
+    dir: &Path,
+    pod_uid: &str,
+    shared: &[(String, Vec<MemoryLimit>)],
+    hook: &HookCommand,
+) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    for (container, limits) in shared {
+        let Some(device) = cdi::device_name(pod_uid, container) else {
+            continue;
+        };
+        let spec = cdi::pod_spec(pod_uid, &[(container.clone(), limits.clone())], hook);
+        let path = cdi::spec_file(dir, &device);
+        if std::fs::read(&path)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+            .as_ref()
+            == Some(&spec)
+        {
+            continue;
+        }
+        let temp = dir.join(format!(".{device}.tmp"));
+        std::fs::write(&temp, serde_json::to_vec_pretty(&spec)?)?;
+        std::fs::rename(&temp, &path)?;
+    }
+    Ok(())
+}
+
+/// Removes a pod's spec files (`tessera-enforce-<uid>_*.json`).
+fn remove_spec_files(dir: &Path, pod_uid: &str) -> std::io::Result<usize> {
+    let prefix = format!("tessera-enforce-{pod_uid}_");
+    let mut removed = 0;
+    for entry in std::fs::read_dir(dir)?.flatten() {
+        let name = entry.file_name();
+        if name.to_string_lossy().starts_with(&prefix) {
+            std::fs::remove_file(entry.path())?;
+            removed += 1;
+        }
+    }
+    Ok(removed)
+}
+
+/// The containers the annotation grants GPUs by name (per-container form); the
+/// pod-level form names none, and its containers' specs are written at creation.
+fn named_containers(pod: &PodInfo) -> Vec<String> {
+    let Some(Ok(allocations)) = pod
+        .annotations
+        .get(DEVICE_ALLOCATED)
+        .map(|a| DeviceAllocations::parse(a))
+    else {
+        return Vec::new();
+    };
+    let mut names: Vec<String> = allocations
+        .gpus()
+        .iter()
+        .filter_map(|gpu| gpu.containers.as_ref())
+        .flat_map(|shares| shares.keys().cloned())
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+#[async_trait]
+impl Hook for EnforceHook {
+    fn name(&self) -> &str {
+        "enforce"
+    }
+
+    async fn pre(
+        &self,
+        ctx: &HookContext,
+        request: &mut LifecycleRequest,
+    ) -> Result<(), HookRejection> {
+        let (Some(driver), Some(pod)) = (&self.driver, &ctx.pod) else {
+            return Ok(());
+        };
+        match request {
+            LifecycleRequest::RunPodSandbox(_) => {
+                let written = self.write_specs(driver, pod, named_containers(pod)).await?;
+                if written > 0 {
+                    tracing::info!(pod = %pod.display_name(), containers = written, "GPU memory limit hooks written");
+                }
+            }
+            LifecycleRequest::CreateContainer(create) => {
+                let ours = create
+                    .config
+                    .as_ref()
+                    .is_some_and(|c| c.cdi_devices.iter().any(|d| d.name.starts_with(cdi::KIND)));
+                if ours {
+                    let name = ctx
+                        .container
+                        .as_ref()
+                        .map(|c| c.name.clone())
+                        .unwrap_or_default();
+                    self.write_specs(driver, pod, vec![name]).await?;
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    async fn post(&self, ctx: &HookContext, request: &LifecycleRequest, outcome: &CallOutcome) {
+        if !matches!(request, LifecycleRequest::RemovePodSandbox(_))
+            || !matches!(outcome, CallOutcome::Ok(_))
+        {
+            return;
+        }
+        let Some(pod) = &ctx.pod else {
+            return;
+        };
+        let uid = pod.uid.clone();
+        let enforcement = self.enforcement.clone();
+        let dir = match &self.driver {
+            Some(driver) => driver.spec_dir.clone().or_else(|| {
+                self.cdi
+                    .get()
+                    .and_then(|c| c.spec_dir().map(Path::to_path_buf))
+            }),
+            None => None,
+        };
+        let result = tokio::task::spawn_blocking(move || {
+            let specs = match &dir {
+                Some(dir) if cdi::device_name(&uid, "x").is_some() => remove_spec_files(dir, &uid),
+                _ => Ok(0),
+            };
+            (
+                specs,
+                tessera_hooks::gpu::enforce::remove_pod_dirs(&enforcement, &uid),
+            )
+        })
+        .await;
+        match result {
+            Ok((Ok(_), Ok(()))) => {}
+            Ok((specs, dirs)) => {
+                tracing::warn!(pod = %pod.display_name(), specs = ?specs.err(), dirs = ?dirs.err(), "enforcement files of a removed pod not all removed");
+            }
+            Err(error) => tracing::warn!(%error, "enforcement cleanup task failed"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

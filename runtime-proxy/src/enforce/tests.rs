@@ -1,0 +1,247 @@
+use std::collections::HashMap;
+
+use tessera_hooks::gpu::{GpuDevice, PluginGrants};
+
+use super::*;
+
+const GPU_A: &str = "GPU-aaaaaaaa-0000-4000-8000-000000000000";
+const GPU_B: &str = "GPU-bbbbbbbb-0000-4000-8000-000000000000";
+
+#[derive(Debug)]
+struct Node;
+
+impl DeviceProbe for Node {
+    fn probe(&self) -> NodeDevices {
+        NodeDevices {
+            gpus: Some(vec![
+                GpuDevice {
+                    uuid: GPU_A.into(),
+                    minor: 0,
+                    memory_bytes: Some(80 << 30),
+                },
+                GpuDevice {
+                    uuid: GPU_B.into(),
+                    minor: 1,
+                    memory_bytes: Some(80 << 30),
+                },
+            ]),
+            nodes: ["nvidia0", "nvidia1"].map(String::from).into(),
+            plugin_grants: PluginGrants::NoCheckpoint,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Runtime(Result<RuntimeCdi, String>);
+
+#[async_trait]
+impl CdiSource for Runtime {
+    async fn runtime_cdi(&self) -> Result<RuntimeCdi, String> {
+        self.0.clone()
+    }
+}
+
+fn hook(runtime: Result<RuntimeCdi, String>, spec_dir: Option<PathBuf>) -> EnforceHook {
+    EnforceHook::new(
+        Enforcement {
+            driver_memory: true,
+            hami_core: None,
+        },
+        Some(DriverMemory {
+            hook: HookCommand {
+                binary: "/opt/tessera/tessera-enforce".into(),
+                nvml_library: "libnvidia-ml.so.1".into(),
+            },
+            runtime: Arc::new(Runtime(runtime)),
+            spec_dir,
+        }),
+        Arc::new(Node),
+    )
+}
+
+/// `main` holds 25 % / 20 GiB of GPU A, `whole` all of GPU B, `sidecar` nothing.
+fn pod() -> Arc<PodInfo> {
+    let annotation = format!(
+        r#"{{"gpu":[{{"minor":0,"id":"{GPU_A}","resources":{{"koordinator.sh/gpu-core":25,"koordinator.sh/gpu-memory-ratio":25,"koordinator.sh/gpu-memory":"20Gi"}},"extension":{{"containers":{{"main":{{"koordinator.sh/gpu-core":25,"koordinator.sh/gpu-memory-ratio":25,"koordinator.sh/gpu-memory":"20Gi"}}}}}}}},{{"minor":1,"id":"{GPU_B}","resources":{{"koordinator.sh/gpu-core":100,"koordinator.sh/gpu-memory-ratio":100}},"extension":{{"containers":{{"whole":{{"koordinator.sh/gpu-core":100,"koordinator.sh/gpu-memory-ratio":100}}}}}}}}]}}"#
+    );
+    Arc::new(PodInfo {
+        uid: "0b6c2a1e-1111-4222-8333-444455556666".into(),
+        name: "train".into(),
+        namespace: "team".into(),
+        annotations: HashMap::from([(DEVICE_ALLOCATED.to_owned(), annotation)]),
+        ..PodInfo::default()
+    })
+}
+
+fn run_sandbox() -> LifecycleRequest {
+    LifecycleRequest::RunPodSandbox(cri::RunPodSandboxRequest::default())
+}
+
+fn files(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn containerd_status_config_says_whether_cdi_is_on() {
+    let status = |config: &str| cri::StatusResponse {
+        info: HashMap::from([("config".to_owned(), config.to_owned())]),
+        ..Default::default()
+    };
+    assert_eq!(
+        RuntimeCdi::from_status(&status(
+            r#"{"enableCDI":true,"cdiSpecDirs":["/etc/cdi","/var/run/cdi"],"enableSelinux":false}"#
+        )),
+        RuntimeCdi {
+            enabled: true,
+            spec_dirs: vec!["/etc/cdi".into(), "/var/run/cdi".into()]
+        }
+    );
+    // containerd 1.6: no CDI in its config at all.
+    let old = RuntimeCdi::from_status(&status(r#"{"containerd":{"snapshotter":"native"}}"#));
+    assert!(!old.enabled);
+    assert_eq!(old.spec_dir(), None);
+    assert!(!RuntimeCdi::from_status(&cri::StatusResponse::default()).enabled);
+}
+
+#[tokio::test]
+async fn a_sandbox_gets_a_spec_per_shared_container_and_loses_them_with_the_pod()
+-> Result<(), Box<dyn std::error::Error>> {
+    let dir = tempfile::tempdir()?;
+    let cdi_dirs = vec![dir.path().join("etc"), dir.path().join("run")];
+    let hook = hook(
+        Ok(RuntimeCdi {
+            enabled: true,
+            spec_dirs: cdi_dirs.clone(),
+        }),
+        None,
+    );
+    let ctx = HookContext {
+        pod: Some(pod()),
+        container: None,
+    };
+    hook.pre(&ctx, &mut run_sandbox()).await?;
+    // The runtime's last directory; only the shared container.
+    let device = "0b6c2a1e-1111-4222-8333-444455556666_main";
+    assert_eq!(
+        files(&cdi_dirs[1]),
+        [format!("tessera-enforce-{device}.json")]
+    );
+    let spec: serde_json::Value = serde_json::from_slice(&std::fs::read(
+        cdi_dirs[1].join(format!("tessera-enforce-{device}.json")),
+    )?)?;
+    assert_eq!(spec["kind"], "tessera.io/enforce");
+    assert_eq!(spec["devices"][0]["name"], device);
+    let hook_entry = &spec["devices"][0]["containerEdits"]["hooks"][0];
+    assert_eq!(hook_entry["hookName"], "createRuntime");
+    assert_eq!(hook_entry["path"], "/opt/tessera/tessera-enforce");
+    assert_eq!(
+        hook_entry["args"],
+        serde_json::json!([
+            "tessera-enforce",
+            "memory-limits",
+            "--nvml-library=libnvidia-ml.so.1",
+            format!("--limit={GPU_A}={}", 20u64 << 30)
+        ])
+    );
+
+    // Another pod's file stays when this one goes.
+    std::fs::write(cdi_dirs[1].join("tessera-enforce-other_main.json"), "{}")?;
+    let removed = LifecycleRequest::RemovePodSandbox(cri::RemovePodSandboxRequest::default());
+    hook.post(
+        &ctx,
+        &removed,
+        &CallOutcome::Ok(crate::hook::LifecycleResponse::RemovePodSandbox(
+            cri::RemovePodSandboxResponse::default(),
+        )),
+    )
+    .await;
+    assert_eq!(files(&cdi_dirs[1]), ["tessera-enforce-other_main.json"]);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_runtime_without_cdi_refuses_shared_pods_only() -> Result<(), Box<dyn std::error::Error>>
+{
+    let dir = tempfile::tempdir()?;
+    let hook = hook(
+        Ok(RuntimeCdi {
+            enabled: false,
+            spec_dirs: vec![dir.path().into()],
+        }),
+        None,
+    );
+    let shared = HookContext {
+        pod: Some(pod()),
+        container: None,
+    };
+    let Err(refusal) = hook.pre(&shared, &mut run_sandbox()).await else {
+        panic!("a shared pod was let through a runtime that would not run its hook");
+    };
+    assert_eq!(refusal.code, Code::FailedPrecondition);
+    assert!(refusal.message.contains("CDI off"), "{}", refusal.message);
+    assert!(files(dir.path()).is_empty());
+
+    // A pod with no share needs nothing of the runtime.
+    let plain = HookContext {
+        pod: Some(Arc::new(PodInfo::default())),
+        container: None,
+    };
+    hook.pre(&plain, &mut run_sandbox()).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn create_container_writes_a_missing_spec_for_its_device()
+-> Result<(), Box<dyn std::error::Error>> {
+    let dir = tempfile::tempdir()?;
+    // --cdi-spec-dir wins over the runtime's (here: none).
+    let hook = hook(
+        Ok(RuntimeCdi {
+            enabled: true,
+            spec_dirs: Vec::new(),
+        }),
+        Some(dir.path().into()),
+    );
+    let ctx = HookContext {
+        pod: Some(pod()),
+        container: Some(crate::store::ContainerInfo {
+            name: "main".into(),
+            ..Default::default()
+        }),
+    };
+    let create = |cdi: &[&str]| {
+        LifecycleRequest::CreateContainer(cri::CreateContainerRequest {
+            config: Some(cri::ContainerConfig {
+                cdi_devices: cdi
+                    .iter()
+                    .map(|name| cri::CdiDevice {
+                        name: (*name).to_owned(),
+                    })
+                    .collect(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+    };
+    // Without the GPU hook's device, nothing to do.
+    hook.pre(&ctx, &mut create(&["nvidia.com/gpu=all"])).await?;
+    assert!(files(dir.path()).is_empty());
+    hook.pre(
+        &ctx,
+        &mut create(&["tessera.io/enforce=0b6c2a1e-1111-4222-8333-444455556666_main"]),
+    )
+    .await
+    .map_err(|e| e.message)?;
+    assert_eq!(
+        files(dir.path()),
+        ["tessera-enforce-0b6c2a1e-1111-4222-8333-444455556666_main.json"]
+    );
+    Ok(())
+}
