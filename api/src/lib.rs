@@ -15,6 +15,7 @@ pub mod checkpoint;
 #[cfg(feature = "client")]
 pub mod client;
 pub mod device;
+pub mod enforcement;
 #[cfg(feature = "client")]
 pub mod events;
 pub mod nvlink;

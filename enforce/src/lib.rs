@@ -13,94 +13,12 @@
 
 use std::fmt;
 use std::path::Path;
-use std::str::FromStr;
 
 pub mod cdi;
 pub mod cgroup;
 pub mod nvml;
 
-/// A way of holding a container to its share.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Backend {
-    /// The driver's per-cgroup memory limits (NVML ≥ r615): memory only, enforced by
-    /// the kernel driver for every process of the container's cgroup.
-    DriverMemory,
-    /// HAMi-core (`libvgpu.so`, supplied by the operator) preloaded through
-    /// `/etc/ld.so.preload`: memory and compute, enforced inside the container's
-    /// processes, so cooperative against a process that avoids the loader.
-    HamiCore,
-}
-
-impl Backend {
-    /// Every backend, strongest first.
-    pub const ALL: [Backend; 2] = [Backend::DriverMemory, Backend::HamiCore];
-
-    /// Its name in flags, annotations, metrics and the Device CR.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Backend::DriverMemory => "driver-memory",
-            Backend::HamiCore => "hami-core",
-        }
-    }
-
-    /// What it holds.
-    pub fn holds(self) -> Holds {
-        match self {
-            Backend::DriverMemory => Holds {
-                memory: true,
-                compute: false,
-            },
-            Backend::HamiCore => Holds {
-                memory: true,
-                compute: true,
-            },
-        }
-    }
-}
-
-impl fmt::Display for Backend {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// A backend name that is not one.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown enforcement backend {0:?}: expected driver-memory or hami-core")]
-pub struct UnknownBackend(pub String);
-
-impl FromStr for Backend {
-    type Err = UnknownBackend;
-
-    fn from_str(text: &str) -> Result<Self, Self::Err> {
-        Backend::ALL
-            .into_iter()
-            .find(|b| b.as_str() == text.trim())
-            .ok_or_else(|| UnknownBackend(text.to_owned()))
-    }
-}
-
-/// Which parts of a share a backend holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Holds {
-    /// GPU memory.
-    pub memory: bool,
-    /// Compute (SM share).
-    pub compute: bool,
-}
-
-/// The backends a list holds, joined as they appear in annotations (`a+b`), or
-/// `none`.
-pub fn joined(backends: &[Backend]) -> String {
-    if backends.is_empty() {
-        return "none".into();
-    }
-    backends
-        .iter()
-        .map(|b| b.as_str())
-        .collect::<Vec<_>>()
-        .join("+")
-}
+pub use tessera_api::enforcement::{Backend, Holds, UnknownBackend, joined};
 
 /// The limits the driver holds for one cgroup on one GPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -382,17 +300,5 @@ mod tests {
             let error = parse_limit(bad).err().unwrap_or_default();
             assert!(error.contains(bad), "{bad}: {error}");
         }
-    }
-
-    #[test]
-    fn backends_parse_and_join() {
-        assert_eq!("driver-memory".parse(), Ok(Backend::DriverMemory));
-        assert_eq!(" hami-core".parse(), Ok(Backend::HamiCore));
-        assert!("mps".parse::<Backend>().is_err());
-        assert_eq!(joined(&[]), "none");
-        assert_eq!(
-            joined(&[Backend::DriverMemory, Backend::HamiCore]),
-            "driver-memory+hami-core"
-        );
     }
 }

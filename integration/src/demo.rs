@@ -119,6 +119,8 @@ pub async fn run(out: &mut (dyn Write + Send)) -> anyhow::Result<DemoSummary> {
             checkpoint_poll: Duration::from_millis(200),
             capacity: CapacityOptions::default(),
             recovery_after: Duration::from_secs(300),
+            // No proxy here: the node holds no share (none).
+            enforcement_file: "/nonexistent/tessera-enforcement".into(),
         },
         xid_rx,
         std::future::pending::<()>(),

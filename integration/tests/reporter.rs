@@ -95,6 +95,8 @@ async fn discovery_publish_health_and_legacy_pods() {
             ..CapacityOptions::default()
         },
         recovery_after: Duration::from_secs(3600),
+        // No proxy here: the node holds no share (none).
+        enforcement_file: "/nonexistent/tessera-enforcement".into(),
     };
     let publisher = Publisher::new(api.client().expect("client"), "gpu-node-1");
     let (stop_loop, stopped) = tokio::sync::oneshot::channel::<()>();

@@ -95,6 +95,12 @@ enum Command {
         /// Seconds after its last critical XID before a GPU counts as healthy again.
         #[arg(long, value_name = "SECS", default_value_t = 300)]
         recovery_after: u64,
+        /// The node's enforcement backends, as tessera-runtime-proxy writes them
+        /// (`driver-memory+hami-core`, or `none`); published on the Device CR and as
+        /// each GPU's tessera.io/enforce-memory / enforce-compute labels, which a
+        /// pod's tessera.io/require-enforcement selects. A missing file is `none`.
+        #[arg(long, value_name = "PATH", default_value = tessera_reporter::report::DEFAULT_ENFORCEMENT_FILE)]
+        enforcement_file: PathBuf,
         /// Serve Prometheus (OpenMetrics) metrics at http://ADDR/metrics, or `off`.
         #[arg(long, value_name = "ADDR|off", default_value_t = MetricsListen::At(DEFAULT_METRICS_ADDR))]
         metrics_addr: MetricsListen,
@@ -183,6 +189,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
             advertise_nvidia_gpu,
             gpushare_memory_unit,
             recovery_after,
+            enforcement_file,
             metrics_addr,
         } => {
             let source = NvmlSource::open(&library_path(cli.nvml_library))?;
@@ -205,6 +212,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
                     gpushare_memory_unit,
                 },
                 recovery_after: Duration::from_secs(recovery_after),
+                enforcement_file,
             };
             let metrics = ReporterMetrics::default();
             if let Some(addr) = metrics_addr.addr() {

@@ -4,8 +4,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use tessera_api::resources::{
-    DEVICE_ALLOCATED, DEVICE_TYPE_GPU, DEVICES_CHECKPOINTS, GPU_CORE, GPU_MEMORY, GPU_MEMORY_RATIO,
-    NVIDIA_GPU, NVLINK_PEERS, label_value,
+    DEVICE_ALLOCATED, DEVICE_TYPE_GPU, DEVICES_CHECKPOINTS, ENFORCEMENT, GPU_CORE, GPU_MEMORY,
+    GPU_MEMORY_RATIO, NVIDIA_GPU, NVLINK_PEERS, label_value,
 };
 pub use tessera_api::resources::{LABEL_DRIVER_VERSION, LABEL_GPU_MODEL};
 use tessera_api::{DeviceInfo, DeviceSpec, DeviceTopology, LegacyDeviceEntry, NvlinkPeers};
@@ -32,6 +32,42 @@ impl Default for CapacityOptions {
             nvidia_gpu: false,
             gpushare_memory_unit: tessera_api::request::MemoryUnit::default(),
         }
+    }
+}
+
+/// Where tessera-runtime-proxy lists the node's enforcement backends (its
+/// `--enforcement-dir`, default `/run/tessera/enforce`, then `backends`).
+pub const DEFAULT_ENFORCEMENT_FILE: &str = "/run/tessera/enforce/backends";
+
+/// The node's enforcement backends from the proxy's file: none when it is missing
+/// (no proxy, or one before enforcement) or unreadable, which keeps pods that
+/// require enforcement off the node rather than on it.
+pub fn read_enforcement(path: &std::path::Path) -> Vec<tessera_api::enforcement::Backend> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => tessera_api::enforcement::parse_joined(&text).unwrap_or_else(|error| {
+            tracing::error!(file = %path.display(), %error, "enforcement backends not understood; publishing none");
+            Vec::new()
+        }),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(error) => {
+            tracing::error!(file = %path.display(), %error, "enforcement backends not readable; publishing none");
+            Vec::new()
+        }
+    }
+}
+
+/// Puts the node's enforcement on the Device CR: the `tessera.io/enforcement`
+/// annotation and, on each GPU, the labels of what is held.
+pub fn with_enforcement(
+    spec: &mut DeviceSpec,
+    annotations: &mut BTreeMap<String, String>,
+    backends: &[tessera_api::enforcement::Backend],
+) {
+    use tessera_api::enforcement::{Holds, joined};
+    annotations.insert(ENFORCEMENT.to_owned(), joined(backends));
+    let labels = Holds::of(backends).labels();
+    for device in &mut spec.devices {
+        device.labels.extend(labels.clone());
     }
 }
 
@@ -395,5 +431,31 @@ mod tests {
             assert_eq!(entries.len(), 1, "{strategy}");
             assert_eq!(entries[0].device_ids, *published, "{strategy}");
         }
+    }
+
+    #[test]
+    fn the_proxys_backends_reach_the_device_cr() -> Result<(), Box<dyn std::error::Error>> {
+        use tessera_api::enforcement::{Backend, LABEL_ENFORCE_COMPUTE, LABEL_ENFORCE_MEMORY};
+        let dir = tempfile::tempdir()?;
+        let file = dir.path().join("backends");
+        assert!(read_enforcement(&file).is_empty(), "missing file: none");
+        std::fs::write(&file, "driver-memory\n")?;
+        assert_eq!(read_enforcement(&file), [Backend::DriverMemory]);
+        std::fs::write(&file, "driver-memory+warp-drive")?;
+        assert!(read_enforcement(&file).is_empty(), "not understood: none");
+
+        let mut spec = device_spec(&gpus(), &BTreeSet::new());
+        let mut annotations = device_annotations(&gpus(), &[]);
+        with_enforcement(&mut spec, &mut annotations, &[Backend::DriverMemory]);
+        assert_eq!(annotations[ENFORCEMENT], "driver-memory");
+        for device in &spec.devices {
+            assert_eq!(
+                device.labels.get(LABEL_ENFORCE_MEMORY).map(String::as_str),
+                Some("true")
+            );
+            assert!(!device.labels.contains_key(LABEL_ENFORCE_COMPUTE));
+            assert!(device.labels.contains_key(LABEL_GPU_MODEL));
+        }
+        Ok(())
     }
 }

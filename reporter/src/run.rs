@@ -16,6 +16,7 @@ use crate::metrics::{PublishOutcome, PublishedObject, ReporterMetrics};
 use crate::publish::Publisher;
 use crate::report::{
     CapacityOptions, device_annotations, device_spec, legacy_entries, node_capacity, node_labels,
+    read_enforcement, with_enforcement,
 };
 
 /// Settings of the loop.
@@ -33,6 +34,8 @@ pub struct LoopConfig {
     pub capacity: CapacityOptions,
     /// A GPU is healthy again this long after its last critical XID.
     pub recovery_after: Duration,
+    /// The runtime proxy's list of the node's enforcement backends.
+    pub enforcement_file: PathBuf,
 }
 
 /// The loop's memory: the last good inputs, so a bad read never unpublishes.
@@ -184,13 +187,14 @@ async fn publish(
         }
     };
     metrics.record_published_view(unhealthy, &legacy);
-    let device = match publisher
-        .publish_device(
-            &device_spec(gpus, unhealthy),
-            &device_annotations(gpus, &legacy),
-        )
-        .await
-    {
+    let mut spec = device_spec(gpus, unhealthy);
+    let mut annotations = device_annotations(gpus, &legacy);
+    with_enforcement(
+        &mut spec,
+        &mut annotations,
+        &read_enforcement(&config.enforcement_file),
+    );
+    let device = match publisher.publish_device(&spec, &annotations).await {
         Ok(true) => {
             tracing::info!(
                 gpus = gpus.gpus.len(),
@@ -359,6 +363,8 @@ mod tests {
                 ..CapacityOptions::default()
             },
             recovery_after: Duration::from_secs(3600),
+            // No proxy here: the node holds no share (none).
+            enforcement_file: "/nonexistent/tessera-enforcement".into(),
         };
         let (xids, stop) = spawn_loop(api, node, config, metrics, GpuEvents::none());
         (addr, xids, stop)
@@ -474,6 +480,7 @@ mod tests {
             checkpoint_poll: Duration::from_millis(20),
             capacity: CapacityOptions::default(),
             recovery_after,
+            enforcement_file: "/nonexistent/tessera-enforcement".into(),
         };
         let metrics = Arc::new(ReporterMetrics::default());
         let (xids, stop) = spawn_loop(api, "gpu-node-1", config, Arc::clone(&metrics), events);

@@ -116,6 +116,9 @@ pub enum SetupError {
     /// HAMi-core's files could not be laid out.
     #[error("--hami-core-library: {0}")]
     HamiCore(std::io::Error),
+    /// The node's backends could not be written for the reporter.
+    #[error("writing {0} (--enforcement-dir): {1}")]
+    BackendsFile(PathBuf, std::io::Error),
 }
 
 /// The node's enforcement from the GPU hook's flags: driver memory limits where
@@ -153,24 +156,40 @@ pub fn node(
                 .unwrap_or_else(|| PathBuf::from("/usr/local/bin/tessera-enforce")),
         };
         if !binary.is_file() {
-            return Err(SetupError::HookBinary(binary));
+            if args.gpu_memory_limits == Switch::On {
+                return Err(SetupError::HookBinary(binary));
+            }
+            tracing::warn!(binary = %binary.display(), "GPU memory limits off: the driver supports them, but the tessera-enforce hook binary is not there (--enforce-binary)");
+            None
+        } else {
+            Some(DriverMemory {
+                hook: HookCommand {
+                    binary,
+                    nvml_library: args.nvml_library.clone(),
+                },
+                runtime,
+                spec_dir: args.cdi_spec_dir.clone(),
+            })
         }
-        Some(DriverMemory {
-            hook: HookCommand {
-                binary,
-                nvml_library: args.nvml_library.clone(),
-            },
-            runtime,
-            spec_dir: args.cdi_spec_dir.clone(),
-        })
     } else {
         None
     };
     let enforcement = Enforcement {
-        driver_memory,
+        driver_memory: driver.is_some(),
         hami_core,
     };
-    tracing::info!(backends = %tessera_enforce::joined(&enforcement.backends()), "share enforcement");
+    let backends = tessera_enforce::joined(&enforcement.backends());
+    tracing::info!(%backends, "share enforcement");
+    // For tessera-reporter, which publishes it (Device CR, GPU labels): written whole.
+    let file = args.enforcement_dir.join("backends");
+    let write = || -> std::io::Result<()> {
+        std::fs::create_dir_all(&args.enforcement_dir)?;
+        let temp = args.enforcement_dir.join(".backends.tmp");
+        std::fs::write(&temp, format!("{backends}\n"))?;
+        std::fs::set_permissions(&temp, std::os::unix::fs::PermissionsExt::from_mode(0o644))?;
+        std::fs::rename(&temp, &file)
+    };
+    write().map_err(|e| SetupError::BackendsFile(file.clone(), e))?;
     Ok((enforcement, driver))
 }
 

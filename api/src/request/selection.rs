@@ -417,6 +417,25 @@ impl PodRules {
                 });
             }
         }
+        if let Some(value) = get(crate::enforcement::REQUIRE_ENFORCEMENT) {
+            let key = crate::enforcement::REQUIRE_ENFORCEMENT;
+            let labels = crate::enforcement::required_labels(value)
+                .map_err(|problem| refuse(key, value, &problem))?;
+            rules.selection.rules.push(GpuRule {
+                annotation: key.to_owned(),
+                value: value.to_owned(),
+                matches: GpuMatch::Labels(
+                    labels
+                        .into_iter()
+                        .map(|label| LabelRequirement {
+                            key: label.to_owned(),
+                            operator: LabelOperator::In,
+                            values: vec!["true".to_owned()],
+                        })
+                        .collect(),
+                ),
+            });
+        }
         if let Some(value) = get(HAMI_GPU_SCHEDULER_POLICY) {
             rules.gpu_policy = hami_policy(HAMI_GPU_SCHEDULER_POLICY, value, false)?;
         }

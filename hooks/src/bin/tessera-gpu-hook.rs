@@ -45,6 +45,12 @@ async fn main() -> anyhow::Result<()> {
     }
     let listener = UnixListener::bind(&cli.socket)
         .with_context(|| format!("binding {}", cli.socket.display()))?;
+    // HAMi-core's preload list and directories, before any container mounts them.
+    if let Some(files) = cli.gpu.hami_core_files() {
+        files
+            .install()
+            .map_err(|e| anyhow::anyhow!("--hami-core-library: {e}"))?;
+    }
     let hook = GpuHook::new(cli.gpu.config(), Arc::new(cli.gpu.probe()));
     tracing::info!(socket = %cli.socket.display(), config = ?hook.config(), "serving tessera.hook.v1");
     tonic::transport::Server::builder()

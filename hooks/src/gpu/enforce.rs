@@ -80,14 +80,27 @@ impl HamiCoreFiles {
             std::fs::create_dir_all(parent)?;
         }
         std::fs::write(&self.preload, format!("{HAMI_LIBRARY}\n"))?;
+        // Read by every process of every shared container, whatever its user;
+        // written by none of them (the mount is read-only too).
+        set_mode(&self.preload, 0o644)?;
         std::fs::create_dir_all(&self.lock_dir)?;
-        std::fs::create_dir_all(&self.cache_root)
+        // Shared by every shared container: sticky, so one tenant cannot remove
+        // another's lock files.
+        set_mode(&self.lock_dir, 0o1777)?;
+        std::fs::create_dir_all(&self.cache_root)?;
+        set_mode(&self.cache_root, 0o711)
     }
 
     /// The container's own directory on the host.
     fn cache_dir(&self, pod_uid: &str, container: &str) -> PathBuf {
         self.cache_root.join(pod_uid).join(container)
     }
+}
+
+/// Sets a path's mode whatever the process umask (the proxy's unit has 0077).
+fn set_mode(path: &Path, mode: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
 }
 
 /// The node's enforcement: which backends hold shared containers here.
@@ -213,6 +226,12 @@ pub fn prepare_host(
         let host = Path::new(&mount.host_path);
         if host.starts_with(&files.cache_root) {
             std::fs::create_dir_all(host)?;
+            // The container's own directory: writable by whatever user it runs
+            // as, mounted into it alone (its pod's directory stays root's).
+            set_mode(host, 0o777)?;
+            if let Some(pod_dir) = host.parent() {
+                set_mode(pod_dir, 0o711)?;
+            }
         }
     }
     Ok(())

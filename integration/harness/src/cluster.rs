@@ -576,6 +576,12 @@ impl Cluster {
             .collect()
     }
 
+    /// Where this cluster's proxy lists the node's enforcement backends (the
+    /// reporter's `--enforcement-file`); a test may rewrite it.
+    pub fn enforcement_backends_file(&self) -> PathBuf {
+        self.dir.path().join("enforce").join("backends")
+    }
+
     /// The CDI spec directory containerd reads.
     pub fn cdi_dir(&self) -> PathBuf {
         self.dir.path().join("cdi")
@@ -953,6 +959,11 @@ impl Cluster {
             format!("--nvml-library={}", library.display()),
             format!("--checkpoint={KUBELET_CHECKPOINT}"),
             "--interval=2".into(),
+            // Where this cluster's proxy lists the node's enforcement backends.
+            format!(
+                "--enforcement-file={}",
+                dir.join("enforce").join("backends").display()
+            ),
         ];
         self.launch(
             Component::Reporter,

@@ -103,6 +103,10 @@ fn scenarios() -> Vec<(&'static str, Scenario)> {
             "hami_core_is_preloaded_in_shared_containers_even_under_env_i",
             |c| Box::pin(enforcement::hami_core_is_preloaded_even_under_env_i(c)),
         ),
+        (
+            "required_enforcement_places_pods_only_where_the_node_holds_it",
+            |c| Box::pin(enforcement::required_enforcement_places_only_where_held(c)),
+        ),
         ("restarts_lose_nothing", |c| Box::pin(restarts(c))),
         ("faults_two_replicas_place_a_burst_once", |c| {
             Box::pin(faults::two_replicas(c))

@@ -337,3 +337,124 @@ pub async fn hami_core_is_preloaded_even_under_env_i(cluster: &mut Cluster) -> a
     }
     Ok(())
 }
+
+/// The node's backends, as the proxy lists them, reach the Device CR through the
+/// reporter, and a pod's `tessera.io/require-enforcement` lands only where they
+/// hold what it asks: with compute no longer held, a pod requiring it stays
+/// Pending with the reason, and places once it is held again.
+pub async fn required_enforcement_places_only_where_held(
+    cluster: &mut Cluster,
+) -> anyhow::Result<()> {
+    let devices = tessera_harness::cluster::device_api(&cluster.client().await?);
+    let wait_labels = |want_compute: bool| {
+        let devices = devices.clone();
+        async move {
+            let want = if want_compute {
+                "driver-memory+hami-core"
+            } else {
+                "driver-memory"
+            };
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+            loop {
+                let device = devices.get(tessera_harness::cluster::NODE_NAME).await?;
+                let annotation = device
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get("tessera.io/enforcement").cloned());
+                let gpus = device.data["spec"]["devices"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default();
+                let labelled =
+                    |key: &str| !gpus.is_empty() && gpus.iter().all(|d| d["labels"][key] == "true");
+                if annotation.as_deref() == Some(want)
+                    && labelled("tessera.io/enforce-memory")
+                    && labelled("tessera.io/enforce-compute") == want_compute
+                {
+                    return Ok::<(), anyhow::Error>(());
+                }
+                ensure!(
+                    std::time::Instant::now() < deadline,
+                    "the Device CR does not show {want} within 30 s: annotation {annotation:?}, GPUs {gpus:?}"
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            }
+        }
+    };
+    wait_labels(true).await?;
+
+    let requiring = |name: &str, value: &str| {
+        let mut pod = pod(name, &[("main", json!({"koordinator.sh/gpu": "10"}))], &[]);
+        pod["metadata"]["annotations"] = json!({"tessera.io/require-enforcement": value});
+        pod
+    };
+    // Held: placed.
+    cluster
+        .create_pod("admin", &requiring("needs-both", "memory,compute"))
+        .await?;
+    cluster.wait_running("needs-both").await?;
+
+    // The proxy now lists driver memory limits only (as on a node without HAMi-core).
+    let file = cluster.enforcement_backends_file();
+    let before = std::fs::read_to_string(&file)?;
+    std::fs::write(&file, "driver-memory\n")?;
+    let outcome = async {
+        wait_labels(false).await?;
+        cluster
+            .create_pod("admin", &requiring("needs-compute", "compute"))
+            .await?;
+        cluster
+            .create_pod("admin", &requiring("needs-memory", "memory"))
+            .await?;
+        cluster.wait_running("needs-memory").await?;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            let events = cluster.events_of("needs-compute").await?;
+            if let Some(event) = events.iter().find(|e| e.starts_with("FailedScheduling")) {
+                ensure!(
+                    event.contains("tessera.io/require-enforcement"),
+                    "needs-compute: the reason does not name the annotation: {event}"
+                );
+                break;
+            }
+            ensure!(
+                std::time::Instant::now() < deadline,
+                "needs-compute: no FailedScheduling within 60 s: {events:?}"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        }
+        Ok::<(), anyhow::Error>(())
+    }
+    .await;
+    std::fs::write(&file, before)?;
+    outcome?;
+    // Held again: the waiting pod places.
+    wait_labels(true).await?;
+    cluster.wait_running("needs-compute").await?;
+
+    // A value that names neither part is refused with the annotation named.
+    cluster
+        .create_pod("admin", &requiring("needs-typo", "memroy"))
+        .await?;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let events = cluster.events_of("needs-typo").await?;
+        if let Some(event) = events.iter().find(|e| e.contains("\"memroy\"")) {
+            ensure!(
+                event.contains("tessera.io/require-enforcement"),
+                "needs-typo: {event}"
+            );
+            break;
+        }
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "needs-typo: no event naming the bad value within 60 s: {events:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+    for name in ["needs-both", "needs-compute", "needs-memory", "needs-typo"] {
+        cluster.delete_pod(name).await?;
+    }
+    Ok(())
+}

@@ -1,0 +1,189 @@
+//! Enforcement backends: their names, as the proxy's node file, the Device CR's
+//! `tessera.io/enforcement` annotation and a shared container's
+//! `TESSERA_ENFORCEMENT` carry them (`driver-memory+hami-core`, or `none`), and the
+//! per-GPU labels through which a pod's `tessera.io/require-enforcement` selects
+//! GPUs. The one codec for all of them.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+/// Device CR GPU label: the GPU's node holds shares' memory (`"true"`).
+pub const LABEL_ENFORCE_MEMORY: &str = "tessera.io/enforce-memory";
+/// Device CR GPU label: the GPU's node holds shares' compute (`"true"`).
+pub const LABEL_ENFORCE_COMPUTE: &str = "tessera.io/enforce-compute";
+/// Pod annotation: the parts of its share the node must hold (`memory`, `compute`,
+/// or both, comma-separated).
+pub const REQUIRE_ENFORCEMENT: &str = "tessera.io/require-enforcement";
+
+/// A way of holding a container to its share.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Backend {
+    /// The driver's per-cgroup memory limits (NVML ≥ r615): memory only, enforced by
+    /// the kernel driver for every process of the container's cgroup.
+    DriverMemory,
+    /// HAMi-core (`libvgpu.so`, supplied by the operator) preloaded through
+    /// `/etc/ld.so.preload`: memory and compute, enforced inside the container's
+    /// processes, so cooperative against a process that avoids the loader.
+    HamiCore,
+}
+
+impl Backend {
+    /// Every backend, strongest first.
+    pub const ALL: [Backend; 2] = [Backend::DriverMemory, Backend::HamiCore];
+
+    /// Its name in flags, annotations, metrics and the Device CR.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Backend::DriverMemory => "driver-memory",
+            Backend::HamiCore => "hami-core",
+        }
+    }
+
+    /// What it holds.
+    pub fn holds(self) -> Holds {
+        match self {
+            Backend::DriverMemory => Holds {
+                memory: true,
+                compute: false,
+            },
+            Backend::HamiCore => Holds {
+                memory: true,
+                compute: true,
+            },
+        }
+    }
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A backend name that is not one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown enforcement backend {0:?}: expected driver-memory or hami-core")]
+pub struct UnknownBackend(pub String);
+
+impl FromStr for Backend {
+    type Err = UnknownBackend;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        Backend::ALL
+            .into_iter()
+            .find(|b| b.as_str() == text.trim())
+            .ok_or_else(|| UnknownBackend(text.to_owned()))
+    }
+}
+
+/// Which parts of a share are held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Holds {
+    /// GPU memory.
+    pub memory: bool,
+    /// Compute (SM share).
+    pub compute: bool,
+}
+
+impl Holds {
+    /// What `backends` hold together.
+    pub fn of(backends: &[Backend]) -> Self {
+        backends.iter().fold(Holds::default(), |all, b| {
+            let h = b.holds();
+            Holds {
+                memory: all.memory || h.memory,
+                compute: all.compute || h.compute,
+            }
+        })
+    }
+
+    /// The per-GPU labels that say so (only the parts held).
+    pub fn labels(self) -> BTreeMap<String, String> {
+        [
+            (self.memory, LABEL_ENFORCE_MEMORY),
+            (self.compute, LABEL_ENFORCE_COMPUTE),
+        ]
+        .into_iter()
+        .filter(|(held, _)| *held)
+        .map(|(_, key)| (key.to_owned(), "true".to_owned()))
+        .collect()
+    }
+}
+
+/// The backends joined as annotations carry them (`a+b`), or `none`.
+pub fn joined(backends: &[Backend]) -> String {
+    if backends.is_empty() {
+        return "none".into();
+    }
+    backends
+        .iter()
+        .map(|b| b.as_str())
+        .collect::<Vec<_>>()
+        .join("+")
+}
+
+/// Reads [`joined`]'s form back.
+pub fn parse_joined(text: &str) -> Result<Vec<Backend>, UnknownBackend> {
+    let text = text.trim();
+    if text == "none" || text.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut backends = text
+        .split('+')
+        .map(str::parse)
+        .collect::<Result<Vec<Backend>, _>>()?;
+    backends.sort();
+    backends.dedup();
+    Ok(backends)
+}
+
+/// The GPU labels a pod's `tessera.io/require-enforcement` value requires, or
+/// what is wrong with it.
+pub fn required_labels(value: &str) -> Result<Vec<&'static str>, String> {
+    let mut labels = Vec::new();
+    for part in value.split(',').map(str::trim) {
+        let label = match part {
+            "memory" => LABEL_ENFORCE_MEMORY,
+            "compute" => LABEL_ENFORCE_COMPUTE,
+            "" => return Err("names nothing between its commas".into()),
+            other => return Err(format!("{other:?} is not memory or compute")),
+        };
+        if !labels.contains(&label) {
+            labels.push(label);
+        }
+    }
+    Ok(labels)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backends_round_trip_and_hold_what_they_say() {
+        let both = [Backend::DriverMemory, Backend::HamiCore];
+        assert_eq!(joined(&both), "driver-memory+hami-core");
+        assert_eq!(parse_joined("hami-core+driver-memory"), Ok(both.to_vec()));
+        assert_eq!(parse_joined("none"), Ok(Vec::new()));
+        assert_eq!(joined(&[]), "none");
+        assert!(parse_joined("driver-memory+mps").is_err());
+        assert_eq!(
+            Holds::of(&[Backend::DriverMemory]).labels(),
+            BTreeMap::from([(LABEL_ENFORCE_MEMORY.to_owned(), "true".to_owned())])
+        );
+        assert_eq!(Holds::of(&both).labels().len(), 2);
+        assert!(Holds::of(&[]).labels().is_empty());
+    }
+
+    #[test]
+    fn requirements_name_labels_or_the_mistake() {
+        assert_eq!(required_labels("memory"), Ok(vec![LABEL_ENFORCE_MEMORY]));
+        assert_eq!(
+            required_labels("compute, memory,memory"),
+            Ok(vec![LABEL_ENFORCE_COMPUTE, LABEL_ENFORCE_MEMORY])
+        );
+        assert!(required_labels("mem").is_err_and(|e| e.contains("\"mem\"")));
+        assert!(required_labels("memory,").is_err());
+    }
+}
