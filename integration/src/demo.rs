@@ -14,7 +14,7 @@ use anyhow::Context;
 use k8s_cri::v1 as cri;
 use serde_json::{Value, json};
 use tessera_api::resources::DEVICE_ALLOCATED;
-use tessera_hooks::gpu::GpuHookConfig;
+use tessera_hooks::gpu::{Enforcement, GpuHookConfig, HamiCoreFiles};
 use tessera_hooks::probe::HostProbe;
 use tessera_hooks::server::GpuHook;
 use tessera_reporter::gpu::NvmlSource;
@@ -47,6 +47,8 @@ pub struct PodResult {
     pub gpu_devices: Vec<String>,
     /// Limiter env in the OCI spec.
     pub limits: BTreeMap<String, String>,
+    /// `TESSERA_ENFORCEMENT` in the OCI spec: which backends hold its share.
+    pub enforcement: Option<String>,
     /// Device nodes the probe saw from inside the running container.
     pub seen_inside: Vec<String>,
 }
@@ -109,6 +111,15 @@ pub async fn run(out: &mut (dyn Write + Send)) -> anyhow::Result<DemoSummary> {
     say!("==> tessera-reporter: NVML discovery → Device CR and node capacity");
     let source = NvmlSource::open(&nvml)?;
     let (_xid_tx, xid_rx) = tokio::sync::mpsc::unbounded_channel();
+    // Shares held by HAMi-core (a stand-in libvgpu.so: no CUDA here), as the proxy
+    // lists it for the reporter. Containerd 1.6 has no CDI, so no driver limits.
+    let enforcement_dir = dir.path().join("enforce");
+    let hami = HamiCoreFiles::under(
+        &enforcement_dir.join("hami-core"),
+        &crate::image::vgpu_stand_in(&dir.path().join("hami"))?,
+    );
+    hami.install()?;
+    std::fs::write(enforcement_dir.join("backends"), "hami-core\n")?;
     let reporter = tokio::spawn(tessera_reporter::run::run(
         Arc::new(source),
         Publisher::new(api.client()?, NODE),
@@ -119,8 +130,7 @@ pub async fn run(out: &mut (dyn Write + Send)) -> anyhow::Result<DemoSummary> {
             checkpoint_poll: Duration::from_millis(200),
             capacity: CapacityOptions::default(),
             recovery_after: Duration::from_secs(300),
-            // No proxy here: the node holds no share (none).
-            enforcement_file: "/nonexistent/tessera-enforcement".into(),
+            enforcement_file: enforcement_dir.join("backends"),
         },
         xid_rx,
         std::future::pending::<()>(),
@@ -156,6 +166,10 @@ pub async fn run(out: &mut (dyn Write + Send)) -> anyhow::Result<DemoSummary> {
     let hook = GpuHook::new(
         GpuHookConfig {
             device_root: gpus.device_root.clone(),
+            enforcement: Enforcement {
+                driver_memory: false,
+                hami_core: Some(hami),
+            },
             ..GpuHookConfig::default()
         },
         Arc::new(HostProbe::with_nvml(crate::probe_paths(&gpus), &nvml)),
@@ -254,6 +268,7 @@ pub async fn run(out: &mut (dyn Write + Send)) -> anyhow::Result<DemoSummary> {
             visible_devices: None,
             gpu_devices: Vec::new(),
             limits: BTreeMap::new(),
+            enforcement: None,
             seen_inside: Vec::new(),
         };
         if let Ok((_, annotation)) = placement {
@@ -274,6 +289,7 @@ pub async fn run(out: &mut (dyn Write + Send)) -> anyhow::Result<DemoSummary> {
                 .with_context(|| format!("starting {name}"))?;
             let oci = kubelet.container_spec(&started.containers[0]).await?;
             result.visible_devices = spec_env(&oci, "NVIDIA_VISIBLE_DEVICES");
+            result.enforcement = spec_env(&oci, "TESSERA_ENFORCEMENT");
             result.gpu_devices = oci["linux"]["devices"]
                 .as_array()
                 .into_iter()
@@ -316,11 +332,12 @@ pub async fn run(out: &mut (dyn Write + Send)) -> anyhow::Result<DemoSummary> {
     summary.table = tessera_cli::inspect(client, None, false).await?;
     say!("$ tessera inspect\n{}", summary.table);
     say!(
-        "{:<18} {:<24} {:<44} {:<34} {}",
+        "{:<18} {:<24} {:<44} {:<34} {:<10} {}",
         "POD",
         "PLACED ON (minor)",
         "NVIDIA_VISIBLE_DEVICES (OCI spec)",
         "LIMITER ENV",
+        "HELD BY",
         "DEVICE NODES SEEN INSIDE"
     );
     for pod in &summary.pods {
@@ -337,7 +354,7 @@ pub async fn run(out: &mut (dyn Write + Send)) -> anyhow::Result<DemoSummary> {
                     .map(|(k, v)| format!("{}={v}", k.trim_start_matches("CUDA_DEVICE_")))
                     .collect();
                 say!(
-                    "{:<18} {:<24} {:<44} {:<34} {}",
+                    "{:<18} {:<24} {:<44} {:<34} {:<10} {}",
                     pod.name,
                     format!("GPU {}", minors.join(",")),
                     pod.visible_devices
@@ -349,6 +366,7 @@ pub async fn run(out: &mut (dyn Write + Send)) -> anyhow::Result<DemoSummary> {
                     } else {
                         limits.join(" ")
                     },
+                    pod.enforcement.as_deref().unwrap_or("-"),
                     pod.seen_inside.join(" ")
                 );
             }

@@ -81,6 +81,14 @@ async fn demo_places_every_pod_and_containers_see_exactly_their_gpus() {
         placed("whole-gpu").limits.is_empty(),
         "no limiter for a whole GPU"
     );
+    // Shares are held by the node's backend (HAMi-core here), whole GPUs need none.
+    assert_eq!(placed("half-gpu").enforcement.as_deref(), Some("hami-core"));
+    assert_eq!(placed("whole-gpu").enforcement, None);
+    assert!(
+        summary.table.contains("shares held by: hami-core"),
+        "{}",
+        summary.table
+    );
     assert!(
         placed("another-whole-gpu")
             .placement

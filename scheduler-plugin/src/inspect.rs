@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use serde::Serialize;
-use tessera_api::resources::{DEVICE_ALLOCATED, DEVICES_CHECKPOINTS};
+use tessera_api::resources::{DEVICE_ALLOCATED, DEVICES_CHECKPOINTS, ENFORCEMENT};
 use tessera_api::{Device, DeviceAllocation, DeviceAllocations, LegacyDeviceEntry};
 
 use crate::ledger::{device_gpus, placement_of, pod_name};
@@ -27,6 +27,10 @@ pub struct GpuTenant {
     /// annotation in the pod-level form, where every container gets the pod's share.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub containers: Vec<ContainerTenant>,
+    /// For a share of a GPU: the backends that hold it, the node's
+    /// (`driver-memory+hami-core`, `none`); none for a whole GPU, which needs none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enforcement: Option<String>,
 }
 
 /// A container's share of a GPU.
@@ -69,6 +73,9 @@ pub struct NodeReport {
     pub name: String,
     /// GPU model (node label), when known.
     pub model: String,
+    /// The backends that hold shares on this node, as its reporter publishes them
+    /// (`driver-memory+hami-core`, `none`); `unknown` from a reporter before enforcement.
+    pub enforcement: String,
     /// The GPUs.
     pub gpus: Vec<GpuRow>,
 }
@@ -95,6 +102,13 @@ pub fn report(nodes: &[Node], devices: &[Device], pods: &[Pod]) -> Vec<NodeRepor
                         .cloned()
                 })
                 .unwrap_or_default();
+            let enforcement = device
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(ENFORCEMENT))
+                .cloned()
+                .unwrap_or_else(|| "unknown".into());
             let mut rows: Vec<GpuRow> = gpus
                 .iter()
                 .map(|g| GpuRow {
@@ -153,12 +167,14 @@ pub fn report(nodes: &[Node], devices: &[Device], pods: &[Pod]) -> Vec<NodeRepor
                             .collect();
                         row.core_allocated += share.core;
                         row.memory_allocated += share.memory;
+                        let shared = share.core < 100 || share.memory < row.memory_total;
                         row.pods.push(GpuTenant {
                             pod: pod_name(pod),
                             core: share.core,
                             memory: share.memory,
                             legacy: false,
                             containers,
+                            enforcement: shared.then(|| enforcement.clone()),
                         });
                     }
                 }
@@ -184,6 +200,7 @@ pub fn report(nodes: &[Node], devices: &[Device], pods: &[Pod]) -> Vec<NodeRepor
                             memory: row.memory_total,
                             legacy: true,
                             containers: Vec::new(),
+                            enforcement: None,
                         });
                     }
                 }
@@ -192,6 +209,7 @@ pub fn report(nodes: &[Node], devices: &[Device], pods: &[Pod]) -> Vec<NodeRepor
             Some(NodeReport {
                 name,
                 model,
+                enforcement,
                 gpus: rows,
             })
         })
@@ -215,13 +233,14 @@ pub fn render(reports: &[NodeReport]) -> String {
     for node in reports {
         let _ = writeln!(
             out,
-            "NODE {}{}",
+            "NODE {}{}  shares held by: {}",
             node.name,
             if node.model.is_empty() {
                 String::new()
             } else {
                 format!("  ({})", node.model)
-            }
+            },
+            node.enforcement
         );
         let _ = writeln!(
             out,
@@ -305,6 +324,43 @@ mod tests {
         let text = render(&reports);
         assert!(text.contains("NODE n3"), "{text}");
         assert!(text.contains("default/n3-a (0%, 7.9G)"), "{text}");
+        // A reporter before enforcement publishes no backends.
+        assert!(text.contains("shares held by: unknown"), "{text}");
+    }
+
+    #[test]
+    fn shows_which_backends_hold_each_share() {
+        let mut snapshot = crate::simulate::parse_snapshot(
+            include_str!("../../docs/examples/cluster.yaml"),
+            "cluster",
+        )
+        .expect("parses");
+        for device in &mut snapshot.devices {
+            device
+                .metadata
+                .annotations
+                .get_or_insert_with(Default::default)
+                .insert(ENFORCEMENT.to_owned(), "driver-memory".to_owned());
+        }
+        let reports = report(&[], &snapshot.devices, &snapshot.pods);
+        let n3 = &reports[2];
+        assert_eq!(n3.enforcement, "driver-memory");
+        // n3-a holds part of its GPU: held by the node's backends.
+        assert_eq!(
+            n3.gpus[0].pods[0].enforcement.as_deref(),
+            Some("driver-memory")
+        );
+        let whole: Vec<&GpuTenant> = reports
+            .iter()
+            .flat_map(|n| &n.gpus)
+            .flat_map(|g| &g.pods)
+            .filter(|p| p.core == 100)
+            .collect();
+        assert!(
+            whole.iter().all(|p| p.enforcement.is_none()),
+            "a whole GPU needs no limiter: {whole:?}"
+        );
+        assert!(render(&reports).contains("NODE n3  shares held by: driver-memory"));
     }
 
     #[test]

@@ -24,8 +24,11 @@ pub const HAMI_LIBRARY: &str = "/usr/local/vgpu/libvgpu.so";
 pub const LD_SO_PRELOAD: &str = "/etc/ld.so.preload";
 /// HAMi-core's node-wide lock directory, in the container, as HAMi mounts it.
 pub const HAMI_LOCK_DIR: &str = "/tmp/vgpulock";
-/// The container's own HAMi-core directory, holding its shared region.
-pub const HAMI_CACHE_DIR: &str = "/tmp/vgpu";
+/// The container's own HAMi-core shared region (its limits and usage): HAMi-core's
+/// default path, so a process started without `CUDA_DEVICE_MEMORY_SHARED_CACHE`
+/// (`env -i`) maps the same region as the rest of the container. A bind-mounted
+/// file: the tenant can neither replace nor remove it (a mount point).
+pub const HAMI_CACHE_FILE: &str = "/tmp/cudevshr.cache";
 /// HAMi-core's shared region: its limits and usage, per container.
 pub const HAMI_CACHE_ENV: &str = "CUDA_DEVICE_MEMORY_SHARED_CACHE";
 /// Env with which a process asks HAMi-core to stand down; never the tenant's to set.
@@ -52,7 +55,8 @@ pub struct HamiCoreFiles {
     pub preload: PathBuf,
     /// The node-wide lock directory, mounted at [`HAMI_LOCK_DIR`].
     pub lock_dir: PathBuf,
-    /// Per-container directories (`<pod UID>/<container>`), mounted at [`HAMI_CACHE_DIR`].
+    /// Per-container directories (`<pod UID>/<container>`), whose region file is
+    /// mounted at [`HAMI_CACHE_FILE`].
     pub cache_root: PathBuf,
 }
 
@@ -91,9 +95,12 @@ impl HamiCoreFiles {
         set_mode(&self.cache_root, 0o711)
     }
 
-    /// The container's own directory on the host.
-    fn cache_dir(&self, pod_uid: &str, container: &str) -> PathBuf {
-        self.cache_root.join(pod_uid).join(container)
+    /// The container's own region file on the host.
+    fn cache_file(&self, pod_uid: &str, container: &str) -> PathBuf {
+        self.cache_root
+            .join(pod_uid)
+            .join(container)
+            .join("cudevshr.cache")
     }
 }
 
@@ -205,16 +212,15 @@ pub(super) fn shared_edits(
         mount(&files.library, HAMI_LIBRARY, true),
         mount(&files.preload, LD_SO_PRELOAD, true),
         mount(&files.lock_dir, HAMI_LOCK_DIR, false),
-        mount(&files.cache_dir(uid, name), HAMI_CACHE_DIR, false),
+        mount(&files.cache_file(uid, name), HAMI_CACHE_FILE, false),
     ]);
-    edit.set_envs
-        .push(kv(HAMI_CACHE_ENV, format!("{HAMI_CACHE_DIR}/vgpu.cache")));
+    edit.set_envs.push(kv(HAMI_CACHE_ENV, HAMI_CACHE_FILE));
     Ok(())
 }
 
-/// Makes the host directories an edit mounts from under HAMi-core's cache root
-/// (a bind mount's source must exist). Side effect of the hook, after the pure
-/// rewrite.
+/// Makes the host files an edit mounts from under HAMi-core's cache root (a bind
+/// mount's source must exist): the container's directory and its empty region
+/// file. Side effect of the hook, after the pure rewrite.
 pub fn prepare_host(
     edit: &ContainerHookResponse,
     enforcement: &Enforcement,
@@ -224,14 +230,24 @@ pub fn prepare_host(
     };
     for mount in &edit.add_mounts {
         let host = Path::new(&mount.host_path);
-        if host.starts_with(&files.cache_root) {
-            std::fs::create_dir_all(host)?;
-            // The container's own directory: writable by whatever user it runs
-            // as, mounted into it alone (its pod's directory stays root's).
-            set_mode(host, 0o777)?;
-            if let Some(pod_dir) = host.parent() {
-                set_mode(pod_dir, 0o711)?;
-            }
+        if !host.starts_with(&files.cache_root) {
+            continue;
+        }
+        let Some(container_dir) = host.parent() else {
+            continue;
+        };
+        std::fs::create_dir_all(container_dir)?;
+        // Kept across the container's restarts: the same grant, the same region.
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(host)?;
+        // Written by whatever user the container runs as; mounted into it alone
+        // (the directories above it stay root's).
+        set_mode(host, 0o666)?;
+        set_mode(container_dir, 0o711)?;
+        if let Some(pod_dir) = container_dir.parent() {
+            set_mode(pod_dir, 0o711)?;
         }
     }
     Ok(())

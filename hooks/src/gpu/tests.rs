@@ -1633,7 +1633,8 @@ fn trusted_agent_entries_parse_or_name_what_is_wrong() {
 mod enforcement {
     use super::*;
     use crate::gpu::enforce::{
-        ENFORCEMENT_ENV, HAMI_CACHE_DIR, HAMI_CACHE_ENV, HAMI_LIBRARY, HAMI_LOCK_DIR, LD_SO_PRELOAD,
+        ENFORCEMENT_ENV, HAMI_CACHE_ENV, HAMI_CACHE_FILE, HAMI_LIBRARY, HAMI_LOCK_DIR,
+        LD_SO_PRELOAD,
     };
     use tessera_api::resources::ENFORCEMENT;
 
@@ -1699,10 +1700,7 @@ mod enforcement {
                 .collect()
         };
         assert_eq!(value(ENFORCEMENT_ENV), ["driver-memory+hami-core"]);
-        assert_eq!(
-            value(HAMI_CACHE_ENV),
-            [format!("{HAMI_CACHE_DIR}/vgpu.cache").as_str()]
-        );
+        assert_eq!(value(HAMI_CACHE_ENV), [HAMI_CACHE_FILE]);
         assert!(value("CUDA_DISABLE_CONTROL").is_empty(), "{envs:?}");
         // The user's own preload stays theirs: HAMi-core comes through /etc/ld.so.preload.
         assert_eq!(value("LD_PRELOAD"), ["/usr/lib/libmine.so"]);
@@ -1728,7 +1726,11 @@ mod enforcement {
                 (HAMI_LIBRARY, "/opt/libvgpu.so", true),
                 (LD_SO_PRELOAD, "/run/t/hami/ld.so.preload", true),
                 (HAMI_LOCK_DIR, "/run/t/hami/lock", false),
-                (HAMI_CACHE_DIR, "/run/t/hami/containers/uid-1/main", false),
+                (
+                    HAMI_CACHE_FILE,
+                    "/run/t/hami/containers/uid-1/main/cudevshr.cache",
+                    false,
+                ),
             ]
         );
         Ok(())
@@ -1815,7 +1817,7 @@ mod enforcement {
         };
         let edit = rewrite(&tenant(SHARE, "uid-9"), &node(), &config)?;
         enforce::prepare_host(&edit, &config.enforcement)?;
-        assert!(files.cache_root.join("uid-9/main").is_dir());
+        assert!(files.cache_root.join("uid-9/main/cudevshr.cache").is_file());
         enforce::remove_pod_dirs(&config.enforcement, "uid-9")?;
         assert!(!files.cache_root.join("uid-9").exists());
         // A missing library is named.

@@ -36,7 +36,13 @@ pub async fn run(out: &mut (dyn Write + Send), keep_up: bool) -> anyhow::Result<
         "==> starting a one-node cluster (etcd, kube-apiserver, kube-controller-manager, kube-scheduler + tessera-scheduler, kubelet -> tessera-runtime-proxy -> containerd 2.x, NVIDIA device plugin on a fake 4-GPU node, tessera-reporter)"
     );
     let started = Instant::now();
-    let mut cluster = Cluster::start(binaries, ClusterOptions::default()).await?;
+    // Shares held by the driver's memory limits (the fake NVML has them) and a
+    // stand-in HAMi-core, as on a GPU node with both.
+    let options = ClusterOptions {
+        enforcement: true,
+        ..ClusterOptions::default()
+    };
+    let mut cluster = Cluster::start(binaries, options).await?;
     say!(out, "    up in {:.1} s", started.elapsed().as_secs_f64());
 
     // A device-plugin pod placed by another scheduler, as before Tessera was installed.
@@ -66,11 +72,12 @@ pub async fn run(out: &mut (dyn Write + Send), keep_up: bool) -> anyhow::Result<
     }
     say!(
         out,
-        "\n{:<18} {:<10} {:<44} {:<34} {}",
+        "\n{:<18} {:<10} {:<44} {:<34} {:<24} {}",
         "POD",
         "GPU MINOR",
         "NVIDIA_VISIBLE_DEVICES (OCI spec)",
         "LIMITER ENV",
+        "HELD BY",
         "GPU DEVICE NODES (OCI spec)"
     );
     for name in std::iter::once("legacy-training").chain(samples.iter().map(|(n, _)| *n)) {
@@ -105,7 +112,7 @@ pub async fn run(out: &mut (dyn Write + Send), keep_up: bool) -> anyhow::Result<
                 });
                 say!(
                     out,
-                    "{:<18} {:<10} {:<44} {:<34} {}",
+                    "{:<18} {:<10} {:<44} {:<34} {:<24} {}",
                     name,
                     placed,
                     env_values(spec, "NVIDIA_VISIBLE_DEVICES")
@@ -116,6 +123,9 @@ pub async fn run(out: &mut (dyn Write + Send), keep_up: bool) -> anyhow::Result<
                     } else {
                         limits.join(" ")
                     },
+                    env_values(spec, "TESSERA_ENFORCEMENT")
+                        .pop()
+                        .unwrap_or_else(|| "-".into()),
                     minors.join(",")
                 );
             }

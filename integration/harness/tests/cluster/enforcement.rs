@@ -301,7 +301,7 @@ pub async fn hami_core_is_preloaded_even_under_env_i(cluster: &mut Cluster) -> a
         env_values(&spec, "LD_PRELOAD")
     );
     ensure!(
-        env_values(&spec, "CUDA_DEVICE_MEMORY_SHARED_CACHE") == ["/tmp/vgpu/vgpu.cache"],
+        env_values(&spec, "CUDA_DEVICE_MEMORY_SHARED_CACHE") == ["/tmp/cudevshr.cache"],
         "preloaded: CUDA_DEVICE_MEMORY_SHARED_CACHE {:?}",
         env_values(&spec, "CUDA_DEVICE_MEMORY_SHARED_CACHE")
     );
@@ -317,14 +317,20 @@ pub async fn hami_core_is_preloaded_even_under_env_i(cluster: &mut Cluster) -> a
             Some((destination, readonly))
         })
         .filter(|(d, _)| {
-            ["/etc/ld.so.preload", library, "/tmp/vgpu", "/tmp/vgpulock"].contains(&d.as_str())
+            [
+                "/etc/ld.so.preload",
+                library,
+                "/tmp/cudevshr.cache",
+                "/tmp/vgpulock",
+            ]
+            .contains(&d.as_str())
         })
         .collect();
     let mut mounts = mounts;
     mounts.sort();
     let want = [
         ("/etc/ld.so.preload".to_owned(), true),
-        ("/tmp/vgpu".to_owned(), false),
+        ("/tmp/cudevshr.cache".to_owned(), false),
         ("/tmp/vgpulock".to_owned(), false),
         (library.to_owned(), true),
     ];
