@@ -1007,13 +1007,30 @@ fn limiter_env(
         .max()
         .filter(|core| *core > 0)
     {
-        edit.set_envs.push(kv(SM_LIMIT, core.to_string()));
+        // KubeShare's burst ceiling: the request is booked, compute capped at the limit.
+        let ceiling = kubeshare_ceiling(container).filter(|c| *c > core && gpus.len() == 1);
+        edit.set_envs
+            .push(kv(SM_LIMIT, ceiling.unwrap_or(core).to_string()));
     }
     // A limit env removed above and set again is a replacement, not a removal.
     let set: BTreeMap<&str, ()> = edit.set_envs.iter().map(|e| (e.key.as_str(), ())).collect();
     edit.remove_envs
         .retain(|key| !set.contains_key(key.as_str()));
     Ok(())
+}
+
+/// KubeShare's annotations: the booked share and its compute ceiling.
+const KUBESHARE_REQUEST: &str = "lsalab.nthu/gpu_request";
+const KUBESHARE_LIMIT: &str = "lsalab.nthu/gpu_limit";
+
+/// The compute ceiling in percent of a KubeShare pod (`lsalab.nthu/gpu_limit`,
+/// a fraction of one GPU, with `lsalab.nthu/gpu_request` beside it), when the
+/// value is one; the admission policy refuses pods whose value is not.
+fn kubeshare_ceiling(container: &ContainerHookRequest) -> Option<u64> {
+    let annotations = &container.pod.as_ref()?.annotations;
+    annotations.get(KUBESHARE_REQUEST)?;
+    let limit: f64 = annotations.get(KUBESHARE_LIMIT)?.trim().parse().ok()?;
+    (limit > 0.0 && limit <= 1.0).then(|| (limit * 100.0).round() as u64)
 }
 
 /// Adds the RDMA devices granted to the container (with their virtual functions)

@@ -1826,3 +1826,34 @@ mod enforcement {
         Ok(())
     }
 }
+
+#[test]
+fn a_kubeshare_burst_ceiling_caps_compute_at_its_limit() -> Result<(), GpuHookError> {
+    let annotation = r#"{"gpu":[{"minor":0,"id":"GPU-00000000-0000-0000-0000-000000000000","resources":{"koordinator.sh/gpu-core":30,"koordinator.sh/gpu-memory":"1Gi"}}]}"#;
+    let sm = |annotations: &[(&str, &str)]| -> Result<Vec<String>, GpuHookError> {
+        let mut request = container(Some(annotation));
+        if let Some(pod) = request.pod.as_mut() {
+            for (k, v) in annotations {
+                pod.annotations.insert((*k).to_owned(), (*v).to_owned());
+            }
+        }
+        let edit = rewrite(&request, &node(), &GpuHookConfig::default())?;
+        Ok(edit
+            .set_envs
+            .iter()
+            .filter(|e| e.key == SM_LIMIT)
+            .map(|e| e.value.clone())
+            .collect())
+    };
+    let request = ("lsalab.nthu/gpu_request", "0.3");
+    // Booked 30 %, capped at 80 %.
+    assert_eq!(sm(&[request, ("lsalab.nthu/gpu_limit", "0.8")])?, ["80"]);
+    // No ceiling, or one not above the booked share: the share itself.
+    assert_eq!(sm(&[request])?, ["30"]);
+    assert_eq!(sm(&[request, ("lsalab.nthu/gpu_limit", "0.2")])?, ["30"]);
+    assert_eq!(sm(&[request, ("lsalab.nthu/gpu_limit", "2")])?, ["30"]);
+    assert_eq!(sm(&[request, ("lsalab.nthu/gpu_limit", "lots")])?, ["30"]);
+    // A limit without KubeShare's request is not KubeShare's: ignored.
+    assert_eq!(sm(&[("lsalab.nthu/gpu_limit", "0.8")])?, ["30"]);
+    Ok(())
+}

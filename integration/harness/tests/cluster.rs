@@ -1611,12 +1611,42 @@ async fn kubeshare(cluster: &mut Cluster) -> anyhow::Result<()> {
         "GPUID team-a got {a:?}, team-b {b:?}: want one GPU each, not the same"
     );
 
+    // KubeShare's burst ceiling: 20 % booked, compute capped at 90 %.
+    cluster
+        .create_pod(
+            "tenant",
+            &share(
+                "ks-burst",
+                json!({"lsalab.nthu/gpu_request": "0.2", "lsalab.nthu/gpu_limit": "0.9",
+                       "lsalab.nthu/gpu_mem": "1073741824"}),
+            ),
+        )
+        .await?;
+    let burst = cluster.wait_running("ks-burst").await?;
+    let booked = burst
+        .spec
+        .as_ref()
+        .and_then(|s| s.containers.first())
+        .and_then(|c| c.resources.as_ref())
+        .and_then(|r| r.limits.as_ref())
+        .and_then(|l| l.get("koordinator.sh/gpu-core"))
+        .map(|q| q.0.clone());
+    let specs = cluster.container_specs(&burst)?;
+    let spec = specs.get("main").context("no spec")?;
+    ensure!(
+        booked.as_deref() == Some("20")
+            && runtime_env(spec, "CUDA_DEVICE_SM_LIMIT").as_deref() == Some("90"),
+        "ks-burst: booked gpu-core {booked:?}, CUDA_DEVICE_SM_LIMIT {:?}; want 20 booked and 90 as the ceiling",
+        env_values(spec, "CUDA_DEVICE_SM_LIMIT")
+    );
+    cluster.delete_pod("ks-burst").await?;
+
     // Refused at creation, naming the annotation and the value.
     for (name, annotations, want) in [
         (
-            "ks-burst",
-            json!({"lsalab.nthu/gpu_request": "0.5", "lsalab.nthu/gpu_limit": "1.0"}),
-            "annotation lsalab.nthu/gpu_limit \"1.0\": Tessera limits a share to its gpu_request",
+            "ks-under",
+            json!({"lsalab.nthu/gpu_request": "0.5", "lsalab.nthu/gpu_limit": "0.4"}),
+            "annotation lsalab.nthu/gpu_limit \"0.4\": the compute ceiling, a fraction of one GPU at least gpu_request (\"0.5\")",
         ),
         (
             "ks-bad",
