@@ -41,6 +41,13 @@ pub enum PublishOutcome {
 }
 
 /// Labels of `tessera_reporter_publishes_total`.
+/// Labels of an enforcement backend.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BackendLabels {
+    /// `driver-memory` or `hami-core`.
+    pub backend: String,
+}
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PublishLabels {
     /// `device` or `node`.
@@ -96,6 +103,9 @@ pub struct ReporterMetrics {
     /// `tessera_reporter_events_total{reason,outcome}`: Kubernetes Events about GPU
     /// health written on the Node, or not.
     pub events: Family<EventLabels, Counter>,
+    /// `tessera_reporter_enforcement{backend}`: 1 for each backend that holds shares on
+    /// the node (as tessera-runtime-proxy lists them), 0 for the others.
+    pub enforcement: Family<BackendLabels, Gauge>,
 }
 
 impl Default for ReporterMetrics {
@@ -113,6 +123,7 @@ impl Default for ReporterMetrics {
             discovery_failures: Counter::default(),
             checkpoint_errors: Counter::default(),
             events: Family::default(),
+            enforcement: Family::default(),
         };
         registry.register(
             "publishes",
@@ -164,9 +175,27 @@ impl Default for ReporterMetrics {
             "Kubernetes Events about GPU health on the node, by reason and outcome",
             metrics.events.clone(),
         );
+        registry.register(
+            "enforcement",
+            "Enforcement backends holding shares on the node: 1 on, 0 off",
+            metrics.enforcement.clone(),
+        );
         Self {
             registry: Arc::new(registry),
             ..metrics
+        }
+    }
+}
+
+impl ReporterMetrics {
+    /// Records which backends hold shares on the node.
+    pub fn record_enforcement(&self, backends: &[tessera_api::enforcement::Backend]) {
+        for backend in tessera_api::enforcement::Backend::ALL {
+            self.enforcement
+                .get_or_create(&BackendLabels {
+                    backend: backend.as_str().to_owned(),
+                })
+                .set(i64::from(backends.contains(&backend)));
         }
     }
 }
@@ -283,5 +312,21 @@ mod tests {
         ] {
             assert!(text.contains(line), "lacks {line:?}:\n{text}");
         }
+    }
+
+    #[test]
+    fn enforcement_is_one_per_backend_held() {
+        use tessera_api::enforcement::Backend;
+        let metrics = ReporterMetrics::default();
+        metrics.record_enforcement(&[Backend::HamiCore]);
+        let text = metrics.encode();
+        assert!(
+            text.contains("tessera_reporter_enforcement{backend=\"hami-core\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("tessera_reporter_enforcement{backend=\"driver-memory\"} 0"),
+            "{text}"
+        );
     }
 }

@@ -189,11 +189,9 @@ async fn publish(
     metrics.record_published_view(unhealthy, &legacy);
     let mut spec = device_spec(gpus, unhealthy);
     let mut annotations = device_annotations(gpus, &legacy);
-    with_enforcement(
-        &mut spec,
-        &mut annotations,
-        &read_enforcement(&config.enforcement_file),
-    );
+    let backends = read_enforcement(&config.enforcement_file);
+    metrics.record_enforcement(&backends);
+    with_enforcement(&mut spec, &mut annotations, &backends);
     let device = match publisher.publish_device(&spec, &annotations).await {
         Ok(true) => {
             tracing::info!(
@@ -401,6 +399,9 @@ mod tests {
                 "tessera_reporter_legacy_gpus 1\n",
                 "tessera_reporter_legacy_pods 1\n",
                 "tessera_reporter_unhealthy_gpus 0\n",
+                // No proxy list here: no backend holds shares.
+                "tessera_reporter_enforcement{backend=\"driver-memory\"} 0\n",
+                "tessera_reporter_enforcement{backend=\"hami-core\"} 0\n",
             ],
         )
         .await;

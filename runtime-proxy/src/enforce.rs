@@ -28,6 +28,7 @@ use tonic::Code;
 
 use crate::backend::Backend;
 use crate::hook::{CallOutcome, Hook, HookContext, HookRejection, LifecycleRequest};
+use crate::metrics::{EnforcementLabels, Metrics};
 use crate::store::PodInfo;
 
 const STATUS: &str = "/runtime.v1.RuntimeService/Status";
@@ -200,6 +201,7 @@ pub struct EnforceHook {
     driver: Option<DriverMemory>,
     probe: Arc<dyn DeviceProbe>,
     cdi: OnceCell<RuntimeCdi>,
+    metrics: Arc<Metrics>,
 }
 
 impl EnforceHook {
@@ -208,12 +210,14 @@ impl EnforceHook {
         enforcement: Enforcement,
         driver: Option<DriverMemory>,
         probe: Arc<dyn DeviceProbe>,
+        metrics: Arc<Metrics>,
     ) -> Self {
         Self {
             enforcement,
             driver,
             probe,
             cdi: OnceCell::new(),
+            metrics,
         }
     }
 
@@ -413,9 +417,27 @@ impl Hook for EnforceHook {
     }
 
     async fn post(&self, ctx: &HookContext, request: &LifecycleRequest, outcome: &CallOutcome) {
-        if !matches!(request, LifecycleRequest::RemovePodSandbox(_))
-            || !matches!(outcome, CallOutcome::Ok(_))
-        {
+        if !matches!(outcome, CallOutcome::Ok(_)) {
+            return;
+        }
+        if let LifecycleRequest::CreateContainer(create) = request {
+            // The GPU hook named the backends on each shared container it let through.
+            let named = create.config.as_ref().and_then(|c| {
+                c.envs
+                    .iter()
+                    .rfind(|e| e.key == tessera_hooks::gpu::enforce::ENFORCEMENT_ENV)
+            });
+            if let Some(env) = named {
+                self.metrics
+                    .shared_containers
+                    .get_or_create(&EnforcementLabels {
+                        enforcement: env.value.clone(),
+                    })
+                    .inc();
+            }
+            return;
+        }
+        if !matches!(request, LifecycleRequest::RemovePodSandbox(_)) {
             return;
         }
         let Some(pod) = &ctx.pod else {

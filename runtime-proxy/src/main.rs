@@ -63,7 +63,12 @@ async fn run(config: Config) -> anyhow::Result<()> {
             hook_config,
             Arc::clone(&probe) as Arc<dyn tessera_hooks::probe::DeviceProbe>,
         ))));
-        hooks.push(Arc::new(EnforceHook::new(enforcement, driver, probe)));
+        hooks.push(Arc::new(EnforceHook::new(
+            enforcement,
+            driver,
+            probe,
+            Arc::clone(&metrics),
+        )));
     }
     // External hooks run after the embedded GPU hook, in file-name order.
     let registry = HookRegistry::new(&config.hooks_dir);

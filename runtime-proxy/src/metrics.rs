@@ -35,6 +35,13 @@ pub struct HookLabels {
     pub stage: String,
 }
 
+/// Labels of a shared container's enforcement.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EnforcementLabels {
+    /// The backends that hold its share (`driver-memory+hami-core`, `none`).
+    pub enforcement: String,
+}
+
 /// 50 µs .. ~1.6 s.
 const LATENCY: LatencyBuckets = LatencyBuckets {
     start: 0.000_05,
@@ -55,6 +62,9 @@ pub struct Metrics {
     pub hook_failures: Family<HookLabels, Counter>,
     /// `tessera_proxy_backend_connects_total`: dials of the runtime socket that succeeded.
     pub backend_connects: Counter,
+    /// `tessera_proxy_shared_containers_total{enforcement}`: containers holding part
+    /// of a GPU created through the proxy, by the backends that hold their share.
+    pub shared_containers: Family<EnforcementLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -90,6 +100,12 @@ impl Default for Metrics {
             "Connections made to the runtime socket",
             Counter::default(),
         );
+        let shared_containers = register(
+            &mut registry,
+            "shared_containers",
+            "Containers holding part of a GPU created through the proxy, by the backends holding their share",
+            Family::default(),
+        );
         Self {
             registry: Arc::new(registry),
             requests,
@@ -97,6 +113,7 @@ impl Default for Metrics {
             hook_duration,
             hook_failures,
             backend_connects,
+            shared_containers,
         }
     }
 }

@@ -56,6 +56,7 @@ fn hook(runtime: Result<RuntimeCdi, String>, spec_dir: Option<PathBuf>) -> Enfor
             spec_dir,
         }),
         Arc::new(Node),
+        Arc::new(Metrics::default()),
     )
 }
 
@@ -244,4 +245,57 @@ async fn create_container_writes_a_missing_spec_for_its_device()
         ["tessera-enforce-0b6c2a1e-1111-4222-8333-444455556666_main.json"]
     );
     Ok(())
+}
+
+#[tokio::test]
+async fn created_shared_containers_are_counted_by_their_backends() {
+    let hook = hook(Err("unused".into()), None);
+    let created = |env: Option<&str>, ok: bool| {
+        let request = LifecycleRequest::CreateContainer(cri::CreateContainerRequest {
+            config: Some(cri::ContainerConfig {
+                envs: env
+                    .map(|v| cri::KeyValue {
+                        key: "TESSERA_ENFORCEMENT".into(),
+                        value: v.into(),
+                    })
+                    .into_iter()
+                    .collect(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        let outcome = if ok {
+            CallOutcome::Ok(crate::hook::LifecycleResponse::CreateContainer(
+                cri::CreateContainerResponse::default(),
+            ))
+        } else {
+            CallOutcome::Failed {
+                code: Code::Internal,
+                message: "no".into(),
+            }
+        };
+        (request, outcome)
+    };
+    let ctx = HookContext::default();
+    for (env, ok) in [
+        (Some("driver-memory+hami-core"), true),
+        (Some("driver-memory+hami-core"), true),
+        (Some("none"), true),
+        (Some("none"), false),
+        (None, true),
+    ] {
+        let (request, outcome) = created(env, ok);
+        hook.post(&ctx, &request, &outcome).await;
+    }
+    let text = hook.metrics.encode();
+    assert!(
+        text.contains(
+            r#"tessera_proxy_shared_containers_total{enforcement="driver-memory+hami-core"} 2"#
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"tessera_proxy_shared_containers_total{enforcement="none"} 1"#),
+        "{text}"
+    );
 }
