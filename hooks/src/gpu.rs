@@ -456,6 +456,12 @@ fn kv(key: &str, value: impl Into<String>) -> KeyValue {
     }
 }
 
+/// The GPU node (`nvidiaN`) a host path names, whatever directory it is in.
+fn host_gpu_node(host_path: &str) -> Option<&str> {
+    let name = host_path.rsplit('/').next()?;
+    is_gpu_node(&format!("/dev/{name}")).then_some(name)
+}
+
 fn is_gpu_node(container_path: &str) -> bool {
     container_path
         .strip_prefix("/dev/nvidia")
@@ -660,19 +666,7 @@ fn asks_for_any_gpu(
             grant.describe()
         )));
     }
-    let cdi = container
-        .cdi_devices
-        .iter()
-        .map(|c| c.name.as_str())
-        .chain(
-            container
-                .annotations
-                .iter()
-                .filter(|(key, _)| key.starts_with(CDI_ANNOTATION_PREFIX))
-                .flat_map(|(_, value)| items(value)),
-        )
-        .filter(|name| is_nvidia_cdi(name, config))
-        .min();
+    let cdi = nvidia_cdi_names(container, config).min();
     cdi.map(|name| PrivilegedReason::AsksForGpus(format!("CDI device {name}")))
 }
 
@@ -739,10 +733,6 @@ fn unallocated(
     let Some(void) = &config.unallocated_visible_devices else {
         return Ok(edit);
     };
-    let Some(value) = requested_gpus(container) else {
-        device_env(container, void, None, &mut edit);
-        return Ok(edit);
-    };
     let uid = container
         .pod
         .as_ref()
@@ -753,6 +743,28 @@ fn unallocated(
         .as_ref()
         .map(|c| c.name.as_str())
         .unwrap_or_default();
+    // NVIDIA CDI devices reach the runtime whatever the env says: each must be one a
+    // device plugin gave this container (`deviceListStrategy: cdi-cri`).
+    if nvidia_cdi_names(container, config).next().is_some() {
+        if let PluginGrants::Unreadable(reason) = &node.plugin_grants {
+            return Err(GpuHookError::Checkpoint {
+                pod: pod.to_owned(),
+                container: name.to_owned(),
+                value: "NVIDIA CDI devices".to_owned(),
+                reason: reason.clone(),
+            });
+        }
+        unbacked_cdi(
+            container,
+            node.plugin_grants.of_container(uid, name).as_ref(),
+            config,
+            &mut edit,
+        );
+    }
+    let Some(value) = requested_gpus(container) else {
+        device_env(container, void, None, &mut edit);
+        return Ok(edit);
+    };
     if let PluginGrants::Unreadable(reason) = &node.plugin_grants {
         return Err(GpuHookError::Checkpoint {
             pod: pod.to_owned(),
@@ -783,6 +795,80 @@ fn unallocated(
         }
     }
     Ok(edit)
+}
+
+/// The NVIDIA CDI device names a container asks for, in the CRI field and in
+/// `cdi.k8s.io/*` annotations.
+fn nvidia_cdi_names<'a>(
+    container: &'a ContainerHookRequest,
+    config: &'a GpuHookConfig,
+) -> impl Iterator<Item = &'a str> + 'a {
+    container
+        .cdi_devices
+        .iter()
+        .map(|c| c.name.as_str())
+        .chain(
+            container
+                .annotations
+                .iter()
+                .filter(|(key, _)| key.starts_with(CDI_ANNOTATION_PREFIX))
+                .flat_map(|(_, value)| items(value)),
+        )
+        .filter(move |name| is_nvidia_cdi(name, config))
+}
+
+/// Whether the container names an NVIDIA CDI device: then the device plugin's
+/// grants (kubelet's checkpoint) decide which it keeps.
+pub fn asks_for_nvidia_cdi(container: &ContainerHookRequest, config: &GpuHookConfig) -> bool {
+    nvidia_cdi_names(container, config).next().is_some()
+}
+
+/// Whether the NVIDIA CDI device `name` (`vendor/class=id`) is one `grant` gave.
+fn cdi_backed(name: &str, grant: Option<&Grant<'_>>) -> bool {
+    let (Some(grant), Some((_, id))) = (grant, name.split_once('=')) else {
+        return false;
+    };
+    grant.ids().contains(without_replica(id))
+}
+
+/// Removes the container's NVIDIA CDI devices that no device plugin gave it: in
+/// the CRI field by name, and every `cdi.k8s.io/*` annotation that names one.
+fn unbacked_cdi(
+    container: &ContainerHookRequest,
+    grant: Option<&Grant<'_>>,
+    config: &GpuHookConfig,
+    edit: &mut ContainerHookResponse,
+) {
+    let pod = container
+        .pod
+        .as_ref()
+        .map(|p| format!("{}/{}", p.namespace, p.name));
+    let removed: Vec<String> = container
+        .cdi_devices
+        .iter()
+        .filter(|c| is_nvidia_cdi(&c.name, config) && !cdi_backed(&c.name, grant))
+        .map(|c| c.name.clone())
+        .collect();
+    let mut annotations: Vec<String> = container
+        .annotations
+        .iter()
+        .filter(|(key, value)| {
+            key.starts_with(CDI_ANNOTATION_PREFIX)
+                && items(value).any(|name| is_nvidia_cdi(name, config) && !cdi_backed(name, grant))
+        })
+        .map(|(key, _)| key.clone())
+        .collect();
+    annotations.sort();
+    if !removed.is_empty() || !annotations.is_empty() {
+        tracing::warn!(
+            pod,
+            devices = ?removed,
+            annotations = ?annotations,
+            "NVIDIA CDI devices no device plugin gave this container; removed"
+        );
+    }
+    edit.remove_cdi_devices.extend(removed);
+    edit.remove_annotations.extend(annotations);
 }
 
 /// The `NVIDIA_VISIBLE_DEVICES` the runtime would use, when it asks for GPUs
@@ -929,7 +1015,15 @@ fn remove_gpu_nodes(
         container
             .devices
             .iter()
-            .filter(|d| is_gpu_node(&d.container_path) && !keep.contains(&d.container_path))
+            .filter(|d| {
+                let host = host_gpu_node(&d.host_path);
+                let gpu = is_gpu_node(&d.container_path) || host.is_some();
+                // Kept only where both paths are the granted GPU's: a granted
+                // container path over another GPU's host node is not that GPU.
+                let granted = keep.contains(&d.container_path)
+                    && host.is_none_or(|h| d.container_path == format!("/dev/{h}"));
+                gpu && !granted
+            })
             .map(|d| d.container_path.clone()),
     );
 }

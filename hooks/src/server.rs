@@ -50,6 +50,7 @@ impl GpuHook {
     pub fn needs_probe(&self, request: &ContainerHookRequest) -> bool {
         crate::gpu::allocation_of(request).is_some()
             || crate::gpu::requested_gpus(request).is_some()
+            || crate::gpu::asks_for_nvidia_cdi(request, &self.config)
             || (request.privileged && self.config.privileged != PrivilegedPolicy::Allow)
     }
 }

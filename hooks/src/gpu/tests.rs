@@ -1857,3 +1857,139 @@ fn a_kubeshare_burst_ceiling_caps_compute_at_its_limit() -> Result<(), GpuHookEr
     assert_eq!(sm(&[("lsalab.nthu/gpu_limit", "0.8")])?, ["30"]);
     Ok(())
 }
+
+mod integrity {
+    use super::*;
+
+    /// Container `main` of pod `uid-1`, no allocation, no NVIDIA env, with these CDI
+    /// devices in the CRI field and a `cdi.k8s.io/*` annotation.
+    fn cdi_only(field: &[&str], annotation: Option<&str>) -> ContainerHookRequest {
+        let mut c = legacy_container(&[]);
+        c.container = Some(ContainerMetadata {
+            name: "main".into(),
+            ..Default::default()
+        });
+        c.cdi_devices = field
+            .iter()
+            .map(|name| CdiDevice {
+                name: (*name).to_owned(),
+            })
+            .collect();
+        if let Some(value) = annotation {
+            c.annotations
+                .insert("cdi.k8s.io/nvidia-device-plugin_uuid".into(), value.into());
+        }
+        c.devices.clear();
+        c
+    }
+
+    fn with_grants(grants: Vec<CheckpointEntry>) -> NodeDevices {
+        NodeDevices {
+            plugin_grants: PluginGrants::Recorded(grants),
+            ..node()
+        }
+    }
+
+    #[test]
+    fn nvidia_cdi_without_env_or_grant_never_reaches_the_runtime() -> Result<(), GpuHookError> {
+        let request = cdi_only(
+            &["nvidia.com/gpu=all", "vendor.example/fpga=0"],
+            Some("nvidia.com/gpu=all"),
+        );
+        let edit = rewrite(
+            &request,
+            &with_grants(Vec::new()),
+            &GpuHookConfig::default(),
+        )?;
+        assert_eq!(edit.remove_cdi_devices, ["nvidia.com/gpu=all"]);
+        assert_eq!(
+            edit.remove_annotations,
+            ["cdi.k8s.io/nvidia-device-plugin_uuid"]
+        );
+        let mut applied = request.clone();
+        apply(&mut applied, &edit);
+        assert_eq!(
+            applied.cdi_devices,
+            [CdiDevice {
+                name: "vendor.example/fpga=0".into()
+            }],
+            "another vendor's device is not ours to judge"
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn a_device_plugins_cdi_grant_is_kept_and_only_it() -> Result<(), GpuHookError> {
+        // deviceListStrategy cdi-cri: no env, the plugin's CDI devices in the CRI field.
+        let grants = vec![grant("uid-1", "main", &[UUID1], &[])];
+        let request = cdi_only(
+            &[
+                &format!("nvidia.com/gpu={UUID1}"),
+                &format!("nvidia.com/gpu={UUID2}"),
+            ],
+            None,
+        );
+        let edit = rewrite(&request, &with_grants(grants), &GpuHookConfig::default())?;
+        assert_eq!(edit.remove_cdi_devices, [format!("nvidia.com/gpu={UUID2}")]);
+        Ok(())
+    }
+
+    #[test]
+    fn cdi_with_an_unreadable_checkpoint_is_refused() {
+        let request = cdi_only(&["nvidia.com/gpu=0"], None);
+        let node = NodeDevices {
+            plugin_grants: PluginGrants::Unreadable("bad json".into()),
+            ..node()
+        };
+        let result = rewrite(&request, &node, &GpuHookConfig::default());
+        assert!(
+            matches!(result, Err(GpuHookError::Checkpoint { .. })),
+            "{result:?}"
+        );
+    }
+
+    #[test]
+    fn a_gpu_device_is_removed_by_its_host_path_too() -> Result<(), GpuHookError> {
+        let annotation = r#"{"gpu":[{"minor":0,"id":"GPU-00000000-0000-0000-0000-000000000000","resources":{"koordinator.sh/gpu-core":100,"koordinator.sh/gpu-memory-ratio":100}}]}"#;
+        let mut request = container(Some(annotation));
+        request.devices = vec![
+            // Another GPU's node under a harmless container path.
+            DeviceNode {
+                container_path: "/dev/fuse-ish".into(),
+                host_path: "/dev/nvidia2".into(),
+                permissions: "rw".into(),
+            },
+            // The granted path over another GPU's node.
+            DeviceNode {
+                container_path: "/dev/nvidia0".into(),
+                host_path: "/dev/nvidia1".into(),
+                permissions: "rw".into(),
+            },
+            DeviceNode {
+                container_path: "/dev/fuse".into(),
+                host_path: "/dev/fuse".into(),
+                permissions: "rwm".into(),
+            },
+        ];
+        let edit = rewrite(&request, &node(), &GpuHookConfig::default())?;
+        let mut applied = request.clone();
+        apply(&mut applied, &edit);
+        let nodes: Vec<(String, String)> = applied
+            .devices
+            .iter()
+            .map(|d| (d.container_path.clone(), d.host_path.clone()))
+            .filter(|(_, h)| h.contains("nvidia") && !h.ends_with("ctl") && !h.contains("uvm"))
+            .collect();
+        assert_eq!(
+            nodes,
+            [("/dev/nvidia0".to_owned(), "/dev/nvidia0".to_owned())]
+        );
+        assert!(
+            applied
+                .devices
+                .iter()
+                .any(|d| d.container_path == "/dev/fuse")
+        );
+        Ok(())
+    }
+}
