@@ -176,6 +176,30 @@ pub struct NodeDevices {
     pub nodes: BTreeSet<String>,
     /// What kubelet's device checkpoint says device plugins gave to containers.
     pub plugin_grants: PluginGrants,
+    /// Who holds which GPU on the node now, when the caller knows (the runtime
+    /// proxy's view of its live pods); `None` skips the one-book check.
+    pub book: Option<NodeBook>,
+}
+
+/// The node's live pods and the GPUs Tessera's allocations give them: with
+/// kubelet's checkpoint, the one book every GPU grant is checked against.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct NodeBook {
+    /// UIDs of the pods whose sandbox is up (a checkpoint entry of any other pod is stale).
+    pub live_pods: BTreeSet<String>,
+    /// The GPUs Tessera's allocations give the live pods.
+    pub allocated: Vec<BookEntry>,
+}
+
+/// A live pod's Tessera allocation of one GPU.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BookEntry {
+    /// The GPU's UUID.
+    pub uuid: String,
+    /// The pod's UID.
+    pub pod_uid: String,
+    /// `namespace/name`.
+    pub pod: String,
 }
 
 /// The device-plugin grants kubelet recorded in its checkpoint: the only way to
@@ -436,6 +460,23 @@ pub enum GpuHookError {
         /// The setting that refused it.
         policy: PrivilegedPolicy,
     },
+    /// The container's grant would take a GPU another live pod holds: a GPU is
+    /// never given twice, whoever asks (Tessera's scheduler or a device plugin).
+    #[error(
+        "pod {pod}: container {container}: GPU {gpu} is already held by {holder}; {how} gives it again, and a GPU is never given twice: the container is not created"
+    )]
+    Taken {
+        /// `namespace/name`.
+        pod: String,
+        /// The container's name.
+        container: String,
+        /// The GPU's UUID.
+        gpu: String,
+        /// Who holds it.
+        holder: String,
+        /// What would give it again.
+        how: &'static str,
+    },
 }
 
 /// What the pod's owner or the node's operator can do about a refused
@@ -556,6 +597,7 @@ pub fn rewrite(
         return unallocated(container, &pod, node, config);
     };
     let gpus = resolve_gpus(&granted, node, &pod, name)?;
+    held_by_a_device_plugin(container, &gpus, node, &pod, name)?;
     let mut edit = ContainerHookResponse::default();
     if gpus.is_empty() {
         if allocations.is_per_container() {
@@ -743,6 +785,7 @@ fn unallocated(
         .as_ref()
         .map(|c| c.name.as_str())
         .unwrap_or_default();
+    shared_by_tessera(node, uid, pod, name)?;
     // NVIDIA CDI devices reach the runtime whatever the env says: each must be one a
     // device plugin gave this container (`deviceListStrategy: cdi-cri`).
     if nvidia_cdi_names(container, config).next().is_some() {
@@ -815,6 +858,79 @@ fn nvidia_cdi_names<'a>(
                 .flat_map(|(_, value)| items(value)),
         )
         .filter(move |name| is_nvidia_cdi(name, config))
+}
+
+/// One book, plugin side: a device plugin's grant to this container (kubelet's
+/// checkpoint) of a GPU Tessera has given a live container of another pod is
+/// refused. kubelet admits such a pod against the plugin's count alone (a pod
+/// with `spec.nodeName` never meets the scheduler), and the plugin knows nothing
+/// of Tessera's shares.
+fn shared_by_tessera(
+    node: &NodeDevices,
+    uid: &str,
+    pod: &str,
+    container: &str,
+) -> Result<(), GpuHookError> {
+    let Some(book) = &node.book else {
+        return Ok(());
+    };
+    let Some(grant) = node.plugin_grants.of_container(uid, container) else {
+        return Ok(());
+    };
+    for id in grant.describe() {
+        if let Some(entry) = book
+            .allocated
+            .iter()
+            .find(|e| e.pod_uid != uid && e.uuid.eq_ignore_ascii_case(&id))
+        {
+            return Err(GpuHookError::Taken {
+                pod: pod.to_owned(),
+                container: container.to_owned(),
+                gpu: entry.uuid.clone(),
+                holder: format!("pod {} (Tessera's allocation)", entry.pod),
+                how: "the device plugin's grant to this container (kubelet's checkpoint)",
+            });
+        }
+    }
+    Ok(())
+}
+
+/// One book, Tessera side: an allocation of a GPU that a device plugin gave a
+/// live container of another pod (kubelet's checkpoint) is refused.
+fn held_by_a_device_plugin(
+    container: &ContainerHookRequest,
+    gpus: &[ResolvedGpu<'_>],
+    node: &NodeDevices,
+    pod: &str,
+    name: &str,
+) -> Result<(), GpuHookError> {
+    let (Some(book), PluginGrants::Recorded(entries)) = (&node.book, &node.plugin_grants) else {
+        return Ok(());
+    };
+    let uid = container.pod.as_ref().map_or("", |p| p.uid.as_str());
+    for gpu in gpus {
+        let holder = entries.iter().find(|e| {
+            e.pod_uid != uid
+                && book.live_pods.contains(&e.pod_uid)
+                && e.resource_name.starts_with("nvidia.com/")
+                && e.gpu_ids()
+                    .iter()
+                    .any(|id| id.eq_ignore_ascii_case(&gpu.uuid))
+        });
+        if let Some(entry) = holder {
+            return Err(GpuHookError::Taken {
+                pod: pod.to_owned(),
+                container: name.to_owned(),
+                gpu: gpu.uuid.clone(),
+                holder: format!(
+                    "pod UID {} container {} ({} from the device plugin)",
+                    entry.pod_uid, entry.container_name, entry.resource_name
+                ),
+                how: "the scheduler's allocation",
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Whether the container names an NVIDIA CDI device: then the device plugin's

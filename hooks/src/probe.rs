@@ -96,6 +96,7 @@ impl DeviceProbe for HostProbe {
             gpus,
             nodes: device_nodes(&self.paths.device_root),
             plugin_grants: read_plugin_grants(&self.paths.kubelet_checkpoint),
+            book: None,
         }
     }
 }

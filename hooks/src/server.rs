@@ -10,7 +10,7 @@ use tessera_protos::hook::v1::{
 };
 use tonic::{Request, Response, Status};
 
-use crate::gpu::{GpuHookConfig, GpuHookError, NodeDevices, PrivilegedPolicy, rewrite};
+use crate::gpu::{GpuHookConfig, GpuHookError, NodeBook, NodeDevices, PrivilegedPolicy, rewrite};
 use crate::probe::DeviceProbe;
 
 /// A hook that edits containers before they are created.
@@ -62,12 +62,28 @@ impl ContainerHook for GpuHook {
         &self,
         request: &ContainerHookRequest,
     ) -> Result<ContainerHookResponse, GpuHookError> {
+        self.pre_container_in(request, None)
+    }
+}
+
+impl GpuHook {
+    /// [`ContainerHook::pre_container`], checking every GPU grant against `book`
+    /// (the node's live pods and Tessera's allocations) when the caller has it:
+    /// the runtime proxy does; an external hook server does not.
+    pub fn pre_container_in(
+        &self,
+        request: &ContainerHookRequest,
+        book: Option<NodeBook>,
+    ) -> Result<ContainerHookResponse, GpuHookError> {
         if request.event != tessera_protos::hook::v1::Event::CreateContainer as i32 {
             return Ok(ContainerHookResponse::default());
         }
         // NVML, /dev and the checkpoint are read only for containers that name GPUs.
         let node = if self.needs_probe(request) {
-            self.probe.probe()
+            NodeDevices {
+                book,
+                ..self.probe.probe()
+            }
         } else {
             NodeDevices::default()
         };
@@ -99,9 +115,9 @@ impl From<GpuHookError> for Status {
             GpuHookError::Annotation { .. } | GpuHookError::EnvConflict { .. } => {
                 Status::invalid_argument(error.to_string())
             }
-            GpuHookError::Device { .. } | GpuHookError::Checkpoint { .. } => {
-                Status::failed_precondition(error.to_string())
-            }
+            GpuHookError::Device { .. }
+            | GpuHookError::Checkpoint { .. }
+            | GpuHookError::Taken { .. } => Status::failed_precondition(error.to_string()),
             // The node's policy, not the request's shape, refuses it.
             GpuHookError::Privileged { .. } => Status::permission_denied(error.to_string()),
         }
@@ -187,6 +203,7 @@ mod tests {
                 }]),
                 nodes: ["nvidia0", "nvidiactl"].map(String::from).into(),
                 plugin_grants: PluginGrants::NoCheckpoint,
+                book: None,
             }
         }
     }

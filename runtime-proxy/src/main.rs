@@ -10,6 +10,7 @@ use tessera_runtime_proxy::gpu::EmbeddedGpuHook;
 use tessera_runtime_proxy::hook::Hook;
 use tessera_runtime_proxy::metrics::Metrics;
 use tessera_runtime_proxy::relay::{self, RelayMode};
+use tessera_runtime_proxy::store::PodStore;
 use tessera_runtime_proxy::{Cli, Config, Proxy, ProxyOptions, resync_until_ready, server};
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -52,6 +53,8 @@ async fn run(config: Config) -> anyhow::Result<()> {
         max_message_bytes: config.max_message_bytes,
     };
     let mut hooks: Vec<Arc<dyn Hook>> = Vec::new();
+    // The proxy's record of the node's pods, which the GPU hook checks grants against.
+    let store = Arc::new(PodStore::default());
     if let Some(gpu) = &config.gpu_hook {
         let probe = Arc::new(gpu.probe());
         let runtime = Backend::new(&config.runtime_endpoint, Arc::clone(&metrics));
@@ -59,10 +62,13 @@ async fn run(config: Config) -> anyhow::Result<()> {
         let mut hook_config = gpu.config();
         hook_config.enforcement = enforcement.clone();
         tracing::info!(config = ?hook_config, "embedded GPU hook on");
-        hooks.push(Arc::new(EmbeddedGpuHook::new(GpuHook::new(
-            hook_config,
-            Arc::clone(&probe) as Arc<dyn tessera_hooks::probe::DeviceProbe>,
-        ))));
+        hooks.push(Arc::new(
+            EmbeddedGpuHook::new(GpuHook::new(
+                hook_config,
+                Arc::clone(&probe) as Arc<dyn tessera_hooks::probe::DeviceProbe>,
+            ))
+            .with_store(Arc::clone(&store)),
+        ));
         hooks.push(Arc::new(EnforceHook::new(
             enforcement,
             driver,
@@ -75,7 +81,12 @@ async fn run(config: Config) -> anyhow::Result<()> {
     registry.watch(std::time::Duration::from_secs(2));
     tracing::info!(dir = %config.hooks_dir.display(), hooks = registry.hooks().len(), "watching hook registrations");
     hooks.push(registry);
-    let proxy = Arc::new(Proxy::new(&options, hooks, Arc::clone(&metrics)));
+    let proxy = Arc::new(Proxy::with_store(
+        &options,
+        hooks,
+        Arc::clone(&metrics),
+        store,
+    ));
     let (listener, source) = server::listen(&config.listen)
         .with_context(|| format!("listening on {}", config.listen.display()))?;
     tracing::info!(listen = %config.listen.display(), ?source, runtime = %config.runtime_endpoint.display(), relay = %config.relay, "serving CRI");

@@ -51,6 +51,17 @@ pub struct ProxyOptions {
 impl Proxy {
     /// A proxy running `hooks`, in order, around lifecycle calls.
     pub fn new(options: &ProxyOptions, hooks: Vec<Arc<dyn Hook>>, metrics: Arc<Metrics>) -> Self {
+        Self::with_store(options, hooks, metrics, Arc::new(PodStore::default()))
+    }
+
+    /// [`Proxy::new`] recording pods and containers in `store`, which hooks may
+    /// also read (the GPU hook's one book).
+    pub fn with_store(
+        options: &ProxyOptions,
+        hooks: Vec<Arc<dyn Hook>>,
+        metrics: Arc<Metrics>,
+        store: Arc<PodStore>,
+    ) -> Self {
         let runtime = Backend::new(&options.runtime_endpoint, Arc::clone(&metrics));
         let image = if options.image_endpoint == options.runtime_endpoint {
             runtime.clone()
@@ -61,7 +72,7 @@ impl Proxy {
             runtime,
             image,
             hooks,
-            store: Arc::new(PodStore::default()),
+            store,
             metrics,
             max_message_bytes: options.max_message_bytes,
         }
@@ -491,6 +502,9 @@ impl Proxy {
                     name,
                     sandbox_id: req.pod_sandbox_id.clone(),
                 });
+            }
+            (LifecycleRequest::StopPodSandbox(req), _) => {
+                self.store.mark_stopped(&req.pod_sandbox_id)
             }
             (LifecycleRequest::RemovePodSandbox(req), _) => {
                 self.store.remove_pod(&req.pod_sandbox_id)

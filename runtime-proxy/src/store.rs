@@ -71,6 +71,9 @@ pub struct ContainerInfo {
 struct Inner {
     pods: HashMap<String, Arc<PodInfo>>,
     containers: HashMap<String, ContainerInfo>,
+    /// Sandboxes stopped (StopPodSandbox, or NOTREADY when listed): their pods
+    /// hold nothing until the sandbox is removed or recreated.
+    stopped: std::collections::HashSet<String>,
 }
 
 /// Maps sandbox IDs to pods and container IDs to containers.
@@ -97,10 +100,26 @@ impl PodStore {
     /// Records a pod.
     pub fn insert_pod(&self, pod: PodInfo) -> Arc<PodInfo> {
         let pod = Arc::new(pod);
-        self.write()
-            .pods
-            .insert(pod.sandbox_id.clone(), Arc::clone(&pod));
+        let mut inner = self.write();
+        inner.stopped.remove(&pod.sandbox_id);
+        inner.pods.insert(pod.sandbox_id.clone(), Arc::clone(&pod));
         pod
+    }
+
+    /// Records that a sandbox was stopped.
+    pub fn mark_stopped(&self, sandbox_id: &str) {
+        self.write().stopped.insert(sandbox_id.to_owned());
+    }
+
+    /// The pods whose sandbox is up.
+    pub fn live_pods(&self) -> Vec<Arc<PodInfo>> {
+        let inner = self.read();
+        inner
+            .pods
+            .iter()
+            .filter(|(id, _)| !inner.stopped.contains(*id))
+            .map(|(_, pod)| Arc::clone(pod))
+            .collect()
     }
 
     /// Records a container.
@@ -127,6 +146,7 @@ impl PodStore {
     pub fn remove_pod(&self, sandbox_id: &str) {
         let mut inner = self.write();
         inner.pods.remove(sandbox_id);
+        inner.stopped.remove(sandbox_id);
         inner
             .containers
             .retain(|_, container| container.sandbox_id != sandbox_id);
@@ -145,6 +165,9 @@ impl PodStore {
             inner
                 .pods
                 .insert(sandbox.id.clone(), Arc::new(PodInfo::from_sandbox(sandbox)));
+            if sandbox.state != cri::PodSandboxState::SandboxReady as i32 {
+                inner.stopped.insert(sandbox.id.clone());
+            }
         }
         for container in containers {
             inner
@@ -192,6 +215,11 @@ mod tests {
                 attempt: 0,
             }),
             annotations: [("a".to_owned(), "b".to_owned())].into(),
+            state: if id == "s2" {
+                cri::PodSandboxState::SandboxNotready as i32
+            } else {
+                cri::PodSandboxState::SandboxReady as i32
+            },
             ..Default::default()
         }
     }
@@ -220,6 +248,12 @@ mod tests {
         let pod = pod.expect("pod known");
         assert_eq!(pod.display_name(), "default/p1");
         assert_eq!(pod.annotations.get("a").map(String::as_str), Some("b"));
+
+        assert_eq!(store.live_pods().len(), 1, "s2 is listed NOTREADY");
+        store.mark_stopped("s1");
+        assert!(store.live_pods().is_empty());
+        store.insert_pod(PodInfo::from_sandbox(&sandbox("s1", "p1")));
+        assert_eq!(store.live_pods().len(), 1, "a sandbox run again is live");
 
         store.remove_container("c1");
         assert!(store.container("c1").is_none());

@@ -43,6 +43,7 @@ fn node() -> NodeDevices {
         .map(String::from)
         .collect(),
         plugin_grants: PluginGrants::NoCheckpoint,
+        book: None,
     }
 }
 
@@ -1573,6 +1574,7 @@ fn privileged_containers_are_not_refused_on_a_node_without_gpus() -> Result<(), 
         gpus: None,
         nodes: ["nvidia3"].map(String::from).into(),
         plugin_grants: PluginGrants::NoCheckpoint,
+        book: None,
     };
     let c = agent("default", &[], &[], true);
     assert!(rewrite(&c, &nodes_only, &strict).is_err());
@@ -1991,5 +1993,91 @@ mod integrity {
                 .any(|d| d.container_path == "/dev/fuse")
         );
         Ok(())
+    }
+}
+
+mod one_book {
+    use super::*;
+
+    fn book(allocated: &[(&str, &str)], live: &[&str]) -> NodeBook {
+        NodeBook {
+            live_pods: live.iter().map(|s| (*s).to_owned()).collect(),
+            allocated: allocated
+                .iter()
+                .map(|(uuid, uid)| BookEntry {
+                    uuid: (*uuid).to_owned(),
+                    pod_uid: (*uid).to_owned(),
+                    pod: format!("ml/{uid}"),
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_device_plugin_grant_of_a_gpu_tessera_shares_is_refused() {
+        // A tenant pod with spec.nodeName and nvidia.com/gpu: 1: the plugin gave it GPU 1.
+        let mut request = legacy_container(&[(VISIBLE_DEVICES, UUID1)]);
+        request.container = Some(ContainerMetadata {
+            name: "main".into(),
+            ..Default::default()
+        });
+        let node = NodeDevices {
+            plugin_grants: PluginGrants::Recorded(vec![grant("uid-1", "main", &[UUID1], &[UUID1])]),
+            book: Some(book(&[(UUID1, "tessera-pod")], &["uid-1", "tessera-pod"])),
+            ..node()
+        };
+        let result = rewrite(&request, &node, &GpuHookConfig::default());
+        let Err(error) = result else {
+            panic!("a GPU Tessera shares was given whole by the device plugin: {result:?}");
+        };
+        let text = error.to_string();
+        assert!(matches!(error, GpuHookError::Taken { .. }), "{text}");
+        assert!(
+            text.contains(UUID1) && text.contains("ml/tessera-pod"),
+            "{text}"
+        );
+
+        // Another GPU: the plugin's grant stands.
+        let free = NodeDevices {
+            book: Some(book(&[(UUID2, "tessera-pod")], &["uid-1", "tessera-pod"])),
+            ..node
+        };
+        assert!(rewrite(&request, &free, &GpuHookConfig::default()).is_ok());
+    }
+
+    #[test]
+    fn an_allocation_of_a_gpu_a_live_plugin_pod_holds_is_refused() {
+        let annotation = r#"{"gpu":[{"minor":1,"id":"GPU-11111111-1111-1111-1111-111111111111","resources":{"koordinator.sh/gpu-core":50,"koordinator.sh/gpu-memory-ratio":50}}]}"#;
+        let mut request = container(Some(annotation));
+        if let Some(pod) = request.pod.as_mut() {
+            pod.uid = "tessera-pod".into();
+        }
+        let grants = PluginGrants::Recorded(vec![grant("plugin-pod", "main", &[UUID1], &[UUID1])]);
+        let live = NodeDevices {
+            plugin_grants: grants.clone(),
+            book: Some(book(&[], &["plugin-pod", "tessera-pod"])),
+            ..node()
+        };
+        let result = rewrite(&request, &live, &GpuHookConfig::default());
+        assert!(
+            matches!(&result, Err(GpuHookError::Taken { holder, .. }) if holder.contains("plugin-pod")),
+            "{result:?}"
+        );
+        // A checkpoint entry of a pod that is gone is stale: no refusal.
+        let stale = NodeDevices {
+            plugin_grants: grants,
+            book: Some(book(&[], &["tessera-pod"])),
+            ..node()
+        };
+        assert!(rewrite(&request, &stale, &GpuHookConfig::default()).is_ok());
+        // Without a book (an external hook server) nothing is checked.
+        assert!(
+            rewrite(
+                &request,
+                &NodeDevices { book: None, ..live },
+                &GpuHookConfig::default()
+            )
+            .is_ok()
+        );
     }
 }

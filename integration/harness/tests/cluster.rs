@@ -30,6 +30,8 @@ mod chart;
 mod enforcement;
 #[path = "cluster/faults.rs"]
 mod faults;
+#[path = "cluster/integrity.rs"]
+mod integrity;
 #[path = "cluster/observability.rs"]
 mod observability;
 #[path = "cluster/preemption.rs"]
@@ -106,6 +108,10 @@ fn scenarios() -> Vec<(&'static str, Scenario)> {
         (
             "required_enforcement_places_pods_only_where_the_node_holds_it",
             |c| Box::pin(enforcement::required_enforcement_places_only_where_held(c)),
+        ),
+        (
+            "device_plugin_bypass_by_node_name_never_gets_a_shared_gpu",
+            |c| Box::pin(integrity::device_plugin_bypass_never_gets_a_shared_gpu(c)),
         ),
         ("restarts_lose_nothing", |c| Box::pin(restarts(c))),
         ("faults_two_replicas_place_a_burst_once", |c| {

@@ -27,6 +27,7 @@ impl DeviceProbe for Node {
             ]),
             nodes: ["nvidia0", "nvidia1"].map(String::from).into(),
             plugin_grants: PluginGrants::NoCheckpoint,
+            book: None,
         }
     }
 }

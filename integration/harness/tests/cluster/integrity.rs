@@ -1,0 +1,78 @@
+//! Integrity round 3 on the real cluster: one GPU, one book, whoever asks.
+
+use std::time::Duration;
+
+use anyhow::ensure;
+use k8s_openapi::api::core::v1::Pod;
+use serde_json::json;
+use tessera_harness::cluster::{Cluster, NODE_NAME, allocated_gpus, probe_pod as pod};
+
+/// The messages of the pod's waiting containers.
+fn waiting(pod: &Pod) -> Vec<String> {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c.state.as_ref()?.waiting.as_ref()?.message.clone())
+        .collect()
+}
+
+/// The device-plugin bypass: with every GPU holding a Tessera share, a tenant's
+/// pod that names the node itself (`spec.nodeName`, so it never meets the
+/// scheduler) and asks NVIDIA's real device plugin for `nvidia.com/gpu: 1` is
+/// admitted by kubelet and handed a GPU by the plugin, and its container is then
+/// refused: the GPU is Tessera's tenant's, and is never given twice.
+pub async fn device_plugin_bypass_never_gets_a_shared_gpu(
+    cluster: &mut Cluster,
+) -> anyhow::Result<()> {
+    let shares: Vec<String> = (0..4).map(|i| format!("book-share-{i}")).collect();
+    for name in &shares {
+        cluster
+            .create_pod(
+                "admin",
+                &pod(name, &[("main", json!({"koordinator.sh/gpu": "60"}))], &[]),
+            )
+            .await?;
+    }
+    let mut held = std::collections::BTreeSet::new();
+    for name in &shares {
+        let running = cluster.wait_running(name).await?;
+        held.extend(allocated_gpus(&running)?.into_iter().map(|(uuid, _)| uuid));
+    }
+    ensure!(held.len() == 4, "the shares hold {held:?}, want all 4 GPUs");
+
+    let mut bypass = pod("bypass", &[("main", json!({"nvidia.com/gpu": "1"}))], &[]);
+    bypass["spec"]["nodeName"] = json!(NODE_NAME);
+    cluster.create_pod("tenant", &bypass).await?;
+    let refused = cluster
+        .wait_pod(
+            "bypass",
+            Duration::from_secs(60),
+            "its container refused for a GPU already held",
+            |p| waiting(p).iter().any(|m| m.contains("already held by")),
+        )
+        .await?;
+    let message = waiting(&refused).join(" | ");
+    ensure!(
+        shares.iter().any(|s| message.contains(s.as_str())),
+        "bypass: the refusal does not name the Tessera pod holding the GPU: {message}"
+    );
+    ensure!(
+        held.iter().any(|g| message.contains(g.as_str())),
+        "bypass: the refusal does not name the GPU: {message}"
+    );
+    ensure!(
+        refused
+            .status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .is_some_and(|cs| cs.iter().all(|c| c.container_id.is_none())),
+        "bypass: a container was created"
+    );
+    cluster.delete_pod("bypass").await?;
+    for name in &shares {
+        cluster.delete_pod(name).await?;
+    }
+    Ok(())
+}
