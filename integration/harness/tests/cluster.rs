@@ -110,6 +110,10 @@ fn scenarios() -> Vec<(&'static str, Scenario)> {
             |c| Box::pin(enforcement::required_enforcement_places_only_where_held(c)),
         ),
         (
+            "pods_naming_koordinator_volcano_kubeshare_or_hami_schedulers_are_placed",
+            |c| Box::pin(integrity::other_systems_scheduler_names_are_served(c)),
+        ),
+        (
             "device_plugin_bypass_by_node_name_never_gets_a_shared_gpu",
             |c| Box::pin(integrity::device_plugin_bypass_never_gets_a_shared_gpu(c)),
         ),
@@ -157,6 +161,7 @@ fn scenarios() -> Vec<(&'static str, Scenario)> {
 /// reporter does.
 const ON_CHART: &[&str] = &[
     "fractional_pods_get_exactly_their_grant",
+    "pods_naming_koordinator_volcano_kubeshare_or_hami_schedulers_are_placed",
     "unfit_pod_stays_pending_with_the_extenders_reason",
     "annotation_written_by_a_tenant_is_refused",
     "annotation_forged_on_any_write_path_never_yields_a_gpu",

@@ -76,3 +76,50 @@ pub async fn device_plugin_bypass_never_gets_a_shared_gpu(
     }
     Ok(())
 }
+
+/// Pods written for another GPU system name its scheduler: kube-scheduler serves
+/// those names as profiles calling Tessera's extender (deploy/'s configuration), so
+/// each is placed with its grant instead of staying Pending with no event.
+pub async fn other_systems_scheduler_names_are_served(cluster: &mut Cluster) -> anyhow::Result<()> {
+    let cases = [
+        (
+            "koord-pod",
+            "koord-scheduler",
+            json!({"koordinator.sh/gpu": "25"}),
+        ),
+        (
+            "volcano-pod",
+            "volcano",
+            json!({"volcano.sh/gpu-memory": "1024"}),
+        ),
+        (
+            "kubeshare-pod",
+            "kubeshare-scheduler",
+            json!({"koordinator.sh/gpu-core": "30", "koordinator.sh/gpu-memory": "1Gi"}),
+        ),
+        (
+            "hami-pod",
+            "hami-scheduler",
+            json!({"nvidia.com/gpumem": "2048", "nvidia.com/gpucores": "20"}),
+        ),
+    ];
+    for (name, scheduler, limits) in &cases {
+        let mut spec = pod(name, &[("main", limits.clone())], &[]);
+        spec["spec"]["schedulerName"] = json!(scheduler);
+        cluster.create_pod("admin", &spec).await?;
+    }
+    for (name, scheduler, _) in &cases {
+        let running = cluster.wait_running(name).await.map_err(|e| {
+            anyhow::anyhow!("pod {name} (schedulerName {scheduler}) not placed: {e:#}")
+        })?;
+        let gpus = allocated_gpus(&running)?;
+        ensure!(
+            gpus.len() == 1,
+            "pod {name} (schedulerName {scheduler}): granted {gpus:?}, want one GPU"
+        );
+    }
+    for (name, _, _) in &cases {
+        cluster.delete_pod(name).await?;
+    }
+    Ok(())
+}
