@@ -933,6 +933,20 @@ fn held_by_a_device_plugin(
     Ok(())
 }
 
+/// Whether a container could see a GPU without a GPU hook's rewrite: its pod has
+/// an allocation, its env asks for GPUs, it names an NVIDIA CDI device or a GPU
+/// device node (by either path), or it is privileged (every device node).
+pub fn could_see_gpus(container: &ContainerHookRequest, config: &GpuHookConfig) -> bool {
+    allocation_of(container).is_some()
+        || requested_gpus(container).is_some()
+        || asks_for_nvidia_cdi(container, config)
+        || container.privileged
+        || container
+            .devices
+            .iter()
+            .any(|d| is_gpu_node(&d.container_path) || host_gpu_node(&d.host_path).is_some())
+}
+
 /// Whether the container names an NVIDIA CDI device: then the device plugin's
 /// grants (kubelet's checkpoint) decide which it keeps.
 pub fn asks_for_nvidia_cdi(container: &ContainerHookRequest, config: &GpuHookConfig) -> bool {

@@ -5,6 +5,7 @@
 //! - [`proxy`]: the runtime proxy run in-process over a socket in a temp dir.
 //! - [`demo`]: `tessera-demo`'s embedded story (its `--cluster` story is [`cluster_demo`]).
 //! - [`bench_pods`], [`bench_cluster`]: `tessera-bench pod-cache` and `tessera-bench cluster`.
+//! - [`bench_enforce`]: `tessera-bench enforce`.
 
 pub use tessera_harness::{
     apiserver, cluster, cluster_demo, containerd, deploy, fake_nvml, fake_runtime, gpu_node, image,
@@ -12,6 +13,7 @@ pub use tessera_harness::{
 };
 
 pub mod bench_cluster;
+pub mod bench_enforce;
 pub mod bench_pods;
 pub mod demo;
 pub mod hook_server;

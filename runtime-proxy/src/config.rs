@@ -77,7 +77,10 @@ pub struct Cli {
     /// [default: /etc/tessera/hooks.d].
     #[arg(long, value_name = "DIR")]
     pub hooks_dir: Option<PathBuf>,
-    /// Turn the embedded GPU hook off (e.g. when tessera-gpu-hook runs as an external hook).
+    /// Turn the embedded GPU hook off (e.g. when tessera-gpu-hook runs as an external
+    /// hook). A container that could see GPUs is then refused while no valid
+    /// registration named "gpu" runs at PreCreateContainer with failure_policy Fail
+    /// (systemd/hooks.d/10-gpu.toml).
     #[arg(long)]
     pub no_gpu_hook: bool,
     /// How kubelet's calls reach the runtime: `h2` terminates HTTP/2 on both sides,

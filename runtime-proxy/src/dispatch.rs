@@ -318,6 +318,11 @@ impl HookRegistry {
         registry
     }
 
+    /// The directory of registrations.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     /// The hooks now registered, in order.
     pub fn hooks(&self) -> Arc<Vec<Arc<ExternalHook>>> {
         Arc::clone(

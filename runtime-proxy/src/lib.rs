@@ -17,6 +17,7 @@ pub mod dispatch;
 pub mod enforce;
 pub mod gpu;
 pub mod grpc;
+pub mod guard;
 pub mod hook;
 pub mod hpack;
 pub mod metrics;

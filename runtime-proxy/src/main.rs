@@ -7,6 +7,7 @@ use tessera_runtime_proxy::backend::Backend;
 use tessera_runtime_proxy::dispatch::HookRegistry;
 use tessera_runtime_proxy::enforce::{self as enforcement, EnforceHook};
 use tessera_runtime_proxy::gpu::EmbeddedGpuHook;
+use tessera_runtime_proxy::guard::ExternalGpuHookGuard;
 use tessera_runtime_proxy::hook::Hook;
 use tessera_runtime_proxy::metrics::Metrics;
 use tessera_runtime_proxy::relay::{self, RelayMode};
@@ -80,6 +81,13 @@ async fn run(config: Config) -> anyhow::Result<()> {
     let registry = HookRegistry::new(&config.hooks_dir);
     registry.watch(std::time::Duration::from_secs(2));
     tracing::info!(dir = %config.hooks_dir.display(), hooks = registry.hooks().len(), "watching hook registrations");
+    if config.gpu_hook.is_none() {
+        // External GPU hook mode fails closed: no valid registration, no GPU container.
+        hooks.push(Arc::new(ExternalGpuHookGuard::new(
+            Arc::clone(&registry),
+            "gpu",
+        )));
+    }
     hooks.push(registry);
     let proxy = Arc::new(Proxy::with_store(
         &options,

@@ -1,5 +1,7 @@
 //! A private containerd (Debian's `containerd` and `runc`) with its own root,
 //! state and socket, configured as this machine needs (see ARCHITECTURE.md).
+//! [`Containerd::start_cdi`] runs containerd 2.x from the Kubernetes binaries
+//! instead, with CDI on (Debian's 1.6 has none).
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -8,6 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use tokio::process::{Child, Command};
 
+use crate::cluster::K8sBinaries;
 use crate::image;
 
 /// A running private containerd. Dropping it kills it, its shims and their
@@ -16,22 +19,49 @@ use crate::image;
 pub struct Containerd {
     dir: tempfile::TempDir,
     child: Option<Child>,
+    /// containerd 2.x's binaries (its shim and ctr too); `None`: Debian's on `PATH`.
+    k8s: Option<K8sBinaries>,
 }
 
 impl Containerd {
     /// Starts containerd and imports the pause image. Needs root, `containerd`,
     /// `runc`, `ctr` and `cc`; says which is missing.
     pub async fn start() -> anyhow::Result<Self> {
+        Self::start_from(None).await
+    }
+
+    /// Starts containerd 2.x from `k8s` (its own shim and ctr; Debian's runc) with
+    /// CDI on, reading spec files from [`Self::cdi_dir`] only, and imports the pause
+    /// and probe images. Needs root, `runc` and `cc`.
+    pub async fn start_cdi(k8s: &K8sBinaries) -> anyhow::Result<Self> {
+        Self::start_from(Some(k8s.clone())).await
+    }
+
+    async fn start_from(k8s: Option<K8sBinaries>) -> anyhow::Result<Self> {
         if !nix::unistd::Uid::effective().is_root() {
             bail!("the containerd harness needs root (it runs containerd and runc)");
         }
-        require_tools(&["containerd", "runc", "ctr", "cc"])?;
+        match &k8s {
+            None => require_tools(&["containerd", "runc", "ctr", "cc"])?,
+            Some(_) => require_tools(&["runc", "cc"])?,
+        }
         // Short path: unix socket paths are limited to 108 bytes.
         let dir = tempfile::Builder::new()
             .prefix("tctd-")
             .tempdir_in("/tmp")?;
-        std::fs::write(dir.path().join("config.toml"), config_toml(dir.path()))?;
-        let mut containerd = Self { dir, child: None };
+        let config = match &k8s {
+            None => config_toml(dir.path()),
+            Some(_) => {
+                std::fs::create_dir_all(dir.path().join("cdi"))?;
+                config_v2_toml(dir.path())
+            }
+        };
+        std::fs::write(dir.path().join("config.toml"), config)?;
+        let mut containerd = Self {
+            dir,
+            child: None,
+            k8s,
+        };
         containerd.launch().await?;
         for archive in [
             image::pause_archive(containerd.dir.path())?,
@@ -47,6 +77,18 @@ impl Containerd {
         self.dir.path().join("containerd.sock")
     }
 
+    /// The CDI spec directory of a [`Self::start_cdi`] containerd.
+    pub fn cdi_dir(&self) -> PathBuf {
+        self.dir.path().join("cdi")
+    }
+
+    /// The binary `name`: the Kubernetes binaries' for containerd 2.x, else from `PATH`.
+    fn tool(&self, name: &str) -> PathBuf {
+        self.k8s
+            .as_ref()
+            .map_or_else(|| name.into(), |k8s| k8s.path(name))
+    }
+
     /// The harness directory (config, root, state, logs).
     pub fn dir(&self) -> &Path {
         self.dir.path()
@@ -54,7 +96,7 @@ impl Containerd {
 
     /// Imports an image archive into the `k8s.io` namespace.
     pub async fn import(&self, archive: &Path) -> anyhow::Result<()> {
-        let output = Command::new("ctr")
+        let output = Command::new(self.tool("ctr"))
             .arg("-a")
             .arg(self.socket())
             .args(["-n", "k8s.io", "images", "import"])
@@ -76,7 +118,15 @@ impl Containerd {
             .create(true)
             .append(true)
             .open(self.dir.path().join("containerd.log"))?;
-        let child = Command::new("containerd")
+        let mut command = Command::new(self.tool("containerd"));
+        if self.k8s.is_some() {
+            // containerd finds its shim on PATH: 2.x's own, not Debian's.
+            let shim = self.tool("containerd-shim-runc-v2");
+            let bin = shim.parent().unwrap_or(Path::new("/"));
+            let path = std::env::var("PATH").unwrap_or_default();
+            command.env("PATH", format!("{}:{path}", bin.display()));
+        }
+        let child = command
             .arg("--config")
             .arg(self.dir.path().join("config.toml"))
             .stdin(Stdio::null())
@@ -224,6 +274,50 @@ state = "{dir}/state"
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "{dir}/cni/bin"
     conf_dir = "{dir}/cni/conf"
+"#,
+        pause = image::PAUSE_IMAGE,
+    )
+}
+
+/// containerd 2.x's config: as [`config_toml`], plus CDI from `<dir>/cdi` only.
+fn config_v2_toml(dir: &Path) -> String {
+    let dir = dir.display();
+    format!(
+        r#"version = 3
+root = "{dir}/root"
+state = "{dir}/state"
+
+[grpc]
+  address = "{dir}/containerd.sock"
+
+[ttrpc]
+  address = "{dir}/containerd.sock.ttrpc"
+
+[debug]
+  level = "info"
+
+[plugins."io.containerd.cri.v1.runtime"]
+  # negative oom_score_adj is refused on these machines
+  restrict_oom_score_adj = true
+  disable_apparmor = true
+  enable_cdi = true
+  cdi_spec_dirs = ["{dir}/cdi"]
+  [plugins."io.containerd.cri.v1.runtime".containerd]
+    default_runtime_name = "runc"
+    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+  [plugins."io.containerd.cri.v1.runtime".cni]
+    bin_dirs = ["{dir}/cni/bin"]
+    conf_dir = "{dir}/cni/conf"
+
+[plugins."io.containerd.cri.v1.images"]
+  snapshotter = "native"
+  [plugins."io.containerd.cri.v1.images".pinned_images]
+    sandbox = "{pause}"
+
+# NRI's socket is machine-wide (/var/run/nri): a cluster's containerd may hold it.
+[plugins."io.containerd.nri.v1.nri"]
+  disable = true
 "#,
         pause = image::PAUSE_IMAGE,
     )

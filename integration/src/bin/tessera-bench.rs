@@ -1,8 +1,9 @@
 //! Tessera's benchmarks: `proxy` (direct vs proxied CRI latency against one private
 //! containerd), `gpu-hook`, `extender` (filter + prioritize over HTTP), `simulate`
 //! (placements/s and RSS at 5,000 nodes), `pod-cache` (the scheduler's Pod store,
-//! full vs trimmed objects) and `cluster` (placements/s and bind latency through a
-//! real kube-scheduler). Each prints its figures, ratios against a baseline taken in
+//! full vs trimmed objects), `cluster` (placements/s and bind latency through a
+//! real kube-scheduler) and `enforce` (a shared container's start with each
+//! enforcement backend). Each prints its figures, ratios against a baseline taken in
 //! the same run, and verdicts against the targets of issue 11 where it has some.
 
 use std::path::{Path, PathBuf};
@@ -100,6 +101,21 @@ enum Command {
         #[arg(long, default_value_t = 200)]
         pods: usize,
     },
+    /// CreateContainer + StartContainer of a quarter-GPU container on a private
+    /// containerd 2.x with CDI on (needs root and the Kubernetes binaries): direct,
+    /// through the proxy with the GPU hook alone, with driver memory limits, and with
+    /// HAMi-core; p50/p90/p99 and ratios to the first two, each path checked to run.
+    Enforce {
+        /// Rounds; each a fresh pod per path.
+        #[arg(long, default_value_t = 5)]
+        rounds: usize,
+        /// Containers per path per round, interleaved across the paths one by one.
+        #[arg(long, default_value_t = 20)]
+        containers: usize,
+        /// Where tessera-runtime-proxy and tessera-enforce are [default: beside this binary].
+        #[arg(long)]
+        bin_dir: Option<PathBuf>,
+    },
     #[command(hide = true)]
     SimulateChild {
         #[arg(long)]
@@ -195,6 +211,23 @@ async fn run(command: Command) -> anyhow::Result<()> {
             extender_bench(iterations, nodes, &[500, nodes]).await
         }
         Command::Cluster { pods } => tessera_integration::bench_cluster::run(pods).await,
+        Command::Enforce {
+            rounds,
+            containers,
+            bin_dir,
+        } => {
+            use tessera_integration::bench_enforce::{Options, print, run};
+            let k8s = tessera_integration::cluster::K8sBinaries::locate()?.context(
+                "no Kubernetes binaries (containerd 2.x): set TESSERA_K8S_BIN or put ../shared/k8s/bin beside the repository",
+            )?;
+            let options = Options {
+                rounds,
+                containers,
+                bin_dir,
+            };
+            print(&run(&k8s, &options).await?, &options);
+            Ok(())
+        }
         Command::ByteRelayServe { .. }
         | Command::SimulateChild { .. }
         | Command::PodCacheChild { .. }
@@ -984,7 +1017,7 @@ async fn gpu_hook_bench(iterations: usize) -> anyhow::Result<()> {
     std::fs::write(
         hooks_dir.join("10-gpu.toml"),
         format!(
-            "endpoint = \"{}\"\nstages = [\"PreCreateContainer\"]\n",
+            "name = \"gpu\"\nendpoint = \"{}\"\nstages = [\"PreCreateContainer\"]\n",
             hook_socket.display()
         ),
     )?;
