@@ -31,8 +31,15 @@ use tokio::net::{TcpListener, TcpStream};
 
 use crate::extender::{Extender, FORWARDED_HEADER, verb};
 
-/// How long a client may take to finish the TLS handshake.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a client may take to finish the TLS handshake: kube-scheduler's takes
+/// milliseconds; a client that opens a connection and says nothing holds a file
+/// descriptor only this long.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(1);
+/// Connections held at once, handshaking or established. Beyond it new ones wait
+/// in the kernel's listen backlog, holding no descriptor of ours, so a flood of
+/// idle connections never runs the process out of files (1,024 is a common soft
+/// limit); idle ones go after [`HANDSHAKE_TIMEOUT`], and the backlog moves on.
+pub const MAX_CONNECTIONS: usize = 512;
 
 /// kube-scheduler's identity in its client certificate, by default.
 pub const DEFAULT_BIND_CLIENT: &str = "tessera-kube-scheduler";
@@ -497,12 +504,20 @@ pub async fn serve_tls(
     access: Arc<BindAccess>,
 ) {
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    let connections = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
+        // Accepted only while a slot is free: what waits beyond that waits in the
+        // listen backlog, holding none of ours.
+        let Ok(connection) = Arc::clone(&connections).acquire_owned().await else {
+            return;
+        };
         let (tcp, peer) = accept(&listener).await;
         let (acceptor, extender, access) =
             (acceptor.clone(), extender.clone(), Arc::clone(&access));
         tokio::spawn(async move {
-            let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+            let _connection = connection;
+            let handshaken = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await;
+            let stream = match handshaken {
                 Ok(Ok(stream)) => stream,
                 Ok(Err(error)) => {
                     tracing::warn!(%peer, %error, "TLS handshake refused");

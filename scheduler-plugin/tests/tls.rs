@@ -476,3 +476,65 @@ async fn an_idle_connection_is_closed_after_the_header_timeout() {
     let text = String::from_utf8_lossy(&buffer[..read]);
     assert!(read == 0 || text.starts_with("HTTP/1.1 408"), "{text}");
 }
+
+/// A flood of idle connections (never a TLS handshake) and an oversized body do
+/// not stop kube-scheduler's calls: the server holds at most
+/// `transport::MAX_CONNECTIONS` of them (the rest wait in the kernel's backlog,
+/// holding no descriptor of ours), drops each idle one after 1 s, and refuses a
+/// body over the limit before it is held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_and_huge_bodies_do_not_stop_filter() {
+    let pki = Pki::new();
+    let (_api, extender) = cluster().await;
+    let addr = serve_tls(&pki, extender).await;
+    let open_files = || std::fs::read_dir("/proc/self/fd").map_or(0, Iterator::count);
+    let flood = transport::MAX_CONNECTIONS + 100;
+    let before = open_files();
+    let mut idle = Vec::new();
+    for _ in 0..flood {
+        match tokio::net::TcpStream::connect(addr).await {
+            Ok(stream) => idle.push(stream),
+            Err(error) => panic!("connection {}: {error}", idle.len()),
+        }
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    // Client and server share this process: one descriptor per client socket,
+    // and on the server side at most the cap, not one per connection.
+    let held = open_files()
+        .saturating_sub(before)
+        .saturating_sub(idle.len());
+    assert!(
+        held <= transport::MAX_CONNECTIONS + 8,
+        "the server holds {held} descriptors for {flood} idle connections"
+    );
+    let started = std::time::Instant::now();
+    let (status, body) = post(
+        &pki.client(Some(&pki.kube_scheduler)),
+        format!("https://{addr}/filter"),
+        &filter_args("p1"),
+        false,
+    )
+    .await
+    .expect("filter answered beside the idle connections");
+    assert_eq!(status, StatusCode::OK, "{body}");
+    // kube-scheduler's httpTimeout is 5 s (deploy/): well inside it.
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(4),
+        "filter took {:?} beside {flood} idle connections",
+        started.elapsed()
+    );
+    drop(idle);
+
+    let huge = json!({"Pod": pod("p1"), "NodeNames": ["n1"], "Padding": "x".repeat(
+        tessera_scheduler::extender::MAX_BODY_BYTES + 1)});
+    let (status, body) = post(
+        &pki.client(Some(&pki.kube_scheduler)),
+        format!("https://{addr}/filter"),
+        &huge,
+        false,
+    )
+    .await
+    .expect("answered");
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{body}");
+    assert!(body.contains("request body over"), "{body}");
+}
