@@ -12,7 +12,10 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
 
 use crate::quantity::Quantity;
-use crate::resources::{GPU_CORE, GPU_MEMORY, GPU_MEMORY_RATIO, GPU_SHARED, NVIDIA_GPU};
+use crate::resources::{
+    DEPRECATED_GPU_NAMES, GPU_CORE, GPU_MEMORY, GPU_MEMORY_RATIO, GPU_SHARED, GPU_SHARED_COUNT,
+    NVIDIA_GPU,
+};
 
 pub mod selection;
 
@@ -32,6 +35,15 @@ pub const HAMI_GPU_CORES: &str = "nvidia.com/gpucores";
 pub const VOLCANO_GPU_MEMORY: &str = "volcano.sh/gpu-memory";
 /// `volcano.sh/gpu-number`: whole GPUs (Volcano).
 pub const VOLCANO_GPU_NUMBER: &str = "volcano.sh/gpu-number";
+/// `volcano.sh/vgpu-number`: how many GPUs, one vGPU on each (Volcano's vGPU,
+/// HAMi-core), as HAMi's `nvidia.com/gpu`.
+pub const VOLCANO_VGPU_NUMBER: &str = "volcano.sh/vgpu-number";
+/// `volcano.sh/vgpu-memory`: MiB per vGPU, as HAMi's `nvidia.com/gpumem`.
+pub const VOLCANO_VGPU_MEMORY: &str = "volcano.sh/vgpu-memory";
+/// `volcano.sh/vgpu-memory-percentage`: percent of each GPU's memory per vGPU.
+pub const VOLCANO_VGPU_MEMORY_PERCENTAGE: &str = "volcano.sh/vgpu-memory-percentage";
+/// `volcano.sh/vgpu-cores`: percent of each GPU's compute per vGPU.
+pub const VOLCANO_VGPU_CORES: &str = "volcano.sh/vgpu-cores";
 
 /// Every resource name the scheduler manages.
 pub const MANAGED_RESOURCES: &[&str] = &[
@@ -39,6 +51,7 @@ pub const MANAGED_RESOURCES: &[&str] = &[
     GPU_MEMORY,
     GPU_MEMORY_RATIO,
     GPU_SHARED,
+    GPU_SHARED_COUNT,
     NVIDIA_GPU,
     ALIYUN_GPU_MEM,
     HAMI_GPU_MEM,
@@ -46,7 +59,44 @@ pub const MANAGED_RESOURCES: &[&str] = &[
     HAMI_GPU_CORES,
     VOLCANO_GPU_MEMORY,
     VOLCANO_GPU_NUMBER,
+    VOLCANO_VGPU_NUMBER,
+    VOLCANO_VGPU_MEMORY,
+    VOLCANO_VGPU_MEMORY_PERCENTAGE,
+    VOLCANO_VGPU_CORES,
 ];
+
+/// The names of a system that limits shares with HAMi-core: each asks for `count`
+/// distinct GPUs, on each MiB or a percent of its memory (its whole memory when
+/// neither is set) and a percent of its compute.
+#[derive(Debug)]
+struct HamiCoreNames {
+    count: &'static str,
+    memory: &'static str,
+    percentage: &'static str,
+    cores: &'static str,
+}
+
+const HAMI: HamiCoreNames = HamiCoreNames {
+    count: NVIDIA_GPU,
+    memory: HAMI_GPU_MEM,
+    percentage: HAMI_GPU_MEM_PERCENTAGE,
+    cores: HAMI_GPU_CORES,
+};
+
+/// Volcano's vGPU names: the volcano-vgpu-device-plugin is HAMi's, and Volcano's
+/// `ExtractResourceRequest` reads them as HAMi reads its own.
+const VOLCANO_VGPU: HamiCoreNames = HamiCoreNames {
+    count: VOLCANO_VGPU_NUMBER,
+    memory: VOLCANO_VGPU_MEMORY,
+    percentage: VOLCANO_VGPU_MEMORY_PERCENTAGE,
+    cores: VOLCANO_VGPU_CORES,
+};
+
+impl HamiCoreNames {
+    fn all(&self) -> [&'static str; 4] {
+        [self.count, self.memory, self.percentage, self.cores]
+    }
+}
 
 /// Memory wanted on each GPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -192,6 +242,19 @@ fn amounts(
                 .or_else(|| r.requests.as_ref().and_then(|q| q.get(key)))
         })
     };
+    // Koordinator's old names would be placed as if they were not there: refused,
+    // with the same words as the admission policy that refuses them at creation.
+    for (old, new) in DEPRECATED_GPU_NAMES {
+        if let Some(quantity) = pick(old) {
+            return Err(RequestError::Container {
+                container: who.to_owned(),
+                problem: format!(
+                    "{old} {q}: Koordinator's deprecated name, which kube-scheduler never hands to an extender (no kubernetes.io/ resource is an extended resource): write {new}: {q} instead, with the same meaning",
+                    q = quantity.0
+                ),
+            });
+        }
+    }
     let mut out = BTreeMap::new();
     for key in MANAGED_RESOURCES {
         if let Some(quantity) = pick(key) {
@@ -201,7 +264,7 @@ fn amounts(
             })?;
             let unit = match *key {
                 ALIYUN_GPU_MEM => options.gpushare_memory_unit.bytes(),
-                HAMI_GPU_MEM => 1 << 20,
+                HAMI_GPU_MEM | VOLCANO_VGPU_MEMORY => 1 << 20,
                 VOLCANO_GPU_MEMORY => options.volcano_memory_unit,
                 _ => 1,
             };
@@ -241,22 +304,34 @@ fn container_request(
         }
         Ok(value)
     };
+    // Volcano's vGPU names make the whole request of their container.
+    if VOLCANO_VGPU
+        .all()
+        .iter()
+        .any(|key| get(key).is_some_and(|v| v > 0))
+    {
+        return volcano_vgpu(amounts, who).map(Some);
+    }
     let mut sums = Sums::default();
     let hami = [HAMI_GPU_MEM, HAMI_GPU_MEM_PERCENTAGE, HAMI_GPU_CORES]
         .iter()
         .any(|key| get(key).is_some());
-    if let Some(shared) = get(GPU_SHARED) {
-        sums.core = multiple(GPU_SHARED, shared)?;
-        sums.ratio = sums.core;
-    }
-    if let Some(core) = get(GPU_CORE) {
-        sums.core = multiple(GPU_CORE, core)?;
-    }
-    if let Some(ratio) = get(GPU_MEMORY_RATIO) {
-        sums.ratio = multiple(GPU_MEMORY_RATIO, ratio)?;
-    }
-    if let Some(bytes) = get(GPU_MEMORY) {
-        sums.memory = bytes;
+    if let Some(count) = get(GPU_SHARED_COUNT) {
+        sums = koordinator_shared(count, amounts, who)?;
+    } else {
+        if let Some(shared) = get(GPU_SHARED) {
+            sums.core = multiple(GPU_SHARED, shared)?;
+            sums.ratio = sums.core;
+        }
+        if let Some(core) = get(GPU_CORE) {
+            sums.core = multiple(GPU_CORE, core)?;
+        }
+        if let Some(ratio) = get(GPU_MEMORY_RATIO) {
+            sums.ratio = multiple(GPU_MEMORY_RATIO, ratio)?;
+        }
+        if let Some(bytes) = get(GPU_MEMORY) {
+            sums.memory = bytes;
+        }
     }
     // Whole GPUs: the NVIDIA device plugin's name and Volcano's mean the same.
     let whole = match (get(NVIDIA_GPU), get(VOLCANO_GPU_NUMBER)) {
@@ -282,34 +357,7 @@ fn container_request(
         }
         // HAMi's webhook gives a container with only memory or cores one GPU.
         let count = get(NVIDIA_GPU).unwrap_or(1).max(1);
-        let cores = get(HAMI_GPU_CORES).unwrap_or(0);
-        if cores > 100 {
-            return Err(err(format!(
-                "{HAMI_GPU_CORES} {cores}: at most 100 (percent of one GPU)"
-            )));
-        }
-        sums.count = count;
-        sums.core = cores;
-        // HAMi reads 0 of either memory name as unset, and with neither set gives
-        // each GPU's whole memory (its default `defaultMem: 0`).
-        match (
-            get(HAMI_GPU_MEM).filter(|&b| b > 0),
-            get(HAMI_GPU_MEM_PERCENTAGE).filter(|&p| p > 0),
-        ) {
-            (Some(_), Some(_)) => {
-                return Err(err(format!(
-                    "{HAMI_GPU_MEM} and {HAMI_GPU_MEM_PERCENTAGE} cannot both be set: memory is either MiB or a percent of each GPU"
-                )));
-            }
-            (Some(bytes), None) => sums.memory = bytes,
-            (None, Some(percent)) if percent > 100 => {
-                return Err(err(format!(
-                    "{HAMI_GPU_MEM_PERCENTAGE} {percent}: at most 100 (percent of each GPU's memory)"
-                )));
-            }
-            (None, Some(percent)) => sums.ratio = percent,
-            (None, None) => sums.ratio = 100,
-        }
+        sums = hami_core(&HAMI, count, amounts, who)?;
     } else if let Some((key, count)) = whole {
         if sums != Sums::default() {
             return Err(err(format!(
@@ -347,6 +395,135 @@ fn container_request(
         )));
     }
     Ok((sums != Sums::default()).then_some(sums))
+}
+
+/// A request in the names of a HAMi-core system, read as HAMi reads its own (and
+/// Volcano its vGPU names, with HAMi's code): `count` GPUs, each with
+/// the cores and the memory the names give; 0 of a memory name is unset, and with
+/// no memory name each GPU's whole memory is booked (HAMi's `defaultMem: 0`).
+fn hami_core(
+    names: &HamiCoreNames,
+    count: u64,
+    amounts: &BTreeMap<&'static str, u64>,
+    who: &str,
+) -> Result<Sums, RequestError> {
+    let err = |problem: String| RequestError::Container {
+        container: who.to_owned(),
+        problem,
+    };
+    let get = |key: &str| amounts.get(key).copied().filter(|&v| v > 0);
+    let cores = get(names.cores).unwrap_or(0);
+    if cores > 100 {
+        return Err(err(format!(
+            "{} {cores}: at most 100 (percent of one GPU)",
+            names.cores
+        )));
+    }
+    let mut sums = Sums {
+        count,
+        core: cores,
+        ..Sums::default()
+    };
+    match (get(names.memory), get(names.percentage)) {
+        (Some(_), Some(_)) => {
+            return Err(err(format!(
+                "{} and {} cannot both be set: memory is either MiB or a percent of each GPU",
+                names.memory, names.percentage
+            )));
+        }
+        (Some(bytes), None) => sums.memory = bytes,
+        (None, Some(percent)) if percent > 100 => {
+            return Err(err(format!(
+                "{} {percent}: at most 100 (percent of each GPU's memory)",
+                names.percentage
+            )));
+        }
+        (None, Some(percent)) => sums.ratio = percent,
+        (None, None) => sums.ratio = 100,
+    }
+    Ok(sums)
+}
+
+/// Volcano's vGPU request, as Volcano's `ExtractResourceRequest`
+/// (pkg/scheduler/api/devices/util.go) reads it: `vgpu-number` GPUs, or one when
+/// only `vgpu-memory` is set. `vgpu-cores` or `vgpu-memory-percentage` without
+/// either asks Volcano for nothing: refused, not ignored. Another system's names
+/// beside them are refused too.
+fn volcano_vgpu(amounts: &BTreeMap<&'static str, u64>, who: &str) -> Result<Sums, RequestError> {
+    let err = |problem: String| RequestError::Container {
+        container: who.to_owned(),
+        problem,
+    };
+    let get = |key: &str| amounts.get(key).copied().filter(|&v| v > 0);
+    let names = VOLCANO_VGPU.all();
+    let set = names.into_iter().find(|key| get(key).is_some());
+    if let Some(other) = amounts.keys().find(|key| !names.contains(key)) {
+        return Err(err(format!(
+            "{} cannot be combined with {other}: one system's names per container; Volcano's vGPU names are {VOLCANO_VGPU_NUMBER}, {VOLCANO_VGPU_MEMORY} or {VOLCANO_VGPU_MEMORY_PERCENTAGE}, and {VOLCANO_VGPU_CORES}",
+            set.unwrap_or(VOLCANO_VGPU_NUMBER)
+        )));
+    }
+    let count = match (get(VOLCANO_VGPU_NUMBER), get(VOLCANO_VGPU_MEMORY)) {
+        (Some(count), _) => count,
+        (None, Some(_)) => 1,
+        (None, None) => {
+            let key = set.unwrap_or(VOLCANO_VGPU_CORES);
+            return Err(err(format!(
+                "{key} {} alone asks Volcano for no vGPU (it reads one from {VOLCANO_VGPU_NUMBER} or {VOLCANO_VGPU_MEMORY}): add {VOLCANO_VGPU_NUMBER}: 1",
+                get(key).unwrap_or(0)
+            )));
+        }
+    };
+    hami_core(&VOLCANO_VGPU, count, amounts, who)
+}
+
+/// Koordinator's `gpu.shared` request (1.6+: deviceshare's
+/// `ValidDeviceResourceCombinationsGPUShared` and
+/// `calcDesiredRequestsAndCountForGPU`): `count` GPUs, with `gpu-core`,
+/// `gpu-memory` and `gpu-memory-ratio` the totals over them, divided evenly. A
+/// count of at least 1 and a memory name are required, and each percent must
+/// divide evenly into at most 100 per GPU, as Koordinator requires.
+fn koordinator_shared(
+    count: u64,
+    amounts: &BTreeMap<&'static str, u64>,
+    who: &str,
+) -> Result<Sums, RequestError> {
+    let err = |problem: String| RequestError::Container {
+        container: who.to_owned(),
+        problem,
+    };
+    let get = |key: &str| amounts.get(key).copied().unwrap_or(0);
+    if count == 0 {
+        return Err(err(format!(
+            "{GPU_SHARED_COUNT} 0: at least 1, the number of GPUs (Koordinator refuses 0 too)"
+        )));
+    }
+    if amounts.contains_key(GPU_SHARED) {
+        return Err(err(format!(
+            "{GPU_SHARED_COUNT} and {GPU_SHARED} cannot both be set (Koordinator refuses them together): with {GPU_SHARED_COUNT}, ask {GPU_CORE} and {GPU_MEMORY_RATIO}"
+        )));
+    }
+    if get(GPU_MEMORY) == 0 && get(GPU_MEMORY_RATIO) == 0 {
+        return Err(err(format!(
+            "{GPU_SHARED_COUNT} {count} asks for no GPU memory: add {GPU_MEMORY} or {GPU_MEMORY_RATIO}, the total over its GPUs (Koordinator refuses it without one too)"
+        )));
+    }
+    let per_gpu = |key: &str| -> Result<u64, RequestError> {
+        let total = get(key);
+        if total % count != 0 || total / count > 100 {
+            return Err(err(format!(
+                "{key} {total}: {GPU_SHARED_COUNT} {count} spreads it over {count} GPUs, so it must be a multiple of {count} and at most {}",
+                100 * count
+            )));
+        }
+        Ok(total / count)
+    };
+    Ok(Sums {
+        count,
+        core: per_gpu(GPU_CORE)?,
+        ratio: per_gpu(GPU_MEMORY_RATIO)?,
+        memory: get(GPU_MEMORY) / count,
+    })
 }
 
 fn to_request(sums: Sums, who: &str) -> Result<GpuRequest, RequestError> {

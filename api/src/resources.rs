@@ -8,8 +8,21 @@ pub const GPU_MEMORY: &str = "koordinator.sh/gpu-memory";
 pub const GPU_MEMORY_RATIO: &str = "koordinator.sh/gpu-memory-ratio";
 /// Shorthand for core + memory ratio.
 pub const GPU_SHARED: &str = "koordinator.sh/gpu";
+/// `koordinator.sh/gpu.shared` (Koordinator's `ResourceGPUShared`): how many GPUs a
+/// share is spread over; `gpu-core`, `gpu-memory` and `gpu-memory-ratio` are then
+/// totals, divided evenly among them.
+pub const GPU_SHARED_COUNT: &str = "koordinator.sh/gpu.shared";
 /// Whole GPUs, as the NVIDIA device plugin names them.
 pub const NVIDIA_GPU: &str = "nvidia.com/gpu";
+/// Koordinator's deprecated `kubernetes.io/` GPU names, each with the name that
+/// replaced it (`apis/extension/deprecated.go`). No `kubernetes.io/` resource is an
+/// extended resource, so kube-scheduler never hands one to an extender: refused.
+pub const DEPRECATED_GPU_NAMES: &[(&str, &str)] = &[
+    ("kubernetes.io/gpu", GPU_SHARED),
+    ("kubernetes.io/gpu-core", GPU_CORE),
+    ("kubernetes.io/gpu-memory", GPU_MEMORY),
+    ("kubernetes.io/gpu-memory-ratio", GPU_MEMORY_RATIO),
+];
 
 /// Pod annotation holding the scheduler's device allocation.
 pub const DEVICE_ALLOCATED: &str = "scheduling.koordinator.sh/device-allocated";

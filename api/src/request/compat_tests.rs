@@ -401,6 +401,151 @@ spec:
     check("Volcano", cases, &RequestOptions::default());
 }
 
+// === Volcano vGPU (volcano-sh/volcano@ed72c7c8 docs/user-guide/how_to_use_volcano_vgpu.md,
+// Project-HAMi/volcano-vgpu-device-plugin@4fb76ba1 README.md and examples/) ===
+//
+// Read as Volcano's `ExtractResourceRequest` (pkg/scheduler/api/devices/util.go) reads them.
+
+#[test]
+fn volcano_vgpu() {
+    let pod = |limits: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: gpu-pod}}\nspec:\n  schedulerName: volcano\n  containers:\n  - {{name: c, image: x, resources: {{limits: {limits}}}}}\n"
+        )
+    };
+    let cases: &[(&str, &str, Expected)] = &[
+        (
+            "HAMI-core Usage",
+            r#"
+metadata:
+  name: hami-pod
+  annotations:
+    volcano.sh/vgpu-mode: "hami-core"
+spec:
+  schedulerName: volcano
+  containers:
+  - name: cuda-container
+    image: nvidia/cuda:9.0-devel
+    resources:
+      limits:
+        volcano.sh/vgpu-number: 1    # requesting 1 gpu cards
+        volcano.sh/vgpu-cores: 50    # (optional)each vGPU uses 50%
+        volcano.sh/vgpu-memory: 3000 # (optional)each vGPU uses 3G GPU memory
+"#,
+            Ok(vec![gpus(1, 50, GpuMemory::Bytes(3000 * MIB))]),
+        ),
+        (
+            "GPU Exclusivity pod example",
+            r#"
+metadata:
+  name: training-job
+  labels:
+    workloadType: training
+spec:
+  schedulerName: volcano
+  containers:
+  - name: trainer
+    image: nvidia/cuda:12.0-base
+    resources:
+      limits:
+        volcano.sh/vgpu-number: "4"
+        volcano.sh/vgpu-memory: "16384"
+"#,
+            Ok(vec![gpus(4, 0, GpuMemory::Bytes(16384 * MIB))]),
+        ),
+        (
+            "examples/vgpu-case03.yml: a container without GPU between two",
+            r#"
+apiVersion: v1
+kind: Pod
+metadata:
+  name: gpu-pod12
+spec:
+  schedulerName: volcano
+  containers:
+    - name: ubuntu-container
+      image: ubuntu:18.04
+      command: ["bash", "-c", "sleep 86400"]
+      resources:
+        limits:
+          volcano.sh/vgpu-number: 2 # requesting 2 vGPUs
+          volcano.sh/vgpu-memory: 2000
+          #volcano.sh/vgpu-memory-percentage: 50 #Each vGPU containers 50% device memory of that GPU. Can not be used with nvidia.com/gpumem
+    - name: ubuntu-container0
+      image: ubuntu:18.04
+      command: ["bash", "-c", "sleep 86400"]
+    - name: ubuntu-container1
+      image: ubuntu:18.04
+      command: ["bash", "-c", "sleep 86400"]
+      resources:
+        limits:
+          volcano.sh/vgpu-number: 2 # requesting 2 vGPUs
+          volcano.sh/vgpu-memory: 3000
+"#,
+            Ok(vec![
+                gpus(2, 0, GpuMemory::Bytes(2000 * MIB)),
+                gpus(2, 0, GpuMemory::Bytes(3000 * MIB)),
+            ]),
+        ),
+        (
+            "vgpu-case03.yml's commented percentage",
+            &pod("{volcano.sh/vgpu-number: 2, volcano.sh/vgpu-memory-percentage: 50}"),
+            Ok(vec![gpus(2, 0, GpuMemory::Ratio(50))]),
+        ),
+        (
+            "no memory name: each GPU's whole memory (MemPercentagereq 100)",
+            &pod("{volcano.sh/vgpu-number: 1, volcano.sh/vgpu-cores: 30}"),
+            Ok(vec![gpus(1, 30, GpuMemory::Ratio(100))]),
+        ),
+        (
+            "memory alone: one vGPU (singledevice)",
+            &pod("{volcano.sh/vgpu-memory: 3000}"),
+            Ok(vec![gpus(1, 0, GpuMemory::Bytes(3000 * MIB))]),
+        ),
+        (
+            "cores alone: Volcano reads no request",
+            &pod("{volcano.sh/vgpu-cores: 50}"),
+            Err(
+                "container c: volcano.sh/vgpu-cores 50 alone asks Volcano for no vGPU (it reads one from volcano.sh/vgpu-number or volcano.sh/vgpu-memory): add volcano.sh/vgpu-number: 1",
+            ),
+        ),
+        (
+            "memory and percentage",
+            &pod(
+                "{volcano.sh/vgpu-number: 1, volcano.sh/vgpu-memory: 3000, volcano.sh/vgpu-memory-percentage: 50}",
+            ),
+            Err(
+                "container c: volcano.sh/vgpu-memory and volcano.sh/vgpu-memory-percentage cannot both be set: memory is either MiB or a percent of each GPU",
+            ),
+        ),
+        (
+            "cores above 100",
+            &pod("{volcano.sh/vgpu-number: 1, volcano.sh/vgpu-cores: 150}"),
+            Err("container c: volcano.sh/vgpu-cores 150: at most 100 (percent of one GPU)"),
+        ),
+        (
+            "with nvidia.com/gpu",
+            &pod("{volcano.sh/vgpu-memory: 3000, nvidia.com/gpu: 1}"),
+            Err(
+                "container c: volcano.sh/vgpu-memory cannot be combined with nvidia.com/gpu: one system's names per container; Volcano's vGPU names are volcano.sh/vgpu-number, volcano.sh/vgpu-memory or volcano.sh/vgpu-memory-percentage, and volcano.sh/vgpu-cores",
+            ),
+        ),
+        (
+            "with a koordinator share",
+            &pod("{volcano.sh/vgpu-number: 1, koordinator.sh/gpu-core: 50}"),
+            Err(
+                "container c: volcano.sh/vgpu-number cannot be combined with koordinator.sh/gpu-core: one system's names per container; Volcano's vGPU names are volcano.sh/vgpu-number, volcano.sh/vgpu-memory or volcano.sh/vgpu-memory-percentage, and volcano.sh/vgpu-cores",
+            ),
+        ),
+        (
+            "number 0 asks for nothing",
+            &pod("{volcano.sh/vgpu-number: 0}"),
+            Ok(vec![]),
+        ),
+    ];
+    check("Volcano vGPU", cases, &RequestOptions::default());
+}
+
 // === gpushare (gpushare-scheduler-extender docs/userguide.md) ===
 
 #[test]
@@ -597,6 +742,180 @@ spec:
         .expect("valid")
         .expect("asks for GPUs");
     assert!(request.selection.is_empty());
+}
+
+/// `koordinator.sh/gpu.shared` (koordinator-sh/koordinator@a7a1b76b: the deviceshare
+/// plugin's `ValidDeviceResourceCombinationsGPUShared` and
+/// `calcDesiredRequestsAndCountForGPU`; docs/proposals/scheduling/20230803-enhance-gpu-share-api.md):
+/// that many GPUs, the other names being totals over them.
+#[test]
+fn koordinator_gpu_shared() {
+    let pod = |limits: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: p}}\nspec:\n  schedulerName: koord-scheduler\n  containers:\n  - {{name: c, image: x, resources: {{limits: {limits}}}}}\n"
+        )
+    };
+    let cases: &[(&str, &str, Expected)] = &[
+        (
+            // koordinator-sh/website@5123f048 docs/user-manuals/device-scheduling-gpu-share-with-hami.md
+            "Use GPU Share With HAMi",
+            r#"
+apiVersion: v1
+kind: Pod
+metadata:
+  name: pod-example
+  namespace: default
+  labels:
+    koordinator.sh/gpu-isolation-provider: HAMi-core
+spec:
+  schedulerName: koord-scheduler
+  containers:
+  - command:
+    - sleep
+    - 365d
+    image: nvidia/cuda:11.8.0-base-ubuntu22.04
+    imagePullPolicy: IfNotPresent
+    name: curlimage
+    resources:
+      limits:
+        cpu: 4
+        memory: 2Gi
+        koordinator.sh/gpu.shared: 1
+        koordinator.sh/gpu-core: 50
+        koordinator.sh/gpu-memory-ratio: 50
+      requests:
+        cpu: 4
+        memory: 2Gi
+        koordinator.sh/gpu.shared: 1
+        koordinator.sh/gpu-core: 50
+        koordinator.sh/gpu-memory-ratio: 50
+"#,
+            Ok(vec![gpus(1, 50, GpuMemory::Ratio(50))]),
+        ),
+        (
+            "the proposal's example: 4Gi and 100 over 2 GPUs",
+            &pod(
+                "{koordinator.sh/gpu-memory: 4Gi, koordinator.sh/gpu-core: 100, koordinator.sh/gpu.shared: 2}",
+            ),
+            Ok(vec![gpus(2, 50, GpuMemory::Bytes(2 * GIB))]),
+        ),
+        (
+            "totals need not be whole GPUs",
+            &pod(
+                "{koordinator.sh/gpu.shared: 3, koordinator.sh/gpu-core: 150, koordinator.sh/gpu-memory-ratio: 150}",
+            ),
+            Ok(vec![gpus(3, 50, GpuMemory::Ratio(50))]),
+        ),
+        (
+            "gpu.shared alone",
+            &pod("{koordinator.sh/gpu.shared: 1}"),
+            Err(
+                "container c: koordinator.sh/gpu.shared 1 asks for no GPU memory: add koordinator.sh/gpu-memory or koordinator.sh/gpu-memory-ratio, the total over its GPUs (Koordinator refuses it without one too)",
+            ),
+        ),
+        (
+            "zero GPUs",
+            &pod("{koordinator.sh/gpu.shared: 0, koordinator.sh/gpu-memory-ratio: 50}"),
+            Err(
+                "container c: koordinator.sh/gpu.shared 0: at least 1, the number of GPUs (Koordinator refuses 0 too)",
+            ),
+        ),
+        (
+            "a total that does not divide",
+            &pod(
+                "{koordinator.sh/gpu.shared: 3, koordinator.sh/gpu-core: 100, koordinator.sh/gpu-memory-ratio: 150}",
+            ),
+            Err(
+                "container c: koordinator.sh/gpu-core 100: koordinator.sh/gpu.shared 3 spreads it over 3 GPUs, so it must be a multiple of 3 and at most 300",
+            ),
+        ),
+        (
+            "more than 100 per GPU",
+            &pod("{koordinator.sh/gpu.shared: 2, koordinator.sh/gpu-memory-ratio: 300}"),
+            Err(
+                "container c: koordinator.sh/gpu-memory-ratio 300: koordinator.sh/gpu.shared 2 spreads it over 2 GPUs, so it must be a multiple of 2 and at most 200",
+            ),
+        ),
+        (
+            "with koordinator.sh/gpu",
+            &pod("{koordinator.sh/gpu.shared: 1, koordinator.sh/gpu: 50}"),
+            Err(
+                "container c: koordinator.sh/gpu.shared and koordinator.sh/gpu cannot both be set (Koordinator refuses them together): with koordinator.sh/gpu.shared, ask koordinator.sh/gpu-core and koordinator.sh/gpu-memory-ratio",
+            ),
+        ),
+        (
+            "with nvidia.com/gpu",
+            &pod(
+                "{koordinator.sh/gpu.shared: 1, koordinator.sh/gpu-memory-ratio: 50, nvidia.com/gpu: 1}",
+            ),
+            Err(
+                "container c: nvidia.com/gpu cannot be combined with koordinator.sh/* GPU resources",
+            ),
+        ),
+    ];
+    check("Koordinator gpu.shared", cases, &RequestOptions::default());
+}
+
+/// Koordinator's deprecated `kubernetes.io/gpu*` names (koordinator-sh/koordinator@a7a1b76b
+/// apis/extension/deprecated.go) cannot reach the extender: kube-scheduler refuses a
+/// `kubernetes.io/` name in `managedResources`. Refused, naming the new name; the
+/// admission policy refuses them at creation with the same words.
+#[test]
+fn koordinator_deprecated_names() {
+    let cases: &[(&str, &str, Expected)] = &[
+        (
+            // koordinator-sh/website@5123f048 docs/user-manuals/fine-grained-device-scheduling.md
+            "apply pod",
+            r#"
+apiVersion: v1
+kind: Pod
+metadata:
+  name: pod-example
+  namespace: default
+spec:
+  schedulerName: koord-scheduler
+  containers:
+  - command:
+    - sleep
+    - 365d
+    image: busybox
+    imagePullPolicy: IfNotPresent
+    name: curlimage
+    resources:
+      limits:
+        cpu: 40m
+        memory: 40Mi
+      requests:
+        cpu: 40m
+        memory: 40Mi
+        kubernetes.io/gpu: "100"
+"#,
+            Err(
+                "container curlimage: kubernetes.io/gpu 100: Koordinator's deprecated name, which kube-scheduler never hands to an extender (no kubernetes.io/ resource is an extended resource): write koordinator.sh/gpu: 100 instead, with the same meaning",
+            ),
+        ),
+        (
+            "the same manual's gpu-core with gpu-memory",
+            r#"
+metadata: {name: p}
+spec:
+  initContainers:
+  - name: warmup
+    image: busybox
+    resources:
+      requests:
+        cpu: 40m
+        memory: 40Mi
+        kubernetes.io/gpu-core: "100"
+        kubernetes.io/gpu-memory: "16Mi"
+  containers: [{name: c, image: x}]
+"#,
+            Err(
+                "init container warmup: kubernetes.io/gpu-core 100: Koordinator's deprecated name, which kube-scheduler never hands to an extender (no kubernetes.io/ resource is an extended resource): write koordinator.sh/gpu-core: 100 instead, with the same meaning",
+            ),
+        ),
+    ];
+    check("Koordinator deprecated", cases, &RequestOptions::default());
 }
 
 /// A pod with annotations and no GPU resource asks for nothing: the annotations

@@ -25,5 +25,5 @@ The GPU resource names, besides koordinator.sh/gpu*, that tessera-scheduler mana
 a CEL list, for the admission policies.
 */}}
 {{- define "tessera.gpuResourceNames" -}}
-['nvidia.com/gpu', 'nvidia.com/gpumem', 'nvidia.com/gpumem-percentage', 'nvidia.com/gpucores', 'aliyun.com/gpu-mem', 'volcano.sh/gpu-memory', 'volcano.sh/gpu-number']
+['nvidia.com/gpu', 'nvidia.com/gpumem', 'nvidia.com/gpumem-percentage', 'nvidia.com/gpucores', 'aliyun.com/gpu-mem', 'volcano.sh/gpu-memory', 'volcano.sh/gpu-number', 'volcano.sh/vgpu-number', 'volcano.sh/vgpu-memory', 'volcano.sh/vgpu-memory-percentage', 'volcano.sh/vgpu-cores']
 {{- end }}
