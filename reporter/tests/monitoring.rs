@@ -13,6 +13,7 @@ fn reporter_samples() -> BTreeSet<String> {
     let metrics = ReporterMetrics::default();
     metrics.record_publish(PublishedObject::Device, PublishOutcome::Failed);
     metrics.record_xid("GPU-0", 79);
+    metrics.record_enforcement(&[]);
     metrics
         .events
         .get_or_create(&EventLabels {

@@ -392,6 +392,11 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
                     None
                 }
             };
+            // The serving certificate's expiry, as loaded: a metric, alerted 14 days ahead.
+            let tls_not_after = match &transport {
+                Transport::MutualTls(files) => Some(transport::certificate_not_after(&files.cert)?),
+                _ => None,
+            };
             let access = Arc::new(BindAccess {
                 bind_clients: bind_client_names,
                 peer: Some(peer_client_name).filter(|name| !name.is_empty()),
@@ -412,6 +417,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
                 ledger: Arc::clone(&ledger),
                 ready: Arc::clone(&view.ready),
                 leader: Arc::clone(&leader),
+                tls_not_after,
             }));
             // As the node daemons do: no metrics is no reason to stop placing pods.
             if let Some(addr) = metrics_listen.addr() {

@@ -165,6 +165,9 @@ pub struct SchedulerState {
     pub ready: Arc<AtomicBool>,
     /// Whether this replica leads.
     pub leader: Arc<Leader>,
+    /// When the serving certificate loaded at start expires (Unix seconds); `None`
+    /// without mutual TLS.
+    pub tls_not_after: Option<i64>,
 }
 
 /// Every metric tessera-scheduler exports.
@@ -346,7 +349,16 @@ impl Collector for StateCollector {
             ledger,
             ready,
             leader,
+            tls_not_after,
         } = &self.0;
+        if let Some(not_after) = tls_not_after {
+            gauge(
+                &mut encoder,
+                "tls_certificate_expiry_timestamp_seconds",
+                "When the extender's serving certificate (loaded at start) expires, in Unix seconds",
+                *not_after,
+            )?;
+        }
         gauge(
             &mut encoder,
             "cache_synced",
@@ -473,6 +485,7 @@ mod tests {
             ledger: Arc::new(Mutex::new(ledger())),
             ready: Arc::new(AtomicBool::new(false)),
             leader: Arc::new(Leader::new(true)),
+            tls_not_after: Some(1_900_000_000),
         };
         let metrics = SchedulerMetrics::new(state.clone());
         has(
@@ -487,6 +500,7 @@ mod tests {
                 "tessera_scheduler_node_gpu_memory_free_bytes{node=\"n1\"} 17179869184\n",
                 "tessera_scheduler_reservations{phase=\"in_flight\"} 0\n",
                 "tessera_scheduler_reservations{phase=\"assumed\"} 0\n",
+                "tessera_scheduler_tls_certificate_expiry_timestamp_seconds 1900000000\n",
             ],
         );
         state.ready.store(true, Ordering::SeqCst);

@@ -41,6 +41,22 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(1);
 /// limit); idle ones go after [`HANDSHAKE_TIMEOUT`], and the backlog moves on.
 pub const MAX_CONNECTIONS: usize = 512;
 
+/// When the first certificate of the PEM file `path` expires, in Unix seconds.
+pub fn certificate_not_after(path: &Path) -> Result<i64, TlsError> {
+    let certs = read_certs("--tls-cert-file", path)?;
+    let first = certs.first().ok_or_else(|| TlsError::Invalid {
+        flag: "--tls-cert-file",
+        path: path.to_path_buf(),
+        problem: "no certificate in the file".into(),
+    })?;
+    let (_, cert) = x509_parser::parse_x509_certificate(first).map_err(|e| TlsError::Invalid {
+        flag: "--tls-cert-file",
+        path: path.to_path_buf(),
+        problem: format!("not an X.509 certificate: {e}"),
+    })?;
+    Ok(cert.validity().not_after.timestamp())
+}
+
 /// kube-scheduler's identity in its client certificate, by default.
 pub const DEFAULT_BIND_CLIENT: &str = "tessera-kube-scheduler";
 
@@ -105,6 +121,16 @@ pub enum TlsError {
         /// Why rustls refused them.
         #[source]
         source: rustls::Error,
+    },
+    /// The certificate file holds something that is not a usable certificate.
+    #[error("{flag} {}: {problem}", path.display())]
+    Invalid {
+        /// The flag that named the file.
+        flag: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        problem: String,
     },
     /// rustls refused the protocol versions of its own provider (never expected).
     #[error("TLS protocol versions: {0}")]

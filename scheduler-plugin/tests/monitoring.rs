@@ -26,6 +26,7 @@ fn served() -> BTreeSet<String> {
     ledger.apply_device(&serde_json::from_value(device).expect("device"));
     let metrics = SchedulerMetrics::new(SchedulerState {
         ledger: Arc::new(Mutex::new(ledger)),
+        tls_not_after: Some(1_900_000_000),
         ..SchedulerState::default()
     });
     metrics.record_request(Verb::Bind, Duration::from_millis(1));
@@ -76,6 +77,10 @@ fn alerts_cover_a_scheduler_down_unsynced_leaderless_or_failing_binds() {
         (
             "TesseraSchedulerBindFailures",
             "tessera_scheduler_bind_errors_total{",
+        ),
+        (
+            "TesseraExtenderCertificateExpiring",
+            "tessera_scheduler_tls_certificate_expiry_timestamp_seconds{",
         ),
     ] {
         let expr = alert_expr(&text, alert).unwrap_or_else(|| panic!("no alert {alert}"));

@@ -57,6 +57,7 @@ async fn observed(
         ledger,
         ready: Arc::new(AtomicBool::new(true)),
         leader: Arc::new(Leader::new(true)),
+        tls_not_after: None,
     }));
     let addr = metrics
         .serve("127.0.0.1:0".parse().expect("addr"))

@@ -649,20 +649,22 @@ fn forged_annotation(cluster: &Cluster) -> String {
 
 /// A tenant cannot write the allocation annotation on create or update.
 async fn forged_on_create(cluster: &mut Cluster) -> anyhow::Result<()> {
-    let forged = forged_annotation(cluster);
-    let mut spec = pod("forged", &[("main", json!({}))], &[]);
-    spec["metadata"]["annotations"] = json!({ALLOCATED: forged});
-    match cluster.create_pod("tenant", &spec).await {
-        Err(e) => {
-            let text = format!("{e:#}");
-            ensure!(
-                text.contains("only tessera-scheduler"),
-                "refused, but not by the policy: {text}"
-            );
-        }
-        Ok(_) => {
-            cluster.delete_pod("forged").await?;
-            bail!("a tenant created a pod carrying {ALLOCATED}");
+    // A forged grant, and an empty annotation (a write of the key all the same).
+    for forged in [forged_annotation(cluster), String::new()] {
+        let mut spec = pod("forged", &[("main", json!({}))], &[]);
+        spec["metadata"]["annotations"] = json!({ALLOCATED: forged});
+        match cluster.create_pod("tenant", &spec).await {
+            Err(e) => {
+                let text = format!("{e:#}");
+                ensure!(
+                    text.contains("only tessera-scheduler"),
+                    "{forged:?}: refused, but not by the policy: {text}"
+                );
+            }
+            Ok(_) => {
+                cluster.delete_pod("forged").await?;
+                bail!("a tenant created a pod carrying {ALLOCATED}: {forged:?}");
+            }
         }
     }
     Ok(())

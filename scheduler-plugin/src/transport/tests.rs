@@ -115,3 +115,26 @@ fn identity_reads_cn_and_dns_sans() {
     );
     assert!(ClientIdentity::from_der(b"not a certificate").is_err());
 }
+
+#[test]
+fn the_serving_certificates_expiry_is_read() -> Result<(), Box<dyn std::error::Error>> {
+    let ca = crate::certs::CertificateAuthority::new("test-ca", 30)?;
+    let issued = ca.issue(
+        "tessera-scheduler",
+        &["tessera-scheduler".into()],
+        true,
+        false,
+    )?;
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("tls.crt");
+    std::fs::write(&path, &issued.cert)?;
+    let not_after = certificate_not_after(&path)?;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_secs();
+    let days = (not_after - i64::try_from(now)?) / 86_400;
+    assert!((0..=31).contains(&days), "{days} days left");
+    std::fs::write(&path, "not a certificate")?;
+    assert!(certificate_not_after(&path).is_err());
+    Ok(())
+}
