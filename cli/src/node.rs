@@ -306,6 +306,73 @@ async fn calls_rise(metrics: &str, more: u64, timeout: Duration) -> anyhow::Resu
     }
 }
 
+/// kubelet's device-manager checkpoint: its device-plugin directory is fixed
+/// (`pluginapi.DevicePluginPath`), whatever `--root-dir` says.
+pub const KUBELET_CHECKPOINT: &str = "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint";
+
+/// Before kubelet restarts onto the proxy: a device checkpoint that records no
+/// allocation is moved aside (to `….tessera-stale`), so kubelet starts with a fresh
+/// one. A node switched from HAMi or gpushare otherwise keeps the previous
+/// plugin's registered devices, and kubelet refuses `nvidia.com/gpu` pods ("no
+/// healthy devices") until their endpoint's grace period ends, minutes later. A
+/// checkpoint with allocations is kept: pods hold devices through it. Returns what
+/// was done, for the report.
+pub fn clear_stale_checkpoint(path: &Path) -> Option<String> {
+    let bytes = match std::fs::read(path) {
+        Ok(bytes) => bytes,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return None,
+        Err(error) => {
+            return Some(format!(
+                "kubelet's device checkpoint {} left as it is: {error}",
+                path.display()
+            ));
+        }
+    };
+    let checkpoint = match tessera_api::checkpoint::parse_checkpoint(&bytes) {
+        Ok(checkpoint) => checkpoint,
+        Err(error) => {
+            return Some(format!(
+                "kubelet's device checkpoint {} left as it is: not readable ({error})",
+                path.display()
+            ));
+        }
+    };
+    if !checkpoint.entries.is_empty() {
+        let mut pods: Vec<&str> = checkpoint
+            .entries
+            .iter()
+            .map(|e| e.pod_uid.as_str())
+            .collect();
+        pods.sort_unstable();
+        pods.dedup();
+        return Some(format!(
+            "kubelet's device checkpoint {} kept: pods {} hold devices through it",
+            path.display(),
+            pods.join(", ")
+        ));
+    }
+    if checkpoint.registered_devices.values().all(Vec::is_empty) {
+        return None;
+    }
+    let aside = path.with_extension("tessera-stale");
+    let resources: Vec<&str> = checkpoint
+        .registered_devices
+        .keys()
+        .map(String::as_str)
+        .collect();
+    Some(match std::fs::rename(path, &aside) {
+        Ok(()) => format!(
+            "moved kubelet's device checkpoint aside to {} (it registered devices of {} and no pod held any): kubelet starts with a fresh one",
+            aside.display(),
+            resources.join(", ")
+        ),
+        Err(error) => format!(
+            "kubelet's device checkpoint {} could not be moved aside ({error}); kubelet may refuse GPU pods until the previous plugin's devices expire",
+            path.display()
+        ),
+    })
+}
+
 impl Switch {
     /// Points kubelet at the proxy and proves it; see the module docs. On failure
     /// the node keeps its taint.
@@ -350,13 +417,16 @@ impl Switch {
                 self.node
             )
         };
+        let checkpoint = clear_stale_checkpoint(Path::new(KUBELET_CHECKPOINT))
+            .map(|done| format!("; {done}"))
+            .unwrap_or_default();
         restart(&self.restart_command).await.with_context(keeps)?;
         let calls = calls_rise(&self.metrics, 3, self.verify_timeout)
             .await
             .with_context(keeps)?;
         set_taint(nodes, &self.node, false).await?;
         Ok(format!(
-            "{wrote}; kubelet restarted and made {calls} calls through the proxy; taint {TAINT_KEY} removed from node {}",
+            "{wrote}{checkpoint}; kubelet restarted and made {calls} calls through the proxy; taint {TAINT_KEY} removed from node {}",
             self.node
         ))
     }
@@ -958,5 +1028,41 @@ mod tests {
             assert_eq!(forbidden(&error), want, "{code}");
         }
         assert!(!forbidden(&anyhow::anyhow!("timed out")));
+    }
+
+    #[test]
+    fn a_checkpoint_without_allocations_is_moved_aside_and_one_with_them_kept() -> anyhow::Result<()>
+    {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("kubelet_internal_checkpoint");
+        // No file: nothing to do.
+        assert_eq!(clear_stale_checkpoint(&path), None);
+        // HAMi's plugin registered its vGPU devices; no pod holds any.
+        std::fs::write(
+            &path,
+            r#"{"Data":{"PodDeviceEntries":null,"RegisteredDevices":{"nvidia.com/gpu":["GPU-a-0","GPU-a-1"]}},"Checksum":1}"#,
+        )?;
+        let done = clear_stale_checkpoint(&path).unwrap_or_default();
+        assert!(
+            done.contains("moved") && done.contains("nvidia.com/gpu"),
+            "{done}"
+        );
+        assert!(!path.exists() && path.with_extension("tessera-stale").exists());
+        // A real checkpoint of a pod holding a GPU: kept, naming the pod.
+        let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../shared/fixtures/kubelet-checkpoint/one-gpu-numa0.json");
+        std::fs::copy(&fixture, &path)?;
+        let done = clear_stale_checkpoint(&path).unwrap_or_default();
+        assert!(
+            done.contains("kept") && done.contains("hold devices"),
+            "{done}"
+        );
+        assert!(path.exists());
+        // Unreadable: left alone, said so.
+        std::fs::write(&path, "not json")?;
+        let done = clear_stale_checkpoint(&path).unwrap_or_default();
+        assert!(done.contains("left as it is"), "{done}");
+        assert!(path.exists());
+        Ok(())
     }
 }

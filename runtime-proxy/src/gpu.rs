@@ -9,15 +9,19 @@ use tessera_hooks::gpu::{BookEntry, NodeBook};
 use tessera_hooks::server::{ContainerHook, GpuHook};
 use tonic::Code;
 
+use crate::backend::Backend;
 use crate::convert;
 use crate::hook::{Hook, HookContext, HookRejection, LifecycleRequest};
 use crate::store::PodStore;
+use k8s_cri::v1 as cri;
+use tessera_hooks::gpu::GpuHookError;
 
 /// Runs the GPU rewrite at PreCreateContainer.
 #[derive(Debug, Clone)]
 pub struct EmbeddedGpuHook {
     hook: Arc<GpuHook>,
     store: Option<Arc<PodStore>>,
+    runtime: Option<Backend>,
 }
 
 impl EmbeddedGpuHook {
@@ -26,15 +30,57 @@ impl EmbeddedGpuHook {
         Self {
             hook: Arc::new(hook),
             store: None,
+            runtime: None,
         }
     }
 
     /// Checks every GPU grant against the node's live pods in `store` (the
     /// proxy's): a GPU another pod holds, through Tessera or a device plugin, is
     /// never given again.
-    pub fn with_store(mut self, store: Arc<PodStore>) -> Self {
+    pub fn with_store(mut self, store: Arc<PodStore>, runtime: Backend) -> Self {
         self.store = Some(store);
+        self.runtime = Some(runtime);
         self
+    }
+
+    /// Brings the store in line with the runtime's sandboxes, before a refusal
+    /// that names another pod: the proxy may have missed its removal.
+    async fn reconcile(&self) -> bool {
+        let (Some(store), Some(runtime)) = (&self.store, &self.runtime) else {
+            return false;
+        };
+        let listed: Result<cri::ListPodSandboxResponse, _> = runtime
+            .unary(
+                "/runtime.v1.RuntimeService/ListPodSandbox",
+                &cri::ListPodSandboxRequest::default(),
+            )
+            .await;
+        match listed {
+            Ok(listed) => {
+                store.reconcile(&listed.items);
+                true
+            }
+            Err(error) => {
+                tracing::warn!(error = %error.message, "listing the runtime's sandboxes to confirm a refusal failed");
+                false
+            }
+        }
+    }
+}
+
+impl EmbeddedGpuHook {
+    /// The rewrite with the node probed (NVML, /dev, /proc: off the async thread),
+    /// checked against the store's book.
+    async fn probed(
+        &self,
+        view: tessera_protos::hook::v1::ContainerHookRequest,
+    ) -> Result<Result<tessera_protos::hook::v1::ContainerHookResponse, GpuHookError>, HookRejection>
+    {
+        let hook = Arc::clone(&self.hook);
+        let book = self.store.as_deref().map(node_book);
+        tokio::task::spawn_blocking(move || hook.pre_container_in(&view, book))
+            .await
+            .map_err(|e| HookRejection::new(Code::Internal, format!("GPU hook task failed: {e}")))
     }
 }
 
@@ -82,14 +128,12 @@ impl Hook for EmbeddedGpuHook {
         }
         let view = convert::container_request(ctx, request);
         let edit = if self.hook.needs_probe(&view) {
-            let hook = Arc::clone(&self.hook);
-            let book = self.store.as_deref().map(node_book);
-            // The node probe reads NVML, /dev and /proc: off the async thread.
-            tokio::task::spawn_blocking(move || hook.pre_container_in(&view, book))
-                .await
-                .map_err(|e| {
-                    HookRejection::new(Code::Internal, format!("GPU hook task failed: {e}"))
-                })?
+            let mut edit = self.probed(view.clone()).await?;
+            // A GPU held by another pod: confirm that pod is still there first.
+            if matches!(edit, Err(GpuHookError::Taken { .. })) && self.reconcile().await {
+                edit = self.probed(view).await?;
+            }
+            edit
         } else {
             self.hook.pre_container(&view)
         };

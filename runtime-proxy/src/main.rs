@@ -68,7 +68,10 @@ async fn run(config: Config) -> anyhow::Result<()> {
                 hook_config,
                 Arc::clone(&probe) as Arc<dyn tessera_hooks::probe::DeviceProbe>,
             ))
-            .with_store(Arc::clone(&store)),
+            .with_store(
+                Arc::clone(&store),
+                Backend::new(&config.runtime_endpoint, Arc::clone(&metrics)),
+            ),
         ));
         hooks.push(Arc::new(EnforceHook::new(
             enforcement,

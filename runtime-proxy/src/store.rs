@@ -176,6 +176,31 @@ impl PodStore {
         }
     }
 
+    /// Makes the pods match the runtime's listing of every sandbox: a pod the
+    /// runtime no longer has is forgotten (kubelet may have removed it without the
+    /// proxy, e.g. while switched back to the runtime), and each sandbox's state is
+    /// taken from the listing. Containers of forgotten pods go with them.
+    pub fn reconcile(&self, sandboxes: &[cri::PodSandbox]) {
+        let mut inner = self.write();
+        let listed: std::collections::HashSet<&str> =
+            sandboxes.iter().map(|s| s.id.as_str()).collect();
+        inner.pods.retain(|id, _| listed.contains(id.as_str()));
+        let pods: std::collections::HashSet<String> = inner.pods.keys().cloned().collect();
+        inner
+            .containers
+            .retain(|_, container| pods.contains(&container.sandbox_id));
+        inner.stopped.clear();
+        for sandbox in sandboxes {
+            inner
+                .pods
+                .entry(sandbox.id.clone())
+                .or_insert_with(|| Arc::new(PodInfo::from_sandbox(sandbox)));
+            if sandbox.state != cri::PodSandboxState::SandboxReady as i32 {
+                inner.stopped.insert(sandbox.id.clone());
+            }
+        }
+    }
+
     /// Numbers of pods and containers known.
     pub fn len(&self) -> (usize, usize) {
         let inner = self.read();
@@ -254,6 +279,13 @@ mod tests {
         assert!(store.live_pods().is_empty());
         store.insert_pod(PodInfo::from_sandbox(&sandbox("s1", "p1")));
         assert_eq!(store.live_pods().len(), 1, "a sandbox run again is live");
+
+        // The runtime lists s1 only: s2, removed behind the proxy's back, is forgotten.
+        let s1 = sandbox("s1", "p1");
+        store.reconcile(std::slice::from_ref(&s1));
+        assert_eq!(store.len(), (1, 1));
+        assert_eq!(store.live_pods().len(), 1);
+        store.load(&[sandbox("s2", "p2")], &[container("c2", "s2")]);
 
         store.remove_container("c1");
         assert!(store.container("c1").is_none());

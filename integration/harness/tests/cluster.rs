@@ -1372,6 +1372,13 @@ async fn switch_over(cluster: &mut Cluster) -> anyhow::Result<()> {
         tainted,
         "the node was never tainted while switching: {output}"
     );
+    // NVIDIA's plugin registered devices in kubelet's checkpoint: moved aside when
+    // no pod holds any (a previous plugin's would make kubelet refuse GPU pods), kept
+    // otherwise; either way the report says which.
+    ensure!(
+        output.contains("kubelet's device checkpoint"),
+        "switch-over said nothing of kubelet's device checkpoint: {output}"
+    );
     ensure!(
         endpoint(cluster)? == proxy && backup.is_file(),
         "after switch-over kubelet's config names {:?} (backup there: {}): {output}",
