@@ -934,13 +934,18 @@ fn held_by_a_device_plugin(
 }
 
 /// Whether a container could see a GPU without a GPU hook's rewrite: its pod has
-/// an allocation, its env asks for GPUs, it names an NVIDIA CDI device or a GPU
-/// device node (by either path), or it is privileged (every device node).
-pub fn could_see_gpus(container: &ContainerHookRequest, config: &GpuHookConfig) -> bool {
+/// an allocation, its env asks for GPUs, or it names an NVIDIA CDI device or a GPU
+/// device node (by either path). A privileged container sees every device node:
+/// it counts where `node_has_gpus` (a node without GPUs has none to show).
+pub fn could_see_gpus(
+    container: &ContainerHookRequest,
+    config: &GpuHookConfig,
+    node_has_gpus: bool,
+) -> bool {
     allocation_of(container).is_some()
         || requested_gpus(container).is_some()
         || asks_for_nvidia_cdi(container, config)
-        || container.privileged
+        || (container.privileged && node_has_gpus)
         || container
             .devices
             .iter()

@@ -15,7 +15,9 @@ use crate::convert;
 use crate::dispatch::{FailurePolicy, HookRegistry, StageKind};
 use crate::hook::{Hook, HookContext, HookRejection, LifecycleRequest, Method};
 
-/// Refuses GPU containers while the external GPU hook is not registered.
+/// Refuses GPU containers while the external GPU hook is not registered. A
+/// privileged container counts only on a node with GPU device nodes under
+/// `config.device_root` (`/dev`).
 #[derive(Debug)]
 pub struct ExternalGpuHookGuard {
     registry: Arc<HookRegistry>,
@@ -60,7 +62,24 @@ impl Hook for ExternalGpuHookGuard {
             return Ok(());
         }
         let view = convert::container_request(ctx, request);
-        if !could_see_gpus(&view, &self.config) {
+        // Whether the node has GPU device nodes decides only for a privileged
+        // container: read then, off the async threads.
+        let node_has_gpus = if view.privileged {
+            let root = self.config.device_root.clone();
+            tokio::task::spawn_blocking(move || {
+                tessera_hooks::probe::device_nodes(&root)
+                    .iter()
+                    .any(|name| {
+                        name.strip_prefix("nvidia")
+                            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+                    })
+            })
+            .await
+            .unwrap_or(true)
+        } else {
+            false
+        };
+        if !could_see_gpus(&view, &self.config, node_has_gpus) {
             return Ok(());
         }
         Err(HookRejection::new(

@@ -1317,6 +1317,20 @@ impl Cluster {
         }
     }
 
+    /// Sets label `key=value` on namespace `name`, as an admin.
+    pub async fn label_namespace(&self, name: &str, key: &str, value: &str) -> anyhow::Result<()> {
+        let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(self.client().await?);
+        namespaces
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"labels": {key: value}}})),
+            )
+            .await
+            .with_context(|| format!("labelling namespace {name} {key}={value}"))?;
+        Ok(())
+    }
+
     /// Waits until `pred` holds for pod `default/name` (`timeout`), returning it.
     pub async fn wait_pod(
         &mut self,

@@ -113,6 +113,9 @@ fn scenarios() -> Vec<(&'static str, Scenario)> {
             "pods_naming_koordinator_volcano_kubeshare_or_hami_schedulers_are_placed",
             |c| Box::pin(integrity::other_systems_scheduler_names_are_served(c)),
         ),
+        ("tenant_host_paths_to_node_files_are_refused", |c| {
+            Box::pin(integrity::tenant_host_paths_to_node_files_are_refused(c))
+        }),
         (
             "device_plugin_bypass_by_node_name_never_gets_a_shared_gpu",
             |c| Box::pin(integrity::device_plugin_bypass_never_gets_a_shared_gpu(c)),
@@ -162,6 +165,7 @@ fn scenarios() -> Vec<(&'static str, Scenario)> {
 const ON_CHART: &[&str] = &[
     "fractional_pods_get_exactly_their_grant",
     "pods_naming_koordinator_volcano_kubeshare_or_hami_schedulers_are_placed",
+    "tenant_host_paths_to_node_files_are_refused",
     "unfit_pod_stays_pending_with_the_extenders_reason",
     "annotation_written_by_a_tenant_is_refused",
     "annotation_forged_on_any_write_path_never_yields_a_gpu",
@@ -1072,6 +1076,11 @@ async fn device_plugin_pod(cluster: &mut Cluster) -> anyhow::Result<()> {
     const NAME: &str = "nvidia-device-plugin";
     const CONTAINER: &str = "nvidia-device-plugin-ctr";
     cluster.create_namespace(AGENTS_NAMESPACE).await?;
+    // The plugin mounts kubelet's device-plugin directory: its namespace is labelled
+    // a node agents' one, as the chart's docs tell operators to.
+    cluster
+        .label_namespace(AGENTS_NAMESPACE, "tessera.io/node-agents", "true")
+        .await?;
     // The pod takes over from the plugin the harness ran as a process.
     cluster.stop(Component::DevicePlugin)?;
     let spec = cluster.device_plugin_pod(AGENTS_NAMESPACE, NAME);

@@ -123,3 +123,53 @@ pub async fn other_systems_scheduler_names_are_served(cluster: &mut Cluster) -> 
     }
     Ok(())
 }
+
+/// A tenant cannot mount the node files the GPU promise rests on: kubelet's
+/// device checkpoint (which the GPU hook trusts for device-plugin grants),
+/// Tessera's node directories, the CDI specs of enforcement hooks, or a directory
+/// above one of them. Another hostPath is not the policy's business.
+pub async fn tenant_host_paths_to_node_files_are_refused(
+    cluster: &mut Cluster,
+) -> anyhow::Result<()> {
+    let with_host_path = |name: &str, path: &str| {
+        let mut spec = pod(name, &[("main", json!({}))], &[]);
+        spec["spec"]["volumes"] = json!([{"name": "host", "hostPath": {"path": path}}]);
+        spec["spec"]["containers"][0]["volumeMounts"] =
+            json!([{"name": "host", "mountPath": "/host"}]);
+        spec
+    };
+    for path in [
+        "/var/lib/kubelet/device-plugins",
+        "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint",
+        "/var/lib/kubelet",
+        "/var/lib/kubelet/",
+        "/",
+        "/etc/tessera",
+        "/run",
+        "/var/run/cdi",
+        // ("/tmp/../var/lib/kubelet" the API server itself refuses: no `..` in a hostPath.)
+    ] {
+        match cluster
+            .create_pod("tenant", &with_host_path("node-files", path))
+            .await
+        {
+            Ok(_) => {
+                cluster.delete_pod("node-files").await?;
+                anyhow::bail!("a tenant created a pod mounting hostPath {path}");
+            }
+            Err(e) => {
+                let text = format!("{e:#}");
+                ensure!(
+                    text.contains("reaches node files Tessera relies on"),
+                    "hostPath {path}: refused, but not by the policy: {text}"
+                );
+            }
+        }
+    }
+    // Elsewhere, the policy has nothing to say (Pod Security decides).
+    cluster
+        .create_pod("tenant", &with_host_path("other-files", "/srv/data"))
+        .await?;
+    cluster.delete_pod("other-files").await?;
+    Ok(())
+}
