@@ -680,11 +680,15 @@ fn privileged_refusal(
 /// Whether the node has a GPU a container could reach: one in its inventory,
 /// or a `/dev/nvidia<N>` node under the device root.
 fn has_gpus(node: &NodeDevices) -> bool {
-    node.gpus.as_ref().is_some_and(|gpus| !gpus.is_empty())
-        || node
-            .nodes
-            .iter()
-            .any(|name| is_gpu_node(&format!("/dev/{name}")))
+    node.gpus.as_ref().is_some_and(|gpus| !gpus.is_empty()) || has_gpu_nodes(&node.nodes)
+}
+
+/// Whether device node names (as [`crate::probe::device_nodes`] lists them, relative
+/// to the device root) include a GPU's (`nvidiaN`).
+pub fn has_gpu_nodes(nodes: &BTreeSet<String>) -> bool {
+    nodes
+        .iter()
+        .any(|name| is_gpu_node(&format!("/dev/{name}")))
 }
 
 /// What about an unallocated container asks for GPUs, for a privileged one: its
@@ -785,38 +789,30 @@ fn unallocated(
         .as_ref()
         .map(|c| c.name.as_str())
         .unwrap_or_default();
-    shared_by_tessera(node, uid, pod, name)?;
     // NVIDIA CDI devices reach the runtime whatever the env says: each must be one a
     // device plugin gave this container (`deviceListStrategy: cdi-cri`).
-    if nvidia_cdi_names(container, config).next().is_some() {
-        if let PluginGrants::Unreadable(reason) = &node.plugin_grants {
+    let cdi = asks_for_nvidia_cdi(container, config);
+    let value = requested_gpus(container);
+    if let PluginGrants::Unreadable(reason) = &node.plugin_grants {
+        if cdi || value.is_some() {
             return Err(GpuHookError::Checkpoint {
                 pod: pod.to_owned(),
                 container: name.to_owned(),
-                value: "NVIDIA CDI devices".to_owned(),
+                value: value.unwrap_or("NVIDIA CDI devices").to_owned(),
                 reason: reason.clone(),
             });
         }
-        unbacked_cdi(
-            container,
-            node.plugin_grants.of_container(uid, name).as_ref(),
-            config,
-            &mut edit,
-        );
     }
-    let Some(value) = requested_gpus(container) else {
+    let grant = node.plugin_grants.of_container(uid, name);
+    shared_by_tessera(node.book.as_ref(), grant.as_ref(), uid, pod, name)?;
+    if cdi {
+        unbacked_cdi(container, grant.as_ref(), config, &mut edit);
+    }
+    let Some(value) = value else {
         device_env(container, void, None, &mut edit);
         return Ok(edit);
     };
-    if let PluginGrants::Unreadable(reason) = &node.plugin_grants {
-        return Err(GpuHookError::Checkpoint {
-            pod: pod.to_owned(),
-            container: name.to_owned(),
-            value: value.to_owned(),
-            reason: reason.clone(),
-        });
-    }
-    match node.plugin_grants.of_container(uid, name) {
+    match grant {
         Some(grant) if grant.allows(value) => device_env(container, value, Some(&grant), &mut edit),
         Some(grant) => {
             return Err(GpuHookError::EnvConflict {
@@ -866,15 +862,13 @@ fn nvidia_cdi_names<'a>(
 /// with `spec.nodeName` never meets the scheduler), and the plugin knows nothing
 /// of Tessera's shares.
 fn shared_by_tessera(
-    node: &NodeDevices,
+    book: Option<&NodeBook>,
+    grant: Option<&Grant<'_>>,
     uid: &str,
     pod: &str,
     container: &str,
 ) -> Result<(), GpuHookError> {
-    let Some(book) = &node.book else {
-        return Ok(());
-    };
-    let Some(grant) = node.plugin_grants.of_container(uid, container) else {
+    let (Some(book), Some(grant)) = (book, grant) else {
         return Ok(());
     };
     for id in grant.describe() {

@@ -73,7 +73,7 @@ impl EmbeddedGpuHook {
     /// checked against the store's book.
     async fn probed(
         &self,
-        view: tessera_protos::hook::v1::ContainerHookRequest,
+        view: Arc<tessera_protos::hook::v1::ContainerHookRequest>,
     ) -> Result<Result<tessera_protos::hook::v1::ContainerHookResponse, GpuHookError>, HookRejection>
     {
         let hook = Arc::clone(&self.hook);
@@ -128,7 +128,8 @@ impl Hook for EmbeddedGpuHook {
         }
         let view = convert::container_request(ctx, request);
         let edit = if self.hook.needs_probe(&view) {
-            let mut edit = self.probed(view.clone()).await?;
+            let view = Arc::new(view);
+            let mut edit = self.probed(Arc::clone(&view)).await?;
             // A GPU held by another pod: confirm that pod is still there first.
             if matches!(edit, Err(GpuHookError::Taken { .. })) && self.reconcile().await {
                 edit = self.probed(view).await?;

@@ -58,8 +58,10 @@ async fn run(config: Config) -> anyhow::Result<()> {
     let store = Arc::new(PodStore::default());
     if let Some(gpu) = &config.gpu_hook {
         let probe = Arc::new(gpu.probe());
+        // The hooks' own calls to the runtime (its CDI settings, its sandboxes): one
+        // backend, apart from the proxy's forwarding.
         let runtime = Backend::new(&config.runtime_endpoint, Arc::clone(&metrics));
-        let (enforcement, driver) = enforcement::node(gpu, Arc::new(runtime))?;
+        let (enforcement, driver) = enforcement::node(gpu, Arc::new(runtime.clone()))?;
         let mut hook_config = gpu.config();
         hook_config.enforcement = enforcement.clone();
         tracing::info!(config = ?hook_config, "embedded GPU hook on");
@@ -68,10 +70,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
                 hook_config,
                 Arc::clone(&probe) as Arc<dyn tessera_hooks::probe::DeviceProbe>,
             ))
-            .with_store(
-                Arc::clone(&store),
-                Backend::new(&config.runtime_endpoint, Arc::clone(&metrics)),
-            ),
+            .with_store(Arc::clone(&store), runtime),
         ));
         hooks.push(Arc::new(EnforceHook::new(
             enforcement,

@@ -76,6 +76,15 @@ struct Inner {
     stopped: std::collections::HashSet<String>,
 }
 
+impl Inner {
+    /// Records whether a listed sandbox is stopped (anything but READY).
+    fn note_state(&mut self, sandbox: &cri::PodSandbox) {
+        if sandbox.state != cri::PodSandboxState::SandboxReady as i32 {
+            self.stopped.insert(sandbox.id.clone());
+        }
+    }
+}
+
 /// Maps sandbox IDs to pods and container IDs to containers.
 ///
 /// The lock is a std `RwLock` held only for map operations, never across an await.
@@ -165,9 +174,7 @@ impl PodStore {
             inner
                 .pods
                 .insert(sandbox.id.clone(), Arc::new(PodInfo::from_sandbox(sandbox)));
-            if sandbox.state != cri::PodSandboxState::SandboxReady as i32 {
-                inner.stopped.insert(sandbox.id.clone());
-            }
+            inner.note_state(sandbox);
         }
         for container in containers {
             inner
@@ -195,9 +202,7 @@ impl PodStore {
                 .pods
                 .entry(sandbox.id.clone())
                 .or_insert_with(|| Arc::new(PodInfo::from_sandbox(sandbox)));
-            if sandbox.state != cri::PodSandboxState::SandboxReady as i32 {
-                inner.stopped.insert(sandbox.id.clone());
-            }
+            inner.note_state(sandbox);
         }
     }
 

@@ -3,20 +3,10 @@
 use std::time::Duration;
 
 use anyhow::ensure;
-use k8s_openapi::api::core::v1::Pod;
 use serde_json::json;
 use tessera_harness::cluster::{Cluster, NODE_NAME, allocated_gpus, probe_pod as pod};
 
-/// The messages of the pod's waiting containers.
-fn waiting(pod: &Pod) -> Vec<String> {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.container_statuses.as_ref())
-        .into_iter()
-        .flatten()
-        .filter_map(|c| c.state.as_ref()?.waiting.as_ref()?.message.clone())
-        .collect()
-}
+use super::waiting_messages;
 
 /// The device-plugin bypass: with every GPU holding a Tessera share, a tenant's
 /// pod that names the node itself (`spec.nodeName`, so it never meets the
@@ -50,10 +40,14 @@ pub async fn device_plugin_bypass_never_gets_a_shared_gpu(
             "bypass",
             Duration::from_secs(60),
             "its container refused for a GPU already held",
-            |p| waiting(p).iter().any(|m| m.contains("already held by")),
+            |p| {
+                waiting_messages(p)
+                    .iter()
+                    .any(|m| m.contains("already held by"))
+            },
         )
         .await?;
-    let message = waiting(&refused).join(" | ");
+    let message = waiting_messages(&refused).join(" | ");
     ensure!(
         shares.iter().any(|s| message.contains(s.as_str())),
         "bypass: the refusal does not name the Tessera pod holding the GPU: {message}"
