@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use tessera_hooks::gpu::{GpuHookConfig, could_see_gpus};
+use tessera_hooks::gpu::{GpuHookConfig, could_see_gpus, has_gpu_nodes};
 use tonic::Code;
 
 use crate::convert;
@@ -67,12 +67,7 @@ impl Hook for ExternalGpuHookGuard {
         let node_has_gpus = if view.privileged {
             let root = self.config.device_root.clone();
             tokio::task::spawn_blocking(move || {
-                tessera_hooks::probe::device_nodes(&root)
-                    .iter()
-                    .any(|name| {
-                        name.strip_prefix("nvidia")
-                            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
-                    })
+                has_gpu_nodes(&tessera_hooks::probe::device_nodes(&root))
             })
             .await
             .unwrap_or(true)
