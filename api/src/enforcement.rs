@@ -22,6 +22,10 @@ pub enum Backend {
     /// The driver's per-cgroup memory limits (NVML ≥ r615): memory only, enforced by
     /// the kernel driver for every process of the container's cgroup.
     DriverMemory,
+    /// NVIDIA's Multi-Process Service, v3 namespaces (driver ≥ r615): memory and
+    /// compute, enforced by the MPS server for every client of the container's own
+    /// namespace, on GPUs in exclusive-process mode so no process bypasses it.
+    Mps,
     /// HAMi-core (`libvgpu.so`, supplied by the operator) preloaded through
     /// `/etc/ld.so.preload`: memory and compute, enforced inside the container's
     /// processes, so cooperative against a process that avoids the loader.
@@ -30,12 +34,13 @@ pub enum Backend {
 
 impl Backend {
     /// Every backend, strongest first.
-    pub const ALL: [Backend; 2] = [Backend::DriverMemory, Backend::HamiCore];
+    pub const ALL: [Backend; 3] = [Backend::DriverMemory, Backend::Mps, Backend::HamiCore];
 
     /// Its name in flags, annotations, metrics and the Device CR.
     pub fn as_str(self) -> &'static str {
         match self {
             Backend::DriverMemory => "driver-memory",
+            Backend::Mps => "mps",
             Backend::HamiCore => "hami-core",
         }
     }
@@ -47,7 +52,7 @@ impl Backend {
                 memory: true,
                 compute: false,
             },
-            Backend::HamiCore => Holds {
+            Backend::Mps | Backend::HamiCore => Holds {
                 memory: true,
                 compute: true,
             },
@@ -63,7 +68,7 @@ impl fmt::Display for Backend {
 
 /// A backend name that is not one.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown enforcement backend {0:?}: expected driver-memory or hami-core")]
+#[error("unknown enforcement backend {0:?}: expected driver-memory, mps or hami-core")]
 pub struct UnknownBackend(pub String);
 
 impl FromStr for Backend {
@@ -167,7 +172,12 @@ mod tests {
         assert_eq!(parse_joined("hami-core+driver-memory"), Ok(both.to_vec()));
         assert_eq!(parse_joined("none"), Ok(Vec::new()));
         assert_eq!(joined(&[]), "none");
-        assert!(parse_joined("driver-memory+mps").is_err());
+        assert!(parse_joined("driver-memory+gemini").is_err());
+        assert_eq!(
+            parse_joined("hami-core+mps+driver-memory"),
+            Ok(Backend::ALL.to_vec())
+        );
+        assert_eq!(Holds::of(&[Backend::Mps]).labels().len(), 2);
         assert_eq!(
             Holds::of(&[Backend::DriverMemory]).labels(),
             BTreeMap::from([(LABEL_ENFORCE_MEMORY.to_owned(), "true".to_owned())])

@@ -5,6 +5,9 @@
 //!   `nvmlDeviceSetMemoryLimits_v1`), set as root on the container's own cgroup
 //!   before its first process runs, and read back.
 //! - [`cgroup`]: the container's cgroup v2 directory, from its init process.
+//! - [`mps`]: NVIDIA's Multi-Process Service v3: a namespace per shared
+//!   container, holding its compute share, on GPUs in exclusive-process mode;
+//!   [`compute`] sets the mode.
 //! - [`apply_memory_limits`]: the rule both use: set every GPU's hard limit, read
 //!   each back, and fail unless the driver holds exactly the grant.
 //!
@@ -16,6 +19,8 @@ use std::path::Path;
 
 pub mod cdi;
 pub mod cgroup;
+pub mod compute;
+pub mod mps;
 pub mod nvml;
 
 pub use tessera_api::enforcement::{Backend, Holds, UnknownBackend, joined};

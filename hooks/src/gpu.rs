@@ -78,7 +78,7 @@ use tessera_protos::hook::v1::{
 
 pub mod enforce;
 pub mod trust;
-pub use enforce::{Enforcement, HamiCoreFiles, shared_memory_limits};
+pub use enforce::{Enforcement, HamiCoreFiles, SharedLimits, shared_limits};
 pub use trust::{PrivilegedPolicy, PrivilegedReason, TrustedGpuAgent, TrustedGpuAgentError};
 
 /// Container annotations through which a device plugin asks containerd for CDI devices.
@@ -1223,17 +1223,9 @@ fn limiter_env(
             ));
         }
     }
-    // No compute share (a memory-only request) means no compute limit.
-    if let Some(core) = gpus
-        .iter()
-        .filter_map(|g| g.allocation.gpu_core())
-        .max()
-        .filter(|core| *core > 0)
-    {
-        // KubeShare's burst ceiling: the request is booked, compute capped at the limit.
-        let ceiling = kubeshare_ceiling(container).filter(|c| *c > core && gpus.len() == 1);
-        edit.set_envs
-            .push(kv(SM_LIMIT, ceiling.unwrap_or(core).to_string()));
+    let annotations = container.pod.as_ref().map(|p| &p.annotations);
+    if let Some(percent) = compute_percent(gpus, annotations) {
+        edit.set_envs.push(kv(SM_LIMIT, percent.to_string()));
     }
     // A limit env removed above and set again is a replacement, not a removal.
     let set: BTreeMap<&str, ()> = edit.set_envs.iter().map(|e| (e.key.as_str(), ())).collect();
@@ -1246,11 +1238,30 @@ fn limiter_env(
 const KUBESHARE_REQUEST: &str = "lsalab.nthu/gpu_request";
 const KUBESHARE_LIMIT: &str = "lsalab.nthu/gpu_limit";
 
+/// The compute a shared container may use, in percent of each GPU: its core
+/// share, or KubeShare's burst ceiling above it (the request is booked, compute
+/// capped at the limit). `None` for a memory-only share: no compute limit.
+pub(crate) fn compute_percent<S: std::hash::BuildHasher>(
+    gpus: &[ResolvedGpu<'_>],
+    pod_annotations: Option<&std::collections::HashMap<String, String, S>>,
+) -> Option<u64> {
+    let core = gpus
+        .iter()
+        .filter_map(|g| g.allocation.gpu_core())
+        .max()
+        .filter(|core| *core > 0)?;
+    let ceiling = pod_annotations
+        .and_then(kubeshare_ceiling)
+        .filter(|c| *c > core && gpus.len() == 1);
+    Some(ceiling.unwrap_or(core))
+}
+
 /// The compute ceiling in percent of a KubeShare pod (`lsalab.nthu/gpu_limit`,
 /// a fraction of one GPU, with `lsalab.nthu/gpu_request` beside it), when the
 /// value is one; the admission policy refuses pods whose value is not.
-fn kubeshare_ceiling(container: &ContainerHookRequest) -> Option<u64> {
-    let annotations = &container.pod.as_ref()?.annotations;
+fn kubeshare_ceiling<S: std::hash::BuildHasher>(
+    annotations: &std::collections::HashMap<String, String, S>,
+) -> Option<u64> {
     annotations.get(KUBESHARE_REQUEST)?;
     let limit: f64 = annotations.get(KUBESHARE_LIMIT)?.trim().parse().ok()?;
     (limit > 0.0 && limit <= 1.0).then(|| (limit * 100.0).round() as u64)

@@ -21,7 +21,7 @@ use tessera_api::DeviceAllocations;
 use tessera_api::resources::DEVICE_ALLOCATED;
 use tessera_enforce::MemoryLimit;
 use tessera_enforce::cdi::{self, HookCommand};
-use tessera_hooks::gpu::{Enforcement, NodeDevices, shared_memory_limits};
+use tessera_hooks::gpu::{Enforcement, NodeDevices, SharedLimits, shared_limits};
 use tessera_hooks::probe::DeviceProbe;
 use tokio::sync::OnceCell;
 use tonic::Code;

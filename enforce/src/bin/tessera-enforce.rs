@@ -1,7 +1,11 @@
-//! `tessera-enforce`: the OCI hook that puts a shared container's GPU memory
-//! limits in force before its first process runs. The runtime runs it from the
-//! CDI spec tessera-runtime-proxy writes (see `tessera_enforce::cdi`); a failure
-//! fails the container's creation.
+//! `tessera-enforce`: the node's share holders.
+//!
+//! - `memory-limits`: the OCI hook that puts a shared container's GPU memory
+//!   limits in force before its first process runs. The runtime runs it from the
+//!   CDI spec tessera-runtime-proxy writes (see `tessera_enforce::cdi`); a failure
+//!   fails the container's creation.
+//! - `mps-daemon`: runs and supervises the node's MPS v3 control daemon (the
+//!   `tessera-mps` systemd unit), see `tessera_enforce::mps`.
 
 use std::io::Read;
 use std::path::PathBuf;
@@ -15,7 +19,7 @@ use tessera_enforce::{MemoryLimit, cgroup, hook_memory_limits, parse_limit};
 #[command(
     name = "tessera-enforce",
     version,
-    about = "OCI hook: puts a shared container's GPU limits in force (run by the container runtime, not by hand)."
+    about = "Holds shared containers to their GPU share: the OCI hook that sets a container's GPU memory limit (run by the container runtime), and the node's supervised MPS daemon."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -36,20 +40,85 @@ enum Command {
         #[arg(long = "limit", value_name = "UUID=BYTES", required = true, value_parser = parse_limit)]
         limits: Vec<MemoryLimit>,
     },
+    /// Runs NVIDIA's MPS control daemon (v3, multi-user) in the foreground and
+    /// starts it again whenever it exits, each time with every namespace the
+    /// runtime proxy keeps in --state-dir. Stops it (and its servers) on SIGTERM.
+    /// The runtime proxy (--mps) makes the servers and namespaces.
+    MpsDaemon {
+        /// NVIDIA's control program (in the driver's bin directory).
+        #[arg(long, value_name = "PATH", default_value = "nvidia-cuda-mps-control")]
+        control: PathBuf,
+        /// The daemon's pipe directory; the same as the proxy's --mps-pipe-dir.
+        #[arg(long, value_name = "DIR", default_value = tessera_enforce::mps::DEFAULT_PIPE_DIR)]
+        pipe_dir: PathBuf,
+        /// The daemon's log directory.
+        #[arg(long, value_name = "DIR", default_value = "/var/log/tessera-mps")]
+        log_dir: PathBuf,
+        /// Where the runtime proxy keeps its namespaces (<its --enforcement-dir>/mps).
+        #[arg(long, value_name = "DIR", default_value = tessera_enforce::mps::DEFAULT_STATE_DIR)]
+        state_dir: PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
-    let Command::MemoryLimits {
-        nvml_library,
-        limits,
-    } = Cli::parse().command;
+    match Cli::parse().command {
+        Command::MemoryLimits {
+            nvml_library,
+            limits,
+        } => memory_limits(&nvml_library, &limits),
+        Command::MpsDaemon {
+            control,
+            pipe_dir,
+            log_dir,
+            state_dir,
+        } => mps_daemon(tessera_enforce::mps::DaemonConfig {
+            control,
+            pipe_dir,
+            log_dir,
+            state_dir,
+            min_backoff: std::time::Duration::from_secs(1),
+            max_backoff: std::time::Duration::from_secs(30),
+        }),
+    }
+}
+
+fn mps_daemon(config: tessera_enforce::mps::DaemonConfig) -> ExitCode {
+    tessera_api::binary::init_logging("info");
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("tessera-enforce mps-daemon: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let stop = async {
+        if let Err(error) = tessera_api::binary::shutdown_signal().await {
+            tracing::error!(%error, "cannot wait for SIGTERM; stopping");
+        }
+    };
+    match runtime.block_on(tessera_enforce::mps::supervise(&config, stop)) {
+        Ok(starts) => {
+            tracing::info!(starts, "stopped");
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            tracing::error!(%error, "MPS daemon not running");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn memory_limits(nvml_library: &std::path::Path, limits: &[MemoryLimit]) -> ExitCode {
     let run = || -> anyhow::Result<PathBuf> {
         let mut state = Vec::new();
         std::io::stdin().read_to_end(&mut state)?;
-        let limiter = NvmlMemoryLimits::open(&nvml_library)?;
+        let limiter = NvmlMemoryLimits::open(nvml_library)?;
         Ok(hook_memory_limits(
             &state,
-            &limits,
+            limits,
             &limiter,
             std::path::Path::new("/proc"),
             &cgroup::host_v2_mount(),

@@ -277,17 +277,35 @@ pub(super) fn granted_bytes(gpu: &ResolvedGpu<'_>) -> Option<u64> {
     })
 }
 
-/// The driver memory limits of a container of a pod with allocation
-/// `annotation`: one per GPU when one of its GPUs is shared, none otherwise (a
-/// whole-GPU grant, or a container the grant does not name). The same bytes as
-/// the limiter env. A shared GPU whose bytes are unknown (a memory ratio of a GPU
-/// whose size the node does not know) is refused: its share could not be held.
-pub fn shared_memory_limits(
+/// What a shared container may use of its GPUs, as the node holds it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SharedLimits {
+    /// Its bytes of each GPU, in the order the container sees the GPUs.
+    pub memory: Vec<MemoryLimit>,
+    /// The compute it may use, in percent of each GPU (`None`: memory only).
+    pub compute_percent: Option<u64>,
+}
+
+impl SharedLimits {
+    /// A whole-GPU grant, or a container the grant does not name: nothing to hold.
+    pub fn is_empty(&self) -> bool {
+        self.memory.is_empty()
+    }
+}
+
+/// The limits of a container of a pod with allocation `annotation` (and pod
+/// annotations `pod_annotations`, for KubeShare's compute ceiling): one memory
+/// limit per GPU when one of its GPUs is shared, none otherwise. The same bytes
+/// and percent as the limiter env. A shared GPU whose bytes are unknown (a memory
+/// ratio of a GPU whose size the node does not know) is refused: its share could
+/// not be held.
+pub fn shared_limits<S: std::hash::BuildHasher>(
     pod: &str,
     annotation: &str,
     container: &str,
     node: &NodeDevices,
-) -> Result<Vec<MemoryLimit>, GpuHookError> {
+    pod_annotations: Option<&std::collections::HashMap<String, String, S>>,
+) -> Result<SharedLimits, GpuHookError> {
     let allocations =
         DeviceAllocations::parse(annotation).map_err(|source| GpuHookError::Annotation {
             pod: pod.to_owned(),
@@ -297,9 +315,10 @@ pub fn shared_memory_limits(
     let granted = allocations.gpus_of_container(container);
     let gpus = resolve_gpus(&granted, node, pod, container)?;
     if !gpus.iter().any(|g| g.allocation.is_fractional()) {
-        return Ok(Vec::new());
+        return Ok(SharedLimits::default());
     }
-    gpus.iter()
+    let memory = gpus
+        .iter()
         .map(|gpu| {
             let bytes = granted_bytes(gpu).ok_or_else(|| GpuHookError::Device {
                 pod: pod.to_owned(),
@@ -315,5 +334,9 @@ pub fn shared_memory_limits(
                 bytes,
             })
         })
-        .collect()
+        .collect::<Result<Vec<_>, GpuHookError>>()?;
+    Ok(SharedLimits {
+        memory,
+        compute_percent: super::compute_percent(&gpus, pod_annotations),
+    })
 }

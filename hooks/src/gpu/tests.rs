@@ -1774,23 +1774,32 @@ mod enforcement {
     }
 
     #[test]
-    fn driver_limits_are_the_granted_bytes_of_each_gpu() -> Result<(), GpuHookError> {
-        // 25 % of 16 GiB.
-        let limits = shared_memory_limits("ml/train-0", SHARE, "main", &node())?;
+    fn shared_limits_are_the_granted_bytes_and_core_of_each_gpu() -> Result<(), GpuHookError> {
+        let none: Option<&std::collections::HashMap<String, String>> = None;
+        // 25 % of 16 GiB, 25 % of its compute.
+        let limits = shared_limits("ml/train-0", SHARE, "main", &node(), none)?;
         assert_eq!(
-            limits,
+            limits.memory,
             [tessera_enforce::MemoryLimit {
                 uuid: UUID0.into(),
                 bytes: 4 << 30
             }]
         );
-        assert!(shared_memory_limits("ml/train-0", WHOLE, "main", &node())?.is_empty());
+        assert_eq!(limits.compute_percent, Some(25));
+        // KubeShare's burst ceiling caps compute above the booked request.
+        let kubeshare = std::collections::HashMap::from([
+            ("lsalab.nthu/gpu_request".to_owned(), "0.25".to_owned()),
+            ("lsalab.nthu/gpu_limit".to_owned(), "0.6".to_owned()),
+        ]);
+        let burst = shared_limits("ml/train-0", SHARE, "main", &node(), Some(&kubeshare))?;
+        assert_eq!(burst.compute_percent, Some(60));
+        assert!(shared_limits("ml/train-0", WHOLE, "main", &node(), none)?.is_empty());
         // A ratio on a GPU of unknown size cannot be held: refused, not skipped.
         let unknown = NodeDevices {
             gpus: None,
             ..node()
         };
-        let error = shared_memory_limits("ml/train-0", SHARE, "main", &unknown);
+        let error = shared_limits("ml/train-0", SHARE, "main", &unknown, none);
         assert!(
             matches!(&error, Err(GpuHookError::Device { problem, .. }) if problem.contains("unknown")),
             "{error:?}"

@@ -1,0 +1,185 @@
+use std::sync::Mutex;
+
+use tessera_fake_mps::FakeMps;
+
+use super::*;
+
+/// The fake daemon's state machine, called in process.
+#[derive(Debug, Default)]
+struct InProcess {
+    mps: Mutex<FakeMps>,
+    calls: Mutex<Vec<String>>,
+    /// Makes `namespace set` fail, as MPS does while a client is attached.
+    attached: bool,
+}
+
+impl Control for InProcess {
+    fn run(&self, args: &[String]) -> Result<String, MpsError> {
+        let line = args.join(" ");
+        self.calls.lock().unwrap_or_else(|p| p.into_inner()).push(line.clone());
+        if self.attached && line.starts_with("namespace set") {
+            return Err(MpsError::Control {
+                command: line,
+                reason: "namespace has an active client".into(),
+            });
+        }
+        self.mps
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .execute(args)
+            .map_err(|reason| MpsError::Control {
+                command: line,
+                reason,
+            })
+    }
+}
+
+#[derive(Debug, Default)]
+struct Modes(Mutex<Vec<(String, bool)>>);
+
+impl ComputeMode for Modes {
+    fn set_exclusive(&self, uuid: &str, exclusive: bool) -> Result<(), MpsError> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((uuid.to_owned(), exclusive));
+        Ok(())
+    }
+}
+
+const UID: &str = "0b5e6a8c-1d2f-4e3a-9b8c-7d6e5f4a3b2c";
+
+fn spec(container: &str, bytes: u64, percent: u64) -> NamespaceSpec {
+    NamespaceSpec {
+        name: namespace_name(UID, container).unwrap_or_default(),
+        server: server_name(0),
+        uuid: "GPU-a".into(),
+        memory_bytes: bytes,
+        thread_percentage: percent,
+    }
+}
+
+fn setup(control: Arc<InProcess>) -> (Mps, Arc<Modes>, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let modes = Arc::new(Modes::default());
+    let mps = Mps::new(
+        control,
+        modes.clone(),
+        "/run/nvidia-mps".into(),
+        dir.path().join("state"),
+    );
+    (mps, modes, dir)
+}
+
+#[test]
+fn names_fit_mps_and_keep_a_pod_together() {
+    let name = namespace_name(UID, "a-very-long-container-name-of-sixty-three-characters-xxxxxxxxxx")
+        .unwrap_or_default();
+    assert!(name.len() <= 64, "{name}");
+    assert!(
+        name.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'),
+        "{name}"
+    );
+    let prefix = pod_prefix(UID).unwrap_or_default();
+    assert!(name.starts_with(&prefix));
+    assert_ne!(namespace_name(UID, "a"), namespace_name(UID, "b"));
+    assert_eq!(pod_prefix("../etc"), None);
+    assert_eq!(pod_prefix("ABC"), None);
+    assert_eq!(namespace_name(UID, ""), None);
+}
+
+#[test]
+fn a_share_gets_its_gpus_server_and_its_own_namespace() -> Result<(), MpsError> {
+    let control = Arc::new(InProcess::default());
+    let (mps, modes, _dir) = setup(control.clone());
+    let spec = spec("main", 20 << 30, 25);
+    let dir = mps.ensure(&spec)?;
+    assert_eq!(dir, Path::new("/run/nvidia-mps/gpu_0").join(&spec.name));
+    // The GPU went exclusive before its server was made.
+    assert_eq!(*modes.0.lock().unwrap_or_else(|p| p.into_inner()), [("GPU-a".to_owned(), true)]);
+    let calls = control.calls.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    assert!(calls.contains(&"server create gpu_0 --uid=0 --allowed-devices=GPU-a".to_owned()));
+    assert!(calls.contains(&format!(
+        "namespace set {} --server=gpu_0 --pinned-memory-limit=20480M --active-thread-percentage=25",
+        spec.name
+    )));
+    // Again (kubelet restarts the container): nothing is made or set twice.
+    let before = calls.len();
+    mps.ensure(&spec)?;
+    let calls = control.calls.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    assert!(calls[before..].iter().all(|c| c.contains(" get ")), "{:?}", &calls[before..]);
+    assert_eq!(mps.read_state()?, [spec]);
+    Ok(())
+}
+
+#[test]
+fn limits_that_differ_are_set_and_a_refused_set_fails() -> Result<(), MpsError> {
+    let control = Arc::new(InProcess::default());
+    let (mps, _, _dir) = setup(control.clone());
+    mps.ensure(&spec("main", 8 << 30, 50))?;
+    mps.ensure(&spec("main", 4 << 30, 30))?;
+    let held = control
+        .run(&args(&["namespace", "get", &spec("main", 0, 0).name, "gpu_0", "pinned-memory-limit"]))?;
+    assert_eq!(held, "4G");
+
+    let attached = Arc::new(InProcess {
+        attached: true,
+        ..InProcess::default()
+    });
+    let (mps, _, _dir) = setup(attached);
+    let error = mps.ensure(&spec("main", 1 << 30, 10));
+    assert!(matches!(error, Err(MpsError::Control { .. })), "{error:?}");
+    Ok(())
+}
+
+#[test]
+fn the_last_namespace_of_a_gpu_takes_its_server_and_exclusivity_away() -> Result<(), MpsError> {
+    let control = Arc::new(InProcess::default());
+    let (mps, modes, _dir) = setup(control.clone());
+    mps.ensure(&spec("main", 1 << 30, 10))?;
+    let other = NamespaceSpec {
+        name: namespace_name("1111aaaa-0000-0000-0000-000000000000", "main").unwrap_or_default(),
+        ..spec("main", 2 << 30, 20)
+    };
+    mps.ensure(&other)?;
+    assert_eq!(mps.remove_pod(UID)?, 1);
+    // The other pod's namespace keeps the server.
+    assert!(control.run(&args(&["server", "get", "gpu_0", "status"])).is_ok());
+    assert_eq!(mps.remove_pod("1111aaaa-0000-0000-0000-000000000000")?, 1);
+    assert!(control.run(&args(&["server", "get", "gpu_0", "status"])).is_err());
+    assert_eq!(
+        modes.0.lock().unwrap_or_else(|p| p.into_inner()).last(),
+        Some(&("GPU-a".to_owned(), false))
+    );
+    assert!(mps.read_state()?.is_empty());
+    // A pod with nothing, or a UID unfit for a name: nothing to do.
+    assert_eq!(mps.remove_pod(UID)?, 0);
+    assert_eq!(mps.remove_pod("../x")?, 0);
+    Ok(())
+}
+
+#[test]
+fn the_kept_specs_rebuild_the_daemon() -> Result<(), Box<dyn std::error::Error>> {
+    let control = Arc::new(InProcess::default());
+    let (mps, _, _dir) = setup(control);
+    let a = spec("main", 3 << 30, 30);
+    mps.ensure(&a)?;
+    let text = config_toml(&mps.read_state()?);
+    let mut restarted = FakeMps::default();
+    restarted.apply_config(&text)?;
+    let held = restarted.execute(&args(&["namespace", "get", &a.name, "gpu_0", "pinned-memory-limit"]))?;
+    assert_eq!(held, "3G");
+    Ok(())
+}
+
+#[test]
+fn sizes_parse_as_mps_prints_them() {
+    assert_eq!(parse_size("20G"), Some(20 << 30));
+    assert_eq!(parse_size("20480M"), Some(20 << 30));
+    assert_eq!(parse_size("1.5G"), Some(3 << 29));
+    assert_eq!(parse_size("512MiB"), Some(512 << 20));
+    assert_eq!(parse_size("1024"), Some(1024));
+    assert_eq!(parse_size("-"), None);
+    assert_eq!(parse_size(""), None);
+}
