@@ -22,9 +22,12 @@ pub enum Backend {
     /// The driver's per-cgroup memory limits (NVML ≥ r615): memory only, enforced by
     /// the kernel driver for every process of the container's cgroup.
     DriverMemory,
-    /// NVIDIA's Multi-Process Service, v3 namespaces (driver ≥ r615): memory and
-    /// compute, enforced by the MPS server for every client of the container's own
-    /// namespace, on GPUs in exclusive-process mode so no process bypasses it.
+    /// NVIDIA's Multi-Process Service, v3 namespaces (driver ≥ r615): compute,
+    /// enforced by the MPS server for every client of the container's own
+    /// namespace, on GPUs in exclusive-process mode so no process bypasses it. Its
+    /// memory limit is set too, but is not counted as held: a client whose
+    /// `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` names a GPU it cannot see drops every
+    /// pinned limit (NVIDIA's measurement), and the env is the tenant's.
     Mps,
     /// HAMi-core (`libvgpu.so`, supplied by the operator) preloaded through
     /// `/etc/ld.so.preload`: memory and compute, enforced inside the container's
@@ -52,7 +55,12 @@ impl Backend {
                 memory: true,
                 compute: false,
             },
-            Backend::Mps | Backend::HamiCore => Holds {
+            // MPS's memory limit is the client's to drop (see the variant's docs).
+            Backend::Mps => Holds {
+                memory: false,
+                compute: true,
+            },
+            Backend::HamiCore => Holds {
                 memory: true,
                 compute: true,
             },
@@ -177,7 +185,10 @@ mod tests {
             parse_joined("hami-core+mps+driver-memory"),
             Ok(Backend::ALL.to_vec())
         );
-        assert_eq!(Holds::of(&[Backend::Mps]).labels().len(), 2);
+        assert_eq!(
+            Holds::of(&[Backend::Mps]).labels(),
+            BTreeMap::from([(LABEL_ENFORCE_COMPUTE.to_owned(), "true".to_owned())])
+        );
         assert_eq!(
             Holds::of(&[Backend::DriverMemory]).labels(),
             BTreeMap::from([(LABEL_ENFORCE_MEMORY.to_owned(), "true".to_owned())])

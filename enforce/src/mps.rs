@@ -244,7 +244,10 @@ impl Mps {
         let _serial = self.lock.lock().unwrap_or_else(|p| p.into_inner());
         // Recorded first: a daemon that restarts from here on brings it back.
         self.write_state(spec)?;
-        if self.run(&["server", "get", &spec.server, "status"]).is_err() {
+        if self
+            .run(&["server", "get", &spec.server, "status"])
+            .is_err()
+        {
             self.compute.set_exclusive(&spec.uuid, true)?;
             self.run(&[
                 "server",
@@ -257,7 +260,13 @@ impl Mps {
             // (NVIDIA's Dynamo guide): ask again.
             self.run(&["server", "get", &spec.server, "status"])?;
         }
-        let dir = self.run(&["namespace", "get", &spec.name, &spec.server, "pipe-directory"]);
+        let dir = self.run(&[
+            "namespace",
+            "get",
+            &spec.name,
+            &spec.server,
+            "pipe-directory",
+        ]);
         if dir.is_err() {
             self.run(&[
                 "namespace",
@@ -278,7 +287,13 @@ impl Mps {
         }
         self.held(spec)?;
         let want = namespace_dir(&self.pipe_dir, &spec.server, &spec.name);
-        let dir = self.run(&["namespace", "get", &spec.name, &spec.server, "pipe-directory"])?;
+        let dir = self.run(&[
+            "namespace",
+            "get",
+            &spec.name,
+            &spec.server,
+            "pipe-directory",
+        ])?;
         if Path::new(dir.trim()) != want {
             return Err(MpsError::NotHeld {
                 namespace: spec.name.clone(),
@@ -304,11 +319,7 @@ impl Mps {
         let memory = get("pinned-memory-limit")?;
         let want = spec.memory_bytes >> 20 << 20;
         if parse_size(&memory) != Some(want) {
-            return Err(not_held(
-                "pinned-memory-limit",
-                spec.memory_flag(),
-                memory,
-            ));
+            return Err(not_held("pinned-memory-limit", spec.memory_flag(), memory));
         }
         let percent = get("active-thread-percentage")?;
         let held = percent.trim().parse::<f64>().ok();
@@ -463,7 +474,10 @@ pub fn config_toml(specs: &[NamespaceSpec]) -> String {
 /// A size as MPS prints and takes it (`20G`, `512M`, `1024K`, `20.00G`, bytes
 /// without a unit), in bytes; binary units.
 pub fn parse_size(text: &str) -> Option<u64> {
-    let text = text.trim().trim_end_matches(['B', 'b']).trim_end_matches('i');
+    let text = text
+        .trim()
+        .trim_end_matches(['B', 'b'])
+        .trim_end_matches('i');
     let (number, shift) = match text.chars().last()? {
         'K' | 'k' => (&text[..text.len() - 1], 10),
         'M' | 'm' => (&text[..text.len() - 1], 20),

@@ -83,11 +83,17 @@ async fn namespaces_outlive_the_daemon_and_a_stop_quits_it() -> anyhow::Result<(
         move || mps.ensure(&a)
     })
     .await??;
-    assert!(made.join("control").exists(), "no socket in {}", made.display());
+    assert!(
+        made.join("control").exists(),
+        "no socket in {}",
+        made.display()
+    );
 
     // The daemon dies: the supervisor starts it again, with the namespace.
     let first = pid(&config.pipe_dir).unwrap_or_default();
-    let killed = std::process::Command::new("kill").args(["-9", &first]).status()?;
+    let killed = std::process::Command::new("kill")
+        .args(["-9", &first])
+        .status()?;
     assert!(killed.success());
     until("a new daemon", || {
         pid(&config.pipe_dir).is_some_and(|p| p != first) && mps.probe().is_ok()
@@ -100,7 +106,14 @@ async fn namespaces_outlive_the_daemon_and_a_stop_quits_it() -> anyhow::Result<(
     };
     let held = tessera_enforce::mps::Control::run(
         &program,
-        &["namespace", "get", &a.name, &a.server, "pinned-memory-limit"].map(str::to_owned),
+        &[
+            "namespace",
+            "get",
+            &a.name,
+            &a.server,
+            "pinned-memory-limit",
+        ]
+        .map(str::to_owned),
     )?;
     assert_eq!(held, "3G");
     let again = tokio::task::spawn_blocking({
@@ -114,6 +127,9 @@ async fn namespaces_outlive_the_daemon_and_a_stop_quits_it() -> anyhow::Result<(
     stop_tx.send(()).ok();
     let starts = tokio::time::timeout(Duration::from_secs(15), supervisor).await???;
     assert_eq!(starts, 2);
-    assert!(mps.probe().is_err(), "the daemon still answers after the stop");
+    assert!(
+        mps.probe().is_err(),
+        "the daemon still answers after the stop"
+    );
     Ok(())
 }

@@ -75,8 +75,9 @@ pub struct GpuHookArgs {
     /// process can still do [default: none]
     #[arg(long, value_name = "PATH")]
     pub hami_core_library: Option<PathBuf>,
-    /// Host directory for HAMi-core's preload list, lock directory and per-container
-    /// directories (removed with their pod)
+    /// Host directory for the node's backends file (read by tessera-reporter),
+    /// HAMi-core's preload list, lock directory and per-container directories
+    /// (removed with their pod), and the MPS namespaces kept for the MPS daemon (mps/)
     #[arg(long, value_name = "DIR", default_value = "/run/tessera/enforce")]
     pub enforcement_dir: PathBuf,
     /// The tessera-enforce OCI hook binary the runtime runs to set GPU memory limits
@@ -87,6 +88,23 @@ pub struct GpuHookArgs {
     /// [default: the last of the runtime's cdi_spec_dirs, as its Status reports them]
     #[arg(long, value_name = "DIR")]
     pub cdi_spec_dir: Option<PathBuf>,
+    /// NVIDIA's MPS, v3 (driver r615 and later), for shared containers (runtime
+    /// proxy only): each gets a namespace of its GPU's MPS server holding its
+    /// compute share (and, as advice, its memory), with the GPU in exclusive-process
+    /// mode while it holds shares. Needs the node's MPS daemon (tessera-enforce
+    /// mps-daemon, the tessera-mps unit). off: never; auto: when the daemon answers
+    /// at start; on: the proxy does not start without it. A shared container with
+    /// shares of several GPUs is refused while it is on
+    #[arg(long, value_enum, value_name = "auto|on|off", default_value_t = Switch::Off)]
+    pub mps: Switch,
+    /// NVIDIA's MPS control program, through which the proxy makes servers and
+    /// namespaces (runtime proxy only)
+    #[arg(long, value_name = "PATH", default_value = "nvidia-cuda-mps-control")]
+    pub mps_control: PathBuf,
+    /// The MPS daemon's pipe directory: tessera-enforce mps-daemon's --pipe-dir
+    /// (runtime proxy only)
+    #[arg(long, value_name = "DIR", default_value = tessera_enforce::mps::DEFAULT_PIPE_DIR)]
+    pub mps_pipe_dir: PathBuf,
 }
 
 /// An on/off setting that can also follow what the node supports.
@@ -119,6 +137,9 @@ impl Default for GpuHookArgs {
             enforcement_dir: "/run/tessera/enforce".into(),
             enforce_binary: None,
             cdi_spec_dir: None,
+            mps: Switch::Off,
+            mps_control: "nvidia-cuda-mps-control".into(),
+            mps_pipe_dir: tessera_enforce::mps::DEFAULT_PIPE_DIR.into(),
         }
     }
 }
@@ -136,6 +157,7 @@ impl GpuHookArgs {
             privileged: self.privileged.unwrap_or_default(),
             enforcement: Enforcement {
                 driver_memory: false,
+                mps: None,
                 hami_core: self.hami_core_files(),
             },
             ..GpuHookConfig::default()

@@ -78,7 +78,7 @@ use tessera_protos::hook::v1::{
 
 pub mod enforce;
 pub mod trust;
-pub use enforce::{Enforcement, HamiCoreFiles, SharedLimits, shared_limits};
+pub use enforce::{Enforcement, HamiCoreFiles, MpsFiles, SharedLimits, shared_limits};
 pub use trust::{PrivilegedPolicy, PrivilegedReason, TrustedGpuAgent, TrustedGpuAgentError};
 
 /// Container annotations through which a device plugin asks containerd for CDI devices.
@@ -1241,7 +1241,7 @@ const KUBESHARE_LIMIT: &str = "lsalab.nthu/gpu_limit";
 /// The compute a shared container may use, in percent of each GPU: its core
 /// share, or KubeShare's burst ceiling above it (the request is booked, compute
 /// capped at the limit). `None` for a memory-only share: no compute limit.
-pub(crate) fn compute_percent<S: std::hash::BuildHasher>(
+fn compute_percent<S: std::hash::BuildHasher>(
     gpus: &[ResolvedGpu<'_>],
     pod_annotations: Option<&std::collections::HashMap<String, String, S>>,
 ) -> Option<u64> {

@@ -168,6 +168,7 @@ pub async fn run(out: &mut (dyn Write + Send)) -> anyhow::Result<DemoSummary> {
             device_root: gpus.device_root.clone(),
             enforcement: Enforcement {
                 driver_memory: false,
+                mps: None,
                 hami_core: Some(hami),
             },
             ..GpuHookConfig::default()

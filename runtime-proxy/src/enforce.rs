@@ -7,7 +7,12 @@
 //!   at CreateContainer when it is missing. A shared container whose limits the
 //!   runtime would not run (CDI off in the runtime) is refused, never created
 //!   unlimited.
-//! - **cleanup**: a pod's spec files and HAMi-core directories go with its sandbox.
+//! - **MPS**: makes each shared container's namespace (and its GPU's server) at
+//!   CreateContainer, before the runtime sees the container, so that its pipe
+//!   directory exists with its limits in force when the container starts; a
+//!   container whose namespace cannot be made is refused (kubelet retries).
+//! - **cleanup**: a pod's spec files, MPS namespaces and HAMi-core directories go
+//!   with its sandbox.
 //!
 //! The GPU hook (which runs first) names the CDI device on the container; this
 //! hook makes sure the runtime has it.
@@ -21,6 +26,7 @@ use tessera_api::DeviceAllocations;
 use tessera_api::resources::DEVICE_ALLOCATED;
 use tessera_enforce::MemoryLimit;
 use tessera_enforce::cdi::{self, HookCommand};
+use tessera_enforce::mps::{self, Mps};
 use tessera_hooks::gpu::{Enforcement, NodeDevices, SharedLimits, shared_limits};
 use tessera_hooks::probe::DeviceProbe;
 use tokio::sync::OnceCell;
@@ -117,6 +123,9 @@ pub enum SetupError {
     /// HAMi-core's files could not be laid out.
     #[error("--hami-core-library: {0}")]
     HamiCore(std::io::Error),
+    /// `--mps=on` on a node whose MPS daemon does not answer.
+    #[error("--mps=on: {0}")]
+    Mps(String),
     /// The node's backends could not be written for the reporter.
     #[error("writing {0} (--enforcement-dir): {1}")]
     BackendsFile(PathBuf, std::io::Error),
@@ -127,7 +136,7 @@ pub enum SetupError {
 pub fn node(
     args: &tessera_hooks::args::GpuHookArgs,
     runtime: Arc<dyn CdiSource>,
-) -> Result<(Enforcement, Option<DriverMemory>), SetupError> {
+) -> Result<(Enforcement, Option<DriverMemory>, Option<Mps>), SetupError> {
     use tessera_hooks::args::Switch;
     let hami_core = args.hami_core_files();
     if let Some(files) = &hami_core {
@@ -175,8 +184,12 @@ pub fn node(
     } else {
         None
     };
+    let mps = node_mps(args)?;
     let enforcement = Enforcement {
         driver_memory: driver.is_some(),
+        mps: mps.as_ref().map(|m| tessera_hooks::gpu::MpsFiles {
+            pipe_dir: m.pipe_dir().to_owned(),
+        }),
         hami_core,
     };
     let backends = tessera_enforce::joined(&enforcement.backends());
@@ -191,7 +204,41 @@ pub fn node(
         std::fs::rename(&temp, &file)
     };
     write().map_err(|e| SetupError::BackendsFile(file.clone(), e))?;
-    Ok((enforcement, driver))
+    Ok((enforcement, driver, mps))
+}
+
+/// The node's MPS, from `--mps`: its daemon must answer, and NVML must load (it
+/// sets the GPUs' compute mode).
+fn node_mps(args: &tessera_hooks::args::GpuHookArgs) -> Result<Option<Mps>, SetupError> {
+    use tessera_hooks::args::Switch;
+    if args.mps == Switch::Off {
+        return Ok(None);
+    }
+    let open = || -> Result<Mps, String> {
+        let compute = tessera_enforce::compute::NvmlComputeMode::open(&args.nvml_library)
+            .map_err(|e| e.to_string())?;
+        let mps = Mps::new(
+            Arc::new(mps::ControlProgram {
+                binary: args.mps_control.clone(),
+                pipe_dir: args.mps_pipe_dir.clone(),
+            }),
+            Arc::new(compute),
+            args.mps_pipe_dir.clone(),
+            args.enforcement_dir.join("mps"),
+        );
+        mps.probe().map_err(|e| {
+            format!("{e} (is the node's MPS daemon, tessera-enforce mps-daemon, running with --pipe-dir {}?)", args.mps_pipe_dir.display())
+        })?;
+        Ok(mps)
+    };
+    match open() {
+        Ok(mps) => Ok(Some(mps)),
+        Err(error) if args.mps == Switch::On => Err(SetupError::Mps(error)),
+        Err(error) => {
+            tracing::info!(%error, "MPS off: the node's MPS daemon does not answer");
+            Ok(None)
+        }
+    }
 }
 
 /// Writes and removes enforcement files around the lifecycle; see the module docs.
@@ -199,22 +246,26 @@ pub fn node(
 pub struct EnforceHook {
     enforcement: Enforcement,
     driver: Option<DriverMemory>,
+    mps: Option<Mps>,
     probe: Arc<dyn DeviceProbe>,
     cdi: OnceCell<RuntimeCdi>,
     metrics: Arc<Metrics>,
 }
 
 impl EnforceHook {
-    /// A hook for `enforcement`, with `driver` when driver memory limits are on.
+    /// A hook for `enforcement`, with `driver` when driver memory limits are on
+    /// and `mps` when MPS is.
     pub fn new(
         enforcement: Enforcement,
         driver: Option<DriverMemory>,
+        mps: Option<Mps>,
         probe: Arc<dyn DeviceProbe>,
         metrics: Arc<Metrics>,
     ) -> Self {
         Self {
             enforcement,
             driver,
+            mps,
             probe,
             cdi: OnceCell::new(),
             metrics,
@@ -252,28 +303,67 @@ impl EnforceHook {
         &self,
         pod: &PodInfo,
         containers: Vec<String>,
-    ) -> Result<Vec<(String, Vec<MemoryLimit>)>, HookRejection> {
+    ) -> Result<Vec<(String, SharedLimits)>, HookRejection> {
         let Some(annotation) = pod.annotations.get(DEVICE_ALLOCATED).cloned() else {
             return Ok(Vec::new());
         };
         let probe = Arc::clone(&self.probe);
         let name = pod.display_name();
+        let annotations = pod.annotations.clone();
         tokio::task::spawn_blocking(move || {
             let node: NodeDevices = probe.probe();
             containers
                 .into_iter()
                 .map(|container| {
-                    let limits = shared_memory_limits(&name, &annotation, &container, &node)
-                        .map_err(|e| {
-                            let status: tonic::Status = e.into();
-                            HookRejection::new(status.code(), status.message())
-                        })?;
+                    let limits =
+                        shared_limits(&name, &annotation, &container, &node, Some(&annotations))
+                            .map_err(|e| {
+                                let status: tonic::Status = e.into();
+                                HookRejection::new(status.code(), status.message())
+                            })?;
                     Ok((container, limits))
                 })
                 .collect()
         })
         .await
         .map_err(|e| HookRejection::new(Code::Internal, format!("enforcement task failed: {e}")))?
+    }
+
+    /// Makes the MPS namespace of a shared container the GPU hook gave one (its
+    /// pipe directory mounted), with the container's limits.
+    async fn ensure_namespace(
+        &self,
+        mps: &Mps,
+        pod: &PodInfo,
+        container: String,
+    ) -> Result<(), HookRejection> {
+        let limits = self.limits(pod, vec![container.clone()]).await?;
+        let Some(spec) = limits
+            .first()
+            .and_then(|(_, limits)| limits.mps_namespace(&pod.uid, &container))
+        else {
+            return Err(HookRejection::new(
+                Code::FailedPrecondition,
+                format!(
+                    "container {container} has an MPS pipe directory but no single shared GPU to hold with it"
+                ),
+            ));
+        };
+        let mps = mps.clone();
+        let made = tokio::task::spawn_blocking(move || mps.ensure(&spec).map(|dir| (spec, dir)))
+            .await
+            .map_err(|e| {
+                HookRejection::new(Code::Internal, format!("enforcement task failed: {e}"))
+            })?
+            .map_err(|e| {
+                HookRejection::new(
+                    Code::Unavailable,
+                    format!("MPS did not take the container's share, so it is not created: {e}"),
+                )
+            })?;
+        let (spec, dir) = made;
+        tracing::info!(pod = %pod.display_name(), container, namespace = spec.name, server = spec.server, memory = spec.memory_flag(), thread_percentage = spec.thread_percentage, dir = %dir.display(), "MPS namespace in force");
+        Ok(())
     }
 
     /// Writes each shared container's spec file; returns how many.
@@ -288,6 +378,7 @@ impl EnforceHook {
             .await?
             .into_iter()
             .filter(|(_, limits)| !limits.is_empty())
+            .map(|(container, limits)| (container, limits.memory))
             .collect();
         if shared.is_empty() {
             return Ok(0);
@@ -387,28 +478,38 @@ impl Hook for EnforceHook {
         ctx: &HookContext,
         request: &mut LifecycleRequest,
     ) -> Result<(), HookRejection> {
-        let (Some(driver), Some(pod)) = (&self.driver, &ctx.pod) else {
+        let Some(pod) = &ctx.pod else {
             return Ok(());
         };
         match request {
             LifecycleRequest::RunPodSandbox(_) => {
-                let written = self.write_specs(driver, pod, named_containers(pod)).await?;
-                if written > 0 {
-                    tracing::info!(pod = %pod.display_name(), containers = written, "GPU memory limit hooks written");
+                if let Some(driver) = &self.driver {
+                    let written = self.write_specs(driver, pod, named_containers(pod)).await?;
+                    if written > 0 {
+                        tracing::info!(pod = %pod.display_name(), containers = written, "GPU memory limit hooks written");
+                    }
                 }
             }
             LifecycleRequest::CreateContainer(create) => {
-                let ours = create
-                    .config
+                let name = ctx
+                    .container
                     .as_ref()
+                    .map(|c| c.name.clone())
+                    .unwrap_or_default();
+                let config = create.config.as_ref();
+                let ours = config
                     .is_some_and(|c| c.cdi_devices.iter().any(|d| d.name.starts_with(cdi::KIND)));
-                if ours {
-                    let name = ctx
-                        .container
-                        .as_ref()
-                        .map(|c| c.name.clone())
-                        .unwrap_or_default();
-                    self.write_specs(driver, pod, vec![name]).await?;
+                if let (Some(driver), true) = (&self.driver, ours) {
+                    self.write_specs(driver, pod, vec![name.clone()]).await?;
+                }
+                // The GPU hook mounted a namespace's pipe directory: make it.
+                let piped = config.is_some_and(|c| {
+                    c.mounts
+                        .iter()
+                        .any(|m| m.container_path == mps::CONTAINER_PIPE_DIR)
+                });
+                if let (Some(mps), true) = (&self.mps, piped) {
+                    self.ensure_namespace(mps, pod, name).await?;
                 }
             }
             _ => {}
@@ -437,6 +538,26 @@ impl Hook for EnforceHook {
             }
             return;
         }
+        // A stopped sandbox runs no container again (kubelet makes a new one), so
+        // its MPS namespaces go at once: the GPU's server, and its exclusive
+        // compute mode, must not outlive the pod while a whole-GPU grant may
+        // already be on its way to the GPU. Everything else waits for removal.
+        if let (LifecycleRequest::StopPodSandbox(_), Some(mps), Some(pod)) =
+            (request, &self.mps, &ctx.pod)
+        {
+            let (mps, uid) = (mps.clone(), pod.uid.clone());
+            match tokio::task::spawn_blocking(move || mps.remove_pod(&uid)).await {
+                Ok(Ok(0)) => {}
+                Ok(Ok(namespaces)) => {
+                    tracing::info!(pod = %pod.display_name(), namespaces, "MPS namespaces of a stopped pod deleted");
+                }
+                Ok(Err(error)) => {
+                    tracing::warn!(pod = %pod.display_name(), %error, "MPS namespaces of a stopped pod not all deleted; retried at its removal");
+                }
+                Err(error) => tracing::warn!(%error, "enforcement cleanup task failed"),
+            }
+            return;
+        }
         if !matches!(request, LifecycleRequest::RemovePodSandbox(_)) {
             return;
         }
@@ -445,6 +566,7 @@ impl Hook for EnforceHook {
         };
         let uid = pod.uid.clone();
         let enforcement = self.enforcement.clone();
+        let mps = self.mps.clone();
         let dir = match &self.driver {
             Some(driver) => driver.spec_dir.clone().or_else(|| {
                 self.cdi
@@ -458,16 +580,22 @@ impl Hook for EnforceHook {
                 Some(dir) if cdi::device_name(&uid, "x").is_some() => remove_spec_files(dir, &uid),
                 _ => Ok(0),
             };
+            let namespaces = mps.as_ref().map_or(Ok(0), |mps| mps.remove_pod(&uid));
             (
                 specs,
                 tessera_hooks::gpu::enforce::remove_pod_dirs(&enforcement, &uid),
+                namespaces,
             )
         })
         .await;
         match result {
-            Ok((Ok(_), Ok(()))) => {}
-            Ok((specs, dirs)) => {
-                tracing::warn!(pod = %pod.display_name(), specs = ?specs.err(), dirs = ?dirs.err(), "enforcement files of a removed pod not all removed");
+            Ok((Ok(_), Ok(()), Ok(namespaces))) => {
+                if namespaces > 0 {
+                    tracing::info!(pod = %pod.display_name(), namespaces, "MPS namespaces of a removed pod deleted");
+                }
+            }
+            Ok((specs, dirs, namespaces)) => {
+                tracing::warn!(pod = %pod.display_name(), specs = ?specs.err(), dirs = ?dirs.err(), namespaces = ?namespaces.err(), "enforcement files or MPS namespaces of a removed pod not all removed");
             }
             Err(error) => tracing::warn!(%error, "enforcement cleanup task failed"),
         }

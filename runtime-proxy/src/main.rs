@@ -61,7 +61,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
         // The hooks' own calls to the runtime (its CDI settings, its sandboxes): one
         // backend, apart from the proxy's forwarding.
         let runtime = Backend::new(&config.runtime_endpoint, Arc::clone(&metrics));
-        let (enforcement, driver) = enforcement::node(gpu, Arc::new(runtime.clone()))?;
+        let (enforcement, driver, mps) = enforcement::node(gpu, Arc::new(runtime.clone()))?;
         let mut hook_config = gpu.config();
         hook_config.enforcement = enforcement.clone();
         tracing::info!(config = ?hook_config, "embedded GPU hook on");
@@ -75,6 +75,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
         hooks.push(Arc::new(EnforceHook::new(
             enforcement,
             driver,
+            mps,
             probe,
             Arc::clone(&metrics),
         )));

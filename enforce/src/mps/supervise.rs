@@ -73,7 +73,12 @@ pub async fn supervise(
                 reason: e.to_string(),
             })?;
         starts += 1;
-        tracing::info!(pid = child.id(), namespaces = specs.len(), start = starts, "MPS control daemon started");
+        tracing::info!(
+            pid = child.id(),
+            namespaces = specs.len(),
+            start = starts,
+            "MPS control daemon started"
+        );
         tokio::select! {
             status = child.wait() => {
                 let ran = started.elapsed();

@@ -16,7 +16,10 @@ struct InProcess {
 impl Control for InProcess {
     fn run(&self, args: &[String]) -> Result<String, MpsError> {
         let line = args.join(" ");
-        self.calls.lock().unwrap_or_else(|p| p.into_inner()).push(line.clone());
+        self.calls
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(line.clone());
         if self.attached && line.starts_with("namespace set") {
             return Err(MpsError::Control {
                 command: line,
@@ -73,8 +76,11 @@ fn setup(control: Arc<InProcess>) -> (Mps, Arc<Modes>, tempfile::TempDir) {
 
 #[test]
 fn names_fit_mps_and_keep_a_pod_together() {
-    let name = namespace_name(UID, "a-very-long-container-name-of-sixty-three-characters-xxxxxxxxxx")
-        .unwrap_or_default();
+    let name = namespace_name(
+        UID,
+        "a-very-long-container-name-of-sixty-three-characters-xxxxxxxxxx",
+    )
+    .unwrap_or_default();
     assert!(name.len() <= 64, "{name}");
     assert!(
         name.bytes()
@@ -97,8 +103,15 @@ fn a_share_gets_its_gpus_server_and_its_own_namespace() -> Result<(), MpsError> 
     let dir = mps.ensure(&spec)?;
     assert_eq!(dir, Path::new("/run/nvidia-mps/gpu_0").join(&spec.name));
     // The GPU went exclusive before its server was made.
-    assert_eq!(*modes.0.lock().unwrap_or_else(|p| p.into_inner()), [("GPU-a".to_owned(), true)]);
-    let calls = control.calls.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    assert_eq!(
+        *modes.0.lock().unwrap_or_else(|p| p.into_inner()),
+        [("GPU-a".to_owned(), true)]
+    );
+    let calls = control
+        .calls
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
     assert!(calls.contains(&"server create gpu_0 --uid=0 --allowed-devices=GPU-a".to_owned()));
     assert!(calls.contains(&format!(
         "namespace set {} --server=gpu_0 --pinned-memory-limit=20480M --active-thread-percentage=25",
@@ -107,8 +120,16 @@ fn a_share_gets_its_gpus_server_and_its_own_namespace() -> Result<(), MpsError> 
     // Again (kubelet restarts the container): nothing is made or set twice.
     let before = calls.len();
     mps.ensure(&spec)?;
-    let calls = control.calls.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    assert!(calls[before..].iter().all(|c| c.contains(" get ")), "{:?}", &calls[before..]);
+    let calls = control
+        .calls
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    assert!(
+        calls[before..].iter().all(|c| c.contains(" get ")),
+        "{:?}",
+        &calls[before..]
+    );
     assert_eq!(mps.read_state()?, [spec]);
     Ok(())
 }
@@ -119,8 +140,13 @@ fn limits_that_differ_are_set_and_a_refused_set_fails() -> Result<(), MpsError> 
     let (mps, _, _dir) = setup(control.clone());
     mps.ensure(&spec("main", 8 << 30, 50))?;
     mps.ensure(&spec("main", 4 << 30, 30))?;
-    let held = control
-        .run(&args(&["namespace", "get", &spec("main", 0, 0).name, "gpu_0", "pinned-memory-limit"]))?;
+    let held = control.run(&args(&[
+        "namespace",
+        "get",
+        &spec("main", 0, 0).name,
+        "gpu_0",
+        "pinned-memory-limit",
+    ]))?;
     assert_eq!(held, "4G");
 
     let attached = Arc::new(InProcess {
@@ -145,9 +171,17 @@ fn the_last_namespace_of_a_gpu_takes_its_server_and_exclusivity_away() -> Result
     mps.ensure(&other)?;
     assert_eq!(mps.remove_pod(UID)?, 1);
     // The other pod's namespace keeps the server.
-    assert!(control.run(&args(&["server", "get", "gpu_0", "status"])).is_ok());
+    assert!(
+        control
+            .run(&args(&["server", "get", "gpu_0", "status"]))
+            .is_ok()
+    );
     assert_eq!(mps.remove_pod("1111aaaa-0000-0000-0000-000000000000")?, 1);
-    assert!(control.run(&args(&["server", "get", "gpu_0", "status"])).is_err());
+    assert!(
+        control
+            .run(&args(&["server", "get", "gpu_0", "status"]))
+            .is_err()
+    );
     assert_eq!(
         modes.0.lock().unwrap_or_else(|p| p.into_inner()).last(),
         Some(&("GPU-a".to_owned(), false))
@@ -168,7 +202,13 @@ fn the_kept_specs_rebuild_the_daemon() -> Result<(), Box<dyn std::error::Error>>
     let text = config_toml(&mps.read_state()?);
     let mut restarted = FakeMps::default();
     restarted.apply_config(&text)?;
-    let held = restarted.execute(&args(&["namespace", "get", &a.name, "gpu_0", "pinned-memory-limit"]))?;
+    let held = restarted.execute(&args(&[
+        "namespace",
+        "get",
+        &a.name,
+        "gpu_0",
+        "pinned-memory-limit",
+    ]))?;
     assert_eq!(held, "3G");
     Ok(())
 }

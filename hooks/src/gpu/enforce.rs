@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 
 use tessera_api::DeviceAllocations;
 use tessera_api::resources::ENFORCEMENT;
-use tessera_enforce::cdi;
 use tessera_enforce::{Backend, MemoryLimit};
+use tessera_enforce::{cdi, mps};
 use tessera_protos::hook::v1::{CdiDevice, ContainerHookRequest, ContainerHookResponse, Mount};
 
 use super::{GpuHookError, NodeDevices, ResolvedGpu, kv, resolve_gpus};
@@ -116,8 +116,19 @@ pub struct Enforcement {
     /// The driver's per-cgroup memory limits, set by the runtime proxy at
     /// StartContainer (the hook only names them on the container).
     pub driver_memory: bool,
+    /// MPS v3: each shared container gets its own namespace of its GPU's server,
+    /// made by the runtime proxy at CreateContainer.
+    pub mps: Option<MpsFiles>,
     /// HAMi-core, preloaded from these host files.
     pub hami_core: Option<HamiCoreFiles>,
+}
+
+/// Where the node's MPS daemon is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MpsFiles {
+    /// Its pipe directory, under which each namespace has its own
+    /// (`<pipe>/gpu_<minor>/<namespace>`).
+    pub pipe_dir: PathBuf,
 }
 
 impl Enforcement {
@@ -126,6 +137,9 @@ impl Enforcement {
         let mut backends = Vec::new();
         if self.driver_memory {
             backends.push(Backend::DriverMemory);
+        }
+        if self.mps.is_some() {
+            backends.push(Backend::Mps);
         }
         if self.hami_core.is_some() {
             backends.push(Backend::HamiCore);
@@ -192,6 +206,9 @@ pub(super) fn shared_edits(
             name: cdi::qualified(&device),
         });
     }
+    if let Some(files) = &enforcement.mps {
+        mps_edits(container, gpus, files, uid, name, edit)?;
+    }
     let Some(files) = &enforcement.hami_core else {
         return Ok(());
     };
@@ -215,6 +232,64 @@ pub(super) fn shared_edits(
         mount(&files.cache_file(uid, name), HAMI_CACHE_FILE, false),
     ]);
     edit.set_envs.push(kv(HAMI_CACHE_ENV, HAMI_CACHE_FILE));
+    Ok(())
+}
+
+/// MPS's edits: the container's namespace directory as its pipe directory (at
+/// both default paths, so that `env -i` does not leave MPS), read-only (a
+/// client only connects to its socket; a writable host tmpfs would be the
+/// tenant's to fill), and the client env from the grant. Every `CUDA_MPS_*` the
+/// tenant set goes: none may point the client elsewhere (in exclusive-process
+/// mode that fails rather than bypasses, but the message would mislead).
+fn mps_edits(
+    container: &ContainerHookRequest,
+    gpus: &[ResolvedGpu<'_>],
+    files: &MpsFiles,
+    uid: &str,
+    name: &str,
+    edit: &mut ContainerHookResponse,
+) -> Result<(), (String, String)> {
+    let [gpu] = gpus else {
+        return Err((
+            "gpu".into(),
+            format!(
+                "the container holds shares of {} GPUs, and MPS holds one GPU's share per container (a namespace belongs to one GPU's server); ask for whole GPUs, or for a share of one, or run this node without --mps",
+                gpus.len()
+            ),
+        ));
+    };
+    let namespace = mps::namespace_name(uid, name).ok_or_else(|| {
+        (
+            "pod uid / container name".to_owned(),
+            format!("{uid:?} / {name:?} cannot name the container's MPS namespace"),
+        )
+    })?;
+    let dir = mps::namespace_dir(&files.pipe_dir, &mps::server_name(gpu.minor), &namespace);
+    for path in [mps::CONTAINER_PIPE_DIR, mps::CONTAINER_PIPE_DIR_USER] {
+        edit.add_mounts.push(Mount {
+            container_path: path.into(),
+            host_path: dir.to_string_lossy().into_owned(),
+            readonly: true,
+        });
+    }
+    edit.remove_envs.extend(
+        container
+            .envs
+            .iter()
+            .filter(|e| e.key.starts_with(mps::ENV_PREFIX))
+            .map(|e| e.key.clone()),
+    );
+    let annotations = container.pod.as_ref().map(|p| &p.annotations);
+    let percent = super::compute_percent(gpus, annotations).unwrap_or(100);
+    edit.set_envs
+        .push(kv(mps::PIPE_ENV, mps::CONTAINER_PIPE_DIR));
+    edit.set_envs
+        .push(kv(mps::THREAD_PERCENTAGE_ENV, percent.to_string()));
+    if let Some(bytes) = granted_bytes(gpu) {
+        // The container sees its one GPU as ordinal 0.
+        edit.set_envs
+            .push(kv(mps::PINNED_MEMORY_ENV, format!("0={}M", bytes >> 20)));
+    }
     Ok(())
 }
 
@@ -284,12 +359,30 @@ pub struct SharedLimits {
     pub memory: Vec<MemoryLimit>,
     /// The compute it may use, in percent of each GPU (`None`: memory only).
     pub compute_percent: Option<u64>,
+    /// The device minors of its GPUs, in the same order as `memory`.
+    pub minors: Vec<u32>,
 }
 
 impl SharedLimits {
     /// A whole-GPU grant, or a container the grant does not name: nothing to hold.
     pub fn is_empty(&self) -> bool {
         self.memory.is_empty()
+    }
+
+    /// The MPS namespace that holds these limits for a pod's container: `None`
+    /// when there is nothing to hold, or more than one GPU (the GPU hook refuses
+    /// such a container under MPS), or names unfit for MPS.
+    pub fn mps_namespace(&self, pod_uid: &str, container: &str) -> Option<mps::NamespaceSpec> {
+        let ([limit], [minor]) = (self.memory.as_slice(), self.minors.as_slice()) else {
+            return None;
+        };
+        Some(mps::NamespaceSpec {
+            name: mps::namespace_name(pod_uid, container)?,
+            server: mps::server_name(*minor),
+            uuid: limit.uuid.clone(),
+            memory_bytes: limit.bytes,
+            thread_percentage: self.compute_percent.unwrap_or(100),
+        })
     }
 }
 
@@ -338,5 +431,6 @@ pub fn shared_limits<S: std::hash::BuildHasher>(
     Ok(SharedLimits {
         memory,
         compute_percent: super::compute_percent(&gpus, pod_annotations),
+        minors: gpus.iter().map(|g| g.minor).collect(),
     })
 }

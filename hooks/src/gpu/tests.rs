@@ -1654,6 +1654,7 @@ mod enforcement {
         GpuHookConfig {
             enforcement: Enforcement {
                 driver_memory: true,
+                mps: None,
                 hami_core: Some(files()),
             },
             ..GpuHookConfig::default()
@@ -1773,6 +1774,79 @@ mod enforcement {
         }
     }
 
+    fn with_mps() -> GpuHookConfig {
+        GpuHookConfig {
+            enforcement: Enforcement {
+                driver_memory: false,
+                mps: Some(crate::gpu::MpsFiles {
+                    pipe_dir: "/run/tessera/mps/pipe".into(),
+                }),
+                hami_core: None,
+            },
+            ..GpuHookConfig::default()
+        }
+    }
+
+    #[test]
+    fn mps_gives_a_shared_container_its_namespace_alone_and_its_limits() -> Result<(), GpuHookError>
+    {
+        use tessera_enforce::mps;
+        let uid = "0b6c2a1e-1111-4222-8333-444455556666";
+        let mut request = tenant(SHARE, uid);
+        // The tenant points MPS elsewhere and asks for the whole GPU.
+        request.envs.extend([
+            kv(mps::PIPE_ENV, "/elsewhere"),
+            kv(mps::THREAD_PERCENTAGE_ENV, "100"),
+            kv(mps::PINNED_MEMORY_ENV, "0=80G,7=1G"),
+            kv("CUDA_MPS_SM_PARTITION", "all"),
+        ]);
+        let edit = rewrite(&request, &node(), &with_mps())?;
+        let namespace = mps::namespace_name(uid, "main").unwrap_or_default();
+        let dir = format!("/run/tessera/mps/pipe/gpu_0/{namespace}");
+        for path in [mps::CONTAINER_PIPE_DIR, mps::CONTAINER_PIPE_DIR_USER] {
+            assert!(
+                edit.add_mounts
+                    .iter()
+                    .any(|m| m.container_path == path && m.host_path == dir && m.readonly),
+                "{path}: {:?}",
+                edit.add_mounts
+            );
+        }
+        let envs = env(&edit, &request);
+        let mps_envs: Vec<(&str, &str)> = envs
+            .iter()
+            .filter(|(k, _)| k.starts_with(mps::ENV_PREFIX))
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        // 25 % of a 16 GiB GPU; nothing of the tenant's left.
+        assert_eq!(
+            mps_envs,
+            [
+                (mps::PIPE_ENV, mps::CONTAINER_PIPE_DIR),
+                (mps::THREAD_PERCENTAGE_ENV, "25"),
+                (mps::PINNED_MEMORY_ENV, "0=4096M"),
+            ]
+        );
+        assert!(envs.contains(&(ENFORCEMENT_ENV.to_owned(), "mps".to_owned())));
+
+        // A whole GPU needs no MPS.
+        let whole = rewrite(&tenant(WHOLE, uid), &node(), &with_mps())?;
+        assert!(
+            whole
+                .add_mounts
+                .iter()
+                .all(|m| !m.container_path.contains("nvidia-mps"))
+        );
+        // Shares of two GPUs cannot be one namespace: refused, with why.
+        let two = r#"{"gpu":[{"minor":0,"id":"GPU-00000000-0000-0000-0000-000000000000","resources":{"koordinator.sh/gpu-core":25,"koordinator.sh/gpu-memory-ratio":25}},{"minor":1,"id":"GPU-11111111-1111-1111-1111-111111111111","resources":{"koordinator.sh/gpu-core":25,"koordinator.sh/gpu-memory-ratio":25}}]}"#;
+        let refused = rewrite(&tenant(two, uid), &node(), &with_mps());
+        assert!(
+            matches!(&refused, Err(GpuHookError::Device { problem, .. }) if problem.contains("shares of 2 GPUs")),
+            "{refused:?}"
+        );
+        Ok(())
+    }
+
     #[test]
     fn shared_limits_are_the_granted_bytes_and_core_of_each_gpu() -> Result<(), GpuHookError> {
         let none: Option<&std::collections::HashMap<String, String>> = None;
@@ -1822,6 +1896,7 @@ mod enforcement {
         let config = GpuHookConfig {
             enforcement: Enforcement {
                 driver_memory: false,
+                mps: None,
                 hami_core: Some(files.clone()),
             },
             ..GpuHookConfig::default()

@@ -137,7 +137,10 @@ impl FakeMps {
                 "create".into(),
                 name.clone(),
                 format!("--uid={uid}"),
-                format!("--allowed-devices={}", field("allowed_devices").unwrap_or("")),
+                format!(
+                    "--allowed-devices={}",
+                    field("allowed_devices").unwrap_or("")
+                ),
             ])?;
             let namespaces = server.get("namespaces").and_then(toml::Value::as_table);
             for (ns, limits) in namespaces.into_iter().flatten() {
@@ -297,7 +300,8 @@ impl FakeMps {
                         format!(
                             "{name},{server},Ready,{},{},0",
                             ns.pinned_memory.map_or("-".into(), format_size),
-                            ns.thread_percentage.map_or("-".into(), |p| format!("{p:.2}"))
+                            ns.thread_percentage
+                                .map_or("-".into(), |p| format!("{p:.2}"))
                         )
                     })
                 })
@@ -307,7 +311,11 @@ impl FakeMps {
         }
     }
 
-    fn server_create(&mut self, name: &str, options: &BTreeMap<&str, &str>) -> Result<String, String> {
+    fn server_create(
+        &mut self,
+        name: &str,
+        options: &BTreeMap<&str, &str>,
+    ) -> Result<String, String> {
         if !valid_name(name) {
             return Err(format!("Invalid server name {name}"));
         }
@@ -354,7 +362,10 @@ impl FakeMps {
     }
 
     fn dir(&self, parts: &[&str]) -> PathBuf {
-        let mut dir = self.pipe_dir.clone().unwrap_or_else(|| "/run/nvidia-mps".into());
+        let mut dir = self
+            .pipe_dir
+            .clone()
+            .unwrap_or_else(|| "/run/nvidia-mps".into());
         dir.extend(parts);
         dir
     }
@@ -385,17 +396,29 @@ mod tests {
     #[test]
     fn namespaces_hold_what_is_set() -> Result<(), String> {
         let mut mps = FakeMps::default();
-        run(&mut mps, "-p 3 server create gpu_0 --uid=0 --allowed-devices=GPU-a")?;
+        run(
+            &mut mps,
+            "-p 3 server create gpu_0 --uid=0 --allowed-devices=GPU-a",
+        )?;
         assert!(run(&mut mps, "server create gpu_1 --uid=1000").is_err());
         run(&mut mps, "namespace create ab_12 --server=gpu_0")?;
-        assert_eq!(run(&mut mps, "namespace get ab_12 gpu_0 pinned-memory-limit")?, "-");
+        assert_eq!(
+            run(&mut mps, "namespace get ab_12 gpu_0 pinned-memory-limit")?,
+            "-"
+        );
         run(
             &mut mps,
             "namespace set ab_12 --server=gpu_0 --pinned-memory-limit=20480M --active-thread-percentage=25",
         )?;
-        assert_eq!(run(&mut mps, "namespace get ab_12 gpu_0 pinned-memory-limit")?, "20G");
         assert_eq!(
-            run(&mut mps, "namespace get ab_12 gpu_0 active-thread-percentage")?,
+            run(&mut mps, "namespace get ab_12 gpu_0 pinned-memory-limit")?,
+            "20G"
+        );
+        assert_eq!(
+            run(
+                &mut mps,
+                "namespace get ab_12 gpu_0 active-thread-percentage"
+            )?,
             "25.00"
         );
         assert!(run(&mut mps, "namespace create Bad-Name --server=gpu_0").is_err());
@@ -413,7 +436,10 @@ mod tests {
         mps.apply_config(
             "schema_version = \"1.0\"\n[servers.gpu_1]\nallowed_devices = \"GPU-b\"\nuid = 0\n[servers.gpu_1.namespaces.x_1]\npinned_memory_limit = \"512M\"\nactive_thread_percentage = \"30\"\n",
         )?;
-        assert_eq!(run(&mut mps, "namespace get x_1 gpu_1 pinned-memory-limit")?, "512M");
+        assert_eq!(
+            run(&mut mps, "namespace get x_1 gpu_1 pinned-memory-limit")?,
+            "512M"
+        );
         assert_eq!(run(&mut mps, "server get gpu_1 allowed-devices")?, "GPU-b");
         Ok(())
     }

@@ -21,7 +21,10 @@
 //! disabled and there are no MIG devices).
 //!
 //! Optional node fields: `memoryLimits` (false) and `memoryLimitsLog` (absent),
-//! for NVML r615's per-cgroup device-memory limits (below).
+//! for NVML r615's per-cgroup device-memory limits (below); `computeModeLog`
+//! (absent), a file each `nvmlDeviceSetComputeMode` call appends
+//! `{"uuid", "mode", "pid", "result"}` to (modes as NVML numbers them: 0 default,
+//! 3 exclusive process).
 //!
 //! Only the functions Tessera's reporter, its node agent and NVIDIA's
 //! k8s-device-plugin call exist; callers report any other as missing. XID events
@@ -162,6 +165,9 @@ pub struct FakeNode {
     /// A file each `nvmlDeviceSetMemoryLimits_v1` call appends a JSON line to.
     #[serde(default)]
     pub memory_limits_log: Option<PathBuf>,
+    /// A file each `nvmlDeviceSetComputeMode` call appends a JSON line to.
+    #[serde(default)]
+    pub compute_mode_log: Option<PathBuf>,
 }
 
 /// One GPU.
@@ -356,6 +362,8 @@ struct State {
     pending: Vec<FakeXid>,
     /// (GPU index, nameSpace) -> (soft, hard) per-cgroup memory limits.
     memory_limits: HashMap<(usize, String), (c_ulonglong, c_ulonglong)>,
+    /// GPU index -> compute mode set (`NVML_COMPUTEMODE_DEFAULT` when absent).
+    compute_modes: HashMap<usize, c_uint>,
 }
 
 impl State {
@@ -367,6 +375,7 @@ impl State {
             started: Instant::now(),
             pending,
             memory_limits: HashMap::new(),
+            compute_modes: HashMap::new(),
         }
     }
 }
@@ -949,6 +958,57 @@ pub extern "C" fn nvmlDeviceGetMemoryLimits_v1(
                 currentUsed: 0,
             },
         )
+    }))
+}
+
+/// `NVML_COMPUTEMODE_*`: default, exclusive thread (deprecated), prohibited,
+/// exclusive process.
+const COMPUTE_MODES: [c_uint; 4] = [0, 1, 2, 3];
+
+/// Sets the GPU's compute mode (kept in the library's state, as the driver keeps
+/// it until reboot; here until the last `nvmlShutdown`); logged with
+/// `computeModeLog` as `{"uuid", "mode", "pid", "result"}`.
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlDeviceSetComputeMode(device: nvmlDevice_t, mode: c_uint) -> nvmlReturn_t {
+    let mut log = None;
+    let result = status(with_state(|s| {
+        let result = status(gpu_index(s, device).and_then(|index| {
+            if !COMPUTE_MODES.contains(&mode) {
+                return Err(ERROR_INVALID_ARGUMENT);
+            }
+            s.compute_modes.insert(index, mode);
+            Ok(())
+        }));
+        if let Some(path) = &s.node.compute_mode_log {
+            let uuid = gpu(s, device).ok().map(|gpu| gpu.uuid.clone());
+            let line = serde_json::json!({
+                "uuid": uuid,
+                "mode": mode,
+                "pid": std::process::id(),
+                "result": result,
+            });
+            log = Some((path.clone(), line.to_string()));
+        }
+        match result {
+            SUCCESS => Ok(()),
+            code => Err(code),
+        }
+    }));
+    if let Some((path, line)) = log {
+        append_line(&path, &line);
+    }
+    result
+}
+
+/// The compute mode set, or `NVML_COMPUTEMODE_DEFAULT`.
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlDeviceGetComputeMode(
+    device: nvmlDevice_t,
+    mode: *mut c_uint,
+) -> nvmlReturn_t {
+    status(with_state(|s| {
+        let index = gpu_index(s, device)?;
+        write(mode, s.compute_modes.get(&index).copied().unwrap_or(0))
     }))
 }
 

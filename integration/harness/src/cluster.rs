@@ -192,6 +192,18 @@ pub fn tessera_binary(name: &str) -> anyhow::Result<PathBuf> {
 
 // === impl Process ===
 
+/// The JSON lines of a log file (none when it does not exist).
+fn read_jsonl(path: &Path) -> anyhow::Result<Vec<Value>> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e.into()),
+    };
+    text.lines()
+        .map(|line| serde_json::from_str(line).with_context(|| format!("log line {line:?}")))
+        .collect()
+}
+
 /// A component of the cluster.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Component {
@@ -218,6 +230,9 @@ pub enum Component {
     DevicePlugin,
     /// tessera-reporter.
     Reporter,
+    /// `tessera-enforce mps-daemon` supervising the fake MPS control daemon
+    /// (`fake-mps-control`); only with [`ClusterOptions::enforcement`].
+    MpsDaemon,
 }
 
 impl fmt::Display for Component {
@@ -234,6 +249,7 @@ impl fmt::Display for Component {
             Self::Kubelet => "kubelet",
             Self::DevicePlugin => "nvidia-device-plugin",
             Self::Reporter => "tessera-reporter",
+            Self::MpsDaemon => "tessera-mps",
         })
     }
 }
@@ -553,7 +569,8 @@ impl Cluster {
     fn nvml_description(&self, links: &[[u32; 2]]) -> Value {
         let description = fake_nvml::describe_with_nvlinks(&self.gpu_node, links);
         if self.enforcement {
-            fake_nvml::with_memory_limits(description, &self.memory_limits_log())
+            let description = fake_nvml::with_memory_limits(description, &self.memory_limits_log());
+            fake_nvml::with_compute_mode_log(description, &self.compute_mode_log())
         } else {
             description
         }
@@ -563,17 +580,50 @@ impl Cluster {
         self.dir.path().join("nvml").join("memory-limits.jsonl")
     }
 
+    fn compute_mode_log(&self) -> PathBuf {
+        self.dir.path().join("nvml").join("compute-mode.jsonl")
+    }
+
+    /// Every `nvmlDeviceSetComputeMode` call the fake NVML saw, in order:
+    /// `{uuid, mode, pid, result}` (mode 3: exclusive process, 0: default).
+    pub fn compute_mode_calls(&self) -> anyhow::Result<Vec<Value>> {
+        read_jsonl(&self.compute_mode_log())
+    }
+
+    /// The fake MPS daemon's pipe directory.
+    pub fn mps_pipe_dir(&self) -> PathBuf {
+        self.dir.path().join("mps").join("pipe")
+    }
+
+    fn mps_log(&self) -> PathBuf {
+        self.dir.path().join("mps").join("commands.jsonl")
+    }
+
+    /// What the fake MPS daemon saw, in order: `{"event":"start","args",
+    /// "config"}` at each start, `{"event":"command","args","ok","output"}` per command.
+    pub fn mps_events(&self) -> anyhow::Result<Vec<Value>> {
+        read_jsonl(&self.mps_log())
+    }
+
+    /// Runs an MPS control command against the node's (fake) daemon; its output.
+    pub fn mps_control(&self, args: &[&str]) -> anyhow::Result<String> {
+        let output = Command::new(tessera_binary("fake-mps-control")?)
+            .args(["-p", "3"])
+            .args(args)
+            .env("CUDA_MPS_PIPE_DIRECTORY", self.mps_pipe_dir())
+            .output()?;
+        anyhow::ensure!(
+            output.status.success(),
+            "mps control {args:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
+    }
+
     /// Every `nvmlDeviceSetMemoryLimits_v1` call the fake NVML saw, in order:
     /// `{uuid, nameSpace, softLimit, hardLimit, pid, result}`.
     pub fn memory_limit_calls(&self) -> anyhow::Result<Vec<Value>> {
-        let text = match std::fs::read_to_string(self.memory_limits_log()) {
-            Ok(text) => text,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(e.into()),
-        };
-        text.lines()
-            .map(|line| serde_json::from_str(line).with_context(|| format!("log line {line:?}")))
-            .collect()
+        read_jsonl(&self.memory_limits_log())
     }
 
     /// Where this cluster's proxy lists the node's enforcement backends (the
@@ -910,7 +960,27 @@ impl Cluster {
         if options.enforcement {
             let hami = image::vgpu_stand_in(&dir.join("hami"))?;
             self.import_image(&image::preload_probe_archive(&images)?)?;
+            let control = tessera_binary("fake-mps-control")?;
+            self.launch(
+                Component::MpsDaemon,
+                tessera_binary("tessera-enforce")?,
+                vec![
+                    "mps-daemon".into(),
+                    format!("--control={}", control.display()),
+                    format!("--pipe-dir={}", self.mps_pipe_dir().display()),
+                    format!("--log-dir={}", dir.join("mps").join("log").display()),
+                    format!("--state-dir={}", dir.join("enforce").join("mps").display()),
+                ],
+                vec![
+                    ("RUST_LOG".into(), "info".into()),
+                    ("FAKE_MPS_LOG".into(), self.mps_log().display().to_string()),
+                ],
+            )?;
+            self.wait_ready(Component::MpsDaemon).await?;
             args.extend([
+                "--mps=on".to_owned(),
+                format!("--mps-control={}", control.display()),
+                format!("--mps-pipe-dir={}", self.mps_pipe_dir().display()),
                 "--gpu-memory-limits=on".to_owned(),
                 format!(
                     "--enforce-binary={}",
@@ -1269,6 +1339,9 @@ impl Cluster {
                     bail!("node allocatable nvidia.com/gpu is {have:?}, want {want}")
                 }
             }
+            Component::MpsDaemon => run(Command::new(tessera_binary("fake-mps-control")?)
+                .args(["-p", "3", "server", "list"])
+                .env("CUDA_MPS_PIPE_DIRECTORY", self.mps_pipe_dir())),
             Component::Reporter => {
                 let devices = device_api(&self.client().await?);
                 let device = devices.get(NODE_NAME).await?;

@@ -123,6 +123,17 @@ pub fn with_memory_limits(mut description: Value, log: &Path) -> Value {
     description
 }
 
+/// `description` with every `nvmlDeviceSetComputeMode` call logged to `log`.
+pub fn with_compute_mode_log(mut description: Value, log: &Path) -> Value {
+    if let Some(fields) = description.as_object_mut() {
+        fields.insert(
+            "computeModeLog".into(),
+            Value::String(log.to_string_lossy().into_owned()),
+        );
+    }
+    description
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

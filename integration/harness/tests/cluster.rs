@@ -106,6 +106,10 @@ fn scenarios() -> Vec<(&'static str, Scenario)> {
             |c| Box::pin(enforcement::hami_core_is_preloaded_even_under_env_i(c)),
         ),
         (
+            "mps_holds_each_shared_container_in_its_own_namespace",
+            |c| Box::pin(enforcement::mps_holds_each_shared_container_in_its_own_namespace(c)),
+        ),
+        (
             "required_enforcement_places_pods_only_where_the_node_holds_it",
             |c| Box::pin(enforcement::required_enforcement_places_only_where_held(c)),
         ),

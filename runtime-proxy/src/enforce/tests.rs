@@ -46,6 +46,7 @@ fn hook(runtime: Result<RuntimeCdi, String>, spec_dir: Option<PathBuf>) -> Enfor
     EnforceHook::new(
         Enforcement {
             driver_memory: true,
+            mps: None,
             hami_core: None,
         },
         Some(DriverMemory {
@@ -56,6 +57,7 @@ fn hook(runtime: Result<RuntimeCdi, String>, spec_dir: Option<PathBuf>) -> Enfor
             runtime: Arc::new(Runtime(runtime)),
             spec_dir,
         }),
+        None,
         Arc::new(Node),
         Arc::new(Metrics::default()),
     )
@@ -299,4 +301,121 @@ async fn created_shared_containers_are_counted_by_their_backends() {
         text.contains(r#"tessera_proxy_shared_containers_total{enforcement="none"} 1"#),
         "{text}"
     );
+}
+
+/// The fake MPS daemon's state machine, called in process.
+#[derive(Debug, Default)]
+struct FakeControl(std::sync::Mutex<tessera_fake_mps::FakeMps>);
+
+impl mps::Control for FakeControl {
+    fn run(&self, args: &[String]) -> Result<String, mps::MpsError> {
+        let mut fake = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        fake.execute(args).map_err(|reason| mps::MpsError::Control {
+            command: args.join(" "),
+            reason,
+        })
+    }
+}
+
+#[derive(Debug)]
+struct AnyMode;
+
+impl mps::ComputeMode for AnyMode {
+    fn set_exclusive(&self, _: &str, _: bool) -> Result<(), mps::MpsError> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_shared_container_with_a_pipe_directory_gets_its_namespace_until_its_pod_goes()
+-> Result<(), Box<dyn std::error::Error>> {
+    let dir = tempfile::tempdir()?;
+    let control = Arc::new(FakeControl::default());
+    let mps = Mps::new(
+        control.clone(),
+        Arc::new(AnyMode),
+        "/run/nvidia-mps".into(),
+        dir.path().join("state"),
+    );
+    let hook = EnforceHook::new(
+        Enforcement {
+            driver_memory: false,
+            mps: Some(tessera_hooks::gpu::MpsFiles {
+                pipe_dir: "/run/nvidia-mps".into(),
+            }),
+            hami_core: None,
+        },
+        None,
+        Some(mps),
+        Arc::new(Node),
+        Arc::new(Metrics::default()),
+    );
+    let ctx = |container: &str| HookContext {
+        pod: Some(pod()),
+        container: Some(crate::store::ContainerInfo {
+            name: container.into(),
+            ..Default::default()
+        }),
+    };
+    let create = |piped: bool| {
+        LifecycleRequest::CreateContainer(cri::CreateContainerRequest {
+            config: Some(cri::ContainerConfig {
+                mounts: piped
+                    .then(|| cri::Mount {
+                        container_path: mps::CONTAINER_PIPE_DIR.into(),
+                        host_path: "/run/nvidia-mps/gpu_0/x".into(),
+                        readonly: true,
+                        ..Default::default()
+                    })
+                    .into_iter()
+                    .collect(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+    };
+    let get = |name: &str, field: &str| {
+        mps::Control::run(
+            control.as_ref(),
+            &["namespace", "get", name, "gpu_0", field].map(str::to_owned),
+        )
+    };
+    let uid = "0b6c2a1e-1111-4222-8333-444455556666";
+    let name = mps::namespace_name(uid, "main").unwrap_or_default();
+    // Without the GPU hook's mount: nothing made.
+    hook.pre(&ctx("main"), &mut create(false))
+        .await
+        .map_err(|e| e.message)?;
+    assert!(get(&name, "name").is_err());
+    hook.pre(&ctx("main"), &mut create(true))
+        .await
+        .map_err(|e| e.message)?;
+    assert_eq!(get(&name, "pinned-memory-limit")?, "20G");
+    assert_eq!(get(&name, "active-thread-percentage")?, "25.00");
+    // A pipe directory on a container with no share of one GPU: refused, not made.
+    let Err(refusal) = hook.pre(&ctx("whole"), &mut create(true)).await else {
+        panic!("a whole-GPU container with a pipe directory was let through");
+    };
+    assert_eq!(refusal.code, Code::FailedPrecondition);
+
+    // The sandbox stops: no container of it runs again, its namespaces go.
+    let stopped = LifecycleRequest::StopPodSandbox(cri::StopPodSandboxRequest::default());
+    hook.post(
+        &ctx("main"),
+        &stopped,
+        &CallOutcome::Ok(crate::hook::LifecycleResponse::StopPodSandbox(
+            cri::StopPodSandboxResponse::default(),
+        )),
+    )
+    .await;
+    assert!(get(&name, "name").is_err());
+    assert!(
+        mps::Control::run(
+            control.as_ref(),
+            &["server", "get", "gpu_0", "status"].map(str::to_owned)
+        )
+        .is_err(),
+        "the GPU's server outlived its last namespace"
+    );
+    Ok(())
 }

@@ -37,7 +37,10 @@ fn log(event: &Value) {
         .open(&path)
         .and_then(|mut f| f.write_all(format!("{event}\n").as_bytes()));
     if let Err(error) = written {
-        eprintln!("fake-mps-control: log {}: {error}", Path::new(&path).display());
+        eprintln!(
+            "fake-mps-control: log {}: {error}",
+            Path::new(&path).display()
+        );
     }
 }
 
@@ -110,13 +113,14 @@ fn client(args: &[String]) -> ExitCode {
             .read_line(&mut answer)
             .map_err(|e| e.to_string())
     });
-    let answer: Value = match read.and_then(|_| serde_json::from_str(&answer).map_err(|e| e.to_string())) {
-        Ok(answer) => answer,
-        Err(error) => {
-            eprintln!("fake-mps-control: {error}");
-            return ExitCode::FAILURE;
-        }
-    };
+    let answer: Value =
+        match read.and_then(|_| serde_json::from_str(&answer).map_err(|e| e.to_string())) {
+            Ok(answer) => answer,
+            Err(error) => {
+                eprintln!("fake-mps-control: {error}");
+                return ExitCode::FAILURE;
+            }
+        };
     let output = answer["output"].as_str().unwrap_or_default();
     if answer["ok"] == true {
         if !output.is_empty() {

@@ -139,8 +139,8 @@ pub async fn driver_memory_limits_on_the_containers_own_cgroup(
         .remove("main")
         .context("no spec")?;
     ensure!(
-        env_values(&spec, "TESSERA_ENFORCEMENT") == ["driver-memory+hami-core"],
-        "enforced: TESSERA_ENFORCEMENT {:?}, want [driver-memory+hami-core]",
+        env_values(&spec, "TESSERA_ENFORCEMENT") == ["driver-memory+mps+hami-core"],
+        "enforced: TESSERA_ENFORCEMENT {:?}, want [driver-memory+mps+hami-core]",
         env_values(&spec, "TESSERA_ENFORCEMENT")
     );
     let hooks = spec["hooks"]["createRuntime"].to_string();
@@ -356,7 +356,7 @@ pub async fn required_enforcement_places_only_where_held(
         let devices = devices.clone();
         async move {
             let want = if want_compute {
-                "driver-memory+hami-core"
+                "driver-memory+mps+hami-core"
             } else {
                 "driver-memory"
             };
@@ -462,5 +462,198 @@ pub async fn required_enforcement_places_only_where_held(
     for name in ["needs-both", "needs-compute", "needs-memory", "needs-typo"] {
         cluster.delete_pod(name).await?;
     }
+    Ok(())
+}
+
+/// The mount of `path` in an OCI spec: (source, options).
+fn mount_of(spec: &Value, path: &str) -> Option<(String, Vec<String>)> {
+    spec["mounts"].as_array()?.iter().rev().find_map(|m| {
+        (m["destination"] == path).then(|| {
+            let options = m["options"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|o| o.as_str().map(str::to_owned))
+                .collect();
+            (m["source"].as_str().unwrap_or_default().to_owned(), options)
+        })
+    })
+}
+
+/// Waits up to 30 s for `check` to hold; `what` names it in the error.
+async fn eventually(
+    what: &str,
+    mut check: impl FnMut() -> anyhow::Result<bool>,
+) -> anyhow::Result<()> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        if check()? {
+            return Ok(());
+        }
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "{what}: not within 30 s"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+}
+
+/// MPS: a shared container gets a namespace of its GPU's server, made before it
+/// starts with its grant as limits, and that namespace's directory alone as its
+/// pipe directory (read-only, at both default paths), whatever MPS env the tenant
+/// set; the GPU goes exclusive-process while it holds the share. The namespace
+/// survives the MPS daemon's death (the supervisor brings it back) and goes with
+/// the pod, the server and exclusivity with it.
+pub async fn mps_holds_each_shared_container_in_its_own_namespace(
+    cluster: &mut Cluster,
+) -> anyhow::Result<()> {
+    cluster
+        .create_pod(
+            "admin",
+            &pod(
+                "mps-share",
+                &[(
+                    "main",
+                    json!({"koordinator.sh/gpu-core": "25", "koordinator.sh/gpu-memory-ratio": "25"}),
+                )],
+                &[
+                    ("CUDA_MPS_PIPE_DIRECTORY", "/tmp/elsewhere"),
+                    ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "100"),
+                ],
+            ),
+        )
+        .await?;
+    let shared = cluster.wait_running("mps-share").await?;
+    let gpus = allocated_gpus(&shared)?;
+    ensure!(gpus.len() == 1, "mps-share: granted {gpus:?}");
+    let (uuid, minor) = gpus[0].clone();
+    let server = format!("gpu_{minor}");
+    let spec = cluster
+        .container_specs(&shared)?
+        .remove("main")
+        .context("no spec")?;
+
+    // The pipe directory: the namespace's own, read-only, at both default paths.
+    let pipe = cluster.mps_pipe_dir().join(&server);
+    let (source, options) =
+        mount_of(&spec, "/run/nvidia-mps").context("no /run/nvidia-mps mount")?;
+    let namespace = std::path::Path::new(&source)
+        .strip_prefix(&pipe)
+        .ok()
+        .and_then(|rest| rest.to_str())
+        .filter(|rest| !rest.contains('/'))
+        .with_context(|| {
+            format!(
+                "/run/nvidia-mps comes from {source}, not a namespace of {}",
+                pipe.display()
+            )
+        })?
+        .to_owned();
+    ensure!(
+        options.iter().any(|o| o == "ro"),
+        "/run/nvidia-mps is not read-only: {options:?}"
+    );
+    ensure!(
+        mount_of(&spec, "/tmp/nvidia-mps")
+            .is_some_and(|(s, o)| s == source && o.iter().any(|o| o == "ro")),
+        "/tmp/nvidia-mps is not the same read-only namespace: {:?}",
+        mount_of(&spec, "/tmp/nvidia-mps")
+    );
+    for (key, want) in [
+        ("CUDA_MPS_PIPE_DIRECTORY", "/run/nvidia-mps"),
+        ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "25"),
+        ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "0=20480M"),
+        ("TESSERA_ENFORCEMENT", "driver-memory+mps+hami-core"),
+    ] {
+        ensure!(
+            env_values(&spec, key) == [want],
+            "mps-share: {key} is {:?}, want only {want:?}",
+            env_values(&spec, key)
+        );
+    }
+    // In the container's own mount namespace, its pipe directory holds the
+    // namespace's socket.
+    use std::os::unix::fs::FileTypeExt as _;
+    let pid = cluster.container_pid(&container_id(&shared, "main")?)?;
+    let socket = format!("/proc/{pid}/root/run/nvidia-mps/control");
+    ensure!(
+        std::fs::metadata(&socket).is_ok_and(|m| m.file_type().is_socket()),
+        "{socket} is not the namespace's socket"
+    );
+
+    // The daemon holds the grant: 20 GiB (25 % of 80 GiB) and 25 % of the threads.
+    let held = |cluster: &Cluster| -> anyhow::Result<(String, String)> {
+        Ok((
+            cluster.mps_control(&[
+                "namespace",
+                "get",
+                &namespace,
+                &server,
+                "pinned-memory-limit",
+            ])?,
+            cluster.mps_control(&[
+                "namespace",
+                "get",
+                &namespace,
+                &server,
+                "active-thread-percentage",
+            ])?,
+        ))
+    };
+    let want = ("20G".to_owned(), "25.00".to_owned());
+    ensure!(
+        held(cluster)? == want,
+        "namespace {namespace}: {:?}, want {want:?}",
+        held(cluster)?
+    );
+    let exclusive = |cluster: &Cluster, mode: u64| {
+        cluster.compute_mode_calls().map(|calls| {
+            calls
+                .iter()
+                .any(|c| c["uuid"] == uuid.as_str() && c["mode"] == mode && c["result"] == 0)
+        })
+    };
+    ensure!(
+        exclusive(cluster, 3)?,
+        "GPU {uuid} was not made exclusive-process: {:?}",
+        cluster.compute_mode_calls()?
+    );
+
+    // The control daemon dies: the supervisor starts it again with the namespace.
+    let pid_file = cluster.mps_pipe_dir().join("nvidia-cuda-mps-control.pid");
+    let first = std::fs::read_to_string(&pid_file)?;
+    let first_pid: i32 = first.trim().parse()?;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(first_pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )?;
+    eventually("the MPS daemon's return", || {
+        Ok(std::fs::read_to_string(&pid_file).is_ok_and(|p| p != first) && held(cluster).is_ok())
+    })
+    .await?;
+    ensure!(
+        held(cluster)? == want,
+        "after the daemon's restart: {:?}, want {want:?}",
+        held(cluster)?
+    );
+
+    // The pod goes: its namespace, the GPU's server and exclusivity with it.
+    cluster.delete_pod("mps-share").await?;
+    eventually("the namespace's deletion", || {
+        Ok(cluster
+            .mps_control(&["namespace", "get", &namespace, &server, "name"])
+            .is_err())
+    })
+    .await?;
+    ensure!(
+        cluster
+            .mps_control(&["server", "get", &server, "status"])
+            .is_err(),
+        "server {server} outlived its last namespace"
+    );
+    ensure!(
+        exclusive(cluster, 0)?,
+        "GPU {uuid} was not handed back to DEFAULT compute mode"
+    );
     Ok(())
 }
