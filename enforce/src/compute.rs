@@ -1,6 +1,7 @@
 //! GPU compute mode through NVML: `EXCLUSIVE_PROCESS` while a GPU's MPS server
 //! holds shares (only the server may then have a context on it), `DEFAULT`
-//! again once it holds none.
+//! again once it holds none. Reading it is anyone's; setting it is a privileged
+//! driver control (`CAP_SYS_ADMIN`), done by the MPS supervisor.
 
 use std::path::Path;
 
@@ -35,6 +36,15 @@ impl NvmlComputeMode {
 }
 
 impl ComputeMode for NvmlComputeMode {
+    fn is_exclusive(&self, uuid: &str) -> Result<bool, MpsError> {
+        let error = |e: &dyn std::fmt::Display| MpsError::ComputeMode {
+            uuid: uuid.to_owned(),
+            reason: e.to_string(),
+        };
+        let device = self.nvml.device_by_uuid(uuid).map_err(|e| error(&e))?;
+        Ok(device.compute_mode().map_err(|e| error(&e))? == NvmlMode::ExclusiveProcess)
+    }
+
     fn set_exclusive(&self, uuid: &str, exclusive: bool) -> Result<(), MpsError> {
         let error = |e: &dyn std::fmt::Display| MpsError::ComputeMode {
             uuid: uuid.to_owned(),

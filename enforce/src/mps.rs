@@ -3,7 +3,8 @@
 //! One control daemon per node (`nvidia-cuda-mps-control -f -p 3 -m`, supervised
 //! by `tessera-enforce mps-daemon`, see [`supervise`]). On demand, for each GPU
 //! that holds shares, one MPS server (`gpu_<minor>`, root-owned, that GPU alone),
-//! with the GPU in `EXCLUSIVE_PROCESS` compute mode so that the server is the only
+//! with the GPU in `EXCLUSIVE_PROCESS` compute mode (set by the supervisor, which
+//! has the `CAP_SYS_ADMIN` the driver asks for) so that the server is the only
 //! context on it: a process that avoids MPS gets no context at all instead of the
 //! whole GPU. For each shared container, one namespace of that server, whose
 //! pinned-memory limit and active-thread percentage are the grant. The container
@@ -180,11 +181,18 @@ impl Control for ControlProgram {
     }
 }
 
-/// Sets a GPU's compute mode. The real one is NVML's (`nvml::NvmlComputeMode`).
+/// A GPU's compute mode. The real one is NVML's (`compute::NvmlComputeMode`).
+/// Setting it needs `CAP_SYS_ADMIN`, which the runtime proxy does not have: the
+/// MPS supervisor sets it ([`supervise`]), the proxy only reads it.
 pub trait ComputeMode: Send + Sync + fmt::Debug {
+    /// Whether the GPU is in `EXCLUSIVE_PROCESS` mode.
+    fn is_exclusive(&self, uuid: &str) -> Result<bool, MpsError>;
     /// `EXCLUSIVE_PROCESS` (`true`) or `DEFAULT` (`false`).
     fn set_exclusive(&self, uuid: &str, exclusive: bool) -> Result<(), MpsError>;
 }
+
+/// How long [`Mps::ensure`] waits for the supervisor to make a GPU exclusive.
+pub const EXCLUSIVE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The node's MPS: its daemon, Tessera's record of what it holds, and the GPUs'
 /// compute mode. Calls block (they run the control program) and are serialised,
@@ -195,6 +203,7 @@ pub struct Mps {
     compute: Arc<dyn ComputeMode>,
     pipe_dir: PathBuf,
     state_dir: PathBuf,
+    exclusive_wait: std::time::Duration,
     lock: Arc<Mutex<()>>,
 }
 
@@ -211,8 +220,15 @@ impl Mps {
             compute,
             pipe_dir,
             state_dir,
+            exclusive_wait: EXCLUSIVE_WAIT,
             lock: Arc::new(Mutex::new(())),
         }
+    }
+
+    /// The same, waiting at most `wait` for a GPU to go exclusive.
+    pub fn with_exclusive_wait(mut self, wait: std::time::Duration) -> Self {
+        self.exclusive_wait = wait;
+        self
     }
 
     /// The daemon's pipe directory.
@@ -236,19 +252,21 @@ impl Mps {
         self.control.run(&args(parts))
     }
 
-    /// Puts `spec` in force: its GPU's server (made, with the GPU exclusive, if
-    /// missing), its namespace (made if missing), its limits (set unless already
-    /// held: MPS refuses to change a namespace a client is attached to), read back.
-    /// Returns the namespace's pipe directory.
+    /// Puts `spec` in force: its GPU exclusive-process (the supervisor makes it
+    /// so for every GPU of a kept spec; this waits up to [`EXCLUSIVE_WAIT`] for
+    /// it), its GPU's server (made if missing), its namespace (made if missing),
+    /// its limits (set unless already held: MPS refuses to change a namespace a
+    /// client is attached to), read back. Returns the namespace's pipe directory.
     pub fn ensure(&self, spec: &NamespaceSpec) -> Result<PathBuf, MpsError> {
         let _serial = self.lock.lock().unwrap_or_else(|p| p.into_inner());
-        // Recorded first: a daemon that restarts from here on brings it back.
+        // Recorded first: the supervisor makes the GPU exclusive from it, and a
+        // daemon that restarts from here on brings the namespace back.
         self.write_state(spec)?;
+        self.wait_exclusive(&spec.uuid)?;
         if self
             .run(&["server", "get", &spec.server, "status"])
             .is_err()
         {
-            self.compute.set_exclusive(&spec.uuid, true)?;
             self.run(&[
                 "server",
                 "create",
@@ -306,6 +324,29 @@ impl Mps {
         Ok(want)
     }
 
+    /// Waits until the GPU is exclusive-process: no process may then reach it
+    /// but through its MPS server.
+    fn wait_exclusive(&self, uuid: &str) -> Result<(), MpsError> {
+        let started = std::time::Instant::now();
+        loop {
+            let exclusive = self.compute.is_exclusive(uuid)?;
+            if exclusive {
+                return Ok(());
+            }
+            if started.elapsed() >= self.exclusive_wait {
+                return Err(MpsError::ComputeMode {
+                    uuid: uuid.to_owned(),
+                    reason: format!(
+                        "not exclusive-process {:.1} s after its share was recorded in {} (the MPS supervisor, tessera-enforce mps-daemon, sets it: is it running with this --state-dir?)",
+                        self.exclusive_wait.as_secs_f64(),
+                        self.state_dir.display()
+                    ),
+                });
+            }
+            std::thread::sleep(std::time::Duration::from_millis(25));
+        }
+    }
+
     /// Reads the namespace's limits back; an error names the first that differs.
     fn held(&self, spec: &NamespaceSpec) -> Result<(), MpsError> {
         let get = |field| self.run(&["namespace", "get", &spec.name, &spec.server, field]);
@@ -335,8 +376,9 @@ impl Mps {
     }
 
     /// Deletes a pod's namespaces (their clients are gone with the pod; `--force`
-    /// in case one lingers), and each server left without one, handing its GPU
-    /// back to `DEFAULT` compute mode. Returns how many namespaces went.
+    /// in case one lingers), and each server left without one (the supervisor
+    /// then hands its GPU back to `DEFAULT` compute mode). Returns how many
+    /// namespaces went.
     pub fn remove_pod(&self, pod_uid: &str) -> Result<usize, MpsError> {
         let Some(prefix) = pod_prefix(pod_uid) else {
             return Ok(0);
@@ -380,7 +422,7 @@ impl Mps {
         if self.run(&["server", "get", &spec.server, "status"]).is_ok() {
             self.run(&["server", "delete", &spec.server, "--force"])?;
         }
-        self.compute.set_exclusive(&spec.uuid, false)
+        Ok(())
     }
 
     fn state_file(&self, name: &str) -> PathBuf {

@@ -1,9 +1,11 @@
 //! The MPS supervisor against the fake control daemon (`fake-mps-control`, run as
-//! a real process over its socket): namespaces made live through the control
-//! program come back after the daemon dies, and a stop asks it to quit.
+//! a real process over its socket): a GPU goes exclusive-process while a kept
+//! namespace is on it, namespaces made live through the control program come
+//! back after the daemon dies, and a stop asks it to quit and hands the GPU back.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tessera_enforce::mps::{
@@ -11,11 +13,31 @@ use tessera_enforce::mps::{
     server_name, supervise,
 };
 
-#[derive(Debug)]
-struct NoModes;
+/// The GPUs' compute modes, as the driver would keep them.
+#[derive(Debug, Default)]
+struct Modes(Mutex<BTreeMap<String, bool>>);
 
-impl ComputeMode for NoModes {
-    fn set_exclusive(&self, _: &str, _: bool) -> Result<(), MpsError> {
+impl Modes {
+    fn of(&self, uuid: &str) -> bool {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(uuid)
+            .copied()
+            .unwrap_or(false)
+    }
+}
+
+impl ComputeMode for Modes {
+    fn is_exclusive(&self, uuid: &str) -> Result<bool, MpsError> {
+        Ok(self.of(uuid))
+    }
+
+    fn set_exclusive(&self, uuid: &str, exclusive: bool) -> Result<(), MpsError> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(uuid.to_owned(), exclusive);
         Ok(())
     }
 }
@@ -57,20 +79,21 @@ async fn namespaces_outlive_the_daemon_and_a_stop_quits_it() -> anyhow::Result<(
         min_backoff: Duration::from_millis(100),
         max_backoff: Duration::from_millis(400),
     };
+    let modes = Arc::new(Modes::default());
     let mps = Mps::new(
         Arc::new(ControlProgram {
             binary: control,
             pipe_dir: config.pipe_dir.clone(),
         }),
-        Arc::new(NoModes),
+        modes.clone(),
         config.pipe_dir.clone(),
         config.state_dir.clone(),
     );
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let supervisor = {
-        let config = config.clone();
+        let (config, modes) = (config.clone(), modes.clone());
         tokio::spawn(async move {
-            supervise(&config, async {
+            supervise(&config, modes.as_ref(), async {
                 let _ = stop_rx.await;
             })
             .await

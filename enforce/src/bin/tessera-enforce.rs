@@ -57,6 +57,10 @@ enum Command {
         /// Where the runtime proxy keeps its namespaces (<its --enforcement-dir>/mps).
         #[arg(long, value_name = "DIR", default_value = tessera_enforce::mps::DEFAULT_STATE_DIR)]
         state_dir: PathBuf,
+        /// The NVML library, through which each GPU holding shares is made
+        /// exclusive-process (and handed back to DEFAULT when it holds none).
+        #[arg(long, value_name = "PATH", default_value = "libnvidia-ml.so.1")]
+        nvml_library: PathBuf,
     },
 }
 
@@ -71,19 +75,30 @@ fn main() -> ExitCode {
             pipe_dir,
             log_dir,
             state_dir,
-        } => mps_daemon(tessera_enforce::mps::DaemonConfig {
-            control,
-            pipe_dir,
-            log_dir,
-            state_dir,
-            min_backoff: std::time::Duration::from_secs(1),
-            max_backoff: std::time::Duration::from_secs(30),
-        }),
+            nvml_library,
+        } => mps_daemon(
+            tessera_enforce::mps::DaemonConfig {
+                control,
+                pipe_dir,
+                log_dir,
+                state_dir,
+                min_backoff: std::time::Duration::from_secs(1),
+                max_backoff: std::time::Duration::from_secs(30),
+            },
+            &nvml_library,
+        ),
     }
 }
 
-fn mps_daemon(config: tessera_enforce::mps::DaemonConfig) -> ExitCode {
+fn mps_daemon(config: tessera_enforce::mps::DaemonConfig, nvml: &std::path::Path) -> ExitCode {
     tessera_api::binary::init_logging("info");
+    let compute = match tessera_enforce::compute::NvmlComputeMode::open(nvml) {
+        Ok(compute) => compute,
+        Err(error) => {
+            tracing::error!(%error, "MPS daemon not started: NVML is needed to make GPUs exclusive-process");
+            return ExitCode::FAILURE;
+        }
+    };
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -99,7 +114,7 @@ fn mps_daemon(config: tessera_enforce::mps::DaemonConfig) -> ExitCode {
             tracing::error!(%error, "cannot wait for SIGTERM; stopping");
         }
     };
-    match runtime.block_on(tessera_enforce::mps::supervise(&config, stop)) {
+    match runtime.block_on(tessera_enforce::mps::supervise(&config, &compute, stop)) {
         Ok(starts) => {
             tracing::info!(starts, "stopped");
             ExitCode::SUCCESS

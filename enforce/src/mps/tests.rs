@@ -37,16 +37,27 @@ impl Control for InProcess {
     }
 }
 
+/// GPU compute modes as the supervisor keeps them: `stuck` never exclusive.
 #[derive(Debug, Default)]
-struct Modes(Mutex<Vec<(String, bool)>>);
+struct Modes {
+    stuck: bool,
+    asked: Mutex<Vec<String>>,
+}
 
 impl ComputeMode for Modes {
-    fn set_exclusive(&self, uuid: &str, exclusive: bool) -> Result<(), MpsError> {
-        self.0
+    fn is_exclusive(&self, uuid: &str) -> Result<bool, MpsError> {
+        self.asked
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .push((uuid.to_owned(), exclusive));
-        Ok(())
+            .push(uuid.to_owned());
+        Ok(!self.stuck)
+    }
+
+    fn set_exclusive(&self, _: &str, _: bool) -> Result<(), MpsError> {
+        Err(MpsError::ComputeMode {
+            uuid: "-".into(),
+            reason: "the proxy never sets it".into(),
+        })
     }
 }
 
@@ -63,14 +74,19 @@ fn spec(container: &str, bytes: u64, percent: u64) -> NamespaceSpec {
 }
 
 fn setup(control: Arc<InProcess>) -> (Mps, Arc<Modes>, tempfile::TempDir) {
+    setup_with(control, Modes::default())
+}
+
+fn setup_with(control: Arc<InProcess>, modes: Modes) -> (Mps, Arc<Modes>, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let modes = Arc::new(Modes::default());
+    let modes = Arc::new(modes);
     let mps = Mps::new(
         control,
         modes.clone(),
         "/run/nvidia-mps".into(),
         dir.path().join("state"),
-    );
+    )
+    .with_exclusive_wait(std::time::Duration::from_millis(100));
     (mps, modes, dir)
 }
 
@@ -102,10 +118,10 @@ fn a_share_gets_its_gpus_server_and_its_own_namespace() -> Result<(), MpsError> 
     let spec = spec("main", 20 << 30, 25);
     let dir = mps.ensure(&spec)?;
     assert_eq!(dir, Path::new("/run/nvidia-mps/gpu_0").join(&spec.name));
-    // The GPU went exclusive before its server was made.
+    // The GPU was exclusive before its server was made.
     assert_eq!(
-        *modes.0.lock().unwrap_or_else(|p| p.into_inner()),
-        [("GPU-a".to_owned(), true)]
+        *modes.asked.lock().unwrap_or_else(|p| p.into_inner()),
+        ["GPU-a"]
     );
     let calls = control
         .calls
@@ -160,9 +176,30 @@ fn limits_that_differ_are_set_and_a_refused_set_fails() -> Result<(), MpsError> 
 }
 
 #[test]
-fn the_last_namespace_of_a_gpu_takes_its_server_and_exclusivity_away() -> Result<(), MpsError> {
+fn a_gpu_that_does_not_go_exclusive_gets_no_server() {
     let control = Arc::new(InProcess::default());
-    let (mps, modes, _dir) = setup(control.clone());
+    let stuck = Modes {
+        stuck: true,
+        ..Modes::default()
+    };
+    let (mps, _, _dir) = setup_with(control.clone(), stuck);
+    let error = mps.ensure(&spec("main", 1 << 30, 10));
+    assert!(
+        matches!(&error, Err(MpsError::ComputeMode { reason, .. }) if reason.contains("mps-daemon")),
+        "{error:?}"
+    );
+    let calls = control
+        .calls
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    assert!(calls.is_empty(), "{calls:?}");
+}
+
+#[test]
+fn the_last_namespace_of_a_gpu_takes_its_server_away() -> Result<(), MpsError> {
+    let control = Arc::new(InProcess::default());
+    let (mps, _, _dir) = setup(control.clone());
     mps.ensure(&spec("main", 1 << 30, 10))?;
     let other = NamespaceSpec {
         name: namespace_name("1111aaaa-0000-0000-0000-000000000000", "main").unwrap_or_default(),
@@ -182,10 +219,7 @@ fn the_last_namespace_of_a_gpu_takes_its_server_and_exclusivity_away() -> Result
             .run(&args(&["server", "get", "gpu_0", "status"]))
             .is_err()
     );
-    assert_eq!(
-        modes.0.lock().unwrap_or_else(|p| p.into_inner()).last(),
-        Some(&("GPU-a".to_owned(), false))
-    );
+    // With no spec left, the supervisor hands the GPU back.
     assert!(mps.read_state()?.is_empty());
     // A pod with nothing, or a UID unfit for a name: nothing to do.
     assert_eq!(mps.remove_pod(UID)?, 0);

@@ -1000,7 +1000,9 @@ pub extern "C" fn nvmlDeviceSetComputeMode(device: nvmlDevice_t, mode: c_uint) -
     result
 }
 
-/// The compute mode set, or `NVML_COMPUTEMODE_DEFAULT`.
+/// The compute mode set, or `NVML_COMPUTEMODE_DEFAULT`. With `computeModeLog`,
+/// the last successful set of any process in the log: the driver's mode is the
+/// node's, not one process's.
 #[unsafe(no_mangle)]
 pub extern "C" fn nvmlDeviceGetComputeMode(
     device: nvmlDevice_t,
@@ -1008,8 +1010,28 @@ pub extern "C" fn nvmlDeviceGetComputeMode(
 ) -> nvmlReturn_t {
     status(with_state(|s| {
         let index = gpu_index(s, device)?;
-        write(mode, s.compute_modes.get(&index).copied().unwrap_or(0))
+        let logged = s
+            .node
+            .compute_mode_log
+            .as_deref()
+            .and_then(|path| logged_compute_mode(path, &s.node.gpus[index].uuid));
+        let current = logged.unwrap_or_else(|| s.compute_modes.get(&index).copied().unwrap_or(0));
+        write(mode, current)
     }))
+}
+
+/// The mode of the last successful set of `uuid` in the log.
+fn logged_compute_mode(path: &Path, uuid: &str) -> Option<c_uint> {
+    let text = std::fs::read_to_string(path).ok()?;
+    text.lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|entry| entry["uuid"] == uuid && entry["result"] == SUCCESS)
+        .filter_map(|entry| {
+            entry["mode"]
+                .as_u64()
+                .and_then(|m| c_uint::try_from(m).ok())
+        })
+        .last()
 }
 
 #[unsafe(no_mangle)]

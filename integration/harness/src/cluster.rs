@@ -970,6 +970,7 @@ impl Cluster {
                     format!("--pipe-dir={}", self.mps_pipe_dir().display()),
                     format!("--log-dir={}", dir.join("mps").join("log").display()),
                     format!("--state-dir={}", dir.join("enforce").join("mps").display()),
+                    format!("--nvml-library={}", library.display()),
                 ],
                 vec![
                     ("RUST_LOG".into(), "info".into()),

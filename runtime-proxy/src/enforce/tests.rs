@@ -321,6 +321,10 @@ impl mps::Control for FakeControl {
 struct AnyMode;
 
 impl mps::ComputeMode for AnyMode {
+    fn is_exclusive(&self, _: &str) -> Result<bool, mps::MpsError> {
+        Ok(true)
+    }
+
     fn set_exclusive(&self, _: &str, _: bool) -> Result<(), mps::MpsError> {
         Ok(())
     }
