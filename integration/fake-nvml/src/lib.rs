@@ -1024,14 +1024,14 @@ pub extern "C" fn nvmlDeviceGetComputeMode(
 fn logged_compute_mode(path: &Path, uuid: &str) -> Option<c_uint> {
     let text = std::fs::read_to_string(path).ok()?;
     text.lines()
+        .rev()
         .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
         .filter(|entry| entry["uuid"] == uuid && entry["result"] == SUCCESS)
-        .filter_map(|entry| {
+        .find_map(|entry| {
             entry["mode"]
                 .as_u64()
                 .and_then(|m| c_uint::try_from(m).ok())
         })
-        .last()
 }
 
 #[unsafe(no_mangle)]
