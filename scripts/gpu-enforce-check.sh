@@ -11,6 +11,9 @@
 #   d  each container's OCI spec (OUT/specs.json): TESSERA_ENFORCEMENT, limiter env,
 #      HAMi-core's mounts, the tessera-enforce createRuntime hook
 #   e  with driver-memory on (r615+): nvmlDeviceGetMemoryLimits_v1 on each shared cgroup
+#   m  with MPS v3 (r615+; fake mode: fake-mps-control): each shared container's namespace
+#      pipe directory (read-only) and client env; the GPU exclusive-process while shared,
+#      DEFAULT after (nvidia-smi); on 580 an INFO line says why MPS is off
 #
 # As root, from the checkout's root:
 #   bash scripts/gpu-enforce-check.sh --pack [DIR]  on the build machine: puts what does not
@@ -151,13 +154,14 @@ step_facts() {
     local fl=${FAKE_NVML_LIB:-$(find_in libtessera_fake_nvml.so "$ROOT/target/debug" "${CARGO_TARGET_DIR:-/tmp/gpucheck-target}/debug")} uvm
     [ -f "$fl" ] || { echo "no libtessera_fake_nvml.so: cargo build -p tessera-fake-nvml"; return 1; }
     mkdir -p "$W/fakelib" "$W/dev"; cp "$fl" "$W/fakelib/libnvidia-ml.so.1"
-    python3 - "$W/fakelib/fake-nvml.json" "$W/res/memory-limits.jsonl" "${GPU_CHECK_FAKE_LIMITS:-1}" <<'EOF'
+    python3 - "$W/fakelib/fake-nvml.json" "$W/res/memory-limits.jsonl" "${GPU_CHECK_FAKE_LIMITS:-1}" "$W/res/compute-mode.jsonl" <<'EOF'
 import json, sys
 gpu = lambda i, p: {"uuid": "GPU-fa4e0000-0000-4000-8000-00000000000%d" % i, "minor": i, "name": "NVIDIA H100 80GB HBM3",
                     "memoryBytes": 85899345920, "busId": "00000000:%02X:00.0" % (0x18 + i * 0x10), "numaNode": i // 2,
                     "pcieSwitch": "sw%d" % (i // 2), "nvlinks": [{"link": 0, "peerBusId": "00000000:%02X:00.0" % (0x18 + p * 0x10)}]}
 json.dump({"driverVersion": "550.54.15", "cudaDriverVersion": 12040, "gpus": [gpu(0, 1), gpu(1, 0), gpu(2, 3), gpu(3, 2)],
-           "xidEvents": [], "memoryLimits": sys.argv[3] != "0", "memoryLimitsLog": sys.argv[2]}, open(sys.argv[1], "w"), indent=1)
+           "xidEvents": [], "memoryLimits": sys.argv[3] != "0", "memoryLimitsLog": sys.argv[2], "computeModeLog": sys.argv[4]},
+          open(sys.argv[1], "w"), indent=1)
 EOF
     uvm=$(awk '$2 == "nvidia-uvm" {print $1}' /proc/devices); uvm=${uvm:-510}
     for n in 0 1 2 3; do mknod "$W/dev/nvidia$n" c 195 $n; done
@@ -301,6 +305,22 @@ EOF
               --kubelet-checkpoint "$W/no-checkpoint" --gpu-memory-limits auto --enforce-binary "$W/bin/tessera-enforce"
               --enforcement-dir "$W/enforce" --cdi-spec-dir "$W/cdi")
   [ -n "${HAMI_LIB:-}" ] && args+=(--hami-core-library "$HAMI_LIB")
+  # MPS v3 (driver r615+): Tessera's supervised daemon first, then --mps auto on the proxy.
+  # Fake mode: the fake daemon (fake-mps-control). Driver 580 has MPS v2 only: off, and why.
+  local mpsctl=""
+  if [ -n "$FAKE" ]; then mpsctl=$(find_in fake-mps-control "$ROOT/target/debug" "${CARGO_TARGET_DIR:-/tmp/gpucheck-target}/debug" "${BIN_DIRS[@]}")
+  else mpsctl=$(command -v nvidia-cuda-mps-control); fi
+  [ -n "$mpsctl" ] && [ -z "$FAKE" ] && timeout 10 "$mpsctl" -p 3 -h < /dev/null > "$W/res/mps-v3-help.txt" 2>&1
+  if [ -n "$mpsctl" ] && { [ -n "$FAKE" ] || grep -q namespace "$W/res/mps-v3-help.txt"; }; then
+    FAKE_MPS_LOG="$W/res/mps-commands.jsonl" RUST_LOG=info "$W/bin/tessera-enforce" mps-daemon --control "$mpsctl" \
+      --pipe-dir "$W/mps/pipe" --log-dir "$W/mps/log" --state-dir "$W/enforce/mps" --nvml-library "$NVML_LIB" \
+      > "$W/res/mps.log" 2>&1 &
+    echo $! > "$W/mps.pid"
+    for _ in $(seq 100); do [ -S "$W/mps/pipe/control" ] && break; sleep 0.1; done
+    args+=(--mps auto --mps-control "$mpsctl" --mps-pipe-dir "$W/mps/pipe")
+    setstate MPS "on: $mpsctl, daemon $( [ -S "$W/mps/pipe/control" ] && echo up || echo 'not up')"
+  elif [ -n "$mpsctl" ]; then setstate MPS "off: $mpsctl has no MPS v3 (-p 3 needs driver r615+): $(head -c 160 "$W/res/mps-v3-help.txt" | tr '\n' ' ')"
+  else setstate MPS "off: no nvidia-cuda-mps-control"; fi
   echo "tessera-runtime-proxy ${args[*]}" | tee "$W/res/proxy.cmd"
   RUST_LOG=info "$W/bin/tessera-runtime-proxy" "${args[@]}" > "$W/res/proxy.log" 2>&1 &
   echo $! > "$W/proxy.pid"
@@ -325,6 +345,13 @@ step_pods() {
     else echo "$p: CreateContainer failed: $(cat "$W/res/create-$p.err")"; fi
   done
   ls -la "$W/cdi"; cat "$W/cdi"/* 2>/dev/null | head -c 3000; echo
+}
+
+step_mps_modes() { # m: the GPU's compute mode while shares run on it through MPS
+  [ -f "$W/mps.pid" ] || { echo "MPS off"; return 0; }
+  if [ -n "$FAKE" ]; then cat "$W/res/compute-mode.jsonl" > "$W/res/compute-mode-shared.txt" 2>&1
+  else nvidia-smi --query-gpu=index,uuid,compute_mode --format=csv,noheader > "$W/res/compute-mode-shared.txt" 2>&1; fi
+  cat "$W/res/compute-mode-shared.txt"; ls -R "$W/mps/pipe" | head -20
 }
 
 step_limits() { # e: the driver's limit on each shared container's own cgroup, read from outside
@@ -369,6 +396,13 @@ down() { # stops what this script started: pods (through the proxy first, so its
   fi
   [ -S "$W/containerd.sock" ] && timeout 20 "${c[@]}" --runtime-endpoint "unix://$W/containerd.sock" rmp -fa
   for p in proxy containerd; do [ -f "$W/$p.pid" ] && kill "$(cat "$W/$p.pid")" 2>/dev/null; done
+  # The MPS supervisor quits its daemon and hands the GPUs back to DEFAULT compute mode: wait for it.
+  if [ -f "$W/mps.pid" ]; then
+    p=$(cat "$W/mps.pid"); kill "$p" 2>/dev/null
+    for _ in $(seq 150); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$p" 2>/dev/null; rm -f "$W/mps.pid"
+    [ -z "$FAKE" ] && command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=index,compute_mode --format=csv,noheader > "$W/res/compute-mode-after.txt" 2>&1
+  fi
   sleep 1
   for f in /proc/[0-9]*; do # shims left behind: those running this run's own copy of the binary
     [ "$(readlink "$f/exe" 2>/dev/null)" = "$W/bin/containerd-shim-runc-v2" ] && kill "${f#/proc/}"; done
@@ -424,6 +458,7 @@ step build 120
 step up 90
 step pods 90
 step limits 30
+step mps-modes 20
 step torch-base 100
 step torch-a 100
 step torch-b 160

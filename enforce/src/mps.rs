@@ -60,16 +60,26 @@ pub fn server_name(minor: u32) -> String {
     format!("gpu_{minor}")
 }
 
-/// A pod's namespaces share this prefix: its UID's hex digits, then `_`. `None`
-/// for a UID that is not hex (kubelet's are UUIDs, or 32 hex digits for static pods).
+/// A pod's namespaces share this prefix, then `_`: its UID's hex digits (kubelet's
+/// UIDs are UUIDs, or 32 hex digits for static pods), or, for a UID that is not
+/// hex (a CRI client's own), `u` and 31 hex digits of its SHA-256. `None` for an
+/// empty UID.
 pub fn pod_prefix(pod_uid: &str) -> Option<String> {
+    use sha2::Digest as _;
+    if pod_uid.is_empty() {
+        return None;
+    }
     let hex: String = pod_uid.chars().filter(|c| *c != '-').collect();
-    (!hex.is_empty()
-        && hex.len() <= 40
+    let readable = hex.len() <= 40
         && hex
             .bytes()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)))
-    .then(|| format!("{hex}_"))
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+    if readable {
+        return Some(format!("{hex}_"));
+    }
+    let digest = sha2::Sha256::digest(pod_uid.as_bytes());
+    let hashed: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    Some(format!("u{}_", &hashed[..31]))
 }
 
 /// The namespace of a pod's container: MPS names are `[a-z0-9_]`, at most 64

@@ -42,6 +42,7 @@ fake = bool(os.environ.get("FAKE"))
 uuid, minor = S.get("GPU_UUID", ""), S.get("GPU_MINOR", "")
 backends = S.get("BACKENDS", "")
 driver_on, hami_on = "driver-memory" in backends, "hami-core" in backends
+mps_on = "mps" in backends.split("+")
 L = []
 
 
@@ -57,6 +58,7 @@ why_off = re.search(r"GPU memory limits off[^\n]*", proxy_log)
 out("INFO" if backends else "FAIL", "tessera-runtime-proxy: share enforcement backends=%s%s" % (
     backends or "? (no such line in its log)", "" if driver_on or not why_off else "; " + why_off.group(0)[:220]))
 out("INFO", "HAMi-core: %s" % S.get("HAMI_FROM", "?"))
+out("INFO", "MPS: %s" % S.get("MPS", "?"))
 py = rj("python.json") or {}
 out("INFO", "python %s %s, torch %s; mounted into the containers: %s" % (
     py.get("executable"), py.get("version"), py.get("torch") or py.get("torchError"), " ".join(py.get("mounts", []))))
@@ -108,16 +110,25 @@ for p in ("whole", "t1", "envi", "t2"):
             m = mounts.get(dst)
             if not m or ro != ("ro" in (m.get("options") or [])):
                 probs.append("mount %s %s" % (dst, m.get("options") if m else "missing"))
+    if mps_on:
+        m = mounts.get("/run/nvidia-mps")
+        if not m or "ro" not in (m.get("options") or []) or "/gpu_%s/" % minor not in m.get("source", ""):
+            probs.append("MPS pipe mount %s" % m)
+        mps_env = (env.get("CUDA_MPS_PIPE_DIRECTORY"), env.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"),
+                   env.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"))
+        if mps_env != ("/run/nvidia-mps", "25", "0=20480M"):
+            probs.append("MPS env %s" % (mps_env,))
     want = "--limit=%s=%d" % (uuid, SHARE)
     if driver_on and not any(want in h.get("args", []) for h in hooks):
         probs.append("no createRuntime hook tessera-enforce %s: %s" % (want, hooks))
     if not driver_on and hooks:
         probs.append("a tessera-enforce hook although driver-memory is off")
     out("FAIL" if probs else "PASS", "d %s: running, TESSERA_ENFORCEMENT=%s (annotation %s), NVIDIA_VISIBLE_DEVICES=%s, "
-        "limiter env %s/%s, %s, %s%s" % (
+        "limiter env %s/%s, %s, %s%s%s" % (
             p, te, ann, env.get("NVIDIA_VISIBLE_DEVICES"), env.get("CUDA_DEVICE_MEMORY_LIMIT_0"),
             env.get("CUDA_DEVICE_SM_LIMIT"), "HAMi-core mounts ok" if hami_on else "no HAMi-core",
             "tessera-enforce hook %s" % want if driver_on else "no hook (driver-memory off)",
+            ", MPS namespace mount and env ok" if mps_on else "",
             " -- " + "; ".join(probs) if probs else ""))
 if hami_on and "t1" in mounts_of and "t2" in mounts_of:
     a, b = (mounts_of[p].get("/tmp/cudevshr.cache", {}).get("source") for p in ("t1", "t2"))
@@ -127,6 +138,14 @@ if after:
     left = [l for l in after.splitlines() if l.startswith("left:") and l.strip() != "left:"]
     out("FAIL" if left else "PASS", "pods removed through the proxy: %s" % (
         "; ".join(left) if left else "no CDI spec file and no HAMi-core container folder left"))
+if mps_on:
+    shared = rd("compute-mode-shared.txt").strip()
+    held = [l for l in shared.splitlines() if uuid in l]
+    ok = any("Exclusive_Process" in l or '"mode":3' in l.replace(" ", "") for l in held)
+    out("PASS" if ok else "FAIL", "m GPU %s exclusive-process while shared through MPS: %s" % (uuid, "; ".join(held) or shared or "nothing read"))
+    modes = rd("compute-mode-after.txt").strip()
+    if modes:
+        out("PASS" if "Exclusive" not in modes else "FAIL", "m compute modes after the MPS supervisor stopped: %s" % modes.replace("\n", "; "))
 json.dump(specs, open(os.path.join(OUT, "specs.json"), "w"), indent=1)
 
 # e: the driver's limit on each container's cgroup

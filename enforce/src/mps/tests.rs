@@ -106,8 +106,16 @@ fn names_fit_mps_and_keep_a_pod_together() {
     let prefix = pod_prefix(UID).unwrap_or_default();
     assert!(name.starts_with(&prefix));
     assert_ne!(namespace_name(UID, "a"), namespace_name(UID, "b"));
-    assert_eq!(pod_prefix("../etc"), None);
-    assert_eq!(pod_prefix("ABC"), None);
+    // A CRI client's own UID: hashed, still a name MPS takes, still one per pod.
+    let other = namespace_name("../etc", "main").unwrap_or_default();
+    assert!(other.starts_with('u') && other.len() <= 64, "{other}");
+    assert!(
+        other
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+    );
+    assert_ne!(pod_prefix("../etc"), pod_prefix("ABC"));
+    assert_eq!(pod_prefix(""), None);
     assert_eq!(namespace_name(UID, ""), None);
 }
 
@@ -221,9 +229,10 @@ fn the_last_namespace_of_a_gpu_takes_its_server_away() -> Result<(), MpsError> {
     );
     // With no spec left, the supervisor hands the GPU back.
     assert!(mps.read_state()?.is_empty());
-    // A pod with nothing, or a UID unfit for a name: nothing to do.
+    // A pod with nothing left: nothing to do.
     assert_eq!(mps.remove_pod(UID)?, 0);
     assert_eq!(mps.remove_pod("../x")?, 0);
+    assert_eq!(mps.remove_pod("")?, 0);
     Ok(())
 }
 
