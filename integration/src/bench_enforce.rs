@@ -1,10 +1,11 @@
 //! `tessera-bench enforce`: what each enforcement backend adds to a shared
 //! container's CreateContainer + StartContainer, against a private containerd 2.x
 //! with CDI on (Debian's 1.6 has none), on a fake GPU node whose fake NVML has the
-//! driver's memory limits. Four paths, all in the same run: straight to
+//! driver's memory limits. Five paths, all in the same run: straight to
 //! containerd (the floor), the proxy with the GPU hook alone, with driver memory
-//! limits (a CDI `createRuntime` hook running `tessera-enforce`) and with
-//! HAMi-core (its bind mounts). Each run also proves the path it timed ran: a
+//! limits (a CDI `createRuntime` hook running `tessera-enforce`), with MPS (a
+//! namespace made through the supervised fake MPS daemon, `fake-mps-control`)
+//! and with HAMi-core (its bind mounts). Each run also proves the path it timed ran: a
 //! benchmark of a path that did nothing is worthless.
 
 use std::path::{Path, PathBuf};
@@ -23,12 +24,29 @@ use tessera_harness::image::{PAUSE_IMAGE, vgpu_stand_in};
 use tessera_harness::kubelet::{KubeletDriver, PodSpec, RunningPod, spec_env};
 use tessera_hooks::gpu::enforce::{ENFORCEMENT_ENV, LD_SO_PRELOAD};
 
-/// Every order of the four routes (24), as `Route::ALL` indices.
-fn orders() -> Vec<[usize; 4]> {
-    (0..256)
-        .map(|n| [n % 4, n / 4 % 4, n / 16 % 4, n / 64])
-        .filter(|order| (0..4).all(|route| order.contains(&route)))
-        .collect()
+/// How many routes.
+const ROUTES: usize = 5;
+
+/// Every order of the routes (5! = 120), as `Route::ALL` indices.
+fn orders() -> Vec<[usize; ROUTES]> {
+    fn extend(prefix: &mut Vec<usize>, all: &mut Vec<[usize; ROUTES]>) {
+        if prefix.len() == ROUTES {
+            let mut order = [0; ROUTES];
+            order.copy_from_slice(prefix);
+            all.push(order);
+            return;
+        }
+        for route in 0..ROUTES {
+            if !prefix.contains(&route) {
+                prefix.push(route);
+                extend(prefix, all);
+                prefix.pop();
+            }
+        }
+    }
+    let mut all = Vec::new();
+    extend(&mut Vec::new(), &mut all);
+    all
 }
 
 /// Bytes of the 25 % share of a fake 80 GiB GPU each container is granted.
@@ -43,16 +61,19 @@ pub enum Route {
     HookOnly,
     /// The proxy with driver memory limits.
     DriverMemory,
+    /// The proxy with MPS, driver memory limits off.
+    Mps,
     /// The proxy with HAMi-core, driver memory limits off.
     HamiCore,
 }
 
 impl Route {
     /// Every route, in table order.
-    pub const ALL: [Route; 4] = [
+    pub const ALL: [Route; ROUTES] = [
         Route::Direct,
         Route::HookOnly,
         Route::DriverMemory,
+        Route::Mps,
         Route::HamiCore,
     ];
 
@@ -61,6 +82,7 @@ impl Route {
             Route::Direct => "direct to containerd (floor)",
             Route::HookOnly => "proxy, GPU hook only",
             Route::DriverMemory => "proxy + driver-memory",
+            Route::Mps => "proxy + mps",
             Route::HamiCore => "proxy + hami-core",
         }
     }
@@ -71,6 +93,7 @@ impl Route {
             Route::Direct => None,
             Route::HookOnly => Some(joined(&[])),
             Route::DriverMemory => Some(joined(&[Backend::DriverMemory])),
+            Route::Mps => Some(joined(&[Backend::Mps])),
             Route::HamiCore => Some(joined(&[Backend::HamiCore])),
         }
     }
@@ -83,7 +106,8 @@ pub struct Options {
     pub rounds: usize,
     /// Containers each route starts per round, one route at a time.
     pub containers: usize,
-    /// Where tessera-runtime-proxy and tessera-enforce are [default: beside this binary].
+    /// Where tessera-runtime-proxy, tessera-enforce and fake-mps-control are
+    /// [default: beside this binary].
     pub bin_dir: Option<PathBuf>,
 }
 
@@ -93,13 +117,15 @@ pub struct Report {
     /// containerd's version, as its Version call reports it.
     pub runtime_version: String,
     /// CreateContainer + StartContainer per container, by [`Route::ALL`] index.
-    pub samples: [Vec<Duration>; 4],
+    pub samples: [Vec<Duration>; ROUTES],
     /// Per round, each route's p50, by [`Route::ALL`] index.
-    pub round_p50s: Vec<[Duration; 4]>,
+    pub round_p50s: Vec<[Duration; ROUTES]>,
     /// The fake NVML's `SetMemoryLimits` calls (one per driver-memory container, checked).
     pub limits_set: usize,
     /// Containers whose spec was checked for the preload mount (every hami-core one).
     pub preload_mounts: usize,
+    /// mps containers whose namespace the MPS daemon was asked for and held the share.
+    pub mps_namespaces: usize,
     /// CreateContainer calls refused with an unresolvable CDI device, then retried.
     pub cdi_unresolvable: usize,
 }
@@ -132,9 +158,15 @@ struct Bench {
     /// Containers started through driver-memory, warm-up included.
     limited: usize,
     /// [`orders`], and how many turns took one so far.
-    orders: Vec<[usize; 4]>,
+    orders: Vec<[usize; ROUTES]>,
     turns: usize,
     preload_mounts: usize,
+    mps_namespaces: usize,
+    /// The fake MPS control program and its daemon's pipe directory.
+    mps_control: PathBuf,
+    mps_pipe: PathBuf,
+    /// Kept to be killed on drop (after the proxies).
+    _mps_daemon: tokio::process::Child,
     cdi_unresolvable: usize,
     /// Last: its drop removes the pods' cgroups once containerd's drop killed all.
     cgroups: PodCgroups,
@@ -176,7 +208,7 @@ pub async fn run(k8s: &K8sBinaries, options: &Options) -> anyhow::Result<Report>
     let runtime_version = bench.drivers[0].version().await?.runtime_version;
     // Warm-up, untimed: the first container of each path pays for cold caches.
     bench.round("warm", 1).await?;
-    let mut samples: [Vec<Duration>; 4] = Default::default();
+    let mut samples: [Vec<Duration>; ROUTES] = Default::default();
     let mut round_p50s = Vec::new();
     for round in 0..options.rounds {
         let times = bench.round(&round.to_string(), options.containers).await?;
@@ -191,6 +223,7 @@ pub async fn run(k8s: &K8sBinaries, options: &Options) -> anyhow::Result<Report>
         round_p50s,
         limits_set: bench.limited,
         preload_mounts: bench.preload_mounts,
+        mps_namespaces: bench.mps_namespaces,
         cdi_unresolvable: bench.cdi_unresolvable,
     })
 }
@@ -203,6 +236,7 @@ impl Bench {
             None => tessera_binary(name),
         };
         let (proxy, enforce) = (binary("tessera-runtime-proxy")?, binary("tessera-enforce")?);
+        let mps_control = binary("fake-mps-control")?;
         let containerd = Containerd::start_cdi(k8s).await?;
         // Short: unix socket paths are limited to 108 bytes.
         let dir = tempfile::Builder::new()
@@ -210,11 +244,47 @@ impl Bench {
             .tempdir_in("/tmp")?;
         let node = FakeGpuNode::create(dir.path(), 4)?;
         let limits_log = dir.path().join("memory-limits.jsonl");
-        let description = tessera_harness::fake_nvml::with_memory_limits(
-            tessera_harness::fake_nvml::describe(&node),
-            &limits_log,
+        let description = tessera_harness::fake_nvml::with_compute_mode_log(
+            tessera_harness::fake_nvml::with_memory_limits(
+                tessera_harness::fake_nvml::describe(&node),
+                &limits_log,
+            ),
+            &dir.path().join("compute-mode.jsonl"),
         );
         let nvml = tessera_harness::fake_nvml::install(&dir.path().join("nvml"), &description)?;
+        // The node's MPS: Tessera's supervisor over the fake daemon.
+        let mps_pipe = dir.path().join("mps");
+        let mps_state = dir
+            .path()
+            .join(format!("enforce{}", Route::Mps as usize))
+            .join("mps");
+        let mps_log = dir.path().join("mps-daemon.log");
+        let mut mps_daemon = tokio::process::Command::new(&enforce)
+            .arg("mps-daemon")
+            .arg(format!("--control={}", mps_control.display()))
+            .arg(format!("--pipe-dir={}", mps_pipe.display()))
+            .arg(format!(
+                "--log-dir={}",
+                dir.path().join("mps-log").display()
+            ))
+            .arg(format!("--state-dir={}", mps_state.display()))
+            .arg(format!("--nvml-library={}", nvml.display()))
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&mps_log)?)
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("starting {} mps-daemon", enforce.display()))?;
+        let begun = Instant::now();
+        while !mps_pipe.join("control").exists() {
+            if mps_daemon.try_wait()?.is_some() || begun.elapsed() > Duration::from_secs(10) {
+                bail!(
+                    "the MPS supervisor did not start its daemon: {}",
+                    std::fs::read_to_string(&mps_log).unwrap_or_default()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         let hami = vgpu_stand_in(&dir.path().join("hami"))?;
         let no_hooks = dir.path().join("no-hooks.d");
         std::fs::create_dir_all(&no_hooks)?;
@@ -244,6 +314,12 @@ impl Bench {
                     "--gpu-memory-limits=on".into(),
                     flag("enforce-binary", &enforce),
                     flag("cdi-spec-dir", &containerd.cdi_dir()),
+                ]),
+                Route::Mps => args.extend([
+                    "--gpu-memory-limits=off".into(),
+                    "--mps=on".into(),
+                    flag("mps-control", &mps_control),
+                    flag("mps-pipe-dir", &mps_pipe),
                 ]),
                 Route::HamiCore => args.extend([
                     "--gpu-memory-limits=off".into(),
@@ -292,6 +368,10 @@ impl Bench {
             orders: orders(),
             turns: 0,
             preload_mounts: 0,
+            mps_namespaces: 0,
+            mps_control,
+            mps_pipe,
+            _mps_daemon: mps_daemon,
             cdi_unresolvable: 0,
         })
     }
@@ -306,12 +386,16 @@ impl Bench {
 
     /// One pod per route, each made just before its first container (as kubelet
     /// does, so the CDI spec has only that gap to be read in); `containers` times
-    /// one container on every route, each turn in the next of all 24 orders (so
+    /// one container on every route, each turn in the next of all 120 orders (so
     /// each route follows every other equally often, as `tessera-bench proxy`
     /// does); then the pods go. Returns each route's times.
-    async fn round(&mut self, tag: &str, containers: usize) -> anyhow::Result<[Vec<Duration>; 4]> {
-        let mut pods: [Option<Pod>; 4] = Default::default();
-        let mut times: [Vec<Duration>; 4] = Default::default();
+    async fn round(
+        &mut self,
+        tag: &str,
+        containers: usize,
+    ) -> anyhow::Result<[Vec<Duration>; ROUTES]> {
+        let mut pods: [Option<Pod>; ROUTES] = Default::default();
+        let mut times: [Vec<Duration>; ROUTES] = Default::default();
         for attempt in 0..containers {
             let order = self.orders[self.turns % self.orders.len()];
             self.turns += 1;
@@ -419,6 +503,9 @@ impl Bench {
         self.limited += usize::from(route == Route::DriverMemory);
         self.check_spec(route, &mut driver, &id).await?;
         self.check_limits(route)?;
+        if route == Route::Mps {
+            self.check_namespace(&pod.spec.uid)?;
+        }
         let stop = cri::StopContainerRequest {
             container_id: id.clone(),
             timeout: 10,
@@ -462,6 +549,36 @@ impl Bench {
         Ok(())
     }
 
+    /// The MPS daemon holds the container's namespace with the share: 20 GiB of
+    /// pinned memory, 25 % of the threads (asked through the control program, as
+    /// an operator would).
+    fn check_namespace(&mut self, pod_uid: &str) -> anyhow::Result<()> {
+        let name = tessera_enforce::mps::namespace_name(pod_uid, "main")
+            .context("no namespace name for the bench pod")?;
+        let get = |field: &str| -> anyhow::Result<String> {
+            let output = std::process::Command::new(&self.mps_control)
+                .args(["-p", "3", "namespace", "get", &name, "gpu_0", field])
+                .env("CUDA_MPS_PIPE_DIRECTORY", &self.mps_pipe)
+                .output()?;
+            ensure!(
+                output.status.success(),
+                "MPS namespace {name}: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+            Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
+        };
+        let held = (
+            get("pinned-memory-limit")?,
+            get("active-thread-percentage")?,
+        );
+        ensure!(
+            held == ("20G".to_owned(), "25.00".to_owned()),
+            "MPS namespace {name} holds {held:?}, want 20G / 25.00"
+        );
+        self.mps_namespaces += 1;
+        Ok(())
+    }
+
     /// After `route`'s containers: the fake NVML logged one SetMemoryLimits call
     /// per driver-memory container (the hook runs inside runc create, so before
     /// StartContainer returns), none for any other, each the share on GPU 0, set.
@@ -501,7 +618,7 @@ pub fn print(report: &Report, options: &Options) {
     println!(
         "tessera-bench enforce: containerd {} (CDI on), runc, pause image, fake 4-GPU node; each container \
          granted 25 % of GPU 0; {} rounds × {} containers per path (after one untimed each), interleaved \
-         container by container, each turn in the next of all 24 orders; timed: CreateContainer + StartContainer",
+         container by container, each turn in the next of all 120 orders; timed: CreateContainer + StartContainer",
         report.runtime_version, options.rounds, options.containers
     );
     println!(
@@ -530,15 +647,15 @@ pub fn print(report: &Report, options: &Options) {
         each.join(" ")
     };
     println!("p50 / hook only's, round by round:");
-    for i in 2..4 {
+    for i in 2..ROUTES {
         println!("  {:<28} {}", Route::ALL[i].name(), per_round(i));
     }
     println!(
         "checked: {} SetMemoryLimits calls (20 GiB soft = hard, result 0), one per container started through \
          driver-memory, none from other paths; {LD_SO_PRELOAD} mounted in all {} hami-core containers and no \
-         other; {ENFORCEMENT_ENV} as configured in every proxied container; CreateContainer refused for an \
-         unresolvable CDI device: {} times",
-        report.limits_set, report.preload_mounts, report.cdi_unresolvable
+         other; the MPS daemon held 20G / 25.00 for all {} mps containers' namespaces; {ENFORCEMENT_ENV} as \
+         configured in every proxied container; CreateContainer refused for an unresolvable CDI device: {} times",
+        report.limits_set, report.preload_mounts, report.mps_namespaces, report.cdi_unresolvable
     );
 }
 
@@ -547,9 +664,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn orders_are_the_24_permutations() {
+    fn orders_are_the_120_permutations() {
         let all = orders();
-        assert_eq!(all.len(), 24);
+        assert_eq!(all.len(), 120);
         assert!(
             all.iter()
                 .all(|o| all.iter().filter(|p| *p == o).count() == 1)
@@ -570,7 +687,14 @@ mod tests {
         let report = run(&k8s, &options).await?;
         assert!(report.samples.iter().all(|s| s.len() == 1));
         // The warm-up's container and the round's.
-        assert_eq!((report.limits_set, report.preload_mounts), (2, 2));
+        assert_eq!(
+            (
+                report.limits_set,
+                report.preload_mounts,
+                report.mps_namespaces
+            ),
+            (2, 2, 2)
+        );
         print(&report, &options);
         Ok(())
     }

@@ -50,7 +50,7 @@ impl DaemonConfig {
 /// How often the kept namespaces are read for the GPUs' compute modes. The
 /// NVML calls run on the supervisor's own single-threaded runtime, which has
 /// nothing else to serve but the daemon's exit.
-const RECONCILE: Duration = Duration::from_millis(100);
+const RECONCILE: Duration = Duration::from_millis(50);
 
 /// Keeps the compute modes: exclusive where a kept namespace is, default where
 /// this supervisor made a GPU exclusive and none is any more.

@@ -103,7 +103,8 @@ enum Command {
     },
     /// CreateContainer + StartContainer of a quarter-GPU container on a private
     /// containerd 2.x with CDI on (needs root and the Kubernetes binaries): direct,
-    /// through the proxy with the GPU hook alone, with driver memory limits, and with
+    /// through the proxy with the GPU hook alone, with driver memory limits, with an MPS
+    /// namespace (the supervised fake MPS daemon), and with
     /// HAMi-core; p50/p90/p99 and ratios to the first two, each path checked to run.
     Enforce {
         /// Rounds; each a fresh pod per path.
@@ -112,7 +113,8 @@ enum Command {
         /// Containers per path per round, interleaved across the paths one by one.
         #[arg(long, default_value_t = 20)]
         containers: usize,
-        /// Where tessera-runtime-proxy and tessera-enforce are [default: beside this binary].
+        /// Where tessera-runtime-proxy, tessera-enforce and fake-mps-control are
+        /// [default: beside this binary].
         #[arg(long)]
         bin_dir: Option<PathBuf>,
     },
