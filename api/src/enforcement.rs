@@ -12,6 +12,10 @@ use std::str::FromStr;
 pub const LABEL_ENFORCE_MEMORY: &str = "tessera.io/enforce-memory";
 /// Device CR GPU label: the GPU's node holds shares' compute (`"true"`).
 pub const LABEL_ENFORCE_COMPUTE: &str = "tessera.io/enforce-compute";
+/// Device CR GPU label: the GPU's node holds shares with MPS (`"true"`), which
+/// holds one GPU's share per container: a container asking for shares of several
+/// GPUs is not placed on such GPUs.
+pub const LABEL_ENFORCE_MPS: &str = "tessera.io/enforce-mps";
 /// Pod annotation: the parts of its share the node must hold (`memory`, `compute`,
 /// or both, comma-separated).
 pub const REQUIRE_ENFORCEMENT: &str = "tessera.io/require-enforcement";
@@ -124,6 +128,16 @@ impl Holds {
     }
 }
 
+/// The per-GPU labels of a node with `backends`: what they hold, and whether MPS
+/// is one of them.
+pub fn gpu_labels(backends: &[Backend]) -> BTreeMap<String, String> {
+    let mut labels = Holds::of(backends).labels();
+    if backends.contains(&Backend::Mps) {
+        labels.insert(LABEL_ENFORCE_MPS.to_owned(), "true".to_owned());
+    }
+    labels
+}
+
 /// The backends joined as annotations carry them (`a+b`), or `none`.
 pub fn joined(backends: &[Backend]) -> String {
     if backends.is_empty() {
@@ -189,6 +203,13 @@ mod tests {
             Holds::of(&[Backend::Mps]).labels(),
             BTreeMap::from([(LABEL_ENFORCE_COMPUTE.to_owned(), "true".to_owned())])
         );
+        assert_eq!(
+            gpu_labels(&[Backend::Mps])
+                .get(LABEL_ENFORCE_MPS)
+                .map(String::as_str),
+            Some("true")
+        );
+        assert!(!gpu_labels(&both).contains_key(LABEL_ENFORCE_MPS));
         assert_eq!(
             Holds::of(&[Backend::DriverMemory]).labels(),
             BTreeMap::from([(LABEL_ENFORCE_MEMORY.to_owned(), "true".to_owned())])

@@ -793,6 +793,27 @@ pub fn pod_gpu_request(
         return Ok(None);
     }
     let mut rules = selection::PodRules::parse(pod.metadata.annotations.as_ref())?;
+    // MPS holds one GPU's share per container (a namespace is one GPU's server's):
+    // shares of several GPUs in one container go where MPS is not.
+    if let Some(many) = containers
+        .iter()
+        .find(|c| c.gpu.count > 1 && !c.gpu.is_whole())
+    {
+        rules.selection.rules.push(selection::GpuRule {
+            annotation: format!(
+                "{} {} (shares of {} GPUs)",
+                many.role.noun(),
+                many.name,
+                many.gpu.count
+            ),
+            value: "not where MPS holds shares, one GPU per container".to_owned(),
+            matches: selection::GpuMatch::Labels(vec![selection::LabelRequirement {
+                key: crate::enforcement::LABEL_ENFORCE_MPS.to_owned(),
+                operator: selection::LabelOperator::NotIn,
+                values: vec!["true".to_owned()],
+            }]),
+        });
+    }
     // A group is a namespace's own: the same name in another namespace is another
     // group, so no tenant can join (or squat) another tenant's GPU by its name.
     if let Some(name) = rules.sharing_group.take() {
@@ -875,6 +896,42 @@ mod tests {
             assert_eq!(p.containers[0].name, "main");
             p.containers[0].gpu
         }))
+    }
+
+    #[test]
+    fn shares_of_several_gpus_in_one_container_avoid_mps_gpus() {
+        let mps = BTreeMap::from([(
+            crate::enforcement::LABEL_ENFORCE_MPS.to_owned(),
+            "true".to_owned(),
+        )]);
+        let plain = BTreeMap::new();
+        let selection = |resources: &[(&str, &str)]| {
+            pod_gpu_request(
+                &pod(vec![container("main", resources)], vec![]),
+                &RequestOptions::default(),
+            )
+            .map(|p| p.map(|p| p.selection))
+        };
+        // HAMi's two GPUs with 8 GiB each: not on a GPU whose node holds shares with MPS.
+        let two = selection(&[("nvidia.com/gpu", "2"), ("nvidia.com/gpumem", "8192")])
+            .ok()
+            .flatten()
+            .unwrap_or_default();
+        assert!(!two.allows("GPU-a", &mps));
+        assert!(two.allows("GPU-a", &plain));
+        assert!(
+            two.describe().contains("container main (shares of 2 GPUs)"),
+            "{}",
+            two.describe()
+        );
+        // One share, or whole GPUs: anywhere.
+        for resources in [
+            &[("nvidia.com/gpu", "1"), ("nvidia.com/gpumem", "8192")][..],
+            &[("nvidia.com/gpu", "2")][..],
+        ] {
+            let any = selection(resources).ok().flatten().unwrap_or_default();
+            assert!(any.allows("GPU-a", &mps), "{resources:?}");
+        }
     }
 
     #[test]

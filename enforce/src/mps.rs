@@ -273,6 +273,13 @@ impl Mps {
         // daemon that restarts from here on brings the namespace back.
         self.write_state(spec)?;
         self.wait_exclusive(&spec.uuid)?;
+        let want = namespace_dir(&self.pipe_dir, &spec.server, &spec.name);
+        // Held already (a container of a pod that has one, or one kubelet
+        // restarts): two reads, no change.
+        let held = self.held(spec).is_ok();
+        if held && want.join("control").exists() {
+            return Ok(want);
+        }
         if self
             .run(&["server", "get", &spec.server, "status"])
             .is_err()
@@ -303,7 +310,7 @@ impl Mps {
                 &format!("--server={}", spec.server),
             ])?;
         }
-        if self.held(spec).is_err() {
+        if !held {
             self.run(&[
                 "namespace",
                 "set",
@@ -314,7 +321,6 @@ impl Mps {
             ])?;
         }
         self.held(spec)?;
-        let want = namespace_dir(&self.pipe_dir, &spec.server, &spec.name);
         let dir = self.run(&[
             "namespace",
             "get",

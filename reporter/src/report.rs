@@ -63,9 +63,9 @@ pub fn with_enforcement(
     annotations: &mut BTreeMap<String, String>,
     backends: &[tessera_api::enforcement::Backend],
 ) {
-    use tessera_api::enforcement::{Holds, joined};
+    use tessera_api::enforcement::{gpu_labels, joined};
     annotations.insert(ENFORCEMENT.to_owned(), joined(backends));
-    let labels = Holds::of(backends).labels();
+    let labels = gpu_labels(backends);
     for device in &mut spec.devices {
         device.labels.extend(labels.clone());
     }

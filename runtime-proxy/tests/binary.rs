@@ -231,6 +231,7 @@ fn systemd_units_verify_and_are_sandboxed() {
         "tessera-runtime-proxy",
         "tessera-reporter",
         "tessera-gpu-hook",
+        "tessera-enforce",
         "kubelet",
     ] {
         std::fs::write(bin.join(name), "#!/bin/sh\n").expect("stub");
@@ -285,6 +286,7 @@ fn systemd_units_verify_and_are_sandboxed() {
         "tessera-runtime-proxy.service",
         "tessera-gpu-hook.service",
         "tessera-reporter.service",
+        "tessera-mps.service",
     ] {
         let output = std::process::Command::new("systemd-analyze")
             .args(["security", "--offline=true", "--threshold=30"])

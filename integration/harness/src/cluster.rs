@@ -340,6 +340,11 @@ pub struct ClusterOptions {
     /// hooks, and the proxy sets limits through `tessera-enforce` and preloads a
     /// stand-in for HAMi-core's `libvgpu.so`.
     pub enforcement: bool,
+    /// With `enforcement`, MPS too: `tessera-enforce mps-daemon` supervises the
+    /// fake MPS daemon ([`Component::MpsDaemon`]) and the proxy runs `--mps=on`.
+    /// Off by default, as on a node: a container with shares of several GPUs is
+    /// then placed only where MPS is not.
+    pub mps: bool,
 }
 
 impl Default for ClusterOptions {
@@ -351,6 +356,7 @@ impl Default for ClusterOptions {
             cluster_side: true,
             nvlinks: None,
             enforcement: false,
+            mps: false,
         }
     }
 }
@@ -960,6 +966,17 @@ impl Cluster {
         if options.enforcement {
             let hami = image::vgpu_stand_in(&dir.join("hami"))?;
             self.import_image(&image::preload_probe_archive(&images)?)?;
+            args.extend([
+                "--gpu-memory-limits=on".to_owned(),
+                format!(
+                    "--enforce-binary={}",
+                    tessera_binary("tessera-enforce")?.display()
+                ),
+                format!("--hami-core-library={}", hami.display()),
+                format!("--enforcement-dir={}", dir.join("enforce").display()),
+            ]);
+        }
+        if options.enforcement && options.mps {
             let control = tessera_binary("fake-mps-control")?;
             self.launch(
                 Component::MpsDaemon,
@@ -982,13 +999,6 @@ impl Cluster {
                 "--mps=on".to_owned(),
                 format!("--mps-control={}", control.display()),
                 format!("--mps-pipe-dir={}", self.mps_pipe_dir().display()),
-                "--gpu-memory-limits=on".to_owned(),
-                format!(
-                    "--enforce-binary={}",
-                    tessera_binary("tessera-enforce")?.display()
-                ),
-                format!("--hami-core-library={}", hami.display()),
-                format!("--enforcement-dir={}", dir.join("enforce").display()),
             ]);
         }
         args.extend(options.proxy_args.iter().cloned());

@@ -330,6 +330,7 @@ async fn harness_suite(
         proxy_args: vec![format!("--trusted-gpu-agents={AGENTS_NAMESPACE}")],
         // Every scenario's shared containers go through the enforcement backends.
         enforcement: true,
+        mps: true,
         ..ClusterOptions::default()
     };
     let mut cluster = Cluster::start(binaries, options).await?;

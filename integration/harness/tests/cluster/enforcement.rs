@@ -503,7 +503,8 @@ async fn eventually(
 /// pipe directory (read-only, at both default paths), whatever MPS env the tenant
 /// set; the GPU goes exclusive-process while it holds the share. The namespace
 /// survives the MPS daemon's death (the supervisor brings it back) and goes with
-/// the pod, the server and exclusivity with it.
+/// the pod, the server and exclusivity with it. A container asking for shares of
+/// two GPUs is not placed on the MPS node, with the reason.
 pub async fn mps_holds_each_shared_container_in_its_own_namespace(
     cluster: &mut Cluster,
 ) -> anyhow::Result<()> {
@@ -636,6 +637,39 @@ pub async fn mps_holds_each_shared_container_in_its_own_namespace(
         "after the daemon's restart: {:?}, want {want:?}",
         held(cluster)?
     );
+
+    // HAMi's two GPUs with 8 GiB each in one container: MPS holds one GPU's share per
+    // container, so the scheduler places it only where MPS is not (here: nowhere).
+    cluster
+        .create_pod(
+            "admin",
+            &pod(
+                "mps-two",
+                &[(
+                    "main",
+                    json!({"nvidia.com/gpu": "2", "nvidia.com/gpumem": "8192"}),
+                )],
+                &[],
+            ),
+        )
+        .await?;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let events = cluster.events_of("mps-two").await?;
+        if let Some(event) = events.iter().find(|e| e.starts_with("FailedScheduling")) {
+            ensure!(
+                event.contains("shares of 2 GPUs") && event.contains("MPS"),
+                "mps-two: the reason does not say MPS holds one GPU per container: {event}"
+            );
+            break;
+        }
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "mps-two: no FailedScheduling within 60 s: {events:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+    cluster.delete_pod("mps-two").await?;
 
     // The pod goes: its namespace, the GPU's server and exclusivity with it.
     cluster.delete_pod("mps-share").await?;
