@@ -9,6 +9,7 @@
 //! Device CR's NVLink peers, written by the reporter and read by the scheduler.
 
 pub mod allocation;
+pub mod asked;
 #[cfg(feature = "binary")]
 pub mod binary;
 pub mod checkpoint;

@@ -627,6 +627,9 @@ pub struct ContainerGpuRequest {
     pub role: ContainerRole,
     /// What it asks for: `count` GPUs, each with `core` and `memory`.
     pub gpu: GpuRequest,
+    /// The system whose device plugin's env it gets, when it asked in that
+    /// system's names (gpushare's, Volcano's GPU share).
+    pub asked_as: Option<crate::asked::AskedAs>,
 }
 
 /// What a pod asks of GPUs: one request per container that asks for any, init
@@ -645,6 +648,19 @@ pub struct PodGpuRequest {
     pub node_policy: Option<PlacementPolicy>,
     /// The pod's sharing group: its GPU containers share the group's one GPU.
     pub sharing_group: Option<String>,
+}
+
+impl PodGpuRequest {
+    /// The [`crate::asked::REQUESTED_AS`] annotation's value: the containers that
+    /// asked in a system's names, or `None` when none did.
+    pub fn requested_as(&self) -> Option<String> {
+        let asked: BTreeMap<String, crate::asked::AskedAs> = self
+            .containers
+            .iter()
+            .filter_map(|c| Some((c.name.clone(), c.asked_as?)))
+            .collect();
+        (!asked.is_empty()).then(|| crate::asked::encode(&asked))
+    }
 }
 
 /// Scalar totals of GPU requests: what Kubernetes would add up if GPU shares
@@ -781,10 +797,22 @@ pub fn pod_gpu_request(
         let who = format!("{} {}", role.noun(), container.name);
         let amounts = amounts(container, options, &who)?;
         if let Some(sums) = container_request(&amounts, &who)? {
+            let asked_as = if amounts.contains_key(ALIYUN_GPU_MEM) {
+                Some(crate::asked::AskedAs::Gpushare {
+                    unit: options.gpushare_memory_unit.bytes(),
+                })
+            } else if amounts.contains_key(VOLCANO_GPU_MEMORY) {
+                Some(crate::asked::AskedAs::Volcano {
+                    unit: options.volcano_memory_unit,
+                })
+            } else {
+                None
+            };
             containers.push(ContainerGpuRequest {
                 name: container.name.clone(),
                 role,
                 gpu: to_request(sums, &who)?,
+                asked_as,
             });
         }
     }

@@ -76,6 +76,7 @@ use tessera_protos::hook::v1::{
     CdiDevice, ContainerHookRequest, ContainerHookResponse, DeviceNode, Event, KeyValue,
 };
 
+mod asked;
 pub mod enforce;
 pub mod trust;
 pub use enforce::{Enforcement, HamiCoreFiles, MpsFiles, SharedLimits, shared_limits};
@@ -641,6 +642,7 @@ pub fn rewrite(
         }
         enforce::shared_edits(container, &gpus, &config.enforcement, &mut edit)
             .map_err(device_error)?;
+        asked::system_env(container, name, &allocations, &gpus, node, &mut edit);
     }
     let rdma = allocations.devices_of_container(DEVICE_TYPE_RDMA, name);
     add_rdma(&rdma, node, config, &pod, name, &mut edit)?;

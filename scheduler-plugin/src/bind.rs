@@ -16,6 +16,7 @@
 
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};
+use tessera_api::asked::REQUESTED_AS;
 use tessera_api::request::RequestError;
 use tessera_api::resources::DEVICE_ALLOCATED;
 
@@ -222,13 +223,20 @@ pub fn decide_rollback(pod: &Pod, uid: &str, node: &str, written: &str) -> Rollb
     }
 }
 
-/// The merge patch that writes `value` as the allocation, refused by the API
-/// server unless the pod still has `uid` and `resource_version`.
-pub fn annotate_patch(uid: &str, resource_version: Option<&str>, value: &str) -> Value {
+/// The merge patch that writes `value` as the allocation, and `requested_as`
+/// as which system's names its containers asked in (removed when `None`, so a
+/// value the pod came with never stands beside Tessera's allocation), refused by
+/// the API server unless the pod still has `uid` and `resource_version`.
+pub fn annotate_patch(
+    uid: &str,
+    resource_version: Option<&str>,
+    value: &str,
+    requested_as: Option<&str>,
+) -> Value {
     json!({"metadata": {
         "uid": uid,
         "resourceVersion": resource_version,
-        "annotations": {DEVICE_ALLOCATED: value},
+        "annotations": {DEVICE_ALLOCATED: value, REQUESTED_AS: requested_as},
     }})
 }
 

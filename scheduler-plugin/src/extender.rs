@@ -1086,6 +1086,7 @@ impl Extender {
                 &args.pod_uid,
                 pod.metadata.resource_version.as_deref(),
                 &written,
+                request.requested_as().as_deref(),
             );
             match pods
                 .patch(

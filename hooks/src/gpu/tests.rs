@@ -1774,6 +1774,58 @@ mod enforcement {
         }
     }
 
+    #[test]
+    fn a_container_that_asked_in_gpushares_or_volcanos_names_gets_their_env()
+    -> Result<(), GpuHookError> {
+        let asked = |value: &str| {
+            let mut request = tenant(SHARE, "uid-3");
+            if let Some(pod) = request.pod.as_mut() {
+                pod.annotations
+                    .insert("tessera.io/requested-as".into(), value.into());
+            }
+            // The tenant's own value is never the one that counts.
+            request.envs.push(kv("ALIYUN_COM_GPU_MEM_CONTAINER", "99"));
+            request
+        };
+        let config = GpuHookConfig::default();
+        let values =
+            |request: &ContainerHookRequest| -> Result<Vec<(String, String)>, GpuHookError> {
+                let edit = rewrite(request, &node(), &config)?;
+                Ok(env(&edit, request)
+                    .into_iter()
+                    .filter(|(k, _)| k.starts_with("ALIYUN_") || k.starts_with("VOLCANO_"))
+                    .collect())
+            };
+        // 25 % of GPU 0's 16 GiB.
+        let gpushare = asked(r#"{"main":"gpushare:1073741824"}"#);
+        assert_eq!(
+            values(&gpushare)?,
+            [
+                ("ALIYUN_COM_GPU_MEM_CONTAINER".to_owned(), "4".to_owned()),
+                ("ALIYUN_COM_GPU_MEM_IDX".to_owned(), "0".to_owned()),
+                ("ALIYUN_COM_GPU_MEM_POD".to_owned(), "4".to_owned()),
+                ("ALIYUN_COM_GPU_MEM_DEV".to_owned(), "16".to_owned()),
+            ]
+        );
+        let volcano = asked(r#"{"main":"volcano:1048576"}"#);
+        assert_eq!(
+            values(&volcano)?,
+            [
+                ("ALIYUN_COM_GPU_MEM_CONTAINER".to_owned(), "99".to_owned()),
+                ("VOLCANO_GPU_ALLOCATED".to_owned(), "4096".to_owned()),
+                ("VOLCANO_GPU_MEMORY_TOTAL".to_owned(), "16384".to_owned()),
+            ]
+        );
+        // Another container's entry, or a value that does not parse: nothing added.
+        for other in [r#"{"side":"gpushare:1073741824"}"#, "not json"] {
+            assert_eq!(
+                values(&asked(other))?,
+                [("ALIYUN_COM_GPU_MEM_CONTAINER".to_owned(), "99".to_owned())]
+            );
+        }
+        Ok(())
+    }
+
     fn with_mps() -> GpuHookConfig {
         GpuHookConfig {
             enforcement: Enforcement {

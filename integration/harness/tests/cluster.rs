@@ -472,6 +472,40 @@ async fn fractional_pods(cluster: &mut Cluster) -> anyhow::Result<()> {
                 "pod {name}: CUDA_DEVICE_MEMORY_LIMIT_0 {memory:?}, want one value"
             );
         }
+        // The env gpushare's and Volcano's device plugins set, from the grant
+        // (the fake GPUs have 80 GiB), only where the pod asked in their names.
+        let index = allocated_gpus(&pod)?
+            .first()
+            .map(|(_, minor)| minor.to_string())
+            .unwrap_or_default();
+        let system_env: &[(&str, &str)] = match *name {
+            "frac-gpushare" => &[
+                ("ALIYUN_COM_GPU_MEM_IDX", &index),
+                ("ALIYUN_COM_GPU_MEM_POD", "2"),
+                ("ALIYUN_COM_GPU_MEM_CONTAINER", "2"),
+                ("ALIYUN_COM_GPU_MEM_DEV", "80"),
+            ],
+            "frac-volcano" => &[
+                ("VOLCANO_GPU_ALLOCATED", "1024"),
+                ("VOLCANO_GPU_MEMORY_TOTAL", "81920"),
+            ],
+            _ => &[],
+        };
+        for (key, want) in system_env {
+            ensure!(
+                env_values(spec, key) == [want.to_string()],
+                "pod {name}: {key} {:?}, want [{want}]",
+                env_values(spec, key)
+            );
+        }
+        let others = ["ALIYUN_COM_GPU_MEM_CONTAINER", "VOLCANO_GPU_ALLOCATED"]
+            .iter()
+            .filter(|key| !system_env.iter().any(|(k, _)| k == *key))
+            .find(|key| !env_values(spec, key).is_empty());
+        ensure!(
+            others.is_none(),
+            "pod {name}: {others:?} set, though it did not ask in that system's names"
+        );
     }
     for (name, _, _) in &cases {
         cluster.delete_pod(name).await?;

@@ -95,9 +95,19 @@ fn rollback_restores_only_what_this_bind_wrote() {
 #[test]
 fn writes_carry_their_preconditions() {
     assert_eq!(
-        annotate_patch("u", Some("7"), "ours"),
+        annotate_patch("u", Some("7"), "ours", None),
         json!({"metadata": {"uid": "u", "resourceVersion": "7",
-            "annotations": {"scheduling.koordinator.sh/device-allocated": "ours"}}})
+            "annotations": {"scheduling.koordinator.sh/device-allocated": "ours",
+                            "tessera.io/requested-as": null}}})
+    );
+    assert_eq!(
+        annotate_patch(
+            "u",
+            Some("7"),
+            "ours",
+            Some(r#"{"main":"gpushare:1073741824"}"#)
+        )["metadata"]["annotations"]["tessera.io/requested-as"],
+        r#"{"main":"gpushare:1073741824"}"#
     );
     let path = "/metadata/annotations/scheduling.koordinator.sh~1device-allocated";
     assert_eq!(

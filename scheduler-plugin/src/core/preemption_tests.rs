@@ -62,6 +62,7 @@ fn asking(count: u32, percent: u64) -> PodGpuRequest {
                 core: percent,
                 memory: GpuMemory::Ratio(percent),
             },
+            asked_as: None,
         }],
         ..PodGpuRequest::default()
     }

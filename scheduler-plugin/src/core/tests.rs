@@ -287,6 +287,7 @@ fn pod(containers: &[(&str, ContainerRole, GpuRequest)]) -> PodGpuRequest {
                 name: (*name).into(),
                 role: *role,
                 gpu: *gpu,
+                asked_as: None,
             })
             .collect(),
         ..PodGpuRequest::default()
@@ -478,6 +479,7 @@ fn pod_request() -> impl Strategy<Value = PodGpuRequest> {
                     name: format!("c{i}"),
                     role,
                     gpu,
+                    asked_as: None,
                 })
                 .collect(),
             ..PodGpuRequest::default()
@@ -575,6 +577,7 @@ proptest! {
                     name: format!("c{i}"),
                     role,
                     gpu: share(core, ratio),
+                    asked_as: None,
                 }).collect()
             },
             ..PodGpuRequest::default()
