@@ -1611,7 +1611,8 @@ async fn compat_manifests(cluster: &mut Cluster) -> anyhow::Result<()> {
 }
 
 /// KubeShare's pods, written as its documentation writes them: no GPU resource,
-/// only `lsalab.nthu/*` annotations. The admission policies (deploy/) turn them
+/// only `lsalab.nthu/*` annotations (1.x), or `sharedgpu/*` labels (2.0, one pod
+/// here). The admission policies (deploy/) turn them
 /// into `koordinator.sh/*` resources, so kube-scheduler calls the extender; pods of
 /// one GPUID share one GPU, another GPUID takes another, each container limited to
 /// its own request. What Tessera cannot honour is refused at creation, naming the
@@ -1628,11 +1629,20 @@ async fn kubeshare(cluster: &mut Cluster) -> anyhow::Result<()> {
         ("ks-b1", "team-b", "0.4"),
     ];
     for (name, group, request) in pods {
-        let spec = share(
-            name,
-            json!({"lsalab.nthu/gpu_request": request, "lsalab.nthu/gpu_limit": request,
-                   "lsalab.nthu/gpu_mem": "1073741824", "lsalab.nthu/GPUID": group}),
-        );
+        let spec = if name == "ks-a2" {
+            // KubeShare 2.0 asks by label (sharedgpu/*), with the same four keys.
+            let mut spec = share(name, json!({}));
+            spec["metadata"]["labels"] = json!({"sharedgpu/gpu_request": request,
+                "sharedgpu/gpu_limit": request, "sharedgpu/gpu_mem": "1073741824",
+                "sharedgpu/GPUID": group});
+            spec
+        } else {
+            share(
+                name,
+                json!({"lsalab.nthu/gpu_request": request, "lsalab.nthu/gpu_limit": request,
+                       "lsalab.nthu/gpu_mem": "1073741824", "lsalab.nthu/GPUID": group}),
+            )
+        };
         cluster.create_pod("tenant", &spec).await?;
     }
     let mut gpus = std::collections::BTreeMap::new();
