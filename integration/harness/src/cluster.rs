@@ -2020,6 +2020,21 @@ async fn apply_test_rbac(client: &kube::Client) -> anyhow::Result<()> {
     for doc in docs {
         apply(client, &discovery, &doc).await?;
     }
+    // The suites' legacy pods, bound by another scheduler or by `nodeName` as before
+    // Tessera, live in `default`: it is the namespace that still runs another GPU
+    // scheduler, exempt from admission policy tessera-gpu-pods-scheduled (which
+    // scenarios prove in a namespace of their own).
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    namespaces
+        .patch(
+            "default",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"labels": {"tessera.io/unscheduled-gpu-pods": "allowed"}}}),
+            ),
+        )
+        .await
+        .context("labelling namespace default")?;
     Ok(())
 }
 

@@ -121,6 +121,10 @@ fn scenarios() -> Vec<(&'static str, Scenario)> {
             Box::pin(integrity::tenant_host_paths_to_node_files_are_refused(c))
         }),
         (
+            "gpu_pods_that_would_skip_tessera_scheduler_are_refused_at_creation",
+            |c| Box::pin(integrity::gpu_pods_that_would_skip_tessera_scheduler_are_refused(c)),
+        ),
+        (
             "device_plugin_bypass_by_node_name_never_gets_a_shared_gpu",
             |c| Box::pin(integrity::device_plugin_bypass_never_gets_a_shared_gpu(c)),
         ),

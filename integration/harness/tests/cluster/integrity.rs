@@ -167,3 +167,95 @@ pub async fn tenant_host_paths_to_node_files_are_refused(
     cluster.delete_pod("other-files").await?;
     Ok(())
 }
+
+/// A pod asking for GPUs is placed by tessera-scheduler or not at all: in a
+/// namespace that runs no other GPU scheduler, one naming its node, one naming a
+/// scheduler no extender profile serves, and one tolerating the switch taint are
+/// refused at creation (admission policy tessera-gpu-pods-scheduled), each with why;
+/// the same pods without a GPU, and a GPU pod naming a served profile, are not.
+pub async fn gpu_pods_that_would_skip_tessera_scheduler_are_refused(
+    cluster: &mut Cluster,
+) -> anyhow::Result<()> {
+    const NS: &str = "strict";
+    cluster.create_namespace(NS).await?;
+    let gpu = json!({"koordinator.sh/gpu": "25"});
+    let with = |name: &str, limits: &serde_json::Value, field: &str, value: serde_json::Value| {
+        let mut spec = pod(name, &[("main", limits.clone())], &[]);
+        spec["spec"][field] = value;
+        spec
+    };
+    let refused = [
+        (
+            with(
+                "by-node",
+                &json!({"nvidia.com/gpu": "1"}),
+                "nodeName",
+                json!(NODE_NAME),
+            ),
+            "spec.nodeName",
+        ),
+        (
+            with("by-other", &gpu, "schedulerName", json!("my-scheduler")),
+            "never calls tessera-scheduler",
+        ),
+        (
+            with(
+                "tolerates-all",
+                &gpu,
+                "tolerations",
+                json!([{"operator": "Exists"}]),
+            ),
+            "may not tolerate",
+        ),
+        (
+            with(
+                "tolerates-switch",
+                &gpu,
+                "tolerations",
+                json!([{"key": "tessera.io/runtime-proxy", "operator": "Exists", "effect": "NoSchedule"}]),
+            ),
+            "may not tolerate",
+        ),
+    ];
+    for (spec, want) in &refused {
+        let name = spec["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        match cluster.create_pod_in("admin", NS, spec).await {
+            Ok(_) => {
+                cluster.delete_pod_in(NS, &name).await?;
+                anyhow::bail!("pod {name} was created: {spec}");
+            }
+            Err(error) => {
+                let text = format!("{error:#}");
+                ensure!(
+                    text.contains("tessera-gpu-pods-scheduled") && text.contains(want),
+                    "pod {name}: refused, but not as wanted ({want:?}): {text}"
+                );
+            }
+        }
+    }
+    // Without a GPU, or through a profile that calls the extender: admitted.
+    for spec in [
+        with("plain-by-node", &json!({}), "nodeName", json!(NODE_NAME)),
+        with(
+            "plain-tolerates",
+            &json!({}),
+            "tolerations",
+            json!([{"operator": "Exists"}]),
+        ),
+        with("koord", &gpu, "schedulerName", json!("koord-scheduler")),
+    ] {
+        let name = spec["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        cluster
+            .create_pod_in("admin", NS, &spec)
+            .await
+            .map_err(|e| anyhow::anyhow!("pod {name} refused: {e:#}"))?;
+        cluster.delete_pod_in(NS, &name).await?;
+    }
+    Ok(())
+}
