@@ -295,14 +295,7 @@ impl Mps {
             // (NVIDIA's Dynamo guide): ask again.
             self.run(&["server", "get", &spec.server, "status"])?;
         }
-        let dir = self.run(&[
-            "namespace",
-            "get",
-            &spec.name,
-            &spec.server,
-            "pipe-directory",
-        ]);
-        if dir.is_err() {
+        if self.namespace_get(spec, "pipe-directory").is_err() {
             self.run(&[
                 "namespace",
                 "create",
@@ -321,13 +314,7 @@ impl Mps {
             ])?;
         }
         self.held(spec)?;
-        let dir = self.run(&[
-            "namespace",
-            "get",
-            &spec.name,
-            &spec.server,
-            "pipe-directory",
-        ])?;
+        let dir = self.namespace_get(spec, "pipe-directory")?;
         if Path::new(dir.trim()) != want {
             return Err(MpsError::NotHeld {
                 namespace: spec.name.clone(),
@@ -363,9 +350,14 @@ impl Mps {
         }
     }
 
+    /// One field of the spec's namespace, as the daemon holds it.
+    fn namespace_get(&self, spec: &NamespaceSpec, field: &str) -> Result<String, MpsError> {
+        self.run(&["namespace", "get", &spec.name, &spec.server, field])
+    }
+
     /// Reads the namespace's limits back; an error names the first that differs.
     fn held(&self, spec: &NamespaceSpec) -> Result<(), MpsError> {
-        let get = |field| self.run(&["namespace", "get", &spec.name, &spec.server, field]);
+        let get = |field| self.namespace_get(spec, field);
         let not_held = |field: &'static str, wanted: String, held: String| MpsError::NotHeld {
             namespace: spec.name.clone(),
             server: spec.server.clone(),

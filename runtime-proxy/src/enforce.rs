@@ -310,7 +310,7 @@ impl EnforceHook {
         let probe = Arc::clone(&self.probe);
         let name = pod.display_name();
         let annotations = pod.annotations.clone();
-        tokio::task::spawn_blocking(move || {
+        blocking(move || {
             let node: NodeDevices = probe.probe();
             containers
                 .into_iter()
@@ -325,8 +325,7 @@ impl EnforceHook {
                 })
                 .collect()
         })
-        .await
-        .map_err(|e| HookRejection::new(Code::Internal, format!("enforcement task failed: {e}")))?
+        .await?
     }
 
     /// Makes the MPS namespace of a shared container the GPU hook gave one (its
@@ -350,11 +349,8 @@ impl EnforceHook {
             ));
         };
         let mps = mps.clone();
-        let made = tokio::task::spawn_blocking(move || mps.ensure(&spec).map(|dir| (spec, dir)))
-            .await
-            .map_err(|e| {
-                HookRejection::new(Code::Internal, format!("enforcement task failed: {e}"))
-            })?
+        let made = blocking(move || mps.ensure(&spec).map(|dir| (spec, dir)))
+            .await?
             .map_err(|e| {
                 HookRejection::new(
                     Code::Unavailable,
@@ -387,11 +383,8 @@ impl EnforceHook {
         let uid = pod.uid.clone();
         let hook = driver.hook.clone();
         let count = shared.len();
-        tokio::task::spawn_blocking(move || write_spec_files(&dir, &uid, &shared, &hook))
-            .await
-            .map_err(|e| {
-                HookRejection::new(Code::Internal, format!("enforcement task failed: {e}"))
-            })?
+        blocking(move || write_spec_files(&dir, &uid, &shared, &hook))
+            .await?
             .map_err(|e| {
                 HookRejection::new(
                     Code::Internal,
@@ -400,6 +393,16 @@ impl EnforceHook {
             })?;
         Ok(count)
     }
+}
+
+/// Runs blocking work (the node's files, NVML, MPS's control program) off the
+/// async threads; a task that panicked is an internal refusal.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, HookRejection> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| HookRejection::new(Code::Internal, format!("enforcement task failed: {e}")))
 }
 
 /// One spec file per shared container, written whole (temp file, rename) so the
