@@ -8,7 +8,7 @@ use std::path::Path;
 use nvml_wrapper::Nvml;
 use nvml_wrapper::enum_wrappers::device::ComputeMode as NvmlMode;
 
-use crate::mps::{ComputeMode, MpsError};
+use crate::mps::{ComputeMode, GpuMode, MpsError};
 
 /// NVML, loaded from the node's library, setting compute modes (needs root).
 pub struct NvmlComputeMode {
@@ -36,31 +36,35 @@ impl NvmlComputeMode {
 }
 
 impl ComputeMode for NvmlComputeMode {
-    fn is_exclusive(&self, uuid: &str) -> Result<bool, MpsError> {
+    fn mode(&self, uuid: &str) -> Result<GpuMode, MpsError> {
         let error = |e: &dyn std::fmt::Display| MpsError::ComputeMode {
             uuid: uuid.to_owned(),
             reason: e.to_string(),
         };
         let device = self.nvml.device_by_uuid(uuid).map_err(|e| error(&e))?;
-        Ok(device.compute_mode().map_err(|e| error(&e))? == NvmlMode::ExclusiveProcess)
+        Ok(match device.compute_mode().map_err(|e| error(&e))? {
+            NvmlMode::ExclusiveProcess => GpuMode::ExclusiveProcess,
+            NvmlMode::Prohibited => GpuMode::Prohibited,
+            _ => GpuMode::Default,
+        })
     }
 
-    fn set_exclusive(&self, uuid: &str, exclusive: bool) -> Result<(), MpsError> {
+    fn set(&self, uuid: &str, mode: GpuMode) -> Result<(), MpsError> {
         let error = |e: &dyn std::fmt::Display| MpsError::ComputeMode {
             uuid: uuid.to_owned(),
             reason: e.to_string(),
         };
         let mut device = self.nvml.device_by_uuid(uuid).map_err(|e| error(&e))?;
-        let mode = if exclusive {
-            NvmlMode::ExclusiveProcess
-        } else {
-            NvmlMode::Default
+        let nvml_mode = match mode {
+            GpuMode::Default => NvmlMode::Default,
+            GpuMode::ExclusiveProcess => NvmlMode::ExclusiveProcess,
+            GpuMode::Prohibited => NvmlMode::Prohibited,
         };
-        device.set_compute_mode(mode).map_err(|e| error(&e))?;
+        device.set_compute_mode(nvml_mode).map_err(|e| error(&e))?;
         let held = device.compute_mode().map_err(|e| error(&e))?;
-        if held != mode {
+        if held != nvml_mode {
             return Err(error(&format!(
-                "the driver reports compute mode {held:?} after {mode:?} was set"
+                "the driver reports compute mode {held:?} after {nvml_mode:?} was set"
             )));
         }
         Ok(())

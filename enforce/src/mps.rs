@@ -60,20 +60,24 @@ pub fn server_name(minor: u32) -> String {
     format!("gpu_{minor}")
 }
 
-/// A pod's namespaces share this prefix, then `_`: its UID's hex digits (kubelet's
-/// UIDs are UUIDs, or 32 hex digits for static pods), or, for a UID that is not
-/// hex (a CRI client's own), `u` and 31 hex digits of its SHA-256. `None` for an
-/// empty UID.
+/// A pod's namespaces share this prefix, then `_`: its UID's hex digits when it
+/// is a UUID or plain hex (kubelet's are UUIDs, or 32 hex digits for static
+/// pods), or, for any other UID (a CRI client's own), `u` and 31 hex digits of its
+/// SHA-256, so no two UIDs share one. `None` for an empty UID.
 pub fn pod_prefix(pod_uid: &str) -> Option<String> {
     use sha2::Digest as _;
     if pod_uid.is_empty() {
         return None;
     }
-    let hex: String = pod_uid.chars().filter(|c| *c != '-').collect();
-    let readable = hex.len() <= 40
-        && hex
-            .bytes()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+    let lower_hex = |part: &str| {
+        part.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    };
+    // A UUID (8-4-4-4-12) or plain hex: its digits, unambiguous either way.
+    let groups: Vec<&str> = pod_uid.split('-').collect();
+    let uuid = groups.iter().map(|g| g.len()).eq([8, 4, 4, 4, 12]);
+    let hex: String = groups.concat();
+    let readable = (uuid || groups.len() == 1) && hex.len() <= 40 && lower_hex(&hex);
     if readable {
         return Some(format!("{hex}_"));
     }
@@ -155,6 +159,9 @@ pub trait Control: Send + Sync + fmt::Debug {
     fn run(&self, args: &[String]) -> Result<String, MpsError>;
 }
 
+/// How long one control command may take.
+pub const CONTROL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// `nvidia-cuda-mps-control`, talking to the daemon whose pipe directory is `pipe_dir`.
 #[derive(Debug, Clone)]
 pub struct ControlProgram {
@@ -167,16 +174,38 @@ pub struct ControlProgram {
 impl Control for ControlProgram {
     fn run(&self, args: &[String]) -> Result<String, MpsError> {
         let command = || format!("{} {}", self.binary.display(), args.join(" "));
-        let output = std::process::Command::new(&self.binary)
+        let error = |reason: String| MpsError::Control {
+            command: command(),
+            reason,
+        };
+        let mut child = std::process::Command::new(&self.binary)
             .args(["-p", PROTOCOL])
             .args(args)
             .env(PIPE_ENV, &self.pipe_dir)
             .stdin(std::process::Stdio::null())
-            .output()
-            .map_err(|e| MpsError::Control {
-                command: command(),
-                reason: e.to_string(),
-            })?;
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .map_err(|e| error(e.to_string()))?;
+        // A daemon that does not answer must not hold every shared container of
+        // the node (calls are serialised): the command is killed at the deadline.
+        let started = std::time::Instant::now();
+        while child
+            .try_wait()
+            .map_err(|e| error(e.to_string()))?
+            .is_none()
+        {
+            if started.elapsed() >= CONTROL_TIMEOUT {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(error(format!(
+                    "no answer within {} s (is the MPS daemon hung?)",
+                    CONTROL_TIMEOUT.as_secs()
+                )));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        let output = child.wait_with_output().map_err(|e| error(e.to_string()))?;
         let stdout = String::from_utf8_lossy(&output.stdout).trim().to_owned();
         if output.status.success() {
             return Ok(stdout);
@@ -191,14 +220,25 @@ impl Control for ControlProgram {
     }
 }
 
+/// The compute modes Tessera sets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GpuMode {
+    /// Any process may have a context.
+    Default,
+    /// One process may: the GPU's MPS server.
+    ExclusiveProcess,
+    /// None may: while no MPS daemon holds the shares on it.
+    Prohibited,
+}
+
 /// A GPU's compute mode. The real one is NVML's (`compute::NvmlComputeMode`).
 /// Setting it needs `CAP_SYS_ADMIN`, which the runtime proxy does not have: the
 /// MPS supervisor sets it ([`supervise`]), the proxy only reads it.
 pub trait ComputeMode: Send + Sync + fmt::Debug {
-    /// Whether the GPU is in `EXCLUSIVE_PROCESS` mode.
-    fn is_exclusive(&self, uuid: &str) -> Result<bool, MpsError>;
-    /// `EXCLUSIVE_PROCESS` (`true`) or `DEFAULT` (`false`).
-    fn set_exclusive(&self, uuid: &str, exclusive: bool) -> Result<(), MpsError>;
+    /// The GPU's mode now (a mode Tessera does not set reads as `Default`).
+    fn mode(&self, uuid: &str) -> Result<GpuMode, MpsError>;
+    /// Sets the GPU's mode.
+    fn set(&self, uuid: &str, mode: GpuMode) -> Result<(), MpsError>;
 }
 
 /// How long [`Mps::ensure`] waits for the supervisor to make a GPU exclusive.
@@ -268,11 +308,28 @@ impl Mps {
     /// its limits (set unless already held: MPS refuses to change a namespace a
     /// client is attached to), read back. Returns the namespace's pipe directory.
     pub fn ensure(&self, spec: &NamespaceSpec) -> Result<PathBuf, MpsError> {
-        let _serial = self.lock.lock().unwrap_or_else(|p| p.into_inner());
         // Recorded first: the supervisor makes the GPU exclusive from it, and a
-        // daemon that restarts from here on brings the namespace back.
-        self.write_state(spec)?;
+        // daemon that restarts from here on brings the namespace back. Waited for
+        // outside the lock: other containers' calls go on meanwhile.
+        {
+            let _serial = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+            self.write_state(spec)?;
+        }
         self.wait_exclusive(&spec.uuid)?;
+        let _serial = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let dir = self.ensure_locked(spec)?;
+        // Still exclusive once all is made: the supervisor re-reads the kept
+        // namespaces before handing a GPU back, and this closes the rest.
+        if self.compute.mode(&spec.uuid)? != GpuMode::ExclusiveProcess {
+            return Err(MpsError::ComputeMode {
+                uuid: spec.uuid.clone(),
+                reason: "no longer exclusive-process after its namespace was made".into(),
+            });
+        }
+        Ok(dir)
+    }
+
+    fn ensure_locked(&self, spec: &NamespaceSpec) -> Result<PathBuf, MpsError> {
         let want = namespace_dir(&self.pipe_dir, &spec.server, &spec.name);
         // Held already (a container of a pod that has one, or one kubelet
         // restarts): two reads, no change.
@@ -332,8 +389,7 @@ impl Mps {
     fn wait_exclusive(&self, uuid: &str) -> Result<(), MpsError> {
         let started = std::time::Instant::now();
         loop {
-            let exclusive = self.compute.is_exclusive(uuid)?;
-            if exclusive {
+            if self.compute.mode(uuid)? == GpuMode::ExclusiveProcess {
                 return Ok(());
             }
             if started.elapsed() >= self.exclusive_wait {
@@ -391,6 +447,14 @@ impl Mps {
         let Some(prefix) = pod_prefix(pod_uid) else {
             return Ok(0);
         };
+        // Most pods hold no share: they never wait for the lock.
+        if !self
+            .read_state()?
+            .iter()
+            .any(|s| s.name.starts_with(&prefix))
+        {
+            return Ok(0);
+        }
         let _serial = self.lock.lock().unwrap_or_else(|p| p.into_inner());
         let specs = self.read_state()?;
         let (gone, kept): (Vec<_>, Vec<_>) =
@@ -413,7 +477,10 @@ impl Mps {
                 first_error.get_or_insert(error);
                 continue;
             }
-            self.remove_state(&spec.name)?;
+            if let Err(error) = self.remove_state(&spec.name) {
+                first_error.get_or_insert(error);
+                continue;
+            }
             if kept.iter().all(|k| k.server != spec.server)
                 && let Err(error) = self.release_server(spec)
             {

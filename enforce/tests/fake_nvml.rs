@@ -86,16 +86,16 @@ fn limits_are_set_on_the_cgroup_and_read_back() -> anyhow::Result<()> {
 #[test]
 fn compute_modes_are_set_read_back_and_seen_by_every_process() -> anyhow::Result<()> {
     use tessera_enforce::compute::NvmlComputeMode;
-    use tessera_enforce::mps::ComputeMode;
+    use tessera_enforce::mps::{ComputeMode, GpuMode};
     let dir = tempfile::tempdir()?;
     let log = dir.path().join("compute-mode.jsonl");
     let mut description = node(true, &dir.path().join("limits.jsonl"));
     description["computeModeLog"] = Value::String(log.display().to_string());
     let library = fake_nvml::install(&dir.path().join("nvml"), &description)?;
     let modes = NvmlComputeMode::open(&library)?;
-    assert!(!modes.is_exclusive(GPU0)?);
-    modes.set_exclusive(GPU0, true)?;
-    assert!(modes.is_exclusive(GPU0)?);
+    assert_eq!(modes.mode(GPU0)?, GpuMode::Default);
+    modes.set(GPU0, GpuMode::ExclusiveProcess)?;
+    assert_eq!(modes.mode(GPU0)?, GpuMode::ExclusiveProcess);
     // The node's mode, as another process (the runtime proxy) reads it: the log.
     let line: Value = serde_json::from_str(
         std::fs::read_to_string(&log)?
@@ -107,8 +107,10 @@ fn compute_modes_are_set_read_back_and_seen_by_every_process() -> anyhow::Result
         (line["uuid"].as_str(), line["mode"].as_u64()),
         (Some(GPU0), Some(3))
     );
-    modes.set_exclusive(GPU0, false)?;
-    assert!(!modes.is_exclusive(GPU0)?);
-    assert!(modes.is_exclusive("GPU-nope").is_err());
+    modes.set(GPU0, GpuMode::Prohibited)?;
+    assert_eq!(modes.mode(GPU0)?, GpuMode::Prohibited);
+    modes.set(GPU0, GpuMode::Default)?;
+    assert_eq!(modes.mode(GPU0)?, GpuMode::Default);
+    assert!(modes.mode("GPU-nope").is_err());
     Ok(())
 }

@@ -9,35 +9,35 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tessera_enforce::mps::{
-    ComputeMode, ControlProgram, DaemonConfig, Mps, MpsError, NamespaceSpec, namespace_name,
-    server_name, supervise,
+    ComputeMode, ControlProgram, DaemonConfig, GpuMode, Mps, MpsError, NamespaceSpec,
+    namespace_name, server_name, supervise,
 };
 
 /// The GPUs' compute modes, as the driver would keep them.
 #[derive(Debug, Default)]
-struct Modes(Mutex<BTreeMap<String, bool>>);
+struct Modes(Mutex<BTreeMap<String, GpuMode>>);
 
 impl Modes {
-    fn of(&self, uuid: &str) -> bool {
+    fn of(&self, uuid: &str) -> GpuMode {
         self.0
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(uuid)
             .copied()
-            .unwrap_or(false)
+            .unwrap_or(GpuMode::Default)
     }
 }
 
 impl ComputeMode for Modes {
-    fn is_exclusive(&self, uuid: &str) -> Result<bool, MpsError> {
+    fn mode(&self, uuid: &str) -> Result<GpuMode, MpsError> {
         Ok(self.of(uuid))
     }
 
-    fn set_exclusive(&self, uuid: &str, exclusive: bool) -> Result<(), MpsError> {
+    fn set(&self, uuid: &str, mode: GpuMode) -> Result<(), MpsError> {
         self.0
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(uuid.to_owned(), exclusive);
+            .insert(uuid.to_owned(), mode);
         Ok(())
     }
 }

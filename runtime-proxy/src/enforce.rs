@@ -207,6 +207,10 @@ pub fn node(
     Ok((enforcement, driver, mps))
 }
 
+/// How often the MPS daemon is asked at start (every 0.5 s) before `--mps`
+/// gives up on it.
+const PROBE_TRIES: u32 = 20;
+
 /// The node's MPS, from `--mps`: its daemon must answer, and NVML must load (it
 /// sets the GPUs' compute mode).
 fn node_mps(args: &tessera_hooks::args::GpuHookArgs) -> Result<Option<Mps>, SetupError> {
@@ -226,16 +230,25 @@ fn node_mps(args: &tessera_hooks::args::GpuHookArgs) -> Result<Option<Mps>, Setu
             args.mps_pipe_dir.clone(),
             args.enforcement_dir.join("mps"),
         );
-        mps.probe().map_err(|e| {
-            format!("{e} (is the node's MPS daemon, tessera-enforce mps-daemon, running with --pipe-dir {}?)", args.mps_pipe_dir.display())
-        })?;
+        // The MPS unit may still be starting its daemon (both start at boot).
+        let mut tries = 0;
+        while let Err(error) = mps.probe() {
+            tries += 1;
+            if tries >= PROBE_TRIES {
+                return Err(format!(
+                    "{error} (is the node's MPS daemon, tessera-enforce mps-daemon, running with --pipe-dir {}?)",
+                    args.mps_pipe_dir.display()
+                ));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(500));
+        }
         Ok(mps)
     };
     match open() {
         Ok(mps) => Ok(Some(mps)),
         Err(error) if args.mps == Switch::On => Err(SetupError::Mps(error)),
         Err(error) => {
-            tracing::info!(%error, "MPS off: the node's MPS daemon does not answer");
+            tracing::warn!(%error, "MPS off: the node's MPS daemon does not answer");
             Ok(None)
         }
     }
@@ -505,14 +518,18 @@ impl Hook for EnforceHook {
                 if let (Some(driver), true) = (&self.driver, ours) {
                     self.write_specs(driver, pod, vec![name.clone()]).await?;
                 }
-                // The GPU hook mounted a namespace's pipe directory: make it.
-                let piped = config.is_some_and(|c| {
-                    c.mounts
-                        .iter()
-                        .any(|m| m.container_path == mps::CONTAINER_PIPE_DIR)
-                });
-                if let (Some(mps), true) = (&self.mps, piped) {
-                    self.ensure_namespace(mps, pod, name).await?;
+                // The GPU hook mounted a namespace's pipe directory (from under the
+                // daemon's; a tenant's own mount there is not one): make it.
+                if let Some(mps) = &self.mps {
+                    let piped = config.is_some_and(|c| {
+                        c.mounts.iter().any(|m| {
+                            m.container_path == mps::CONTAINER_PIPE_DIR
+                                && Path::new(&m.host_path).starts_with(mps.pipe_dir())
+                        })
+                    });
+                    if piped {
+                        self.ensure_namespace(mps, pod, name).await?;
+                    }
                 }
             }
             _ => {}

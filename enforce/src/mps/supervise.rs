@@ -6,9 +6,10 @@
 //! every shared container's GPU work, down with it.
 //!
 //! It also keeps each GPU's compute mode: `EXCLUSIVE_PROCESS` while a kept
-//! namespace is on it, `DEFAULT` once none is (and when it stops). The GPUs it
-//! made exclusive are listed in `<state>/.exclusive`, so that a supervisor that
-//! restarts hands back only those, never a mode the operator set.
+//! namespace is on it and the daemon runs, `PROHIBITED` while one is and no
+//! daemon runs (shares fail closed), `DEFAULT` once none is. The GPUs whose mode
+//! it set are listed in `<state>/.exclusive`, so that a supervisor that restarts
+//! hands back only those, never a mode the operator set.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -16,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use tokio::process::Command;
 
-use super::{ComputeMode, MpsError, PIPE_ENV, PROTOCOL, config_toml, read_state};
+use super::{ComputeMode, GpuMode, MpsError, PIPE_ENV, PROTOCOL, config_toml, read_state};
 
 /// How the daemon is run.
 #[derive(Debug, Clone)]
@@ -41,7 +42,7 @@ impl DaemonConfig {
         self.state_dir.join(".daemon.toml")
     }
 
-    /// The GPUs this supervisor made exclusive-process.
+    /// The GPUs whose compute mode this supervisor set.
     pub fn exclusive_file(&self) -> PathBuf {
         self.state_dir.join(".exclusive")
     }
@@ -52,18 +53,23 @@ impl DaemonConfig {
 /// nothing else to serve but the daemon's exit.
 const RECONCILE: Duration = Duration::from_millis(50);
 
-/// Keeps the compute modes: exclusive where a kept namespace is, default where
-/// this supervisor made a GPU exclusive and none is any more.
+/// Keeps the compute modes. While the daemon runs: exclusive-process where a
+/// kept namespace is (only its MPS server may have a context there). While none
+/// runs (between restarts, after a stop or an error): prohibited there, so that
+/// no tenant process, its MPS connection failing, gets the GPU alone and
+/// unlimited: shares fail closed until MPS is back. Either way, `DEFAULT` again
+/// where this supervisor changed the mode and no kept namespace is any more.
 struct Modes<'a> {
     compute: &'a dyn ComputeMode,
-    file: PathBuf,
+    config: &'a DaemonConfig,
     made: BTreeSet<String>,
+    /// The last error logged per GPU, so a GPU that keeps failing is logged once.
+    failing: BTreeSet<String>,
 }
 
 impl<'a> Modes<'a> {
-    fn load(config: &DaemonConfig, compute: &'a dyn ComputeMode) -> Self {
-        let file = config.exclusive_file();
-        let made = std::fs::read_to_string(&file)
+    fn load(config: &'a DaemonConfig, compute: &'a dyn ComputeMode) -> Self {
+        let made = std::fs::read_to_string(config.exclusive_file())
             .unwrap_or_default()
             .lines()
             .map(str::trim)
@@ -72,47 +78,70 @@ impl<'a> Modes<'a> {
             .collect();
         Self {
             compute,
-            file,
+            config,
             made,
+            failing: BTreeSet::new(),
         }
     }
 
-    /// Brings the modes to `wanted`; a GPU that fails is tried again next time.
-    fn reconcile(&mut self, wanted: &BTreeSet<String>) {
+    /// Exclusive-process for `wanted` (the daemon runs).
+    fn serve(&mut self, wanted: &BTreeSet<String>) {
+        self.bring(wanted, GpuMode::ExclusiveProcess);
+    }
+
+    /// Prohibited for `wanted` (no daemon runs).
+    fn hold(&mut self, wanted: &BTreeSet<String>) {
+        self.bring(wanted, GpuMode::Prohibited);
+    }
+
+    /// `mode` for `wanted`; `DEFAULT` for the GPUs this supervisor changed that
+    /// no kept namespace is on, the kept namespaces read once more first (a share
+    /// recorded meanwhile keeps its GPU). A GPU that fails is tried again next time.
+    fn bring(&mut self, wanted: &BTreeSet<String>, mode: GpuMode) {
         let before = self.made.clone();
         for uuid in wanted {
             // Read each time: a GPU reset or a hand-run nvidia-smi undoes it.
-            match self.compute.is_exclusive(uuid) {
-                Ok(true) => {
+            if matches!(self.compute.mode(uuid), Ok(now) if now == mode) {
+                self.failing.remove(uuid);
+                continue;
+            }
+            match self.compute.set(uuid, mode) {
+                Ok(()) => {
+                    tracing::info!(%uuid, ?mode, "GPU compute mode set: its MPS server holds shares");
                     self.made.insert(uuid.clone());
+                    self.failing.remove(uuid);
                 }
-                _ => match self.compute.set_exclusive(uuid, true) {
-                    Ok(()) => {
-                        tracing::info!(%uuid, "GPU exclusive-process: its MPS server holds shares");
-                        self.made.insert(uuid.clone());
+                Err(error) => {
+                    if self.failing.insert(uuid.clone()) {
+                        tracing::error!(%error, ?mode, "GPU compute mode not set; its shares wait");
                     }
-                    Err(error) => {
-                        tracing::error!(%error, "GPU not made exclusive-process; its shares wait")
-                    }
-                },
+                }
             }
         }
-        let stale: Vec<String> = self.made.difference(wanted).cloned().collect();
+        let mut stale: Vec<String> = self.made.difference(wanted).cloned().collect();
+        if !stale.is_empty()
+            && let Some(now) = kept_gpus(self.config)
+        {
+            stale.retain(|uuid| !now.contains(uuid));
+        }
         for uuid in stale {
-            match self.compute.set_exclusive(&uuid, false) {
+            match self.compute.set(&uuid, GpuMode::Default) {
                 Ok(()) => {
                     tracing::info!(%uuid, "GPU back to DEFAULT compute mode: it holds no share");
                     self.made.remove(&uuid);
                 }
                 Err(error) => {
-                    tracing::error!(%error, "GPU not handed back to DEFAULT compute mode")
+                    if self.failing.insert(uuid.clone()) {
+                        tracing::error!(%error, "GPU not handed back to DEFAULT compute mode");
+                    }
                 }
             }
         }
         if self.made != before {
+            let file = self.config.exclusive_file();
             let text: String = self.made.iter().map(|u| format!("{u}\n")).collect();
-            if let Err(error) = std::fs::write(&self.file, text) {
-                tracing::warn!(%error, file = %self.file.display(), "cannot record the GPUs made exclusive");
+            if let Err(error) = std::fs::write(&file, text) {
+                tracing::warn!(%error, file = %file.display(), "cannot record the GPUs whose mode was set");
             }
         }
     }
@@ -120,7 +149,7 @@ impl<'a> Modes<'a> {
 
 /// The GPUs of the kept namespaces; `None` when they cannot be read (nothing
 /// changes then).
-fn wanted(config: &DaemonConfig) -> Option<BTreeSet<String>> {
+fn kept_gpus(config: &DaemonConfig) -> Option<BTreeSet<String>> {
     match read_state(&config.state_dir) {
         Ok(specs) => Some(specs.into_iter().map(|s| s.uuid).collect()),
         Err(error) => {
@@ -134,8 +163,10 @@ fn wanted(config: &DaemonConfig) -> Option<BTreeSet<String>> {
 const SETTLED: Duration = Duration::from_secs(60);
 
 /// Runs the daemon until `stop` resolves, then asks it to quit (`-q`, which
-/// stops its servers too), waits for it, and hands the GPUs it made exclusive
-/// back to `DEFAULT`. Returns how many times the daemon started.
+/// stops its servers too) and waits for it. The GPUs of kept namespaces are then
+/// left prohibited (their shares fail closed until MPS runs again), the others
+/// this supervisor changed handed back to `DEFAULT`; the same on an error.
+/// Returns how many times the daemon started.
 pub async fn supervise(
     config: &DaemonConfig,
     compute: &dyn ComputeMode,
@@ -143,7 +174,9 @@ pub async fn supervise(
 ) -> Result<u64, MpsError> {
     let mut modes = Modes::load(config, compute);
     let result = run(config, &mut modes, stop).await;
-    modes.reconcile(&BTreeSet::new());
+    // Unreadable state: hold every GPU this supervisor set, as if all were kept.
+    let kept = kept_gpus(config).unwrap_or_else(|| modes.made.clone());
+    modes.hold(&kept);
     result
 }
 
@@ -164,7 +197,7 @@ async fn run(
     let mut starts = 0u64;
     loop {
         let specs = read_state(&config.state_dir)?;
-        modes.reconcile(&specs.iter().map(|s| s.uuid.clone()).collect());
+        modes.serve(&specs.iter().map(|s| s.uuid.clone()).collect());
         let file = config.config_file();
         std::fs::write(&file, config_toml(&specs)).map_err(|e| state(&file, e))?;
         let started = Instant::now();
@@ -192,8 +225,8 @@ async fn run(
             tokio::select! {
                 status = child.wait() => break Some(status),
                 _ = tick.tick() => {
-                    if let Some(wanted) = wanted(config) {
-                        modes.reconcile(&wanted);
+                    if let Some(kept) = kept_gpus(config) {
+                        modes.serve(&kept);
                     }
                 }
                 () = &mut stop => break None,
@@ -206,6 +239,10 @@ async fn run(
                     backoff = config.min_backoff;
                 }
                 tracing::warn!(status = ?status.ok(), ran_s = ran.as_secs_f64(), restart_in_s = backoff.as_secs_f64(), "MPS control daemon exited; starting it again");
+                // No server holds the kept shares' GPUs until the daemon is back:
+                // no process gets them meanwhile.
+                let kept = kept_gpus(config).unwrap_or_else(|| modes.made.clone());
+                modes.hold(&kept);
                 tokio::select! {
                     () = tokio::time::sleep(backoff) => {}
                     () = &mut stop => return Ok(starts),

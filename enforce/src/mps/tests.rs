@@ -45,15 +45,19 @@ struct Modes {
 }
 
 impl ComputeMode for Modes {
-    fn is_exclusive(&self, uuid: &str) -> Result<bool, MpsError> {
+    fn mode(&self, uuid: &str) -> Result<GpuMode, MpsError> {
         self.asked
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push(uuid.to_owned());
-        Ok(!self.stuck)
+        Ok(if self.stuck {
+            GpuMode::Default
+        } else {
+            GpuMode::ExclusiveProcess
+        })
     }
 
-    fn set_exclusive(&self, _: &str, _: bool) -> Result<(), MpsError> {
+    fn set(&self, _: &str, _: GpuMode) -> Result<(), MpsError> {
         Err(MpsError::ComputeMode {
             uuid: "-".into(),
             reason: "the proxy never sets it".into(),
@@ -115,6 +119,8 @@ fn names_fit_mps_and_keep_a_pod_together() {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
     );
     assert_ne!(pod_prefix("../etc"), pod_prefix("ABC"));
+    // Dashes are dropped only from a UUID: "ab-cd" and "abcd" are two pods.
+    assert_ne!(pod_prefix("ab-cd"), pod_prefix("abcd"));
     assert_eq!(pod_prefix(""), None);
     assert_eq!(namespace_name(UID, ""), None);
 }
@@ -126,10 +132,10 @@ fn a_share_gets_its_gpus_server_and_its_own_namespace() -> Result<(), MpsError> 
     let spec = spec("main", 20 << 30, 25);
     let dir = mps.ensure(&spec)?;
     assert_eq!(dir, Path::new("/run/nvidia-mps/gpu_0").join(&spec.name));
-    // The GPU was exclusive before its server was made.
+    // The GPU was exclusive before its server was made, and still is after.
     assert_eq!(
         *modes.asked.lock().unwrap_or_else(|p| p.into_inner()),
-        ["GPU-a"]
+        ["GPU-a", "GPU-a"]
     );
     let calls = control
         .calls

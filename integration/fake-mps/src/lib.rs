@@ -227,11 +227,15 @@ impl FakeMps {
                     ));
                 }
                 let server_name = self.server_option(&options)?;
-                let socket = self.bind(&[&server_name, name])?;
-                let server = self.server_mut(&server_name)?;
-                if server.namespaces.contains_key(*name) {
+                if self
+                    .server_mut(&server_name)?
+                    .namespaces
+                    .contains_key(*name)
+                {
                     return Err(format!("Namespace {name} already exists"));
                 }
+                let socket = self.bind(&[&server_name, name])?;
+                let server = self.server_mut(&server_name)?;
                 server.namespaces.insert(
                     (*name).to_owned(),
                     Namespace {

@@ -321,11 +321,11 @@ impl mps::Control for FakeControl {
 struct AnyMode;
 
 impl mps::ComputeMode for AnyMode {
-    fn is_exclusive(&self, _: &str) -> Result<bool, mps::MpsError> {
-        Ok(true)
+    fn mode(&self, _: &str) -> Result<mps::GpuMode, mps::MpsError> {
+        Ok(mps::GpuMode::ExclusiveProcess)
     }
 
-    fn set_exclusive(&self, _: &str, _: bool) -> Result<(), mps::MpsError> {
+    fn set(&self, _: &str, _: mps::GpuMode) -> Result<(), mps::MpsError> {
         Ok(())
     }
 }
@@ -361,13 +361,13 @@ async fn a_shared_container_with_a_pipe_directory_gets_its_namespace_until_its_p
             ..Default::default()
         }),
     };
-    let create = |piped: bool| {
+    let create_from = |host: Option<&str>| {
         LifecycleRequest::CreateContainer(cri::CreateContainerRequest {
             config: Some(cri::ContainerConfig {
-                mounts: piped
-                    .then(|| cri::Mount {
+                mounts: host
+                    .map(|host| cri::Mount {
                         container_path: mps::CONTAINER_PIPE_DIR.into(),
-                        host_path: "/run/nvidia-mps/gpu_0/x".into(),
+                        host_path: host.into(),
                         readonly: true,
                         ..Default::default()
                     })
@@ -386,10 +386,17 @@ async fn a_shared_container_with_a_pipe_directory_gets_its_namespace_until_its_p
     };
     let uid = "0b6c2a1e-1111-4222-8333-444455556666";
     let name = mps::namespace_name(uid, "main").unwrap_or_default();
-    // Without the GPU hook's mount: nothing made.
+    let create = |piped: bool| create_from(piped.then_some("/run/nvidia-mps/gpu_0/x"));
+    // Without the GPU hook's mount, or with a tenant's own volume there: nothing made.
     hook.pre(&ctx("main"), &mut create(false))
         .await
         .map_err(|e| e.message)?;
+    hook.pre(
+        &ctx("whole"),
+        &mut create_from(Some("/var/lib/kubelet/pods/x/volumes/data")),
+    )
+    .await
+    .map_err(|e| e.message)?;
     assert!(get(&name, "name").is_err());
     hook.pre(&ctx("main"), &mut create(true))
         .await

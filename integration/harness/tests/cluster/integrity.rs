@@ -255,6 +255,22 @@ pub async fn gpu_pods_that_would_skip_tessera_scheduler_are_refused(
             .create_pod_in("admin", NS, &spec)
             .await
             .map_err(|e| anyhow::anyhow!("pod {name} refused: {e:#}"))?;
+        if name == "koord" {
+            // Kubernetes lets an update add tolerations: not this one.
+            use kube::api::{Api, Patch, PatchParams};
+            let pods: Api<k8s_openapi::api::core::v1::Pod> =
+                Api::namespaced(cluster.client().await?, NS);
+            let added = json!({"spec": {"tolerations": [{"key": "tessera.io/runtime-proxy",
+                "operator": "Exists", "effect": "NoSchedule"}]}});
+            let patched = pods
+                .patch("koord", &PatchParams::default(), &Patch::Strategic(&added))
+                .await;
+            let text = format!("{patched:?}");
+            ensure!(
+                patched.is_err() && text.contains("may not tolerate"),
+                "koord: an update adding the switch toleration was not refused: {text}"
+            );
+        }
         cluster.delete_pod_in(NS, &name).await?;
     }
     Ok(())
