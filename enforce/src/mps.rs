@@ -447,18 +447,32 @@ impl Mps {
         let Some(prefix) = pod_prefix(pod_uid) else {
             return Ok(0);
         };
+        self.remove_where(|spec| spec.name.starts_with(&prefix))
+    }
+
+    /// Deletes the namespaces of every pod but `live` (pod UIDs, as known at
+    /// `as_of`): those whose removal the proxy missed (it was down, or a cleanup
+    /// failed). A namespace recorded after `as_of` is a pod's the list may not
+    /// have seen, and stays. Returns how many went.
+    pub fn prune(&self, live: &[String], as_of: std::time::SystemTime) -> Result<usize, MpsError> {
+        let prefixes: Vec<String> = live.iter().filter_map(|uid| pod_prefix(uid)).collect();
+        self.remove_where(|spec| {
+            let recorded = std::fs::metadata(self.state_file(&spec.name))
+                .and_then(|m| m.modified())
+                .ok();
+            !prefixes.iter().any(|p| spec.name.starts_with(p))
+                && recorded.is_some_and(|t| t <= as_of)
+        })
+    }
+
+    fn remove_where(&self, gone: impl Fn(&NamespaceSpec) -> bool) -> Result<usize, MpsError> {
         // Most pods hold no share: they never wait for the lock.
-        if !self
-            .read_state()?
-            .iter()
-            .any(|s| s.name.starts_with(&prefix))
-        {
+        if !self.read_state()?.iter().any(&gone) {
             return Ok(0);
         }
         let _serial = self.lock.lock().unwrap_or_else(|p| p.into_inner());
         let specs = self.read_state()?;
-        let (gone, kept): (Vec<_>, Vec<_>) =
-            specs.into_iter().partition(|s| s.name.starts_with(&prefix));
+        let (gone, kept): (Vec<_>, Vec<_>) = specs.into_iter().partition(|s| gone(s));
         let mut first_error = None;
         for spec in &gone {
             let deleted = self.run(&[

@@ -56,12 +56,16 @@ async fn run(config: Config) -> anyhow::Result<()> {
     let mut hooks: Vec<Arc<dyn Hook>> = Vec::new();
     // The proxy's record of the node's pods, which the GPU hook checks grants against.
     let store = Arc::new(PodStore::default());
+    // MPS namespaces of pods that went while the proxy was not looking, deleted
+    // once the runtime's sandboxes are known.
+    let mut mps_gc: Option<tessera_enforce::mps::Mps> = None;
     if let Some(gpu) = &config.gpu_hook {
         let probe = Arc::new(gpu.probe());
         // The hooks' own calls to the runtime (its CDI settings, its sandboxes): one
         // backend, apart from the proxy's forwarding.
         let runtime = Backend::new(&config.runtime_endpoint, Arc::clone(&metrics));
         let (enforcement, driver, mps) = enforcement::node(gpu, Arc::new(runtime.clone()))?;
+        mps_gc = mps.clone();
         let mut hook_config = gpu.config();
         hook_config.enforcement = enforcement.clone();
         tracing::info!(config = ?hook_config, "embedded GPU hook on");
@@ -96,7 +100,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
         &options,
         hooks,
         Arc::clone(&metrics),
-        store,
+        Arc::clone(&store),
     ));
     let (listener, source) = server::listen(&config.listen)
         .with_context(|| format!("listening on {}", config.listen.display()))?;
@@ -108,7 +112,25 @@ async fn run(config: Config) -> anyhow::Result<()> {
             tracing::error!(%addr, %error, "metrics endpoint not served (--metrics-addr)");
         }
     }
-    tokio::spawn(resync_until_ready(Arc::clone(&proxy)));
+    let resync = resync_until_ready(Arc::clone(&proxy));
+    let live = Arc::clone(&store);
+    tokio::spawn(async move {
+        resync.await;
+        let Some(mps) = mps_gc else { return };
+        let as_of = std::time::SystemTime::now();
+        let uids: Vec<String> = live.live_pods().iter().map(|p| p.uid.clone()).collect();
+        match tokio::task::spawn_blocking(move || mps.prune(&uids, as_of)).await {
+            Ok(Ok(0)) => {}
+            Ok(Ok(namespaces)) => {
+                tracing::info!(
+                    namespaces,
+                    "MPS namespaces of pods no longer on the node deleted"
+                );
+            }
+            Ok(Err(error)) => tracing::warn!(%error, "MPS namespaces of gone pods not all deleted"),
+            Err(error) => tracing::warn!(%error, "MPS cleanup task failed"),
+        }
+    });
     let mut terminate = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
     let mut interrupt = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
     let shutdown = async move {

@@ -272,3 +272,35 @@ fn sizes_parse_as_mps_prints_them() {
     assert_eq!(parse_size("-"), None);
     assert_eq!(parse_size(""), None);
 }
+
+#[test]
+fn prune_deletes_the_namespaces_of_pods_no_longer_there() -> Result<(), MpsError> {
+    let control = Arc::new(InProcess::default());
+    let (mps, _, _dir) = setup(control.clone());
+    let other = "1111aaaa-0000-0000-0000-000000000000";
+    mps.ensure(&spec("main", 1 << 30, 10))?;
+    mps.ensure(&NamespaceSpec {
+        name: namespace_name(other, "main").unwrap_or_default(),
+        ..spec("main", 2 << 30, 20)
+    })?;
+    // Recorded after the list was made: kept.
+    let before = std::time::SystemTime::UNIX_EPOCH;
+    assert_eq!(mps.prune(&[], before)?, 0);
+    // Only UID's pod is still on the node.
+    let now = std::time::SystemTime::now();
+    assert_eq!(mps.prune(&[UID.to_owned()], now)?, 1);
+    let names: Vec<String> = mps.read_state()?.into_iter().map(|s| s.name).collect();
+    assert_eq!(names, [namespace_name(UID, "main").unwrap_or_default()]);
+    assert!(
+        control
+            .run(&args(&["server", "get", "gpu_0", "status"]))
+            .is_ok()
+    );
+    assert_eq!(mps.prune(&[], now)?, 1);
+    assert!(
+        control
+            .run(&args(&["server", "get", "gpu_0", "status"]))
+            .is_err()
+    );
+    Ok(())
+}
