@@ -638,6 +638,37 @@ pub async fn mps_holds_each_shared_container_in_its_own_namespace(
         held(cluster)?
     );
 
+    // A namespace whose pod went while the proxy was down (kept, never deleted): the
+    // proxy deletes it once it knows the runtime's sandboxes again, and keeps the
+    // live pod's.
+    let stale = "ffffffffffffffffffffffffffffffff_000000000000";
+    let kept_dir = cluster
+        .enforcement_backends_file()
+        .parent()
+        .context("no enforcement dir")?
+        .join("mps");
+    cluster.mps_control(&["namespace", "create", stale, &format!("--server={server}")])?;
+    std::fs::write(
+        kept_dir.join(format!("{stale}.json")),
+        json!({"name": stale, "server": server, "uuid": uuid,
+               "memory_bytes": 1u64 << 30, "thread_percentage": 10})
+        .to_string(),
+    )?;
+    cluster
+        .restart(tessera_harness::cluster::Component::RuntimeProxy)
+        .await?;
+    eventually("the stale namespace's deletion", || {
+        Ok(cluster
+            .mps_control(&["namespace", "get", stale, &server, "name"])
+            .is_err()
+            && !kept_dir.join(format!("{stale}.json")).exists())
+    })
+    .await?;
+    ensure!(
+        held(cluster)? == want,
+        "the live pod's namespace went with the stale one"
+    );
+
     // HAMi's two GPUs with 8 GiB each in one container: MPS holds one GPU's share per
     // container, so the scheduler places it only where MPS is not (here: nowhere).
     cluster
