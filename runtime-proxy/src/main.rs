@@ -68,7 +68,15 @@ async fn run(config: Config) -> anyhow::Result<()> {
         mps_gc = mps.clone();
         let mut hook_config = gpu.config();
         hook_config.enforcement = enforcement.clone();
-        tracing::info!(config = ?hook_config, "embedded GPU hook on");
+        // The settings in words at INFO; the whole struct only when debugging.
+        tracing::info!(
+            mode = ?hook_config.mode,
+            privileged = ?hook_config.privileged,
+            trusted_agents = hook_config.trusted_agents.len(),
+            enforcement = %tessera_enforce::joined(&hook_config.enforcement.backends()),
+            "embedded GPU hook on"
+        );
+        tracing::debug!(config = ?hook_config, "embedded GPU hook settings");
         hooks.push(Arc::new(
             EmbeddedGpuHook::new(GpuHook::new(
                 hook_config,

@@ -485,6 +485,11 @@ impl Cluster {
         self.dir.path().join("proxy.sock")
     }
 
+    /// A Kubernetes binary of this cluster (`crictl`, `kubectl`, …).
+    pub fn k8s_path(&self, name: &str) -> PathBuf {
+        self.k8s.path(name)
+    }
+
     /// The OCI spec containerd gave a container (`containerd://<id>` or `<id>`).
     pub fn oci_spec(&self, container_id: &str) -> anyhow::Result<Value> {
         let id = container_id.trim_start_matches("containerd://");

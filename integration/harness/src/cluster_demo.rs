@@ -164,6 +164,16 @@ pub async fn run(out: &mut (dyn Write + Send), keep_up: bool) -> anyhow::Result<
             "    kubectl get pods -o wide        # if kubectl is installed"
         );
         say!(out, "    {} inspect", tessera_binary("tessera")?.display());
+        say!(
+            out,
+            "    your own pod: image tessera.local/probe:1 with imagePullPolicy: Never (there is no registry; README, \"Your own pod on the demo cluster\")"
+        );
+        say!(
+            out,
+            "    what a container got (kubectl logs/exec need cluster DNS, absent here): {} --runtime-endpoint unix://{} ps, then inspect <id>",
+            cluster.k8s_path("crictl").display(),
+            cluster.proxy_socket().display()
+        );
         say!(out, "    logs: {}/logs/", cluster.dir().display());
         let _ = out.flush();
         tokio::signal::ctrl_c().await?;
