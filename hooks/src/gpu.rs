@@ -1198,13 +1198,9 @@ fn limiter_env(
     edit: &mut ContainerHookResponse,
 ) -> Result<(), (String, String)> {
     // Limits the user or image set are never trusted.
-    edit.remove_envs.extend(
-        container
-            .envs
-            .iter()
-            .filter(|e| e.key.starts_with(MEMORY_LIMIT_PREFIX) || e.key == SM_LIMIT)
-            .map(|e| e.key.clone()),
-    );
+    remove_envs_where(container, edit, |key| {
+        key.starts_with(MEMORY_LIMIT_PREFIX) || key == SM_LIMIT
+    });
     if !gpus.iter().any(|g| g.allocation.is_fractional()) {
         return Ok(());
     }
@@ -1234,6 +1230,22 @@ fn limiter_env(
     edit.remove_envs
         .retain(|key| !set.contains_key(key.as_str()));
     Ok(())
+}
+
+/// Removes every env of the container whose key `tenant_set` picks: values only
+/// the hook may set.
+fn remove_envs_where(
+    container: &ContainerHookRequest,
+    edit: &mut ContainerHookResponse,
+    tenant_set: impl Fn(&str) -> bool,
+) {
+    edit.remove_envs.extend(
+        container
+            .envs
+            .iter()
+            .filter(|e| tenant_set(&e.key))
+            .map(|e| e.key.clone()),
+    );
 }
 
 /// KubeShare's annotations: the booked share and its compute ceiling.

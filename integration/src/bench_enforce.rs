@@ -198,6 +198,37 @@ impl Drop for PodCgroups {
     }
 }
 
+/// Starts `program` with `args` (stderr to `log`, killed on drop) and waits up
+/// to 10 s for it to serve `socket`; fails with its log if it exits or does not.
+async fn spawn_serving(
+    program: &Path,
+    args: &[String],
+    log: &Path,
+    socket: &Path,
+    what: &str,
+) -> anyhow::Result<tokio::process::Child> {
+    let mut child = tokio::process::Command::new(program)
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log)?)
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("starting {}", program.display()))?;
+    let begun = Instant::now();
+    while !socket.exists() {
+        if child.try_wait()?.is_some() || begun.elapsed() > Duration::from_secs(10) {
+            bail!(
+                "{what} did not serve {}: {}",
+                socket.display(),
+                std::fs::read_to_string(log).unwrap_or_default()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(child)
+}
+
 /// Runs the bench; see the module docs.
 pub async fn run(k8s: &K8sBinaries, options: &Options) -> anyhow::Result<Report> {
     ensure!(
@@ -258,33 +289,22 @@ impl Bench {
             .path()
             .join(format!("enforce{}", Route::Mps as usize))
             .join("mps");
-        let mps_log = dir.path().join("mps-daemon.log");
-        let mut mps_daemon = tokio::process::Command::new(&enforce)
-            .arg("mps-daemon")
-            .arg(format!("--control={}", mps_control.display()))
-            .arg(format!("--pipe-dir={}", mps_pipe.display()))
-            .arg(format!(
-                "--log-dir={}",
-                dir.path().join("mps-log").display()
-            ))
-            .arg(format!("--state-dir={}", mps_state.display()))
-            .arg(format!("--nvml-library={}", nvml.display()))
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&mps_log)?)
-            .kill_on_drop(true)
-            .spawn()
-            .with_context(|| format!("starting {} mps-daemon", enforce.display()))?;
-        let begun = Instant::now();
-        while !mps_pipe.join("control").exists() {
-            if mps_daemon.try_wait()?.is_some() || begun.elapsed() > Duration::from_secs(10) {
-                bail!(
-                    "the MPS supervisor did not start its daemon: {}",
-                    std::fs::read_to_string(&mps_log).unwrap_or_default()
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let mps_args = vec![
+            "mps-daemon".to_owned(),
+            format!("--control={}", mps_control.display()),
+            format!("--pipe-dir={}", mps_pipe.display()),
+            format!("--log-dir={}", dir.path().join("mps-log").display()),
+            format!("--state-dir={}", mps_state.display()),
+            format!("--nvml-library={}", nvml.display()),
+        ];
+        let mps_daemon = spawn_serving(
+            &enforce,
+            &mps_args,
+            &dir.path().join("mps-daemon.log"),
+            &mps_pipe.join("control"),
+            "the MPS supervisor's daemon",
+        )
+        .await?;
         let hami = vgpu_stand_in(&dir.path().join("hami"))?;
         let no_hooks = dir.path().join("no-hooks.d");
         std::fs::create_dir_all(&no_hooks)?;
@@ -328,27 +348,8 @@ impl Bench {
                 _ => args.push("--gpu-memory-limits=off".into()),
             }
             let log = dir.path().join(format!("proxy{index}.log"));
-            let mut child = tokio::process::Command::new(&proxy)
-                .args(&args)
-                .env("RUST_LOG", "warn")
-                .stdout(Stdio::null())
-                .stderr(std::fs::File::create(&log)?)
-                .kill_on_drop(true)
-                .spawn()
-                .with_context(|| format!("starting {}", proxy.display()))?;
-            let begun = Instant::now();
-            while !socket.exists() {
-                if child.try_wait()?.is_some() || begun.elapsed() > Duration::from_secs(10) {
-                    bail!(
-                        "{} ({}) did not serve {}: {}",
-                        proxy.display(),
-                        route.name(),
-                        socket.display(),
-                        std::fs::read_to_string(&log).unwrap_or_default()
-                    );
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
+            let what = format!("{} ({})", proxy.display(), route.name());
+            let child = spawn_serving(&proxy, &args, &log, &socket, &what).await?;
             drivers.push(KubeletDriver::connect(&socket).await?);
             proxies.push(child);
         }

@@ -177,13 +177,7 @@ pub(super) fn shared_edits(
         .insert(ENFORCEMENT.to_owned(), backends);
     // Set by the tenant, these would turn HAMi-core off or point it at a region of
     // the tenant's choosing: removed whether or not HAMi-core is on.
-    edit.remove_envs.extend(
-        container
-            .envs
-            .iter()
-            .filter(|e| HAMI_CONTROLLED_ENV.contains(&e.key.as_str()))
-            .map(|e| e.key.clone()),
-    );
+    super::remove_envs_where(container, edit, |key| HAMI_CONTROLLED_ENV.contains(&key));
     // Only the device the runtime proxy wrote for this container runs the hook:
     // one named in the request is the tenant's, and goes.
     edit.remove_cdi_devices.extend(
@@ -272,13 +266,7 @@ fn mps_edits(
             readonly: true,
         });
     }
-    edit.remove_envs.extend(
-        container
-            .envs
-            .iter()
-            .filter(|e| e.key.starts_with(mps::ENV_PREFIX))
-            .map(|e| e.key.clone()),
-    );
+    super::remove_envs_where(container, edit, |key| key.starts_with(mps::ENV_PREFIX));
     let annotations = container.pod.as_ref().map(|p| &p.annotations);
     let percent = super::compute_percent(gpus, annotations).unwrap_or(100);
     edit.set_envs
