@@ -29,7 +29,8 @@
 # (420: no step starts after it, none runs past it; cleanup and summary still run),
 # GPU_CHECK_WORK (/tmp/gpu-enforce-work), GPU_CHECK_PACK, TESSERA_BIN_DIR, HAMI_CORE_SRC (a
 # HAMi-core work tree), HAMI_CORE_LIB (a built libvgpu.so), GPU_CHECK_PYTHON (python3),
-# K8S_BIN (containerd's binaries, plain or .xz).
+# K8S_BIN (containerd's binaries, plain or .xz), GPU_CHECK_MPS (1: MPS v3 on a real GPU, which
+# sets its compute mode while shares run and DEFAULT after; otherwise MPS is left off there).
 set -uo pipefail
 
 SELF=$(realpath "$0"); ROOT=$(cd "$(dirname "$SELF")/.." && pwd); HELP=$ROOT/scripts/gpu
@@ -244,9 +245,14 @@ for s in site.getsitepackages(): [print(p) for p in sorted(glob.glob(s + "/nvidi
     else echo "HAMi-core build failed"; cat "$W/res/hami-build.log"; fi
   fi
   loadstate
-  if [ -z "${HAMI_LIB:-}" ] && [ -n "$FAKE" ]; then # a library that only exists: the preload path still runs
-    mkdir -p "$W/hami"; gcc -shared -fPIC -O2 -o "$W/hami/libvgpu.so" "$ROOT/integration/harness/images/vgpu-stand-in.c" &&
-      { setstate HAMI_LIB "$W/hami/libvgpu.so"; setstate HAMI_FROM "the harness's stand-in (fake mode, no HAMI_CORE_SRC)"; }
+  # Fake mode: HAMi-core itself cannot initialise without libcuda.so.1 (it crashes in
+  # dlclose(NULL)), and the proxy has it write each region: the harness's stand-in,
+  # which writes its region from its env as HAMi-core does, takes its place.
+  [ -n "$FAKE" ] && [ -z "${HAMI_CORE_LIB:-}" ] && [ -n "${HAMI_LIB:-}" ] && ! find_lib libcuda.so.1 | grep -q . &&
+    { HAMI_BUILT=$HAMI_FROM; HAMI_LIB=""; }
+  if [ -z "${HAMI_LIB:-}" ] && [ -n "$FAKE" ]; then # the preload and region paths still run
+    mkdir -p "$W/hami"; gcc -shared -fPIC -O2 -o "$W/hami/libvgpu-stand-in.so" "$ROOT/integration/harness/images/vgpu-stand-in.c" -ldl -lpthread &&
+      { setstate HAMI_LIB "$W/hami/libvgpu-stand-in.so"; setstate HAMI_FROM "the harness's stand-in (fake mode, no libcuda.so.1)${HAMI_BUILT:+; HAMi-core built too: $HAMI_BUILT}"; }
   fi
   [ -z "${HAMI_LIB:-}" ] && [ -z "$FAKE" ] && setstate HAMI_FROM "none: HAMI_CORE_SRC, $PACK/hami-core and HAMI_CORE_LIB all absent"
   # The sandbox's and every container's entrypoint: the harness's static pause.
@@ -311,7 +317,11 @@ EOF
   if [ -n "$FAKE" ]; then mpsctl=$(find_in fake-mps-control "$ROOT/target/debug" "${CARGO_TARGET_DIR:-/tmp/gpucheck-target}/debug" "${BIN_DIRS[@]}")
   else mpsctl=$(command -v nvidia-cuda-mps-control); fi
   [ -n "$mpsctl" ] && [ -z "$FAKE" ] && timeout 10 "$mpsctl" -p 3 -h < /dev/null > "$W/res/mps-v3-help.txt" 2>&1
-  if [ -n "$mpsctl" ] && { [ -n "$FAKE" ] || grep -q namespace "$W/res/mps-v3-help.txt"; }; then
+  # The supervisor sets the GPU's compute mode (exclusive-process while shared): on a machine
+  # lent with "leave the accelerator's settings as they are", only when GPU_CHECK_MPS=1.
+  if [ -n "$mpsctl" ] && [ -z "$FAKE" ] && [ "${GPU_CHECK_MPS:-}" != 1 ] && grep -q namespace "$W/res/mps-v3-help.txt"; then
+    setstate MPS "off: MPS v3 is there, but it changes the GPU's compute mode: GPU_CHECK_MPS=1 allows that"
+  elif [ -n "$mpsctl" ] && { [ -n "$FAKE" ] || grep -q namespace "$W/res/mps-v3-help.txt"; }; then
     FAKE_MPS_LOG="$W/res/mps-commands.jsonl" RUST_LOG=info "$W/bin/tessera-enforce" mps-daemon --control "$mpsctl" \
       --pipe-dir "$W/mps/pipe" --log-dir "$W/mps/log" --state-dir "$W/enforce/mps" --nvml-library "$NVML_LIB" \
       > "$W/res/mps.log" 2>&1 &

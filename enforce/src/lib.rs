@@ -8,6 +8,8 @@
 //! - [`mps`]: NVIDIA's Multi-Process Service v3: a namespace per shared
 //!   container, holding its compute share, on GPUs in exclusive-process mode;
 //!   [`compute`] sets the mode.
+//! - [`hami`]: HAMi-core's shared region, written with the grant by HAMi-core
+//!   itself before the container's first process.
 //! - [`apply_memory_limits`]: the rule both use: set every GPU's hard limit, read
 //!   each back, and fail unless the driver holds exactly the grant.
 //!
@@ -20,6 +22,7 @@ use std::path::Path;
 pub mod cdi;
 pub mod cgroup;
 pub mod compute;
+pub mod hami;
 pub mod mps;
 pub mod nvml;
 

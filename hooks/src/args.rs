@@ -80,8 +80,10 @@ pub struct GpuHookArgs {
     /// (removed with their pod), and the MPS namespaces kept for the MPS daemon (mps/)
     #[arg(long, value_name = "DIR", default_value = "/run/tessera/enforce")]
     pub enforcement_dir: PathBuf,
-    /// The tessera-enforce OCI hook binary the runtime runs to set GPU memory limits
-    /// (runtime proxy only) [default: tessera-enforce beside the proxy's own binary]
+    /// The tessera-enforce binary: the OCI hook the runtime runs to set GPU memory
+    /// limits, and what writes each shared container's HAMi-core region with its
+    /// grant before the container starts [default: tessera-enforce beside this
+    /// program's own binary]
     #[arg(long, value_name = "PATH")]
     pub enforce_binary: Option<PathBuf>,
     /// CDI spec directory for the GPU memory limit hooks (runtime proxy only)
@@ -166,9 +168,24 @@ impl GpuHookArgs {
 
     /// HAMi-core's host files, when `--hami-core-library` names the library.
     pub fn hami_core_files(&self) -> Option<HamiCoreFiles> {
-        self.hami_core_library
-            .as_deref()
-            .map(|library| HamiCoreFiles::under(&self.enforcement_dir.join("hami-core"), library))
+        self.hami_core_library.as_deref().map(|library| {
+            HamiCoreFiles::under(
+                &self.enforcement_dir.join("hami-core"),
+                library,
+                &self.enforce_binary_path(),
+            )
+        })
+    }
+
+    /// `--enforce-binary`, or `tessera-enforce` beside this program's binary.
+    pub fn enforce_binary_path(&self) -> PathBuf {
+        match &self.enforce_binary {
+            Some(path) => path.clone(),
+            None => std::env::current_exe()
+                .ok()
+                .and_then(|exe| exe.parent().map(|dir| dir.join("tessera-enforce")))
+                .unwrap_or_else(|| PathBuf::from("/usr/local/bin/tessera-enforce")),
+        }
     }
 
     /// The node probe these flags describe (NVML first, then /proc).

@@ -101,8 +101,8 @@ impl GpuHook {
                     .as_ref()
                     .map(|c| c.name.clone())
                     .unwrap_or_default(),
-                path: "HAMi-core directory".into(),
-                problem: format!("creating it on the host: {error}"),
+                path: "HAMi-core region".into(),
+                problem: error.to_string(),
             }
         })?;
         Ok(edit)

@@ -344,6 +344,7 @@ impl Bench {
                 Route::HamiCore => args.extend([
                     "--gpu-memory-limits=off".into(),
                     flag("hami-core-library", &hami),
+                    flag("enforce-binary", &enforce),
                 ]),
                 _ => args.push("--gpu-memory-limits=off".into()),
             }

@@ -117,6 +117,7 @@ pub async fn run(out: &mut (dyn Write + Send)) -> anyhow::Result<DemoSummary> {
     let hami = HamiCoreFiles::under(
         &enforcement_dir.join("hami-core"),
         &crate::image::vgpu_stand_in(&dir.path().join("hami"))?,
+        &tessera_harness::cluster::tessera_binary("tessera-enforce")?,
     );
     hami.install()?;
     std::fs::write(enforcement_dir.join("backends"), "hami-core\n")?;

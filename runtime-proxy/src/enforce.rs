@@ -158,13 +158,7 @@ pub fn node(
         }
     };
     let driver = if driver_memory {
-        let binary = match &args.enforce_binary {
-            Some(path) => path.clone(),
-            None => std::env::current_exe()
-                .ok()
-                .and_then(|exe| exe.parent().map(|dir| dir.join("tessera-enforce")))
-                .unwrap_or_else(|| PathBuf::from("/usr/local/bin/tessera-enforce")),
-        };
+        let binary = args.enforce_binary_path();
         if !binary.is_file() {
             if args.gpu_memory_limits == Switch::On {
                 return Err(SetupError::HookBinary(binary));

@@ -248,7 +248,11 @@ with open(os.path.join(OUT, "daemons.txt"), "w") as f:
     for title, name, limit in (("proxy", "proxy.cmd", None), ("proxy log", "proxy.log", 3000000),
                                ("containerd log", "containerd.log", 3000000), ("HAMi-core build", "hami-build.log", 200000),
                                ("CDI spec files and HAMi-core folders after RemovePodSandbox", "after-rmp.txt", None),
-                               ("nvidia-smi -q -d MEMORY", "nvidia-smi-memory.txt", 100000)):
+                               ("nvidia-smi -q -d MEMORY", "nvidia-smi-memory.txt", 100000),
+                               ("nvidia-cuda-mps-control -p 3 -h (MPS v3?)", "mps-v3-help.txt", 20000),
+                               ("MPS supervisor log", "mps.log", 1000000),
+                               ("compute modes while shared", "compute-mode-shared.txt", 20000),
+                               ("compute modes after", "compute-mode-after.txt", 20000)):
         body = rd(name, limit)
         if body:
             f.write("===== %s\n%s\n" % (title, body.rstrip("\n")))

@@ -19,7 +19,7 @@ use tessera_enforce::{MemoryLimit, cgroup, hook_memory_limits, parse_limit};
 #[command(
     name = "tessera-enforce",
     version,
-    about = "Holds shared containers to their GPU share: the OCI hook that sets a container's GPU memory limit (run by the container runtime), and the node's supervised MPS daemon."
+    about = "Holds shared containers to their GPU share: the OCI hook that sets a container's GPU memory limit (run by the container runtime), the node's supervised MPS daemon, and the writer of HAMi-core's per-container region (run by the GPU hook)."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -62,6 +62,16 @@ enum Command {
         #[arg(long, value_name = "PATH", default_value = "libnvidia-ml.so.1")]
         nvml_library: PathBuf,
     },
+    /// Run by the GPU hook at CreateContainer, with HAMi-core's libvgpu.so in
+    /// LD_PRELOAD and a shared container's grant as its env: has HAMi-core write
+    /// the container's shared region (its limits) before the container's first
+    /// process runs, and checks that it did. Not for use by hand.
+    HamiPrime {
+        /// The container's region file on the host (also in
+        /// CUDA_DEVICE_MEMORY_SHARED_CACHE).
+        #[arg(long, value_name = "PATH")]
+        region: PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
@@ -87,6 +97,13 @@ fn main() -> ExitCode {
             },
             &nvml_library,
         ),
+        Command::HamiPrime { region } => match tessera_enforce::hami::prime_here(&region) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                eprintln!("tessera-enforce hami-prime: {error}");
+                ExitCode::FAILURE
+            }
+        },
     }
 }
 

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use tessera_api::DeviceAllocations;
 use tessera_api::resources::ENFORCEMENT;
 use tessera_enforce::{Backend, MemoryLimit};
-use tessera_enforce::{cdi, mps};
+use tessera_enforce::{cdi, hami, mps};
 use tessera_protos::hook::v1::{CdiDevice, ContainerHookRequest, ContainerHookResponse, Mount};
 
 use super::{GpuHookError, NodeDevices, ResolvedGpu, kv, resolve_gpus};
@@ -58,27 +58,37 @@ pub struct HamiCoreFiles {
     /// Per-container directories (`<pod UID>/<container>`), whose region file is
     /// mounted at [`HAMI_CACHE_FILE`].
     pub cache_root: PathBuf,
+    /// The `tessera-enforce` binary, whose `hami-prime` has HAMi-core write each
+    /// new region with the grant before the container's first process runs.
+    pub primer: PathBuf,
 }
 
 impl HamiCoreFiles {
     /// The files under `dir` for the library at `library`: `dir/ld.so.preload`,
-    /// `dir/lock`, `dir/containers`.
-    pub fn under(dir: &Path, library: &Path) -> Self {
+    /// `dir/lock`, `dir/containers`; regions written through `primer`.
+    pub fn under(dir: &Path, library: &Path, primer: &Path) -> Self {
         Self {
             library: library.to_owned(),
             preload: dir.join("ld.so.preload"),
             lock_dir: dir.join("lock"),
             cache_root: dir.join("containers"),
+            primer: primer.to_owned(),
         }
     }
 
-    /// Writes the preload list and makes the directories. The library itself must exist.
+    /// Writes the preload list and makes the directories. The library and the
+    /// primer must exist.
     pub fn install(&self) -> std::io::Result<()> {
-        if !self.library.is_file() {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::NotFound,
-                format!("HAMi-core library {} is not a file", self.library.display()),
-            ));
+        for (what, path) in [
+            ("HAMi-core library", &self.library),
+            ("tessera-enforce binary (--enforce-binary)", &self.primer),
+        ] {
+            if !path.is_file() {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    format!("{what} {} is not a file", path.display()),
+                ));
+            }
         }
         if let Some(parent) = self.preload.parent() {
             std::fs::create_dir_all(parent)?;
@@ -281,13 +291,29 @@ fn mps_edits(
     Ok(())
 }
 
+/// Why the host side of a shared container's HAMi-core files could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum PrepareError {
+    /// Its directory or region file.
+    #[error("creating {path} on the host: {source}")]
+    Files {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// HAMi-core did not write its region with the grant.
+    #[error(transparent)]
+    Region(#[from] hami::PrimeError),
+}
+
 /// Makes the host files an edit mounts from under HAMi-core's cache root (a bind
-/// mount's source must exist): the container's directory and its empty region
-/// file. Side effect of the hook, after the pure rewrite.
+/// mount's source must exist): the container's directory and its region file,
+/// written by HAMi-core from the grant's env before any process of the
+/// container runs (else its first process would, from whatever env it has).
+/// Side effect of the hook, after the pure rewrite.
 pub fn prepare_host(
     edit: &ContainerHookResponse,
     enforcement: &Enforcement,
-) -> std::io::Result<()> {
+) -> Result<(), PrepareError> {
     let Some(files) = &enforcement.hami_core else {
         return Ok(());
     };
@@ -299,18 +325,38 @@ pub fn prepare_host(
         let Some(container_dir) = host.parent() else {
             continue;
         };
-        std::fs::create_dir_all(container_dir)?;
+        let files_error = |path: &Path| {
+            let path = path.to_owned();
+            move |source| PrepareError::Files { path, source }
+        };
+        std::fs::create_dir_all(container_dir).map_err(files_error(container_dir))?;
         // Kept across the container's restarts: the same grant, the same region.
         std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(host)?;
+            .open(host)
+            .map_err(files_error(host))?;
         // Written by whatever user the container runs as; mounted into it alone
         // (the directories above it stay root's).
-        set_mode(host, 0o666)?;
-        set_mode(container_dir, 0o711)?;
+        set_mode(host, 0o666).map_err(files_error(host))?;
+        set_mode(container_dir, 0o711).map_err(files_error(container_dir))?;
         if let Some(pod_dir) = container_dir.parent() {
-            set_mode(pod_dir, 0o711)?;
+            set_mode(pod_dir, 0o711).map_err(files_error(pod_dir))?;
+        }
+        // HAMi-core reads its limits from these; the region's name is the host's.
+        let env: Vec<(String, String)> = edit
+            .set_envs
+            .iter()
+            .filter(|kv| kv.key.starts_with("CUDA_DEVICE_") && kv.key != HAMI_CACHE_ENV)
+            .map(|kv| (kv.key.clone(), kv.value.clone()))
+            .collect();
+        let primer = hami::Primer {
+            binary: files.primer.clone(),
+            library: files.library.clone(),
+        };
+        let started = std::time::Instant::now();
+        if primer.prime(host, &env)? {
+            tracing::info!(region = %host.display(), elapsed_ms = started.elapsed().as_millis(), "HAMi-core region written with the grant");
         }
     }
     Ok(())

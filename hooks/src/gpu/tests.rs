@@ -1647,6 +1647,7 @@ mod enforcement {
         HamiCoreFiles::under(
             std::path::Path::new("/run/t/hami"),
             std::path::Path::new("/opt/libvgpu.so"),
+            std::path::Path::new("/usr/local/bin/tessera-enforce"),
         )
     }
 
@@ -1939,7 +1940,15 @@ mod enforcement {
         let dir = tempfile::tempdir()?;
         let library = dir.path().join("libvgpu.so");
         std::fs::write(&library, b"")?;
-        let files = HamiCoreFiles::under(&dir.path().join("hami"), &library);
+        // Stands in for `tessera-enforce hami-prime --region R`: appends what
+        // HAMi-core would read (its env) to the region.
+        let primer = dir.path().join("primer");
+        std::fs::write(
+            &primer,
+            "#!/bin/sh\necho \"$1 $LD_PRELOAD $CUDA_DEVICE_MEMORY_SHARED_CACHE $CUDA_DEVICE_MEMORY_LIMIT_0 $CUDA_DEVICE_SM_LIMIT ${HOME:-nohome}\" >> \"$3\"\n",
+        )?;
+        std::fs::set_permissions(&primer, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+        let files = HamiCoreFiles::under(&dir.path().join("hami"), &library, &primer);
         files.install()?;
         assert_eq!(
             std::fs::read_to_string(&files.preload)?,
@@ -1955,12 +1964,48 @@ mod enforcement {
         };
         let edit = rewrite(&tenant(SHARE, "uid-9"), &node(), &config)?;
         enforce::prepare_host(&edit, &config.enforcement)?;
-        assert!(files.cache_root.join("uid-9/main/cudevshr.cache").is_file());
+        let region = files.cache_root.join("uid-9/main/cudevshr.cache");
+        // Written once, by the primer, with the grant's env and nothing of ours;
+        // a restarted container (the hook runs again) keeps its region.
+        let want = format!(
+            "hami-prime {} {} 4096m 25 nohome\n",
+            library.display(),
+            region.display()
+        );
+        assert_eq!(std::fs::read_to_string(&region)?, want);
+        enforce::prepare_host(&edit, &config.enforcement)?;
+        assert_eq!(std::fs::read_to_string(&region)?, want);
         enforce::remove_pod_dirs(&config.enforcement, "uid-9")?;
         assert!(!files.cache_root.join("uid-9").exists());
-        // A missing library is named.
-        let missing = HamiCoreFiles::under(dir.path(), &dir.path().join("nope.so"));
+        // A primer that fails fails the container, named.
+        let failing = dir.path().join("failing");
+        std::fs::write(&failing, "#!/bin/sh\necho no libcuda >&2\nexit 3\n")?;
+        std::fs::set_permissions(
+            &failing,
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )?;
+        let mut config = config;
+        if let Some(hami) = config.enforcement.hami_core.as_mut() {
+            hami.primer = failing.clone();
+        }
+        let error = enforce::prepare_host(&edit, &config.enforcement)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            error.contains(&failing.display().to_string()) && error.contains("no libcuda"),
+            "{error}"
+        );
+        // A missing library or primer is named.
+        let missing = HamiCoreFiles::under(dir.path(), &dir.path().join("nope.so"), &primer);
         assert!(missing.install().is_err());
+        let missing = HamiCoreFiles::under(dir.path(), &library, &dir.path().join("nope"));
+        let error = missing
+            .install()
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(error.contains("--enforce-binary"), "{error}");
         Ok(())
     }
 }

@@ -70,7 +70,11 @@ fn compile(name: &str, flags: &[&str], output: &Path) -> anyhow::Result<()> {
 pub fn vgpu_stand_in(dir: &Path) -> anyhow::Result<PathBuf> {
     std::fs::create_dir_all(dir)?;
     let library = dir.join("libvgpu.so");
-    compile("vgpu-stand-in", &["-shared", "-fPIC", "-O2"], &library)?;
+    compile(
+        "vgpu-stand-in",
+        &["-shared", "-fPIC", "-O2", "-ldl", "-lpthread"],
+        &library,
+    )?;
     Ok(library)
 }
 

@@ -234,8 +234,8 @@ pub async fn driver_memory_limits_on_the_containers_own_cgroup(
 
 /// HAMi-core, when the operator supplies it, is preloaded in a shared
 /// container: mapped into its process and into a child started with an empty
-/// environment, with the tenant's own switches removed; a container without a
-/// share does not get it.
+/// environment, with the tenant's own switches removed, and its region already
+/// written with the grant; a container without a share does not get it.
 pub async fn hami_core_is_preloaded_even_under_env_i(cluster: &mut Cluster) -> anyhow::Result<()> {
     let preload_pod = |name: &str, limits: Value| {
         json!({"apiVersion": "v1", "kind": "Pod",
@@ -338,6 +338,26 @@ pub async fn hami_core_is_preloaded_even_under_env_i(cluster: &mut Cluster) -> a
         mounts == want,
         "preloaded: HAMi-core mounts (destination, read-only) {mounts:?}, want {want:?}"
     );
+    // The region was written with the grant by the proxy's primer (HAMi-core's
+    // own code; here the stand-in, which records who wrote it), before the
+    // container's first process: an `env -i` first process finds the grant.
+    let region = spec["mounts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|m| m["destination"] == "/tmp/cudevshr.cache")
+        .and_then(|m| m["source"].as_str())
+        .context("no region mount")?;
+    let written = std::fs::read_to_string(region)?;
+    let want = format!(
+        "tessera-vgpu-stand-in region\nwriter=tessera-enforce\nCUDA_DEVICE_MEMORY_LIMIT_0={}\nCUDA_DEVICE_SM_LIMIT={}\n",
+        env_values(&spec, "CUDA_DEVICE_MEMORY_LIMIT_0").join(","),
+        env_values(&spec, "CUDA_DEVICE_SM_LIMIT").join(",")
+    );
+    ensure!(
+        written == want,
+        "preloaded: region {region} holds {written:?}, want {want:?}"
+    );
     for name in ["preloaded", "unshared"] {
         cluster.delete_pod(name).await?;
     }
@@ -352,14 +372,9 @@ pub async fn required_enforcement_places_only_where_held(
     cluster: &mut Cluster,
 ) -> anyhow::Result<()> {
     let devices = tessera_harness::cluster::device_api(&cluster.client().await?);
-    let wait_labels = |want_compute: bool| {
+    let wait_labels = |want: &'static str, want_compute: bool| {
         let devices = devices.clone();
         async move {
-            let want = if want_compute {
-                "driver-memory+mps+hami-core"
-            } else {
-                "driver-memory"
-            };
             let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
             loop {
                 let device = devices.get(tessera_harness::cluster::NODE_NAME).await?;
@@ -388,7 +403,7 @@ pub async fn required_enforcement_places_only_where_held(
             }
         }
     };
-    wait_labels(true).await?;
+    wait_labels("driver-memory+mps+hami-core", true).await?;
 
     let requiring = |name: &str, value: &str| {
         let mut pod = pod(name, &[("main", json!({"koordinator.sh/gpu": "10"}))], &[]);
@@ -401,12 +416,13 @@ pub async fn required_enforcement_places_only_where_held(
         .await?;
     cluster.wait_running("needs-both").await?;
 
-    // The proxy now lists driver memory limits only (as on a node without HAMi-core).
+    // The proxy now lists no MPS (as on a node without the MPS daemon): HAMi-core's
+    // compute limit is not counted as held (it did not hold on an H100).
     let file = cluster.enforcement_backends_file();
     let before = std::fs::read_to_string(&file)?;
-    std::fs::write(&file, "driver-memory\n")?;
+    std::fs::write(&file, "driver-memory+hami-core\n")?;
     let outcome = async {
-        wait_labels(false).await?;
+        wait_labels("driver-memory+hami-core", false).await?;
         cluster
             .create_pod("admin", &requiring("needs-compute", "compute"))
             .await?;
@@ -436,7 +452,7 @@ pub async fn required_enforcement_places_only_where_held(
     std::fs::write(&file, before)?;
     outcome?;
     // Held again: the waiting pod places.
-    wait_labels(true).await?;
+    wait_labels("driver-memory+mps+hami-core", true).await?;
     cluster.wait_running("needs-compute").await?;
 
     // A value that names neither part is refused with the annotation named.
