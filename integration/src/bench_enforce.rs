@@ -22,7 +22,7 @@ use tessera_harness::containerd::Containerd;
 use tessera_harness::gpu_node::FakeGpuNode;
 use tessera_harness::image::{PAUSE_IMAGE, vgpu_stand_in};
 use tessera_harness::kubelet::{KubeletDriver, PodSpec, RunningPod, spec_env};
-use tessera_hooks::gpu::enforce::{ENFORCEMENT_ENV, LD_SO_PRELOAD};
+use tessera_hooks::gpu::enforce::{ENFORCEMENT_ENV, HAMI_CACHE_FILE, LD_SO_PRELOAD};
 
 /// How many routes.
 const ROUTES: usize = 5;
@@ -547,6 +547,22 @@ impl Bench {
             "{}: container {id}: {LD_SO_PRELOAD} mounted: {preload}",
             route.name()
         );
+        if preload {
+            // Its region was written with the grant, by the primer, before it started
+            // (the stand-in records its writer).
+            let region = spec["mounts"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|m| m["destination"] == HAMI_CACHE_FILE)
+                .and_then(|m| m["source"].as_str())
+                .context("a hami-core container without its region mount")?;
+            let written = std::fs::read_to_string(region)?;
+            ensure!(
+                written.contains("writer=tessera-enforce\nCUDA_DEVICE_MEMORY_LIMIT_0="),
+                "hami-core: container {id}: region {region} holds {written:?}: not written by the primer"
+            );
+        }
         self.preload_mounts += usize::from(preload);
         Ok(())
     }
@@ -654,8 +670,8 @@ pub fn print(report: &Report, options: &Options) {
     }
     println!(
         "checked: {} SetMemoryLimits calls (20 GiB soft = hard, result 0), one per container started through \
-         driver-memory, none from other paths; {LD_SO_PRELOAD} mounted in all {} hami-core containers and no \
-         other; the MPS daemon held 20G / 25.00 for all {} mps containers' namespaces; {ENFORCEMENT_ENV} as \
+         driver-memory, none from other paths; {LD_SO_PRELOAD} mounted, and the region written with the grant \
+         before the start, in all {} hami-core containers, and no preload in any other; the MPS daemon held 20G / 25.00 for all {} mps containers' namespaces; {ENFORCEMENT_ENV} as \
          configured in every proxied container; CreateContainer refused for an unresolvable CDI device: {} times",
         report.limits_set, report.preload_mounts, report.mps_namespaces, report.cdi_unresolvable
     );
