@@ -47,6 +47,10 @@ pub const NODE_NAME: &str = "tessera-node";
 pub const SCHEDULER_USER: &str = "system:serviceaccount:tessera-system:tessera-scheduler";
 /// Identity tessera-reporter runs as.
 pub const REPORTER_USER: &str = "system:serviceaccount:tessera-system:tessera-reporter";
+/// The reporter's service account: its namespace and name (deploy/reporter.yaml).
+pub const REPORTER_NAMESPACE: &str = "tessera-system";
+/// See [`REPORTER_NAMESPACE`].
+pub const REPORTER_ACCOUNT: &str = "tessera-reporter";
 /// An ordinary tenant: may create and change pods in `default`, nothing more.
 pub const TENANT_USER: &str = "tenant";
 /// A second scheduler: may bind pods and patch them, as any scheduler may.
@@ -470,6 +474,18 @@ impl Cluster {
         let path = self.kubeconfig_for(name);
         let kubeconfig =
             Kubeconfig::read_from(&path).with_context(|| format!("reading {}", path.display()))?;
+        let config =
+            kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
+        Ok(kube::Client::try_from(config)?)
+    }
+
+    /// A client that authenticates with a bearer `token` (e.g. a service
+    /// account's, from [`Cluster::node_bound_token`]).
+    pub async fn client_with_token(&self, token: &str) -> anyhow::Result<kube::Client> {
+        let kubeconfig = Kubeconfig::from_yaml(&kubeconfig(
+            Path::new(&self.path("pki/apiserver.crt")),
+            token,
+        ))?;
         let config =
             kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
         Ok(kube::Client::try_from(config)?)
@@ -1038,10 +1054,22 @@ impl Cluster {
         if !options.cluster_side {
             return Ok(());
         }
+        // As in its DaemonSet, the reporter's token is its service account's, bound to
+        // its node (admission policy tessera-node-agents-own-node reads the node from it).
+        let token = self
+            .node_bound_token(REPORTER_NAMESPACE, REPORTER_ACCOUNT, NODE_NAME)
+            .await?;
+        std::fs::write(
+            self.kubeconfig_for("reporter-bound"),
+            kubeconfig(Path::new(&self.path("pki/apiserver.crt")), &token),
+        )?;
         let args = vec![
             "run".into(),
             format!("--node-name={NODE_NAME}"),
-            format!("--kubeconfig={}", self.kubeconfig_for("reporter").display()),
+            format!(
+                "--kubeconfig={}",
+                self.kubeconfig_for("reporter-bound").display()
+            ),
             format!("--nvml-library={}", library.display()),
             format!("--checkpoint={KUBELET_CHECKPOINT}"),
             "--interval=2".into(),
@@ -1059,6 +1087,59 @@ impl Cluster {
         )?;
         self.wait_ready(Component::Reporter).await?;
         Ok(())
+    }
+
+    /// A token of service account `namespace/account` bound to Node `node` (it
+    /// must exist; waited for up to 30 s), valid a day: it carries the node's name,
+    /// as a node agent pod's projected token does.
+    pub async fn node_bound_token(
+        &self,
+        namespace: &str,
+        account: &str,
+        node: &str,
+    ) -> anyhow::Result<String> {
+        use k8s_openapi::api::authentication::v1::{
+            BoundObjectReference, TokenRequest, TokenRequestSpec,
+        };
+        use k8s_openapi::api::core::v1::ServiceAccount;
+        let client = self.client().await?;
+        let nodes: Api<Node> = Api::all(client.clone());
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let uid = loop {
+            if let Some(found) = nodes.get_opt(node).await? {
+                break found.metadata.uid;
+            }
+            anyhow::ensure!(
+                std::time::Instant::now() < deadline,
+                "node {node} not registered within 30 s"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        let request = TokenRequest {
+            spec: Some(TokenRequestSpec {
+                audiences: None,
+                bound_object_ref: Some(BoundObjectReference {
+                    api_version: Some("v1".into()),
+                    kind: Some("Node".into()),
+                    name: Some(node.into()),
+                    uid,
+                }),
+                expiration_seconds: Some(86_400),
+                ..TokenRequestSpec::default()
+            }),
+            ..TokenRequest::default()
+        };
+        let accounts: Api<ServiceAccount> = Api::namespaced(client, namespace);
+        let granted = accounts
+            .create_token_request(account, &Default::default(), &request)
+            .await
+            .with_context(|| {
+                format!("TokenRequest for {namespace}/{account} bound to node {node}")
+            })?;
+        granted
+            .status
+            .and_then(|s| s.token)
+            .context("TokenRequest answered without a token")
     }
 
     /// NVIDIA's device plugin's flags and env on this node's fake GPUs: the same

@@ -124,6 +124,9 @@ fn scenarios() -> Vec<(&'static str, Scenario)> {
             "gpu_pods_that_would_skip_tessera_scheduler_are_refused_at_creation",
             |c| Box::pin(integrity::gpu_pods_that_would_skip_tessera_scheduler_are_refused(c)),
         ),
+        ("node_agents_write_only_their_own_node", |c| {
+            Box::pin(integrity::node_agents_write_only_their_own_node(c))
+        }),
         (
             "device_plugin_bypass_by_node_name_never_gets_a_shared_gpu",
             |c| Box::pin(integrity::device_plugin_bypass_never_gets_a_shared_gpu(c)),

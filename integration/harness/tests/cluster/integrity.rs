@@ -275,3 +275,114 @@ pub async fn gpu_pods_that_would_skip_tessera_scheduler_are_refused(
     }
     Ok(())
 }
+
+/// Node agents write only their own node (admission policy
+/// tessera-node-agents-own-node): with the reporter's service-account token bound
+/// to this node (as its pod's is), patching this node's Node, its status and its
+/// Device CR is allowed, and the same on another node is Forbidden, naming both
+/// nodes; the same account with a token bound to no node is Forbidden on any node.
+/// The cluster's own reporter publishes with such a token throughout the suite.
+pub async fn node_agents_write_only_their_own_node(cluster: &mut Cluster) -> anyhow::Result<()> {
+    use k8s_openapi::api::core::v1::Node;
+    use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+    use tessera_harness::cluster::{REPORTER_ACCOUNT, REPORTER_NAMESPACE, device_api};
+
+    const OTHER: &str = "tcl-other-gpu-node";
+    let admin = cluster.client().await?;
+    let nodes: Api<Node> = Api::all(admin.clone());
+    let other: Node = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": OTHER, "labels": {"kubernetes.io/hostname": OTHER}}}))?;
+    nodes.create(&PostParams::default(), &other).await?;
+    let devices = device_api(&admin);
+    let device: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "scheduling.koordinator.sh/v1alpha1", "kind": "Device",
+        "metadata": {"name": OTHER}, "spec": {"devices": []}}))?;
+    devices.create(&PostParams::default(), &device).await?;
+
+    let outcome = async {
+        let bound = cluster
+            .node_bound_token(REPORTER_NAMESPACE, REPORTER_ACCOUNT, NODE_NAME)
+            .await?;
+        let reporter = cluster.client_with_token(&bound).await?;
+        let label = Patch::Merge(json!({"metadata": {"labels": {"tessera.io/probe": "own-node"}}}));
+        let params = PatchParams::default();
+        let as_reporter_nodes: Api<Node> = Api::all(reporter.clone());
+        let as_reporter_devices = device_api(&reporter);
+        // Its own node: Node, status and Device CR.
+        as_reporter_nodes.patch(NODE_NAME, &params, &label).await?;
+        as_reporter_nodes
+            .patch_status(NODE_NAME, &params, &Patch::Merge(json!({"status": {}})))
+            .await?;
+        as_reporter_devices
+            .patch(NODE_NAME, &params, &label)
+            .await?;
+        // Another node: each write refused, naming both nodes.
+        let refused = |what: &str, result: Result<(), kube::Error>| -> anyhow::Result<()> {
+            let text = match result {
+                Ok(()) => anyhow::bail!("{what}: allowed with a token bound to {NODE_NAME}"),
+                Err(error) => format!("{error:#}"),
+            };
+            ensure!(
+                text.contains("tessera-node-agents-own-node")
+                    && text.contains(&format!("bound to node \"{NODE_NAME}\""))
+                    && text.contains(OTHER),
+                "{what}: refused, but not by the policy naming both nodes: {text}"
+            );
+            Ok(())
+        };
+        let untaint = Patch::Merge(json!({"spec": {"taints": null}}));
+        refused(
+            "patch another Node",
+            as_reporter_nodes
+                .patch(OTHER, &params, &untaint)
+                .await
+                .map(drop),
+        )?;
+        refused(
+            "patch another Node's status",
+            as_reporter_nodes
+                .patch_status(
+                    OTHER,
+                    &params,
+                    &Patch::Merge(
+                        json!({"status": {"capacity": {"koordinator.sh/gpu-core": "800"}}}),
+                    ),
+                )
+                .await
+                .map(drop),
+        )?;
+        refused(
+            "patch another node's Device CR",
+            as_reporter_devices
+                .patch(OTHER, &params, &label)
+                .await
+                .map(drop),
+        )?;
+        // The same account with a token bound to no node: refused everywhere.
+        let unbound = cluster.client_as("reporter").await?;
+        let text = match Api::<Node>::all(unbound)
+            .patch(NODE_NAME, &params, &label)
+            .await
+        {
+            Ok(_) => anyhow::bail!("a token bound to no node patched {NODE_NAME}"),
+            Err(error) => format!("{error:#}"),
+        };
+        ensure!(
+            text.contains("tessera-node-agents-own-node") && text.contains("bound to no node"),
+            "unbound token: refused, but not as wanted: {text}"
+        );
+        Ok::<(), anyhow::Error>(())
+    }
+    .await;
+    devices.delete(OTHER, &Default::default()).await?;
+    nodes.delete(OTHER, &Default::default()).await?;
+    let strip = Patch::Merge(json!({"metadata": {"labels": {"tessera.io/probe": null}}}));
+    nodes
+        .patch(NODE_NAME, &PatchParams::default(), &strip)
+        .await?;
+    devices
+        .patch(NODE_NAME, &PatchParams::default(), &strip)
+        .await?;
+    outcome
+}
