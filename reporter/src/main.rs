@@ -88,6 +88,13 @@ enum Command {
         /// Advertise nvidia.com/gpu (only where no NVIDIA device plugin serves it).
         #[arg(long)]
         advertise_nvidia_gpu: bool,
+        /// With --advertise-nvidia-gpu: nvidia.com/gpu slots per GPU, as HAMi's
+        /// deviceSplitCount (10 in HAMi), so that pods asking nvidia.com/gpu: 1 with
+        /// nvidia.com/gpumem or gpucores share a GPU in kube-scheduler's count too;
+        /// tessera-scheduler still gives a pod's count distinct GPUs and books their
+        /// shares. 1: the physical count, as NVIDIA's device plugin
+        #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
+        nvidia_gpu_split: u32,
         /// The unit of the aliyun.com/gpu-mem capacity: as tessera-scheduler's
         /// --gpushare-memory-unit (GiB, gpushare's default, or MiB).
         #[arg(long, value_name = "MiB|GiB", default_value_t = tessera_api::request::MemoryUnit::GiB)]
@@ -187,6 +194,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
             interval,
             no_alias_resources,
             advertise_nvidia_gpu,
+            nvidia_gpu_split,
             gpushare_memory_unit,
             recovery_after,
             enforcement_file,
@@ -209,6 +217,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
                 capacity: CapacityOptions {
                     aliases: !no_alias_resources,
                     nvidia_gpu: advertise_nvidia_gpu,
+                    nvidia_gpu_split,
                     gpushare_memory_unit,
                 },
                 recovery_after: Duration::from_secs(recovery_after),

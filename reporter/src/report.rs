@@ -20,6 +20,10 @@ pub struct CapacityOptions {
     pub aliases: bool,
     /// `nvidia.com/gpu` (only when no device plugin serves it).
     pub nvidia_gpu: bool,
+    /// `nvidia.com/gpu` slots per GPU: HAMi's `deviceSplitCount`, under which
+    /// several pods asking `nvidia.com/gpu: 1` with a memory or core share fit one
+    /// GPU in kube-scheduler's count; 1 is the physical count (NVIDIA's plugin).
+    pub nvidia_gpu_split: u32,
     /// The unit of `aliyun.com/gpu-mem`: the same as tessera-scheduler's
     /// `--gpushare-memory-unit`, so capacity and requests count alike.
     pub gpushare_memory_unit: tessera_api::request::MemoryUnit,
@@ -30,6 +34,7 @@ impl Default for CapacityOptions {
         Self {
             aliases: true,
             nvidia_gpu: false,
+            nvidia_gpu_split: 1,
             gpushare_memory_unit: tessera_api::request::MemoryUnit::default(),
         }
     }
@@ -173,7 +178,9 @@ pub fn node_capacity(
         capacity.insert("volcano.sh/gpu-memory".into(), quantity(mib));
     }
     if options.nvidia_gpu {
-        capacity.insert(NVIDIA_GPU.into(), quantity(count));
+        // kube-scheduler only counts slots; tessera-scheduler books the GPUs.
+        let slots = count * u64::from(options.nvidia_gpu_split.max(1));
+        capacity.insert(NVIDIA_GPU.into(), quantity(slots));
     }
     capacity
 }
@@ -336,6 +343,17 @@ mod tests {
         assert_eq!(capacity["aliyun.com/gpu-mem"], quantity(80));
         assert_eq!(capacity["nvidia.com/gpucores"], quantity(100));
         assert_eq!(capacity[NVIDIA_GPU], quantity(1));
+        // HAMi's split: slots per healthy GPU.
+        let split = node_capacity(
+            &gpus(),
+            &unhealthy,
+            &CapacityOptions {
+                nvidia_gpu: true,
+                nvidia_gpu_split: 10,
+                ..CapacityOptions::default()
+            },
+        );
+        assert_eq!(split[NVIDIA_GPU], quantity(10));
         let plain = node_capacity(
             &gpus(),
             &BTreeSet::new(),

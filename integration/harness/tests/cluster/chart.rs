@@ -180,7 +180,7 @@ async fn fractional_pod(cluster: &mut Cluster, name: &str) -> anyhow::Result<()>
 
 /// HAMi's documented example (`nvidia.com/gpu: 1` with `nvidia.com/gpumem: 3000`)
 /// on a node where Tessera serves nvidia.com/gpu: one GPU, 3000 MiB of it, and
-/// kubelet hands out no device-plugin GPU besides.
+/// kubelet hands out no device-plugin GPU besides; then HAMi's split count.
 async fn hami_documented_pod(cluster: &mut Cluster) -> anyhow::Result<()> {
     let name = "hami-example";
     let limits = json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3000"});
@@ -198,7 +198,52 @@ async fn hami_documented_pod(cluster: &mut Cluster) -> anyhow::Result<()> {
         !checkpoint.contains(&uid),
         "kubelet's checkpoint gives pod {name} a device-plugin device: {checkpoint}"
     );
-    cluster.delete_pod(name).await
+    cluster.delete_pod(name).await?;
+    hami_split_pods_share_gpus(cluster).await
+}
+
+/// HAMi's split count (chart reporter.nvidiaGpuSplit, 10 as HAMi's): the node
+/// advertises nvidia.com/gpu as GPUs × 10, so six pods each asking
+/// `nvidia.com/gpu: 1` with 1000 MiB all run on the 4-GPU node (with the physical
+/// count the fifth would stay Pending: "Insufficient nvidia.com/gpu").
+async fn hami_split_pods_share_gpus(cluster: &mut Cluster) -> anyhow::Result<()> {
+    use k8s_openapi::api::core::v1::Node;
+    let nodes: kube::Api<Node> = kube::Api::all(cluster.client().await?);
+    let node = nodes.get(tessera_harness::cluster::NODE_NAME).await?;
+    let advertised = node
+        .status
+        .and_then(|s| s.capacity)
+        .and_then(|c| c.get("nvidia.com/gpu").map(|q| q.0.clone()));
+    ensure!(
+        advertised.as_deref() == Some("40"),
+        "nvidia.com/gpu capacity {advertised:?}, want 40 (4 GPUs × split 10)"
+    );
+    let names: Vec<String> = (0..6).map(|i| format!("hami-split-{i}")).collect();
+    let limits = json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000"});
+    for name in &names {
+        cluster
+            .create_pod("tenant", &probe_pod(name, &[("main", limits.clone())], &[]))
+            .await?;
+    }
+    let mut gpus = std::collections::BTreeSet::new();
+    for name in &names {
+        let running = cluster.wait_running(name).await?;
+        let granted = allocated_gpus(&running)?;
+        ensure!(
+            granted.len() == 1,
+            "pod {name} granted {granted:?}, want one GPU"
+        );
+        gpus.insert(granted[0].0.clone());
+    }
+    ensure!(
+        gpus.len() <= 4,
+        "six HAMi pods on {} GPUs of a 4-GPU node",
+        gpus.len()
+    );
+    for name in &names {
+        cluster.delete_pod(name).await?;
+    }
+    Ok(())
 }
 
 /// What an installation needs to be upgraded and uninstalled.
