@@ -36,6 +36,15 @@ pub const NVLINK_PEERS: &str = "tessera.io/nvlink-peers";
 /// ones the node has; `+`-joined names (`driver-memory+hami-core`), or `none`.
 pub const ENFORCEMENT: &str = "tessera.io/enforcement";
 
+/// The taint a node carries while its switch to the runtime proxy is unproven
+/// (set and lifted by `tessera node switch-over` and the node installer): no GPU
+/// hook runs there yet.
+pub const SWITCH_TAINT: &str = "tessera.io/runtime-proxy";
+/// Device CR annotation: `"true"` while the node carries [`SWITCH_TAINT`]. The
+/// reporter then advertises no GPU capacity and tessera-scheduler places no GPU
+/// pod there, whatever the pod tolerates.
+pub const SWITCH_UNPROVEN: &str = "tessera.io/switch-unproven";
+
 /// Device type key of GPUs in the allocation annotation.
 pub const DEVICE_TYPE_GPU: &str = "gpu";
 /// Device type key of RDMA devices in the allocation annotation.

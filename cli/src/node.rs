@@ -27,7 +27,7 @@ use kube::api::{Patch, PatchParams};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// The taint a node carries while its switch is unproven.
-pub const TAINT_KEY: &str = "tessera.io/runtime-proxy";
+pub const TAINT_KEY: &str = tessera_api::resources::SWITCH_TAINT;
 /// The drop-in written into kubelet's `--config-dir`.
 pub const DROP_IN: &str = "50-tessera-runtime-proxy.conf";
 /// Suffix of the backup of an edited `--config` file.

@@ -124,6 +124,21 @@ impl Publisher {
         }
     }
 
+    /// Whether the node carries the switch taint (its runtime proxy unproven).
+    pub async fn switch_unproven(&self) -> Result<bool, PublishError> {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let node = nodes
+            .get(&self.node)
+            .await
+            .map_err(api(format!("reading node {}", self.node)))?;
+        Ok(node
+            .spec
+            .and_then(|s| s.taints)
+            .unwrap_or_default()
+            .iter()
+            .any(|t| t.key == tessera_api::resources::SWITCH_TAINT))
+    }
+
     /// Sets the node's capacity, allocatable and labels; returns whether it wrote.
     pub async fn publish_node(
         &self,

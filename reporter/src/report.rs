@@ -76,6 +76,27 @@ pub fn with_enforcement(
     }
 }
 
+/// What the node advertises while its switch is unproven (`unproven`: it carries
+/// the switch taint, so no GPU hook runs there): every GPU resource at zero, so
+/// neither kube-scheduler nor kubelet admits a pod asking for one, whatever it
+/// tolerates or however it names its node; and the Device CR says why, for
+/// tessera-scheduler's refusal. Proven: unchanged.
+pub fn with_switch(
+    capacity: &mut BTreeMap<String, Quantity>,
+    annotations: &mut BTreeMap<String, String>,
+    unproven: bool,
+) {
+    annotations.insert(
+        tessera_api::resources::SWITCH_UNPROVEN.to_owned(),
+        unproven.to_string(),
+    );
+    if unproven {
+        for value in capacity.values_mut() {
+            *value = quantity(0);
+        }
+    }
+}
+
 fn quantity(value: u64) -> Quantity {
     Quantity(value.to_string())
 }
@@ -365,6 +386,26 @@ mod tests {
         );
         assert_eq!(plain.len(), 3);
         assert_eq!(plain[GPU_CORE], quantity(200));
+    }
+
+    #[test]
+    fn an_unproven_node_advertises_no_gpu_and_says_why() {
+        let full = node_capacity(&gpus(), &BTreeSet::new(), &CapacityOptions::default());
+        let mut capacity = full.clone();
+        let mut annotations = BTreeMap::new();
+        with_switch(&mut capacity, &mut annotations, false);
+        assert_eq!(capacity, full);
+        assert_eq!(
+            annotations[tessera_api::resources::SWITCH_UNPROVEN],
+            "false"
+        );
+        with_switch(&mut capacity, &mut annotations, true);
+        assert_eq!(
+            capacity.keys().collect::<Vec<_>>(),
+            full.keys().collect::<Vec<_>>()
+        );
+        assert!(capacity.values().all(|q| q.0 == "0"), "{capacity:?}");
+        assert_eq!(annotations[tessera_api::resources::SWITCH_UNPROVEN], "true");
     }
 
     #[test]

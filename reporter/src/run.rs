@@ -16,7 +16,7 @@ use crate::metrics::{PublishOutcome, PublishedObject, ReporterMetrics};
 use crate::publish::Publisher;
 use crate::report::{
     CapacityOptions, device_annotations, device_spec, legacy_entries, node_capacity, node_labels,
-    read_enforcement, with_enforcement,
+    read_enforcement, with_enforcement, with_switch,
 };
 
 /// Settings of the loop.
@@ -186,12 +186,29 @@ async fn publish(
             return false;
         }
     };
+    // Unproven (or unknown: not read), the node advertises no GPU this round.
+    let unproven = match publisher.switch_unproven().await {
+        Ok(unproven) => unproven,
+        Err(error) => {
+            metrics.record_publish(PublishedObject::Node, PublishOutcome::Failed);
+            tracing::error!(error = %crate::chain(&error), "cannot read the node's taints; not publishing this round");
+            return false;
+        }
+    };
     metrics.record_published_view(unhealthy, &legacy);
     let mut spec = device_spec(gpus, unhealthy);
     let mut annotations = device_annotations(gpus, &legacy);
     let backends = read_enforcement(&config.enforcement_file);
     metrics.record_enforcement(&backends);
     with_enforcement(&mut spec, &mut annotations, &backends);
+    let mut capacity = node_capacity(gpus, unhealthy, &config.capacity);
+    with_switch(&mut capacity, &mut annotations, unproven);
+    if unproven {
+        tracing::debug!(
+            taint = tessera_api::resources::SWITCH_TAINT,
+            "the node's runtime proxy is not proven: no GPU advertised"
+        );
+    }
     let device = match publisher.publish_device(&spec, &annotations).await {
         Ok(true) => {
             tracing::info!(
@@ -209,13 +226,7 @@ async fn publish(
         }
     };
     metrics.record_publish(PublishedObject::Device, device);
-    let node = match publisher
-        .publish_node(
-            &node_capacity(gpus, unhealthy, &config.capacity),
-            &node_labels(gpus),
-        )
-        .await
-    {
+    let node = match publisher.publish_node(&capacity, &node_labels(gpus)).await {
         Ok(true) => {
             tracing::info!("node capacity and labels published");
             PublishOutcome::Changed

@@ -449,6 +449,8 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// Why a node whose switch to the runtime proxy is unproven takes no GPU pod.
+pub const SWITCH_UNPROVEN_WHY: &str = "the node's switch to tessera-runtime-proxy is not proven yet (taint tessera.io/runtime-proxy, Device CR tessera.io/switch-unproven): no GPU hook runs there to hold a grant; it takes GPU pods once tessera node switch-over (or the node installer) has proven it";
 /// Why filter refuses every node while the cluster cache is not synced.
 pub const NOT_SYNCED: &str = "tessera-scheduler's cluster cache is not synced (starting, relisting or reconnecting a watch): no node is judged from a partial view; retry";
 
@@ -683,6 +685,14 @@ impl Extender {
                 // as no eviction here moves the group.
                 if let Some(why) = group_elsewhere(home.as_ref(), &request, name) {
                     result.failed_and_unresolvable_nodes.insert(name, why);
+                    continue;
+                }
+                // No GPU hook runs there yet: whatever the pod tolerates, and however
+                // empty its GPUs, nothing is placed until the switch is proven.
+                if ledger.switch_unproven(name) {
+                    result
+                        .failed_and_unresolvable_nodes
+                        .insert(name, SWITCH_UNPROVEN_WHY.into());
                     continue;
                 }
                 match found {

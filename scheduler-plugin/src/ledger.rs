@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use k8s_openapi::api::core::v1::Pod;
 use tessera_api::resources::{
     DEVICE_ALLOCATED, DEVICE_TYPE_GPU, DEVICES_CHECKPOINTS, GPU_CORE, GPU_MEMORY, GPU_MEMORY_RATIO,
-    NVLINK_PEERS,
+    NVLINK_PEERS, SWITCH_UNPROVEN,
 };
 use tessera_api::{
     Device, DeviceAllocation, DeviceAllocations, LegacyDeviceEntry, NvlinkPeers, Quantity,
@@ -222,6 +222,9 @@ pub struct Ledger {
     /// Node → UIDs of the pods holding its GPUs through the device plugin (from the
     /// Device CR's kubelet checkpoint).
     legacy_pods: HashMap<String, BTreeSet<String>>,
+    /// Nodes whose Device CR says their switch to the runtime proxy is unproven
+    /// (`tessera.io/switch-unproven: "true"`): no GPU pod goes there.
+    unproven: BTreeSet<String>,
     /// The latest time [`Ledger::expire`] was given (seconds, the caller's clock).
     clock: u64,
     /// Seconds an in-flight reservation found on an unbound pod holds; 0 = the default.
@@ -474,6 +477,17 @@ impl Ledger {
         self.nodes.insert(&name, LedgerNode::new(node));
         self.legacy_pods
             .insert(name.clone(), legacy_pod_uids(device));
+        let unproven = device
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(SWITCH_UNPROVEN))
+            .is_some_and(|v| v == "true");
+        if unproven {
+            self.unproven.insert(name.clone());
+        } else {
+            self.unproven.remove(&name);
+        }
         // Unbound annotated pods seen before this node's GPUs: in flight here now.
         let arrived: Vec<String> = self
             .unplaced
@@ -535,6 +549,13 @@ impl Ledger {
     pub fn delete_device(&mut self, name: &str) {
         self.nodes.remove(name);
         self.legacy_pods.remove(name);
+        self.unproven.remove(name);
+    }
+
+    /// Whether node `name`'s switch to the runtime proxy is unproven (its Device
+    /// CR says so): no GPU hook runs there yet.
+    pub fn switch_unproven(&self, name: &str) -> bool {
+        self.unproven.contains(name)
     }
 
     /// A pod was added or changed.
@@ -841,6 +862,7 @@ impl Ledger {
     pub fn retain_devices(&mut self, names: &std::collections::HashSet<String>) {
         self.nodes.retain(|name, _| names.contains(name.as_str()));
         self.legacy_pods.retain(|name, _| names.contains(name));
+        self.unproven.retain(|name| names.contains(name));
     }
 
     /// Forgets the use of pods not in `uids` (after a relist: they are gone).

@@ -1484,6 +1484,31 @@ async fn switch_over(cluster: &mut Cluster) -> anyhow::Result<()> {
             .any(|t| t == "tessera.io/runtime-proxy"),
         "the taint is gone after an unproven switch"
     );
+    // Unproven, the node advertises no GPU and its Device CR says why: a GPU pod
+    // that tolerates the taint (in a namespace the admission policy exempts) is
+    // not placed there.
+    wait_switch_advertised(cluster, true).await?;
+    let tolerating = "tolerates-unproven";
+    let mut spec = pod(
+        tolerating,
+        &[("main", json!({"koordinator.sh/gpu": "20"}))],
+        &[],
+    );
+    spec["spec"]["tolerations"] =
+        json!([{"key": "tessera.io/runtime-proxy", "operator": "Exists"}]);
+    cluster.create_pod("admin", &spec).await?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let events = cluster.events_of(tolerating).await?;
+        if events.iter().any(|e| e.starts_with("FailedScheduling")) {
+            break;
+        }
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "{tolerating}: no FailedScheduling within 30 s on an unproven node: {events:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 
     // Back to how the other scenarios expect the node: kubelet through the proxy, untainted.
     std::fs::remove_file(&backup)?;
@@ -1496,7 +1521,46 @@ async fn switch_over(cluster: &mut Cluster) -> anyhow::Result<()> {
             &kube::api::Patch::Merge(json!({"spec": {"taints": []}})),
         )
         .await?;
+    // Proven again: the GPUs come back and the waiting pod is placed.
+    wait_switch_advertised(cluster, false).await?;
+    cluster.wait_running(tolerating).await?;
+    cluster.delete_pod(tolerating).await?;
     Ok(())
+}
+
+/// Waits (30 s at most) until the reporter has published the node's switch
+/// state: unproven, no GPU capacity and `tessera.io/switch-unproven: "true"` on the
+/// Device CR; proven, the 4 GPUs' 400 % of `koordinator.sh/gpu-core` and "false".
+async fn wait_switch_advertised(cluster: &Cluster, unproven: bool) -> anyhow::Result<()> {
+    let client = cluster.client().await?;
+    let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client.clone());
+    let devices = tessera_harness::cluster::device_api(&client);
+    let (core, mark) = if unproven {
+        ("0", "true")
+    } else {
+        ("400", "false")
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let node = nodes.get(tessera_harness::cluster::NODE_NAME).await?;
+        let capacity = node
+            .status
+            .and_then(|s| s.capacity)
+            .and_then(|c| c.get("koordinator.sh/gpu-core").map(|q| q.0.clone()));
+        let device = devices.get(tessera_harness::cluster::NODE_NAME).await?;
+        let annotation = device
+            .metadata
+            .annotations
+            .and_then(|a| a.get("tessera.io/switch-unproven").cloned());
+        if capacity.as_deref() == Some(core) && annotation.as_deref() == Some(mark) {
+            return Ok(());
+        }
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "unproven={unproven}: after 30 s gpu-core capacity {capacity:?} (want {core}), tessera.io/switch-unproven {annotation:?} (want {mark})"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }
 
 /// Manifests as HAMi, Volcano and Koordinator document them, on the real

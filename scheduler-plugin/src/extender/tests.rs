@@ -572,3 +572,34 @@ fn the_wire_path_answers_as_the_public_types_do() {
         assert_eq!(wire_error.to_string(), public_error.to_string());
     }
 }
+
+#[test]
+fn a_node_whose_switch_is_unproven_takes_no_gpu_pod_until_proven() {
+    let mut unproven = device("unproven", &[(16, true)], &[]);
+    let mark = |d: &mut Value, value: &str| {
+        d["metadata"]["annotations"][tessera_api::resources::SWITCH_UNPROVEN] = json!(value);
+    };
+    mark(&mut unproven, "true");
+    let extender = extender(&[unproven.clone(), device("proven", &[(16, true)], &[])]);
+    let gpu_pod = || one_container(json!({"koordinator.sh/gpu": "25"}));
+    let result = filter(&extender, gpu_pod(), &["unproven", "proven"]);
+    assert_eq!(
+        classes(&result),
+        (vec!["proven"], vec![], vec!["unproven"]),
+        "{result:?}"
+    );
+    assert_eq!(
+        result.failed_and_unresolvable_nodes["unproven"],
+        SWITCH_UNPROVEN_WHY
+    );
+    // A pod asking for no GPU is not the extender's to refuse.
+    let plain = filter(&extender, one_container(json!({})), &["unproven"]);
+    assert_eq!(classes(&plain).0, vec!["unproven"]);
+    // Proven (the reporter says so once the taint goes): placed again.
+    mark(&mut unproven, "false");
+    extender
+        .ledger()
+        .apply_device(&serde_json::from_value(unproven).expect("a Device"));
+    let result = filter(&extender, gpu_pod(), &["unproven"]);
+    assert_eq!(classes(&result).0, vec!["unproven"], "{result:?}");
+}
