@@ -506,22 +506,22 @@ impl Switch {
     }
 }
 
-/// Reads this pod's in-cluster credentials into memory and enters the host's mount
-/// namespace (needs `hostPID` and a privileged container): from then on kubelet's
-/// files, `/proc/<kubelet>/ns/mnt` and the restart command are the host's, as when
-/// run on the node. The host's namespace is taken from this container's parent,
-/// the runtime's shim (containerd-shim, conmon), which runs on the host and which
-/// no other container can stand in for; PID 1's may not be readable (a sandboxed
-/// node's init). The service account token is read first because the host's
-/// namespace cannot see the pod's files. `setns` refuses a process with more than
-/// one thread: call this before the async runtime starts.
+/// Reads this pod's in-cluster credentials and enters the host's mount namespace
+/// (needs `hostPID` and a privileged container): from then on kubelet's files,
+/// `/proc/<kubelet>/ns/mnt` and the restart command are the host's, as when run on
+/// the node. The host's namespace is taken from this container's parent, the
+/// runtime's shim (containerd-shim, conmon), which runs on the host and which no
+/// other container can stand in for; PID 1's may not be readable (a sandboxed
+/// node's init). The host's namespace cannot see the pod's files, so the token's
+/// directory is held open first and the client reads the token through it
+/// ([`token_through_fd`]): kubelet's refreshed tokens keep reaching it. `setns`
+/// refuses a process with more than one thread: call this before the async runtime
+/// starts.
 pub fn enter_host() -> anyhow::Result<kube::Config> {
     let mut config = kube::Config::incluster()
         .context("--enter-host runs in a pod: reading its in-cluster configuration")?;
     if let Some(file) = config.auth_info.token_file.take() {
-        let token = std::fs::read_to_string(&file)
-            .with_context(|| format!("reading the service account token {file}"))?;
-        config.auth_info.token = Some(token.trim().to_owned().into());
+        config.auth_info.token_file = Some(token_through_fd(Path::new(&file))?);
     }
     // The CA is already in memory; the file it came from will not be visible.
     config.root_cert_file = None;
@@ -541,13 +541,35 @@ pub fn enter_host() -> anyhow::Result<kube::Config> {
     Ok(config)
 }
 
+/// A path that reads the projected token `file` through a descriptor of its
+/// directory, held open for the life of the process (`/proc/self/fd/<fd>/<name>`):
+/// valid in any mount namespace, and it follows kubelet's refreshes, which swap the
+/// directory's `..data` link (the token file is a link through it).
+pub fn token_through_fd(file: &Path) -> anyhow::Result<String> {
+    use std::os::fd::IntoRawFd;
+    let (dir, name) = match (file.parent(), file.file_name()) {
+        (Some(dir), Some(name)) => (dir, name),
+        _ => bail!(
+            "the service account token path {} names no file",
+            file.display()
+        ),
+    };
+    std::fs::read(file)
+        .with_context(|| format!("reading the service account token {}", file.display()))?;
+    let held = std::fs::File::open(dir)
+        .with_context(|| format!("opening the token's directory {}", dir.display()))?;
+    // Never closed: the client re-reads the token through it as long as it runs.
+    let fd = held.into_raw_fd();
+    Ok(format!("/proc/self/fd/{fd}/{}", name.to_string_lossy()))
+}
+
 /// How an installer pod's DaemonSet stands when the pod is told to stop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Owner {
     /// It is there: a rollout or a drain; the node stays switched.
     Present,
-    /// Deleted, being deleted, or no longer readable by this pod (its RBAC goes
-    /// with the chart): an uninstall; the node is switched back.
+    /// Deleted, being deleted, or forbidden to this pod (its RBAC goes with the
+    /// chart): an uninstall; the node is switched back.
     Uninstalled,
     /// Not known (the API did not answer): the node stays switched, because a
     /// node switched back without need runs containers with no GPU hook.
@@ -571,7 +593,8 @@ fn owner_from(
     match read {
         Some(Ok(Some(set))) if set.metadata.deletion_timestamp.is_none() => Owner::Present,
         Some(Ok(_)) => Owner::Uninstalled,
-        Some(Err(kube::Error::Api(e))) if matches!(e.code, 401 | 403 | 404) => Owner::Uninstalled,
+        // 401 is this pod's credentials (an expired or unreadable token), not the chart.
+        Some(Err(kube::Error::Api(e))) if matches!(e.code, 403 | 404) => Owner::Uninstalled,
         _ => Owner::Unknown,
     }
 }
@@ -948,16 +971,47 @@ mod tests {
         deleting.metadata.deletion_timestamp = Some(Time(Default::default()));
         assert_eq!(owner_from(Some(Ok(Some(deleting)))), Owner::Uninstalled);
         assert_eq!(owner_from(Some(Ok(None))), Owner::Uninstalled);
-        for code in [401, 403, 404] {
+        for code in [403, 404] {
             assert_eq!(
                 owner_from(Some(Err(status(code)))),
                 Owner::Uninstalled,
                 "{code}"
             );
         }
-        // An API that fails or does not answer must not switch a node back.
+        // An API that fails or does not answer, or refuses the pod's credentials
+        // (a token gone stale), must not switch a node back.
         assert_eq!(owner_from(Some(Err(status(500)))), Owner::Unknown);
+        assert_eq!(owner_from(Some(Err(status(401)))), Owner::Unknown);
         assert_eq!(owner_from(None), Owner::Unknown);
+    }
+
+    /// kubelet's projected token layout: `token` -> `..data/token`, `..data` ->
+    /// a timestamped directory, swapped on each refresh.
+    #[test]
+    fn the_token_is_read_through_its_held_directory_and_follows_refreshes() -> anyhow::Result<()> {
+        use std::os::unix::fs::symlink;
+        let dir = tempfile::tempdir()?;
+        let account = dir.path().join("serviceaccount");
+        std::fs::create_dir_all(account.join("..2026_11_27_01"))?;
+        std::fs::write(account.join("..2026_11_27_01/token"), "first")?;
+        symlink("..2026_11_27_01", account.join("..data"))?;
+        symlink("..data/token", account.join("token"))?;
+        let path = token_through_fd(&account.join("token"))?;
+        assert!(path.starts_with("/proc/self/fd/"), "{path}");
+        assert_eq!(std::fs::read_to_string(&path)?, "first");
+        // A refresh, as kubelet makes it: a new directory, then ..data swapped.
+        std::fs::create_dir_all(account.join("..2026_11_27_02"))?;
+        std::fs::write(account.join("..2026_11_27_02/token"), "second")?;
+        symlink("..2026_11_27_02", account.join("..data_tmp"))?;
+        std::fs::rename(account.join("..data_tmp"), account.join("..data"))?;
+        std::fs::remove_dir_all(account.join("..2026_11_27_01"))?;
+        assert_eq!(std::fs::read_to_string(&path)?, "second");
+        // Even once the directory's own path is gone from this namespace's view.
+        let moved = dir.path().join("elsewhere");
+        std::fs::rename(&account, &moved)?;
+        assert_eq!(std::fs::read_to_string(&path)?, "second");
+        assert!(token_through_fd(&dir.path().join("missing/token")).is_err());
+        Ok(())
     }
 
     #[test]
