@@ -124,6 +124,11 @@ fn scenarios() -> Vec<(&'static str, Scenario)> {
             "gpu_pods_that_would_skip_tessera_scheduler_are_refused_at_creation",
             |c| Box::pin(integrity::gpu_pods_that_would_skip_tessera_scheduler_are_refused(c)),
         ),
+        ("impossible_gpu_requests_are_refused_at_creation", |c| {
+            Box::pin(integrity::impossible_gpu_requests_are_refused_at_creation(
+                c,
+            ))
+        }),
         ("node_agents_write_only_their_own_node", |c| {
             Box::pin(integrity::node_agents_write_only_their_own_node(c))
         }),

@@ -386,3 +386,81 @@ pub async fn node_agents_write_only_their_own_node(cluster: &mut Cluster) -> any
         .await?;
     outcome
 }
+
+/// GPU requests that can never be honoured are refused at creation (admission
+/// policy tessera-gpu-requests), each message naming the pod, container, resource
+/// and value in tessera-scheduler's words; valid requests in every system's names
+/// are admitted.
+pub async fn impossible_gpu_requests_are_refused_at_creation(
+    cluster: &mut Cluster,
+) -> anyhow::Result<()> {
+    const NS: &str = "requests";
+    cluster.create_namespace(NS).await?;
+    let refused = [
+        (
+            "bad-multiple",
+            json!({"koordinator.sh/gpu-core": "150", "koordinator.sh/gpu-memory-ratio": "50"}),
+            "pod requests/bad-multiple: container main: koordinator.sh/gpu-core 150: values above 100 must be multiples of 100 (whole GPUs)",
+        ),
+        (
+            "core-alone",
+            json!({"koordinator.sh/gpu-core": "30"}),
+            "pod requests/core-alone: container main: koordinator.sh/gpu-core 30 asks for GPU compute and no GPU memory: add koordinator.sh/gpu-memory or koordinator.sh/gpu-memory-ratio (Koordinator refuses koordinator.sh/gpu-core alone too), or ask koordinator.sh/gpu for both",
+        ),
+        (
+            "whole-and-share",
+            json!({"nvidia.com/gpu": "1", "koordinator.sh/gpu": "50"}),
+            "pod requests/whole-and-share: container main: nvidia.com/gpu cannot be combined with koordinator.sh/* GPU resources",
+        ),
+        (
+            "zero-share",
+            json!({"koordinator.sh/gpu": "0"}),
+            "pod requests/zero-share: container main: koordinator.sh/gpu 0 asks for no GPU: leave it out, or ask 1 to 100 (percent of one GPU) or a multiple of 100 (whole GPUs)",
+        ),
+    ];
+    for (name, limits, want) in &refused {
+        let spec = pod(name, &[("main", limits.clone())], &[]);
+        match cluster.create_pod_in("admin", NS, &spec).await {
+            Ok(_) => {
+                cluster.delete_pod_in(NS, name).await?;
+                anyhow::bail!("pod {name} ({limits}) was created");
+            }
+            Err(error) => {
+                let text = format!("{error:#}");
+                ensure!(
+                    text.contains("tessera-gpu-requests") && text.contains(want),
+                    "pod {name}: refused, but not with {want:?}: {text}"
+                );
+            }
+        }
+    }
+    // Valid in each system's names: admitted (placed or not is the scheduler's).
+    let admitted = [
+        ("share", json!({"koordinator.sh/gpu": "25"})),
+        (
+            "two-whole",
+            json!({"koordinator.sh/gpu-core": "200", "koordinator.sh/gpu-memory-ratio": "200"}),
+        ),
+        (
+            "shared-count",
+            json!({"koordinator.sh/gpu.shared": "2", "koordinator.sh/gpu-core": "150", "koordinator.sh/gpu-memory-ratio": "100"}),
+        ),
+        (
+            "hami",
+            json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000"}),
+        ),
+        (
+            "core-and-memory",
+            json!({"koordinator.sh/gpu-core": "30", "koordinator.sh/gpu-memory": "1Gi"}),
+        ),
+        ("no-gpu", json!({})),
+    ];
+    for (name, limits) in &admitted {
+        cluster
+            .create_pod_in("admin", NS, &pod(name, &[("main", limits.clone())], &[]))
+            .await
+            .map_err(|e| anyhow::anyhow!("pod {name} ({limits}) refused: {e:#}"))?;
+        cluster.delete_pod_in(NS, name).await?;
+    }
+    Ok(())
+}
