@@ -248,9 +248,14 @@ fn switch(args: SwitchArgs) -> anyhow::Result<node::Switch> {
         .or_else(|| std::env::var("NODE_NAME").ok())
         .or_else(tessera_api::binary::hostname)
         .context("no node name: pass --node")?;
+    let kubelet_pid = match args.kubelet_pid {
+        Some(pid) => pid,
+        None => node::find_kubelet()?,
+    };
     Ok(node::Switch {
         node,
-        kubelet_args: node::kubelet_command_line(args.kubelet_pid)?,
+        kubelet_pid,
+        kubelet_args: node::kubelet_command_line(Some(kubelet_pid))?,
         endpoint: args.endpoint,
         metrics: args.proxy_metrics,
         restart_command: args.restart_command,

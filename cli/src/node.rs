@@ -183,9 +183,24 @@ fn same_mount_namespace(pid: u32) -> bool {
     }
 }
 
+/// When process `pid` started (clock ticks since boot, `/proc/<pid>/stat` field
+/// 22): with the pid, it names one process even when pids are reused.
+fn process_start(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces and parentheses: count from its end.
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Whether the process `pid` that started at `start` is gone (or its pid now
+/// names another process).
+fn replaced(pid: u32, start: Option<u64>) -> bool {
+    start.is_some() && process_start(pid) != start
+}
+
 /// The one process named `kubelet` in this host's mount namespace; more than
 /// one is refused rather than guessed.
-fn find_kubelet() -> anyhow::Result<u32> {
+pub fn find_kubelet() -> anyhow::Result<u32> {
     let found: Vec<u32> = std::fs::read_dir("/proc")
         .context("reading /proc")?
         .filter_map(|entry| {
@@ -207,6 +222,8 @@ fn find_kubelet() -> anyhow::Result<u32> {
 pub struct Switch {
     /// The node's name.
     pub node: String,
+    /// kubelet's process, whose replacement proves the restart.
+    pub kubelet_pid: u32,
     /// kubelet's command line.
     pub kubelet_args: Vec<String>,
     /// The proxy's socket as kubelet names it (`unix:///run/tessera/runtime-proxy.sock`).
@@ -420,7 +437,11 @@ impl Switch {
         let checkpoint = clear_stale_checkpoint(Path::new(KUBELET_CHECKPOINT))
             .map(|done| format!("; {done}"))
             .unwrap_or_default();
+        let started = process_start(self.kubelet_pid);
         restart(&self.restart_command).await.with_context(keeps)?;
+        // Calls through the proxy prove nothing by themselves: a kubelet already
+        // on the proxy (another way than this setting) makes them unrestarted.
+        self.restarted(started).await.with_context(keeps)?;
         let calls = calls_rise(&self.metrics, 3, self.verify_timeout)
             .await
             .with_context(keeps)?;
@@ -429,6 +450,27 @@ impl Switch {
             "{wrote}{checkpoint}; kubelet restarted and made {calls} calls through the proxy; taint {TAINT_KEY} removed from node {}",
             self.node
         ))
+    }
+
+    /// Waits (`verify_timeout` at most) until the kubelet process that started at
+    /// `started` has been replaced; an unobservable one is not a restart.
+    async fn restarted(&self, started: Option<u64>) -> anyhow::Result<()> {
+        let pid = self.kubelet_pid;
+        if started.is_none() {
+            bail!("kubelet's process {pid} cannot be read, so its restart cannot be observed");
+        }
+        let deadline = tokio::time::Instant::now() + self.verify_timeout;
+        while !replaced(pid, started) {
+            if tokio::time::Instant::now() >= deadline {
+                bail!(
+                    "kubelet was not restarted: its process {pid} still runs {}s after `{}`, so it cannot have read the new setting",
+                    self.verify_timeout.as_secs(),
+                    self.restart_command
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        Ok(())
     }
 
     /// Undoes what [`Switch::over`] wrote, restarts kubelet and proves it no longer
@@ -915,6 +957,7 @@ mod tests {
     fn switch_to(endpoint: &str) -> Switch {
         Switch {
             node: "n".into(),
+            kubelet_pid: std::process::id(),
             kubelet_args: vec![],
             endpoint: endpoint.into(),
             metrics: "127.0.0.1:1".into(),
@@ -1012,6 +1055,17 @@ mod tests {
         assert_eq!(std::fs::read_to_string(&path)?, "second");
         assert!(token_through_fd(&dir.path().join("missing/token")).is_err());
         Ok(())
+    }
+
+    #[test]
+    fn a_process_is_replaced_only_once_it_is_gone() {
+        let me = std::process::id();
+        let started = process_start(me);
+        assert!(started.is_some());
+        assert!(!replaced(me, started), "this process still runs");
+        assert!(replaced(me, started.map(|s| s + 1)), "a reused pid is another process");
+        assert!(replaced(u32::MAX - 1, started), "no such process");
+        assert!(!replaced(me, None), "never observed: not replaced");
     }
 
     #[test]

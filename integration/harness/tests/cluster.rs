@@ -1471,7 +1471,8 @@ async fn switch_over(cluster: &mut Cluster) -> anyhow::Result<()> {
         endpoint(cluster)?
     );
 
-    // kubelet is never restarted: the switch cannot be proven, the taint stays.
+    // kubelet is never restarted (the restart command does nothing): the same
+    // process runs on, so the switch cannot be proven, and the taint stays.
     let (ok, output, _) = tessera_node(cluster, "switch-over", false, 5).await?;
     ensure!(
         !ok,
@@ -1479,7 +1480,7 @@ async fn switch_over(cluster: &mut Cluster) -> anyhow::Result<()> {
     );
     ensure!(
         output.contains("keeps the taint tessera.io/runtime-proxy:NoSchedule")
-            && output.contains("does not talk to the proxy"),
+            && output.contains("kubelet was not restarted: its process"),
         "the failed switch-over does not say why: {output}"
     );
     let node = nodes.get(tessera_harness::cluster::NODE_NAME).await?;
