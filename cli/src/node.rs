@@ -1063,7 +1063,10 @@ mod tests {
         let started = process_start(me);
         assert!(started.is_some());
         assert!(!replaced(me, started), "this process still runs");
-        assert!(replaced(me, started.map(|s| s + 1)), "a reused pid is another process");
+        assert!(
+            replaced(me, started.map(|s| s + 1)),
+            "a reused pid is another process"
+        );
         assert!(replaced(u32::MAX - 1, started), "no such process");
         assert!(!replaced(me, None), "never observed: not replaced");
     }
