@@ -40,9 +40,9 @@ pub const ENFORCEMENT: &str = "tessera.io/enforcement";
 /// (set and lifted by `tessera node switch-over` and the node installer): no GPU
 /// hook runs there yet.
 pub const SWITCH_TAINT: &str = "tessera.io/runtime-proxy";
-/// Device CR annotation: `"true"` while the node carries [`SWITCH_TAINT`]. The
-/// reporter then advertises no GPU capacity and tessera-scheduler places no GPU
-/// pod there, whatever the pod tolerates.
+/// Device CR annotation and Node label: `"true"` while the node carries
+/// [`SWITCH_TAINT`]; tessera-scheduler then places no GPU pod there, whatever the
+/// pod tolerates.
 pub const SWITCH_UNPROVEN: &str = "tessera.io/switch-unproven";
 
 /// Device type key of GPUs in the allocation annotation.

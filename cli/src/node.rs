@@ -635,8 +635,9 @@ fn owner_from(
     match read {
         Some(Ok(Some(set))) if set.metadata.deletion_timestamp.is_none() => Owner::Present,
         Some(Ok(_)) => Owner::Uninstalled,
-        // 401 is this pod's credentials (an expired or unreadable token), not the chart.
-        Some(Err(kube::Error::Api(e))) if matches!(e.code, 403 | 404) => Owner::Uninstalled,
+        // The token is kept fresh (`token_through_fd`): a 401 means the service
+        // account is gone, which `helm uninstall` does beside the DaemonSet.
+        Some(Err(kube::Error::Api(e))) if matches!(e.code, 401 | 403 | 404) => Owner::Uninstalled,
         _ => Owner::Unknown,
     }
 }
@@ -655,6 +656,7 @@ const REPORTER_RESOURCES: &[&str] = &[
 const REPORTER_LABELS: &[&str] = &[
     "node.koordinator.sh/gpu-model",
     "node.koordinator.sh/gpu-driver-version",
+    tessera_api::resources::SWITCH_UNPROVEN,
 ];
 
 /// JSON pointer escaping of one path segment (RFC 6901).
@@ -1014,17 +1016,15 @@ mod tests {
         deleting.metadata.deletion_timestamp = Some(Time(Default::default()));
         assert_eq!(owner_from(Some(Ok(Some(deleting)))), Owner::Uninstalled);
         assert_eq!(owner_from(Some(Ok(None))), Owner::Uninstalled);
-        for code in [403, 404] {
+        for code in [401, 403, 404] {
             assert_eq!(
                 owner_from(Some(Err(status(code)))),
                 Owner::Uninstalled,
                 "{code}"
             );
         }
-        // An API that fails or does not answer, or refuses the pod's credentials
-        // (a token gone stale), must not switch a node back.
+        // An API that fails or does not answer must not switch a node back.
         assert_eq!(owner_from(Some(Err(status(500)))), Owner::Unknown);
-        assert_eq!(owner_from(Some(Err(status(401)))), Owner::Unknown);
         assert_eq!(owner_from(None), Owner::Unknown);
     }
 

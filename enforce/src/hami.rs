@@ -79,10 +79,50 @@ impl Primer {
     /// the region's own name is set here), unless the region is written already:
     /// a container restarted by kubelet keeps its region and its grant. Returns
     /// whether it wrote.
+    ///
+    /// HAMi-core sizes its file before it writes the limits, so a primer that dies
+    /// half way leaves a file that is not empty and not the grant's. It therefore
+    /// writes a file of its own beside the region, renamed onto it only once the
+    /// primer succeeded: a region that is not empty is always a whole one.
     pub fn prime(&self, region: &Path, env: &[(String, String)]) -> Result<bool, PrimeError> {
         if region_len(region)? > 0 {
             return Ok(false);
         }
+        let region_error = |source| PrimeError::Region {
+            region: region.to_owned(),
+            source,
+        };
+        let name = region
+            .file_name()
+            .ok_or_else(|| region_error(std::io::Error::other("names no file")))?;
+        let mut temporary_name = std::ffi::OsString::from(".");
+        temporary_name.push(name);
+        temporary_name.push(format!(".priming-{}", std::process::id()));
+        let temporary = region.with_file_name(temporary_name);
+        // A leftover of a primer this process ran before (killed with it) goes first.
+        match std::fs::remove_file(&temporary) {
+            Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
+                return Err(region_error(error));
+            }
+            _ => {}
+        }
+        let outcome = self.run(&temporary, env).and_then(|()| {
+            // Written by whatever user the container runs as, as the region was.
+            std::fs::set_permissions(
+                &temporary,
+                std::os::unix::fs::PermissionsExt::from_mode(0o666),
+            )
+            .and_then(|()| std::fs::rename(&temporary, region))
+            .map_err(region_error)
+        });
+        if outcome.is_err() {
+            let _ = std::fs::remove_file(&temporary);
+        }
+        outcome.map(|()| true)
+    }
+
+    /// Runs the primer on `region` and waits for it.
+    fn run(&self, region: &Path, env: &[(String, String)]) -> Result<(), PrimeError> {
         let mut command = Command::new(&self.binary);
         command
             .arg(SUBCOMMAND)
@@ -144,7 +184,7 @@ impl Primer {
                 stderr: last_chars(stderr.trim(), 2000),
             });
         }
-        Ok(true)
+        Ok(())
     }
 }
 

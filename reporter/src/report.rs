@@ -76,25 +76,15 @@ pub fn with_enforcement(
     }
 }
 
-/// What the node advertises while its switch is unproven (`unproven`: it carries
-/// the switch taint, so no GPU hook runs there): every GPU resource at zero, so
-/// neither kube-scheduler nor kubelet admits a pod asking for one, whatever it
-/// tolerates or however it names its node; and the Device CR says why, for
-/// tessera-scheduler's refusal. Proven: unchanged.
-pub fn with_switch(
-    capacity: &mut BTreeMap<String, Quantity>,
-    annotations: &mut BTreeMap<String, String>,
-    unproven: bool,
-) {
+/// Whether the node's switch is unproven (`unproven`: it carries the switch taint,
+/// so no GPU hook runs there), on the Device CR, for tessera-scheduler's refusal.
+/// Capacity stays as it is: a kubelet restarted with less allocatable than its
+/// running pods hold rejects them at re-admission, and a switch-over restarts it.
+pub fn with_switch(annotations: &mut BTreeMap<String, String>, unproven: bool) {
     annotations.insert(
         tessera_api::resources::SWITCH_UNPROVEN.to_owned(),
         unproven.to_string(),
     );
-    if unproven {
-        for value in capacity.values_mut() {
-            *value = quantity(0);
-        }
-    }
 }
 
 fn quantity(value: u64) -> Quantity {
@@ -389,22 +379,14 @@ mod tests {
     }
 
     #[test]
-    fn an_unproven_node_advertises_no_gpu_and_says_why() {
-        let full = node_capacity(&gpus(), &BTreeSet::new(), &CapacityOptions::default());
-        let mut capacity = full.clone();
+    fn the_device_cr_says_whether_the_switch_is_proven() {
         let mut annotations = BTreeMap::new();
-        with_switch(&mut capacity, &mut annotations, false);
-        assert_eq!(capacity, full);
+        with_switch(&mut annotations, false);
         assert_eq!(
             annotations[tessera_api::resources::SWITCH_UNPROVEN],
             "false"
         );
-        with_switch(&mut capacity, &mut annotations, true);
-        assert_eq!(
-            capacity.keys().collect::<Vec<_>>(),
-            full.keys().collect::<Vec<_>>()
-        );
-        assert!(capacity.values().all(|q| q.0 == "0"), "{capacity:?}");
+        with_switch(&mut annotations, true);
         assert_eq!(annotations[tessera_api::resources::SWITCH_UNPROVEN], "true");
     }
 

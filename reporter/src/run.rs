@@ -186,10 +186,11 @@ async fn publish(
             return false;
         }
     };
-    // Unproven (or unknown: not read), the node advertises no GPU this round.
+    // The switch taint unread, nothing is published this round (the last stands).
     let unproven = match publisher.switch_unproven().await {
         Ok(unproven) => unproven,
         Err(error) => {
+            metrics.record_publish(PublishedObject::Device, PublishOutcome::Failed);
             metrics.record_publish(PublishedObject::Node, PublishOutcome::Failed);
             tracing::error!(error = %crate::chain(&error), "cannot read the node's taints; not publishing this round");
             return false;
@@ -201,14 +202,7 @@ async fn publish(
     let backends = read_enforcement(&config.enforcement_file);
     metrics.record_enforcement(&backends);
     with_enforcement(&mut spec, &mut annotations, &backends);
-    let mut capacity = node_capacity(gpus, unhealthy, &config.capacity);
-    with_switch(&mut capacity, &mut annotations, unproven);
-    if unproven {
-        tracing::debug!(
-            taint = tessera_api::resources::SWITCH_TAINT,
-            "the node's runtime proxy is not proven: no GPU advertised"
-        );
-    }
+    with_switch(&mut annotations, unproven);
     let device = match publisher.publish_device(&spec, &annotations).await {
         Ok(true) => {
             tracing::info!(
@@ -226,7 +220,18 @@ async fn publish(
         }
     };
     metrics.record_publish(PublishedObject::Device, device);
-    let node = match publisher.publish_node(&capacity, &node_labels(gpus)).await {
+    // The same mark as a Node label: its change is a Node update, on which
+    // kube-scheduler retries the pods the extender refused for it (it does not
+    // watch Device CRs).
+    let mut labels = node_labels(gpus);
+    labels.insert(
+        tessera_api::resources::SWITCH_UNPROVEN.to_owned(),
+        unproven.to_string(),
+    );
+    let node = match publisher
+        .publish_node(&node_capacity(gpus, unhealthy, &config.capacity), &labels)
+        .await
+    {
         Ok(true) => {
             tracing::info!("node capacity and labels published");
             PublishOutcome::Changed

@@ -303,6 +303,11 @@ pub enum PrepareError {
     /// HAMi-core did not write its region with the grant.
     #[error(transparent)]
     Region(#[from] hami::PrimeError),
+    /// The container has no limit env for HAMi-core to read (`--no-limiter-env`).
+    #[error(
+        "HAMi-core would hold no limit: the container gets no CUDA_DEVICE_MEMORY_LIMIT_* env (--no-limiter-env is set beside --hami-core-library)"
+    )]
+    NoLimits,
 }
 
 /// Makes the host files an edit mounts from under HAMi-core's cache root (a bind
@@ -350,6 +355,13 @@ pub fn prepare_host(
             .filter(|kv| kv.key.starts_with("CUDA_DEVICE_") && kv.key != HAMI_CACHE_ENV)
             .map(|kv| (kv.key.clone(), kv.value.clone()))
             .collect();
+        // A region written from no limit env would be an unlimited one.
+        if !env
+            .iter()
+            .any(|(key, _)| key.starts_with("CUDA_DEVICE_MEMORY_LIMIT"))
+        {
+            return Err(PrepareError::NoLimits);
+        }
         let primer = hami::Primer {
             binary: files.primer.clone(),
             library: files.library.clone(),

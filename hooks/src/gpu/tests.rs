@@ -1945,7 +1945,7 @@ mod enforcement {
         let primer = dir.path().join("primer");
         std::fs::write(
             &primer,
-            "#!/bin/sh\necho \"$1 $LD_PRELOAD $CUDA_DEVICE_MEMORY_SHARED_CACHE $CUDA_DEVICE_MEMORY_LIMIT_0 $CUDA_DEVICE_SM_LIMIT ${HOME:-nohome}\" >> \"$3\"\n",
+            "#!/bin/sh\n[ \"$CUDA_DEVICE_MEMORY_SHARED_CACHE\" = \"$3\" ] && same=cache-is-its-file\necho \"$1 $LD_PRELOAD $same $CUDA_DEVICE_MEMORY_LIMIT_0 $CUDA_DEVICE_SM_LIMIT ${HOME:-nohome}\" >> \"$3\"\n",
         )?;
         std::fs::set_permissions(&primer, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
         let files = HamiCoreFiles::under(&dir.path().join("hami"), &library, &primer);
@@ -1968,9 +1968,8 @@ mod enforcement {
         // Written once, by the primer, with the grant's env and nothing of ours;
         // a restarted container (the hook runs again) keeps its region.
         let want = format!(
-            "hami-prime {} {} 4096m 25 nohome\n",
-            library.display(),
-            region.display()
+            "hami-prime {} cache-is-its-file 4096m 25 nohome\n",
+            library.display()
         );
         assert_eq!(std::fs::read_to_string(&region)?, want);
         enforce::prepare_host(&edit, &config.enforcement)?;
@@ -1979,7 +1978,11 @@ mod enforcement {
         assert!(!files.cache_root.join("uid-9").exists());
         // A primer that fails fails the container, named.
         let failing = dir.path().join("failing");
-        std::fs::write(&failing, "#!/bin/sh\necho no libcuda >&2\nexit 3\n")?;
+        // It writes part of its file first, as HAMi-core does before it dies half way.
+        std::fs::write(
+            &failing,
+            "#!/bin/sh\necho partial > \"$3\"\necho no libcuda >&2\nexit 3\n",
+        )?;
         std::fs::set_permissions(
             &failing,
             std::os::unix::fs::PermissionsExt::from_mode(0o755),
@@ -1996,6 +1999,31 @@ mod enforcement {
             error.contains(&failing.display().to_string()) && error.contains("no libcuda"),
             "{error}"
         );
+        // Nothing of the failed primer is left, and the region stays empty: the
+        // next try primes again.
+        let dir_of = |p: &std::path::Path| -> Vec<String> {
+            std::fs::read_dir(p.parent().expect("a directory"))
+                .map(|d| {
+                    d.filter_map(|e| e.ok())
+                        .map(|e| e.file_name().to_string_lossy().into_owned())
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        assert_eq!(dir_of(&region), ["cudevshr.cache"]);
+        assert_eq!(std::fs::metadata(&region)?.len(), 0);
+        // No limit env for HAMi-core (--no-limiter-env): refused, not primed unlimited.
+        let mut config = config;
+        config.limiter_env = false;
+        if let Some(hami) = config.enforcement.hami_core.as_mut() {
+            hami.primer = primer.clone();
+        }
+        let edit = rewrite(&tenant(SHARE, "uid-10"), &node(), &config)?;
+        let error = enforce::prepare_host(&edit, &config.enforcement)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(error.contains("--no-limiter-env"), "{error}");
         // A missing library or primer is named.
         let missing = HamiCoreFiles::under(dir.path(), &dir.path().join("nope.so"), &primer);
         assert!(missing.install().is_err());

@@ -1490,9 +1490,9 @@ async fn switch_over(cluster: &mut Cluster) -> anyhow::Result<()> {
             .any(|t| t == "tessera.io/runtime-proxy"),
         "the taint is gone after an unproven switch"
     );
-    // Unproven, the node advertises no GPU and its Device CR says why: a GPU pod
-    // that tolerates the taint (in a namespace the admission policy exempts) is
-    // not placed there.
+    // Unproven, the node's Device CR says so: a GPU pod that tolerates the taint
+    // (in a namespace the admission policy exempts) is not placed there, and the
+    // extender says why.
     wait_switch_advertised(cluster, true).await?;
     let tolerating = "tolerates-unproven";
     let mut spec = pod(
@@ -1506,7 +1506,10 @@ async fn switch_over(cluster: &mut Cluster) -> anyhow::Result<()> {
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
         let events = cluster.events_of(tolerating).await?;
-        if events.iter().any(|e| e.starts_with("FailedScheduling")) {
+        if events.iter().any(|e| {
+            e.starts_with("FailedScheduling")
+                && e.contains("switch to tessera-runtime-proxy is not proven yet")
+        }) {
             break;
         }
         ensure!(
@@ -1535,17 +1538,14 @@ async fn switch_over(cluster: &mut Cluster) -> anyhow::Result<()> {
 }
 
 /// Waits (30 s at most) until the reporter has published the node's switch
-/// state: unproven, no GPU capacity and `tessera.io/switch-unproven: "true"` on the
-/// Device CR; proven, the 4 GPUs' 400 % of `koordinator.sh/gpu-core` and "false".
+/// state on the Device CR (`tessera.io/switch-unproven`), its GPU capacity
+/// unchanged either way (the 4 GPUs' 400 % of `koordinator.sh/gpu-core`: a
+/// kubelet restarted with less would reject the GPU pods it runs).
 async fn wait_switch_advertised(cluster: &Cluster, unproven: bool) -> anyhow::Result<()> {
     let client = cluster.client().await?;
     let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client.clone());
     let devices = tessera_harness::cluster::device_api(&client);
-    let (core, mark) = if unproven {
-        ("0", "true")
-    } else {
-        ("400", "false")
-    };
+    let (core, mark) = ("400", if unproven { "true" } else { "false" });
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
         let node = nodes.get(tessera_harness::cluster::NODE_NAME).await?;
