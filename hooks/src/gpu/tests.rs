@@ -2013,7 +2013,6 @@ mod enforcement {
         assert_eq!(dir_of(&region), ["cudevshr.cache"]);
         assert_eq!(std::fs::metadata(&region)?.len(), 0);
         // No limit env for HAMi-core (--no-limiter-env): refused, not primed unlimited.
-        let mut config = config;
         config.limiter_env = false;
         if let Some(hami) = config.enforcement.hami_core.as_mut() {
             hami.primer = primer.clone();
