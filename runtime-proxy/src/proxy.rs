@@ -521,16 +521,23 @@ async fn with_deadline<T>(
     deadline: Option<Duration>,
     call: impl std::future::Future<Output = Result<T, BackendError>>,
 ) -> Result<T, BackendError> {
+    let exceeded = || BackendError {
+        code: Code::DeadlineExceeded,
+        message: "context deadline exceeded".to_owned(),
+    };
     match deadline {
         None => call.await,
-        Some(deadline) => tokio::time::timeout(deadline, call)
-            .await
-            .unwrap_or_else(|_| {
-                Err(BackendError {
-                    code: Code::DeadlineExceeded,
-                    message: "context deadline exceeded".to_owned(),
-                })
-            }),
+        Some(deadline) => {
+            let started = tokio::time::Instant::now();
+            match tokio::time::timeout(deadline, call).await {
+                Err(_) => Err(exceeded()),
+                // The runtime resets a call whose deadline (the one forwarded to it)
+                // passed, and that reads as Unavailable here: past the caller's
+                // deadline, the caller is told what it would hear from the runtime.
+                Ok(Err(_)) if started.elapsed() >= deadline => Err(exceeded()),
+                Ok(answer) => answer,
+            }
+        }
     }
 }
 
@@ -713,5 +720,30 @@ impl Body for ObservedBody {
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod deadline_tests {
+    use super::*;
+
+    fn reset() -> Result<(), BackendError> {
+        Err(BackendError {
+            code: Code::Unavailable,
+            message: "stream reset".to_owned(),
+        })
+    }
+
+    /// A runtime that resets a call whose deadline has passed: the caller hears
+    /// DeadlineExceeded, as from the runtime directly; a reset within the deadline
+    /// stays what it is.
+    #[tokio::test]
+    async fn a_reset_past_the_callers_deadline_is_deadline_exceeded() {
+        let past = with_deadline(Some(Duration::ZERO), async { reset() }).await;
+        assert_eq!(past.err().map(|e| e.code), Some(Code::DeadlineExceeded));
+        let within = with_deadline(Some(Duration::from_secs(10)), async { reset() }).await;
+        assert_eq!(within.err().map(|e| e.code), Some(Code::Unavailable));
+        let none = with_deadline(None, async { reset() }).await;
+        assert_eq!(none.err().map(|e| e.code), Some(Code::Unavailable));
     }
 }
