@@ -18,10 +18,11 @@
 #![allow(unsafe_code)]
 
 use std::ffi::OsString;
-use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
+
+use crate::process::RunError;
 
 /// The env naming the region file, read by HAMi-core.
 pub const REGION_ENV: &str = "CUDA_DEVICE_MEMORY_SHARED_CACHE";
@@ -138,49 +139,28 @@ impl Primer {
                     .map(|(k, v)| (k, v)),
             )
             .env(REGION_ENV, region)
-            .current_dir("/")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
+            .current_dir("/");
         // Where the driver's libcuda.so.1 is, when the node says so this way.
         if let Some(path) = std::env::var_os("LD_LIBRARY_PATH") {
             command.env("LD_LIBRARY_PATH", path);
         }
-        let spawn = |source| PrimeError::Spawn {
-            binary: self.binary.clone(),
-            source,
-        };
-        let mut child = command.spawn().map_err(spawn)?;
-        // Read on a thread, so a chatty library cannot fill the pipe and stall.
-        let stderr = child.stderr.take().map(|mut pipe| {
-            std::thread::spawn(move || {
-                let mut text = String::new();
-                let _ = pipe.read_to_string(&mut text);
-                text
-            })
-        });
-        let started = Instant::now();
-        let status = loop {
-            if let Some(status) = child.try_wait().map_err(spawn)? {
-                break status;
-            }
-            if started.elapsed() >= TIMEOUT {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(PrimeError::Timeout {
-                    binary: self.binary.clone(),
+        let output = crate::process::output_within(&mut command, TIMEOUT).map_err(|failure| {
+            let binary = self.binary.clone();
+            match failure {
+                RunError::Spawn(source) | RunError::Wait(source) => {
+                    PrimeError::Spawn { binary, source }
+                }
+                RunError::Timeout => PrimeError::Timeout {
+                    binary,
                     limit: TIMEOUT,
-                });
+                },
             }
-            std::thread::sleep(Duration::from_millis(5));
-        };
-        let stderr = stderr
-            .and_then(|reader| reader.join().ok())
-            .unwrap_or_default();
-        if !status.success() {
+        })?;
+        if !output.status.success() {
+            let stderr = String::from_utf8_lossy(&output.stderr);
             return Err(PrimeError::Failed {
                 binary: self.binary.clone(),
-                status,
+                status: output.status,
                 stderr: last_chars(stderr.trim(), 2000),
             });
         }

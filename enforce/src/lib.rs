@@ -25,6 +25,7 @@ pub mod compute;
 pub mod hami;
 pub mod mps;
 pub mod nvml;
+mod process;
 
 pub use tessera_api::enforcement::{Backend, Holds, UnknownBackend, joined};
 

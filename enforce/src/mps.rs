@@ -178,34 +178,24 @@ impl Control for ControlProgram {
             command: command(),
             reason,
         };
-        let mut child = std::process::Command::new(&self.binary)
+        let mut command_line = std::process::Command::new(&self.binary);
+        command_line
             .args(["-p", PROTOCOL])
             .args(args)
-            .env(PIPE_ENV, &self.pipe_dir)
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .map_err(|e| error(e.to_string()))?;
+            .env(PIPE_ENV, &self.pipe_dir);
         // A daemon that does not answer must not hold every shared container of
         // the node (calls are serialised): the command is killed at the deadline.
-        let started = std::time::Instant::now();
-        while child
-            .try_wait()
-            .map_err(|e| error(e.to_string()))?
-            .is_none()
-        {
-            if started.elapsed() >= CONTROL_TIMEOUT {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(error(format!(
+        let output = crate::process::output_within(&mut command_line, CONTROL_TIMEOUT).map_err(
+            |failure| match failure {
+                crate::process::RunError::Spawn(e) | crate::process::RunError::Wait(e) => {
+                    error(e.to_string())
+                }
+                crate::process::RunError::Timeout => error(format!(
                     "no answer within {} s (is the MPS daemon hung?)",
                     CONTROL_TIMEOUT.as_secs()
-                )));
-            }
-            std::thread::sleep(std::time::Duration::from_millis(2));
-        }
-        let output = child.wait_with_output().map_err(|e| error(e.to_string()))?;
+                )),
+            },
+        )?;
         let stdout = String::from_utf8_lossy(&output.stdout).trim().to_owned();
         if output.status.success() {
             return Ok(stdout);
