@@ -124,33 +124,25 @@ impl Publisher {
         }
     }
 
-    /// Whether the node carries the switch taint (its runtime proxy unproven).
-    pub async fn switch_unproven(&self) -> Result<bool, PublishError> {
+    /// The node, read once a round: its taints and what it advertises.
+    pub async fn node(&self) -> Result<Node, PublishError> {
         let nodes: Api<Node> = Api::all(self.client.clone());
-        let node = nodes
+        nodes
             .get(&self.node)
             .await
-            .map_err(api(format!("reading node {}", self.node)))?;
-        Ok(node
-            .spec
-            .and_then(|s| s.taints)
-            .unwrap_or_default()
-            .iter()
-            .any(|t| t.key == tessera_api::resources::SWITCH_TAINT))
+            .map_err(api(format!("reading node {}", self.node)))
     }
 
-    /// Sets the node's capacity, allocatable and labels; returns whether it wrote.
+    /// Sets the node's capacity, allocatable and labels where `node` (as read this
+    /// round) differs; returns whether it wrote.
     pub async fn publish_node(
         &self,
+        node: Node,
         capacity: &BTreeMap<String, Quantity>,
         labels: &BTreeMap<String, String>,
     ) -> Result<bool, PublishError> {
         let nodes: Api<Node> = Api::all(self.client.clone());
         let what = format!("node {}", self.node);
-        let node = nodes
-            .get(&self.node)
-            .await
-            .map_err(api(format!("reading {what}")))?;
         let status = node.status.unwrap_or_default();
         let same = |current: Option<&BTreeMap<String, Quantity>>| {
             capacity

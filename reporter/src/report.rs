@@ -76,6 +76,18 @@ pub fn with_enforcement(
     }
 }
 
+/// Whether `node` carries the switch taint (its runtime proxy unproven).
+pub fn switch_unproven(node: &k8s_openapi::api::core::v1::Node) -> bool {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|taints| {
+            taints
+                .iter()
+                .any(|t| t.key == tessera_api::resources::SWITCH_TAINT)
+        })
+}
+
 /// Whether the node's switch is unproven (`unproven`: it carries the switch taint,
 /// so no GPU hook runs there), on the Device CR, for tessera-scheduler's refusal.
 /// Capacity stays as it is: a kubelet restarted with less allocatable than its
@@ -380,6 +392,19 @@ mod tests {
 
     #[test]
     fn the_device_cr_says_whether_the_switch_is_proven() {
+        let node = |taints: serde_json::Value| -> k8s_openapi::api::core::v1::Node {
+            serde_json::from_value(
+                serde_json::json!({"metadata": {"name": "n"}, "spec": {"taints": taints}}),
+            )
+            .expect("a Node")
+        };
+        assert!(switch_unproven(&node(serde_json::json!([
+            {"key": "tessera.io/runtime-proxy", "effect": "NoSchedule"}
+        ]))));
+        assert!(!switch_unproven(&node(serde_json::json!([
+            {"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}
+        ]))));
+        assert!(!switch_unproven(&node(serde_json::json!(null))));
         let mut annotations = BTreeMap::new();
         with_switch(&mut annotations, false);
         assert_eq!(

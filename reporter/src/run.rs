@@ -16,7 +16,7 @@ use crate::metrics::{PublishOutcome, PublishedObject, ReporterMetrics};
 use crate::publish::Publisher;
 use crate::report::{
     CapacityOptions, device_annotations, device_spec, legacy_entries, node_capacity, node_labels,
-    read_enforcement, with_enforcement, with_switch,
+    read_enforcement, switch_unproven, with_enforcement, with_switch,
 };
 
 /// Settings of the loop.
@@ -187,8 +187,8 @@ async fn publish(
         }
     };
     // The switch taint unread, nothing is published this round (the last stands).
-    let unproven = match publisher.switch_unproven().await {
-        Ok(unproven) => unproven,
+    let node = match publisher.node().await {
+        Ok(node) => node,
         Err(error) => {
             metrics.record_publish(PublishedObject::Device, PublishOutcome::Failed);
             metrics.record_publish(PublishedObject::Node, PublishOutcome::Failed);
@@ -202,6 +202,7 @@ async fn publish(
     let backends = read_enforcement(&config.enforcement_file);
     metrics.record_enforcement(&backends);
     with_enforcement(&mut spec, &mut annotations, &backends);
+    let unproven = switch_unproven(&node);
     with_switch(&mut annotations, unproven);
     let device = match publisher.publish_device(&spec, &annotations).await {
         Ok(true) => {
@@ -229,7 +230,11 @@ async fn publish(
         unproven.to_string(),
     );
     let node = match publisher
-        .publish_node(&node_capacity(gpus, unhealthy, &config.capacity), &labels)
+        .publish_node(
+            node,
+            &node_capacity(gpus, unhealthy, &config.capacity),
+            &labels,
+        )
         .await
     {
         Ok(true) => {
