@@ -218,23 +218,7 @@ pub async fn gpu_pods_that_would_skip_tessera_scheduler_are_refused(
         ),
     ];
     for (spec, want) in &refused {
-        let name = spec["metadata"]["name"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned();
-        match cluster.create_pod_in("admin", NS, spec).await {
-            Ok(_) => {
-                cluster.delete_pod_in(NS, &name).await?;
-                anyhow::bail!("pod {name} was created: {spec}");
-            }
-            Err(error) => {
-                let text = format!("{error:#}");
-                ensure!(
-                    text.contains("tessera-gpu-pods-scheduled") && text.contains(want),
-                    "pod {name}: refused, but not as wanted ({want:?}): {text}"
-                );
-            }
-        }
+        refused_at_creation(cluster, NS, spec, "tessera-gpu-pods-scheduled", want).await?;
     }
     // Without a GPU, or through a profile that calls the extender: admitted.
     for spec in [
@@ -420,19 +404,7 @@ pub async fn impossible_gpu_requests_are_refused_at_creation(
     ];
     for (name, limits, want) in &refused {
         let spec = pod(name, &[("main", limits.clone())], &[]);
-        match cluster.create_pod_in("admin", NS, &spec).await {
-            Ok(_) => {
-                cluster.delete_pod_in(NS, name).await?;
-                anyhow::bail!("pod {name} ({limits}) was created");
-            }
-            Err(error) => {
-                let text = format!("{error:#}");
-                ensure!(
-                    text.contains("tessera-gpu-requests") && text.contains(want),
-                    "pod {name}: refused, but not with {want:?}: {text}"
-                );
-            }
-        }
+        refused_at_creation(cluster, NS, &spec, "tessera-gpu-requests", want).await?;
     }
     // Valid in each system's names: admitted (placed or not is the scheduler's).
     let admitted = [
@@ -463,4 +435,31 @@ pub async fn impossible_gpu_requests_are_refused_at_creation(
         cluster.delete_pod_in(NS, name).await?;
     }
     Ok(())
+}
+
+/// Creating `spec` in `namespace` as the admin is refused by admission policy
+/// `policy` with a message containing `want`; a pod created anyway is deleted
+/// and fails the test.
+async fn refused_at_creation(
+    cluster: &mut Cluster,
+    namespace: &str,
+    spec: &serde_json::Value,
+    policy: &str,
+    want: &str,
+) -> anyhow::Result<()> {
+    let name = spec["metadata"]["name"].as_str().unwrap_or_default();
+    match cluster.create_pod_in("admin", namespace, spec).await {
+        Ok(_) => {
+            cluster.delete_pod_in(namespace, name).await?;
+            anyhow::bail!("pod {name} was created: {spec}");
+        }
+        Err(error) => {
+            let text = format!("{error:#}");
+            ensure!(
+                text.contains(policy) && text.contains(want),
+                "pod {name}: refused, but not by {policy} with {want:?}: {text}"
+            );
+            Ok(())
+        }
+    }
 }
