@@ -541,6 +541,36 @@ run_critest() {
     log "$run: $(python3 scripts/critest/junit.py summary "$OUT/$run.xml") in ${TIMES[$run]} s"
 }
 
+# A spec that passed against containerd but not through the proxy is run again,
+# alone, through a fresh proxy and containerd, up to RETRIES times: some of
+# containerd's own specs fail now and then under load (a failed RunPodSandbox
+# left behind when its cleanup raced, in one CI run). It counts as the proxy's
+# only when it fails every time; one that passes on a retry is reported, by
+# name, as flaky. Returns 1 when any still fails.
+RETRIES=2
+retry_through_proxy() {
+    local version=$1 relay=$2 direct=$3 proxied=$4 focus left attempt run
+    focus=$(python3 scripts/critest/junit.py focus "$OUT/$direct.xml" "$OUT/$proxied.xml")
+    [ -n "$focus" ] || return 0
+    for attempt in $(seq 1 "$RETRIES"); do
+        run=$proxied-retry$attempt
+        start_containerd "$version" "$run"
+        start_proxy "$run" "$relay"
+        CRITEST_ARGS+=("--ginkgo.focus=$focus")
+        run_critest "$PROXY_SOCKET" "$run"
+        unset 'CRITEST_ARGS[${#CRITEST_ARGS[@]}-1]'
+        stop_runtime
+        left=$(python3 scripts/critest/junit.py focus "$OUT/$direct.xml" "$OUT/$proxied.xml" "$OUT/$run.xml")
+        if [ -z "$left" ]; then
+            echo "containerd $version, --relay $relay: FLAKY: passed through the proxy on retry $attempt, alone (see $OUT/$run.critest.log)"
+            return 0
+        fi
+    done
+    echo "containerd $version, --relay $relay: still failing through the proxy after $RETRIES retries, alone: $left"
+    python3 scripts/critest/junit.py failures "$OUT/$run.xml"
+    return 1
+}
+
 declare -A TIMES
 install_critest_deps
 find_k8s_bin
@@ -574,7 +604,7 @@ for version in $VERSIONS; do
             echo "containerd $version, --relay $relay: the proxy's warnings and errors (all in $OUT/$proxied.proxy.log):"
             grep -E ' (WARN|ERROR) ' "$OUT/$proxied.proxy.log" | tail -n 40 || true
             echo "containerd $version, --relay $relay: critest's log: $OUT/$proxied.critest.log"
-            FAILED=1
+            retry_through_proxy "$version" "$relay" "$direct" "$proxied" || FAILED=1
         fi
     done
     echo

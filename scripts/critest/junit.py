@@ -6,6 +6,10 @@
                                    first line of its failure message
   junit.py compare DIRECT PROXY    exits 1, naming them, when a spec that passed
                                    against containerd did not pass through the proxy
+  junit.py focus DIRECT PROXY [RETRY]
+                                   one ginkgo --focus regular expression matching
+                                   just those specs, less those that passed in the
+                                   RETRY report (nothing when none are left)
 
 A spec is a test case named "[It] ..."; the suite nodes ([BeforeSuite] and the like)
 are not counted, but a failed one is reported, since it fails every spec after it.
@@ -75,6 +79,25 @@ def failures(cases):
             if status not in ("passed", "skipped", "pending")]
 
 
+def regressions(direct, proxy):
+    return [
+        (name, proxy.get(name, ("missing", "not in the proxy run's report")))
+        for name, (status, _) in specs(direct).items()
+        if status == "passed" and proxy.get(name, ("missing",))[0] != "passed"
+    ]
+
+
+# The decorations ginkgo appends to a case's name ("[Serial]", "[Conformance]"):
+# the focus matches the spec's text, so they are left out of the expression.
+TRAILING_LABELS = re.compile(r"(\s+\[[^\]]*\])+$")
+
+
+def focus(names):
+    texts = [TRAILING_LABELS.sub("", name.removeprefix("[It] ")) for name in names]
+    # Go's regexp (RE2) rejects Python's escaped spaces: escape its operators only.
+    return "|".join(re.sub(r"([\\.+*?()|\[\]{}^$])", r"\\\1", text) for text in texts)
+
+
 def main(argv):
     if len(argv) == 3 and argv[1] == "summary":
         print(summary_line(read(argv[2])))
@@ -84,19 +107,22 @@ def main(argv):
             print(f"  {name}\n      {message}")
         return 0
     if len(argv) == 4 and argv[1] == "compare":
-        direct, proxy = read(argv[2]), read(argv[3])
-        regressions = [
-            (name, proxy.get(name, ("missing", "not in the proxy run's report")))
-            for name, (status, _) in specs(direct).items()
-            if status == "passed" and proxy.get(name, ("missing",))[0] != "passed"
-        ]
-        if not regressions:
+        found = regressions(read(argv[2]), read(argv[3]))
+        if not found:
             print("every spec that passed against containerd also passed through the proxy")
             return 0
-        print(f"{len(regressions)} spec(s) passed against containerd but not through the proxy:")
-        for name, (status, message) in regressions:
+        print(f"{len(found)} spec(s) passed against containerd but not through the proxy:")
+        for name, (status, message) in found:
             print(f"  {name}  [{status}]\n      {message}")
         return 1
+    if len(argv) in (4, 5) and argv[1] == "focus":
+        names = [name for name, _ in regressions(read(argv[2]), read(argv[3]))]
+        if len(argv) == 5:
+            retry = read(argv[4])
+            names = [name for name in names if retry.get(name, ("missing",))[0] != "passed"]
+        if names:
+            print(focus(names))
+        return 0
     print(__doc__, file=sys.stderr)
     return 2
 
