@@ -26,6 +26,7 @@ pub mod hami;
 pub mod mps;
 pub mod nvml;
 mod process;
+pub mod throttle;
 
 pub use tessera_api::enforcement::{Backend, Holds, UnknownBackend, joined};
 

@@ -26,6 +26,15 @@
 //! `{"uuid", "mode", "pid", "result"}` to (modes as NVML numbers them: 0 default,
 //! 3 exclusive process).
 //!
+//! Optional node field `processUtilization` (absent): a file of `<GPU index>
+//! <pid>` lines naming the processes "on" each GPU. `nvmlDeviceGetProcessUtilization`
+//! gives each listed, living process one sample per call, timestamped now (µs
+//! since the epoch), whose `smUtil` is the percent of one CPU the process used
+//! since its previous sample (0 for its first): a stand-in for a process whose
+//! GPU work follows its CPU work, so that a frozen process uses no GPU time.
+//! No listed process, or none newer than `lastSeenTimeStamp`:
+//! `NVML_ERROR_NOT_FOUND`, as the driver answers while no process runs.
+//!
 //! Only the functions Tessera's reporter, its node agent and NVIDIA's
 //! k8s-device-plugin call exist; callers report any other as missing. XID events
 //! are delivered by `nvmlEventSetWait_v2`, each once, no earlier than `afterMs`
@@ -71,7 +80,8 @@ use std::time::{Duration, Instant};
 use nvml_wrapper_sys::bindings::{
     nvmlBrandType_t, nvmlDevice_st, nvmlDevice_t, nvmlDeviceArchitecture_t, nvmlEnableState_t,
     nvmlEventData_t, nvmlEventSet_st, nvmlEventSet_t, nvmlGpuInstanceProfileInfo_t,
-    nvmlGpuTopologyLevel_t, nvmlMemory_t, nvmlMemory_v2_t, nvmlPciInfo_t, nvmlReturn_t,
+    nvmlGpuTopologyLevel_t, nvmlMemory_t, nvmlMemory_v2_t, nvmlPciInfo_t,
+    nvmlProcessUtilizationSample_t, nvmlReturn_t,
 };
 use serde::Deserialize;
 
@@ -168,6 +178,10 @@ pub struct FakeNode {
     /// A file each `nvmlDeviceSetComputeMode` call appends a JSON line to.
     #[serde(default)]
     pub compute_mode_log: Option<PathBuf>,
+    /// A file of `<GPU index> <pid>` lines: the processes
+    /// `nvmlDeviceGetProcessUtilization` reports on those GPUs (read at each call).
+    #[serde(default)]
+    pub process_utilization: Option<PathBuf>,
 }
 
 /// One GPU.
@@ -364,6 +378,8 @@ struct State {
     memory_limits: HashMap<(usize, String), (c_ulonglong, c_ulonglong)>,
     /// GPU index -> compute mode set (`NVML_COMPUTEMODE_DEFAULT` when absent).
     compute_modes: HashMap<usize, c_uint>,
+    /// (GPU index, pid) -> (when, CPU clock ticks) at its last sample.
+    cpu_seen: HashMap<(usize, u32), (Instant, u64)>,
 }
 
 impl State {
@@ -376,6 +392,7 @@ impl State {
             pending,
             memory_limits: HashMap::new(),
             compute_modes: HashMap::new(),
+            cpu_seen: HashMap::new(),
         }
     }
 }
@@ -1032,6 +1049,92 @@ fn logged_compute_mode(path: &Path, uuid: &str) -> Option<c_uint> {
                 .as_u64()
                 .and_then(|m| c_uint::try_from(m).ok())
         })
+}
+
+/// The CPU clock ticks (user + system, in USER_HZ, 100 a second on Linux) process
+/// `pid` has used, from `/proc/<pid>/stat`.
+fn cpu_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name, which may hold spaces and parentheses.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the line: 12 and 13 after the name.
+    Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlDeviceGetProcessUtilization(
+    device: nvmlDevice_t,
+    utilization: *mut nvmlProcessUtilizationSample_t,
+    count: *mut c_uint,
+    last_seen: c_ulonglong,
+) -> nvmlReturn_t {
+    status(with_state(|s| {
+        let index = gpu_index(s, device)?;
+        if count.is_null() {
+            return Err(ERROR_INVALID_ARGUMENT);
+        }
+        let listed: Vec<u32> = s
+            .node
+            .process_utilization
+            .as_deref()
+            .and_then(|path| std::fs::read_to_string(path).ok())
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|line| {
+                let (gpu, pid) = line.trim().split_once(' ')?;
+                (gpu.parse::<usize>().ok()? == index).then(|| pid.trim().parse().ok())?
+            })
+            .collect();
+        let now_us = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros() as u64);
+        if listed.is_empty() || now_us <= last_seen {
+            return Err(ERROR_NOT_FOUND);
+        }
+        // SAFETY: checked non-null above; NVML's contract is that it points to a
+        // caller-owned c_uint (the capacity of `utilization`).
+        let capacity = unsafe { count.read() } as usize;
+        if utilization.is_null() || capacity < listed.len() {
+            write(count, listed.len() as c_uint)?;
+            return Err(ERROR_INSUFFICIENT_SIZE);
+        }
+        let mut written = 0usize;
+        for pid in listed {
+            let Some(ticks) = cpu_ticks(pid) else {
+                continue;
+            };
+            let now = Instant::now();
+            let sm = match s.cpu_seen.insert((index, pid), (now, ticks)) {
+                Some((then, before)) => {
+                    let wall = now.duration_since(then).as_secs_f64();
+                    let cpu = ticks.saturating_sub(before) as f64 / 100.0;
+                    if wall > 0.0 {
+                        (cpu / wall * 100.0).min(100.0) as c_uint
+                    } else {
+                        0
+                    }
+                }
+                None => 0,
+            };
+            let sample = nvmlProcessUtilizationSample_t {
+                pid,
+                timeStamp: now_us,
+                smUtil: sm,
+                memUtil: 0,
+                encUtil: 0,
+                decUtil: 0,
+            };
+            // SAFETY: `utilization` is non-null and, by NVML's contract, holds
+            // `capacity` samples; `written` < listed.len() <= capacity.
+            unsafe { utilization.add(written).write(sample) };
+            written += 1;
+        }
+        if written == 0 {
+            return Err(ERROR_NOT_FOUND);
+        }
+        write(count, written as c_uint)
+    }))
 }
 
 #[unsafe(no_mangle)]

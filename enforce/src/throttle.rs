@@ -1,0 +1,607 @@
+//! Compute shares held as GPU time (`gpu-time`): each shared container may use
+//! its granted percent of each of its GPUs' time, as the driver measures it
+//! (NVML's per-process utilization), and its cgroup is frozen while it has used
+//! more, until the time it was owed has passed.
+//!
+//! Why this holds where HAMi-core's limiter did not (docs/enforcement.md): the
+//! measure is the driver's, of every process of the container, however it
+//! reached the GPU (static binaries and direct ioctls included), and the freeze is
+//! the kernel's, on the container's own cgroup, which none of its processes can
+//! leave. What it does not do: stop a kernel already on the GPU. Work a frozen
+//! container queued still runs, and is charged: the container stays frozen
+//! longer, so its share holds over time (a window of about [`BURST_SECONDS`] plus
+//! its longest run of queued work), not within each kernel.
+//!
+//! The accounting is a bucket of GPU seconds per container and GPU: it fills at
+//! the share's rate up to [`BURST_SECONDS`] and is drawn by each sample's use; a
+//! container whose bucket on any of its GPUs is below zero is frozen.
+//!
+//! The grants are files under `<enforcement-dir>/gpu-time`, one per container
+//! (`<pod uid>_<container id>`), so that a restarted proxy holds the same
+//! containers and thaws any it left frozen.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+/// How far ahead of its share a container may run, in seconds of a whole GPU.
+pub const BURST_SECONDS: f64 = 0.5;
+/// The longest gap between two samples charged as use (a stalled sampler must not
+/// turn into a long freeze).
+const MAX_SAMPLE_GAP_SECONDS: f64 = 1.0;
+/// How long a process's cgroup is remembered after its last sample.
+const PID_CACHE_SECONDS: f64 = 30.0;
+
+/// One shared container's grant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grant {
+    /// Its pod's UID (its grants go with the pod).
+    pub pod_uid: String,
+    /// The runtime's container ID (64 hex digits), as its cgroup's name carries it.
+    pub container_id: String,
+    /// Its percent of each of its GPUs' time (1–99).
+    pub percent: u64,
+    /// Its GPUs' UUIDs.
+    pub gpus: Vec<String>,
+}
+
+/// One sample of one process's use of one GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sample {
+    /// The process, in the host's PID namespace.
+    pub pid: u32,
+    /// When it was taken (µs; only differences are used).
+    pub timestamp_us: u64,
+    /// The percent of the sample's period the process had work on the GPU.
+    pub sm_percent: u32,
+}
+
+/// Why a grant, a sample or a freeze failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ThrottleError {
+    /// A value that cannot be a grant (it names what was wrong).
+    #[error("GPU-time grant: {0}")]
+    Grant(String),
+    /// A grant file could not be written, read or removed.
+    #[error("GPU-time grant file {path}: {source}")]
+    File {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// NVML could not be loaded or answered with an error.
+    #[error("GPU {uuid}: NVML: {reason}")]
+    Nvml { uuid: String, reason: String },
+}
+
+/// The driver's per-process utilization of a GPU.
+pub trait GpuTime: Send {
+    /// The samples of `uuid` taken after `since_us` (none when no process ran).
+    fn samples(&mut self, uuid: &str, since_us: u64) -> Result<Vec<Sample>, ThrottleError>;
+}
+
+/// Where a process runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcessCgroup {
+    /// The container ID its cgroup is named after.
+    pub container_id: String,
+    /// The cgroup's v2 directory.
+    pub dir: PathBuf,
+}
+
+/// Finds a process's container cgroup.
+pub trait Processes: Send {
+    /// `None` for a process that is gone or runs in no container's cgroup.
+    fn cgroup(&self, pid: u32) -> Option<ProcessCgroup>;
+}
+
+/// Freezes and thaws cgroups.
+pub trait Freezer: Send {
+    /// Sets the cgroup at `dir` frozen or thawed.
+    fn set(&self, dir: &Path, frozen: bool) -> std::io::Result<()>;
+}
+
+/// The container ID in a cgroup directory's name: `cri-containerd-<id>.scope`
+/// (systemd driver), `crio-<id>.scope`, `docker-<id>.scope`, or `<id>` itself
+/// (cgroupfs driver): 64 lowercase hex digits.
+pub fn container_id_of(dir: &Path) -> Option<String> {
+    let name = dir.file_name()?.to_str()?;
+    let name = name.strip_suffix(".scope").unwrap_or(name);
+    let id = name.rsplit('-').next()?;
+    (id.len() == 64 && id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
+        .then(|| id.to_owned())
+}
+
+/// The real node: `/proc` and the cgroup v2 hierarchy.
+#[derive(Debug, Clone)]
+pub struct HostProcesses {
+    /// `/proc` on a host.
+    pub proc_root: PathBuf,
+    /// The cgroup v2 mount.
+    pub cgroup_root: PathBuf,
+}
+
+impl Processes for HostProcesses {
+    fn cgroup(&self, pid: u32) -> Option<ProcessCgroup> {
+        let dir = crate::cgroup::of_pid(&self.proc_root, &self.cgroup_root, pid).ok()?;
+        Some(ProcessCgroup {
+            container_id: container_id_of(&dir)?,
+            dir,
+        })
+    }
+}
+
+/// cgroup v2's own freezer (`cgroup.freeze`), which also freezes every cgroup
+/// below (a container's own sub-cgroups).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CgroupFreezer;
+
+impl Freezer for CgroupFreezer {
+    fn set(&self, dir: &Path, frozen: bool) -> std::io::Result<()> {
+        std::fs::write(dir.join("cgroup.freeze"), if frozen { "1" } else { "0" })
+    }
+}
+
+/// NVML's per-process utilization (`nvmlDeviceGetProcessUtilization`).
+pub struct NvmlGpuTime {
+    nvml: nvml_wrapper::Nvml,
+}
+
+impl std::fmt::Debug for NvmlGpuTime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NvmlGpuTime").finish_non_exhaustive()
+    }
+}
+
+impl NvmlGpuTime {
+    /// Loads NVML from `library` and checks that it has the call.
+    pub fn open(library: &Path) -> Result<Self, ThrottleError> {
+        let error = |reason: String| ThrottleError::Nvml {
+            uuid: "(all)".into(),
+            reason,
+        };
+        let nvml = nvml_wrapper::Nvml::builder()
+            .lib_path(library.as_os_str())
+            .init()
+            .map_err(|e| error(format!("loading NVML from {}: {e}", library.display())))?;
+        let count = nvml.device_count().map_err(|e| error(e.to_string()))?;
+        for index in 0..count {
+            let device = nvml
+                .device_by_index(index)
+                .map_err(|e| error(e.to_string()))?;
+            match device.process_utilization_stats(0) {
+                Ok(_) | Err(nvml_wrapper::error::NvmlError::NotFound) => {}
+                Err(e) => return Err(error(format!("GPU {index}: process utilization: {e}"))),
+            }
+        }
+        Ok(Self { nvml })
+    }
+}
+
+impl GpuTime for NvmlGpuTime {
+    fn samples(&mut self, uuid: &str, since_us: u64) -> Result<Vec<Sample>, ThrottleError> {
+        let error = |e: nvml_wrapper::error::NvmlError| ThrottleError::Nvml {
+            uuid: uuid.to_owned(),
+            reason: e.to_string(),
+        };
+        let device = self.nvml.device_by_uuid(uuid).map_err(error)?;
+        match device.process_utilization_stats(since_us) {
+            Ok(samples) => Ok(samples
+                .into_iter()
+                .map(|s| Sample {
+                    pid: s.pid,
+                    timestamp_us: s.timestamp,
+                    sm_percent: s.sm_util,
+                })
+                .collect()),
+            // No process has run on it since.
+            Err(nvml_wrapper::error::NvmlError::NotFound) => Ok(Vec::new()),
+            Err(e) => Err(error(e)),
+        }
+    }
+}
+
+impl Grant {
+    fn file_name(&self) -> String {
+        format!("{}_{}", self.pod_uid, self.container_id)
+    }
+
+    /// Checks what a grant file or a hook gives: names safe as one path
+    /// component, a real container ID, a share below a whole GPU.
+    fn check(self) -> Result<Self, ThrottleError> {
+        let safe = |s: &str| {
+            !s.is_empty()
+                && s.len() <= 128
+                && s.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+        };
+        if !safe(&self.pod_uid) {
+            return Err(ThrottleError::Grant(format!(
+                "pod UID {:?} is not a UID",
+                self.pod_uid
+            )));
+        }
+        if container_id_of(Path::new(&self.container_id)).as_deref()
+            != Some(self.container_id.as_str())
+        {
+            return Err(ThrottleError::Grant(format!(
+                "container ID {:?} is not 64 hex digits",
+                self.container_id
+            )));
+        }
+        if !(1..100).contains(&self.percent) {
+            return Err(ThrottleError::Grant(format!(
+                "{} percent is not a share of a GPU (1-99)",
+                self.percent
+            )));
+        }
+        if self.gpus.is_empty() || !self.gpus.iter().all(|g| safe(g)) {
+            return Err(ThrottleError::Grant(format!(
+                "GPUs {:?} are not GPU UUIDs",
+                self.gpus
+            )));
+        }
+        Ok(self)
+    }
+
+    fn to_text(&self, cgroup: Option<&Path>) -> String {
+        let mut text = format!("percent={}\ngpus={}\n", self.percent, self.gpus.join(","));
+        if let Some(dir) = cgroup {
+            text.push_str(&format!("cgroup={}\n", dir.display()));
+        }
+        text
+    }
+
+    /// A grant file: its name (`<pod uid>_<container id>`) and its lines.
+    fn from_file(name: &str, text: &str) -> Result<(Self, Option<PathBuf>), ThrottleError> {
+        let (pod_uid, container_id) = name
+            .split_once('_')
+            .ok_or_else(|| ThrottleError::Grant(format!("file name {name:?} is not <pod>_<id>")))?;
+        let field = |key: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(key)?.strip_prefix('='))
+        };
+        let percent = field("percent")
+            .and_then(|p| p.parse().ok())
+            .ok_or_else(|| ThrottleError::Grant(format!("{name}: no percent=")))?;
+        let gpus = field("gpus")
+            .map(|g| g.split(',').map(str::to_owned).collect())
+            .unwrap_or_default();
+        let grant = Grant {
+            pod_uid: pod_uid.to_owned(),
+            container_id: container_id.to_owned(),
+            percent,
+            gpus,
+        }
+        .check()?;
+        Ok((grant, field("cgroup").map(PathBuf::from)))
+    }
+}
+
+/// One granted container's account.
+#[derive(Debug)]
+struct Account {
+    grant: Grant,
+    /// Seconds of each GPU it may still use (below zero: owed).
+    credit: BTreeMap<String, f64>,
+    /// Its cgroup, once one of its processes was seen on a GPU.
+    cgroup: Option<PathBuf>,
+    frozen: bool,
+    /// Seconds spent frozen, all told.
+    frozen_seconds: f64,
+}
+
+impl Account {
+    fn new(grant: Grant, cgroup: Option<PathBuf>) -> Self {
+        let credit = grant.gpus.iter().map(|g| (g.clone(), 0.0)).collect();
+        Self {
+            grant,
+            credit,
+            cgroup,
+            frozen: false,
+            frozen_seconds: 0.0,
+        }
+    }
+
+    fn owes(&self) -> bool {
+        self.credit.values().any(|c| *c < 0.0)
+    }
+}
+
+/// What one GPU's sampling remembers.
+#[derive(Debug, Default)]
+struct GpuSampling {
+    /// The newest sample's time.
+    last_us: u64,
+    /// Each process's newest sample's time.
+    pids: HashMap<u32, u64>,
+}
+
+/// A granted container's state, for `tessera inspect`-like reports and tests.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AccountView {
+    /// The container ID.
+    pub container_id: String,
+    /// Its share.
+    pub percent: u64,
+    /// Frozen now.
+    pub frozen: bool,
+    /// Seconds spent frozen.
+    pub frozen_seconds: f64,
+    /// Its lowest credit among its GPUs (seconds).
+    pub credit: f64,
+}
+
+/// Holds granted containers to their share of GPU time; see the module docs.
+pub struct Throttle {
+    dir: PathBuf,
+    gpu: Box<dyn GpuTime>,
+    processes: Box<dyn Processes>,
+    freezer: Box<dyn Freezer>,
+    accounts: BTreeMap<String, Account>,
+    sampling: HashMap<String, GpuSampling>,
+    /// pid → its cgroup (None: not a container's), and when last seen (s).
+    pid_cache: HashMap<u32, (Option<ProcessCgroup>, f64)>,
+    last_tick: Option<f64>,
+}
+
+impl std::fmt::Debug for Throttle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Throttle")
+            .field("dir", &self.dir)
+            .field("accounts", &self.accounts)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Throttle {
+    /// A throttle keeping its grants in `dir`, loading those already there (a
+    /// restart) and thawing the cgroups they name: a proxy that stopped while
+    /// one was frozen must not leave it so.
+    pub fn open(
+        dir: PathBuf,
+        gpu: Box<dyn GpuTime>,
+        processes: Box<dyn Processes>,
+        freezer: Box<dyn Freezer>,
+    ) -> Result<Self, ThrottleError> {
+        let io = |path: &Path| {
+            let path = path.to_owned();
+            move |source| ThrottleError::File { path, source }
+        };
+        std::fs::create_dir_all(&dir).map_err(io(&dir))?;
+        let mut accounts = BTreeMap::new();
+        for entry in std::fs::read_dir(&dir).map_err(io(&dir))? {
+            let entry = entry.map_err(io(&dir))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with('.') {
+                continue;
+            }
+            let text = std::fs::read_to_string(entry.path()).map_err(io(&entry.path()))?;
+            match Grant::from_file(&name, &text) {
+                Ok((grant, cgroup)) => {
+                    if let Some(cgroup) = &cgroup
+                        && let Err(error) = freezer.set(cgroup, false)
+                        && error.kind() != std::io::ErrorKind::NotFound
+                    {
+                        tracing::warn!(cgroup = %cgroup.display(), %error, "could not thaw a granted container's cgroup at start");
+                    }
+                    accounts.insert(grant.container_id.clone(), Account::new(grant, cgroup));
+                }
+                Err(error) => {
+                    tracing::warn!(file = %entry.path().display(), %error, "GPU-time grant file ignored");
+                }
+            }
+        }
+        Ok(Self {
+            dir,
+            gpu,
+            processes,
+            freezer,
+            accounts,
+            sampling: HashMap::new(),
+            pid_cache: HashMap::new(),
+            last_tick: None,
+        })
+    }
+
+    /// Holds a container to `grant` from now on (its file written first).
+    pub fn grant(&mut self, grant: Grant) -> Result<(), ThrottleError> {
+        let grant = grant.check()?;
+        let file = self.dir.join(grant.file_name());
+        let temp = self.dir.join(format!(".{}.tmp", grant.file_name()));
+        let io = |path: &Path| {
+            let path = path.to_owned();
+            move |source| ThrottleError::File { path, source }
+        };
+        std::fs::write(&temp, grant.to_text(None)).map_err(io(&temp))?;
+        std::fs::rename(&temp, &file).map_err(io(&file))?;
+        self.accounts
+            .insert(grant.container_id.clone(), Account::new(grant, None));
+        Ok(())
+    }
+
+    /// Stops holding a container (it is stopping: a frozen one could not take its
+    /// signal), thawing it if frozen. Returns whether it was held.
+    pub fn release(&mut self, container_id: &str) -> bool {
+        let Some(account) = self.accounts.remove(container_id) else {
+            return false;
+        };
+        self.forget(account);
+        true
+    }
+
+    /// Stops holding every container of a pod; returns how many were held.
+    pub fn release_pod(&mut self, pod_uid: &str) -> usize {
+        let ids: Vec<String> = self
+            .accounts
+            .values()
+            .filter(|a| a.grant.pod_uid == pod_uid)
+            .map(|a| a.grant.container_id.clone())
+            .collect();
+        for id in &ids {
+            self.release(id);
+        }
+        ids.len()
+    }
+
+    /// Thaws every frozen container (the proxy is stopping); grants stay.
+    pub fn thaw_all(&mut self) {
+        let frozen: Vec<(String, PathBuf)> = self
+            .accounts
+            .values()
+            .filter(|a| a.frozen)
+            .filter_map(|a| Some((a.grant.container_id.clone(), a.cgroup.clone()?)))
+            .collect();
+        for (id, dir) in frozen {
+            self.set_frozen(&id, &dir, false);
+        }
+    }
+
+    fn forget(&self, account: Account) {
+        if account.frozen
+            && let Some(dir) = &account.cgroup
+            && let Err(error) = self.freezer.set(dir, false)
+            && error.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(container = %account.grant.container_id, %error, "could not thaw a released container");
+        }
+        let file = self.dir.join(account.grant.file_name());
+        if let Err(error) = std::fs::remove_file(&file)
+            && error.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(file = %file.display(), %error, "GPU-time grant file not removed");
+        }
+    }
+
+    /// The granted containers' states.
+    pub fn accounts(&self) -> Vec<AccountView> {
+        self.accounts
+            .values()
+            .map(|a| AccountView {
+                container_id: a.grant.container_id.clone(),
+                percent: a.grant.percent,
+                frozen: a.frozen,
+                frozen_seconds: a.frozen_seconds,
+                credit: a.credit.values().copied().fold(f64::INFINITY, f64::min),
+            })
+            .collect()
+    }
+
+    /// One round at `now` (seconds, monotonic): charge each granted container's
+    /// new samples, refill its buckets for the time passed, and freeze or thaw it.
+    pub fn tick(&mut self, now: f64) {
+        let elapsed = self
+            .last_tick
+            .map_or(0.0, |last| (now - last).clamp(0.0, MAX_SAMPLE_GAP_SECONDS));
+        self.last_tick = Some(now);
+        let mut gpus: Vec<String> = self
+            .accounts
+            .values()
+            .flat_map(|a| a.grant.gpus.iter().cloned())
+            .collect();
+        gpus.sort();
+        gpus.dedup();
+        for uuid in &gpus {
+            self.charge(uuid, now);
+        }
+        self.sampling.retain(|uuid, _| gpus.contains(uuid));
+        self.pid_cache
+            .retain(|_, (_, seen)| now - *seen < PID_CACHE_SECONDS);
+
+        let mut changes = Vec::new();
+        for account in self.accounts.values_mut() {
+            let rate = account.grant.percent as f64 / 100.0;
+            for credit in account.credit.values_mut() {
+                *credit = (*credit + rate * elapsed).min(BURST_SECONDS);
+            }
+            if account.frozen {
+                account.frozen_seconds += elapsed;
+            }
+            let owes = account.owes();
+            if owes != account.frozen
+                && let Some(dir) = &account.cgroup
+            {
+                changes.push((account.grant.container_id.clone(), dir.clone(), owes));
+            }
+        }
+        for (id, dir, frozen) in changes {
+            self.set_frozen(&id, &dir, frozen);
+        }
+    }
+
+    fn set_frozen(&mut self, id: &str, dir: &Path, frozen: bool) {
+        match self.freezer.set(dir, frozen) {
+            Ok(()) => {
+                if let Some(account) = self.accounts.get_mut(id) {
+                    account.frozen = frozen;
+                }
+                tracing::debug!(container = %id, frozen, "GPU-time share");
+            }
+            Err(error) => {
+                tracing::warn!(container = %id, cgroup = %dir.display(), frozen, %error, "could not freeze or thaw a container held to its GPU time");
+            }
+        }
+    }
+
+    /// Charges the new samples of GPU `uuid` to the containers they belong to.
+    fn charge(&mut self, uuid: &str, now: f64) {
+        let since = self.sampling.get(uuid).map_or(0, |s| s.last_us);
+        let mut samples = match self.gpu.samples(uuid, since) {
+            Ok(samples) => samples,
+            Err(error) => {
+                tracing::debug!(%error, "no GPU-time samples");
+                return;
+            }
+        };
+        samples.sort_by_key(|s| s.timestamp_us);
+        let sampling = self.sampling.entry(uuid.to_owned()).or_default();
+        for sample in samples {
+            // NVML answers with samples after `since`; one that is not is old.
+            if sample.timestamp_us <= since && since != 0 {
+                continue;
+            }
+            // The period a sample covers: since the process's previous sample,
+            // or, for its first, since the GPU's (nothing on the very first round).
+            let previous = sampling.pids.get(&sample.pid).copied().unwrap_or(since);
+            let gap = if previous == 0 {
+                0.0
+            } else {
+                (sample.timestamp_us.saturating_sub(previous) as f64 / 1e6)
+                    .min(MAX_SAMPLE_GAP_SECONDS)
+            };
+            sampling.pids.insert(sample.pid, sample.timestamp_us);
+            sampling.last_us = sampling.last_us.max(sample.timestamp_us);
+            let cgroup = match self.pid_cache.get_mut(&sample.pid) {
+                Some((cgroup, seen)) => {
+                    *seen = now;
+                    cgroup.clone()
+                }
+                None => {
+                    let cgroup = self.processes.cgroup(sample.pid);
+                    self.pid_cache.insert(sample.pid, (cgroup.clone(), now));
+                    cgroup
+                }
+            };
+            let Some(cgroup) = cgroup else { continue };
+            let Some(account) = self.accounts.get_mut(&cgroup.container_id) else {
+                continue;
+            };
+            if account.cgroup.as_ref() != Some(&cgroup.dir) {
+                account.cgroup = Some(cgroup.dir.clone());
+                // Kept with the grant, so a restarted proxy can thaw it.
+                let file = self.dir.join(account.grant.file_name());
+                if let Err(error) = std::fs::write(&file, account.grant.to_text(Some(&cgroup.dir)))
+                {
+                    tracing::warn!(file = %file.display(), %error, "GPU-time grant file not updated");
+                }
+            }
+            if let Some(credit) = account.credit.get_mut(uuid) {
+                *credit -= gap * f64::from(sample.sm_percent.min(100)) / 100.0;
+            }
+        }
+        sampling
+            .pids
+            .retain(|pid, _| self.pid_cache.contains_key(pid));
+    }
+}
+
+#[cfg(test)]
+mod tests;

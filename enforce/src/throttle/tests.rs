@@ -1,0 +1,294 @@
+use std::sync::{Arc, Mutex};
+
+use super::*;
+
+const ID_A: &str = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+const ID_B: &str = "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";
+const GPU: &str = "GPU-0";
+
+/// A node of processes (pid → container ID), a freezer recording what it was
+/// told, and a GPU whose processes use it fully unless frozen, with `queued`
+/// seconds of work still running after a freeze.
+#[derive(Clone, Default)]
+struct Node {
+    frozen: Arc<Mutex<HashMap<PathBuf, bool>>>,
+    /// When each cgroup was last frozen (simulated seconds).
+    frozen_at: Arc<Mutex<HashMap<PathBuf, f64>>>,
+    calls: Arc<Mutex<Vec<(PathBuf, bool)>>>,
+    pids: Arc<Mutex<HashMap<u32, (String, f64)>>>, // pid → (container ID, demand 0..1)
+    now: Arc<Mutex<f64>>,
+    queued: f64,
+}
+
+fn dir_of(id: &str) -> PathBuf {
+    PathBuf::from(format!("/cg/kubepods/pod/cri-containerd-{id}.scope"))
+}
+
+impl Node {
+    fn add(&self, pid: u32, id: &str, demand: f64) {
+        self.pids
+            .lock()
+            .unwrap()
+            .insert(pid, (id.to_owned(), demand));
+    }
+    fn is_frozen(&self, id: &str) -> bool {
+        self.frozen
+            .lock()
+            .unwrap()
+            .get(&dir_of(id))
+            .copied()
+            .unwrap_or(false)
+    }
+}
+
+struct NodeGpu(Node);
+impl GpuTime for NodeGpu {
+    fn samples(&mut self, _uuid: &str, since_us: u64) -> Result<Vec<Sample>, ThrottleError> {
+        let now = *self.0.now.lock().unwrap();
+        let timestamp_us = (now * 1e6) as u64;
+        if timestamp_us <= since_us {
+            return Ok(Vec::new());
+        }
+        let frozen = self.0.frozen.lock().unwrap().clone();
+        let frozen_at = self.0.frozen_at.lock().unwrap().clone();
+        Ok(self
+            .0
+            .pids
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(pid, (id, demand))| {
+                let dir = dir_of(id);
+                let running = !frozen.get(&dir).copied().unwrap_or(false)
+                    || frozen_at
+                        .get(&dir)
+                        .is_some_and(|at| now - at < self.0.queued);
+                Sample {
+                    pid: *pid,
+                    timestamp_us,
+                    sm_percent: if running { (demand * 100.0) as u32 } else { 0 },
+                }
+            })
+            .collect())
+    }
+}
+
+struct NodeProcesses(Node);
+impl Processes for NodeProcesses {
+    fn cgroup(&self, pid: u32) -> Option<ProcessCgroup> {
+        let (id, _) = self.0.pids.lock().unwrap().get(&pid)?.clone();
+        Some(ProcessCgroup {
+            container_id: id.clone(),
+            dir: dir_of(&id),
+        })
+    }
+}
+
+struct NodeFreezer(Node);
+impl Freezer for NodeFreezer {
+    fn set(&self, dir: &Path, frozen: bool) -> std::io::Result<()> {
+        self.0.calls.lock().unwrap().push((dir.to_owned(), frozen));
+        self.0.frozen.lock().unwrap().insert(dir.to_owned(), frozen);
+        if frozen {
+            let now = *self.0.now.lock().unwrap();
+            self.0.frozen_at.lock().unwrap().insert(dir.to_owned(), now);
+        }
+        Ok(())
+    }
+}
+
+fn throttle(dir: &Path, node: &Node) -> Throttle {
+    Throttle::open(
+        dir.to_owned(),
+        Box::new(NodeGpu(node.clone())),
+        Box::new(NodeProcesses(node.clone())),
+        Box::new(NodeFreezer(node.clone())),
+    )
+    .unwrap()
+}
+
+fn grant(id: &str, pod: &str, percent: u64) -> Grant {
+    Grant {
+        pod_uid: pod.into(),
+        container_id: id.into(),
+        percent,
+        gpus: vec![GPU.into()],
+    }
+}
+
+/// Runs `seconds` of 100 ms rounds; returns the fraction of rounds each of
+/// `ids` was thawed (free to run) in.
+fn run(throttle: &mut Throttle, node: &Node, seconds: f64, ids: &[&str]) -> Vec<f64> {
+    let rounds = (seconds * 10.0) as usize;
+    let mut running = vec![0usize; ids.len()];
+    for _ in 0..rounds {
+        let now = {
+            let mut now = node.now.lock().unwrap();
+            *now += 0.1;
+            *now
+        };
+        throttle.tick(now);
+        for (i, id) in ids.iter().enumerate() {
+            if !node.is_frozen(id) {
+                running[i] += 1;
+            }
+        }
+    }
+    running.iter().map(|r| *r as f64 / rounds as f64).collect()
+}
+
+#[test]
+fn a_container_using_the_whole_gpu_is_held_to_its_share() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::default();
+    let mut t = throttle(dir.path(), &node);
+    t.grant(grant(ID_A, "pod-a", 25)).unwrap();
+    node.add(100, ID_A, 1.0);
+    let share = run(&mut t, &node, 60.0, &[ID_A])[0];
+    assert!(
+        (0.22..=0.29).contains(&share),
+        "a 25 % container ran {share:.3} of the time"
+    );
+    let view = &t.accounts()[0];
+    assert!(view.frozen_seconds > 40.0, "{view:?}");
+}
+
+#[test]
+fn work_queued_before_a_freeze_is_charged_so_the_share_holds_over_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node {
+        queued: 0.4,
+        ..Node::default()
+    };
+    let mut t = throttle(dir.path(), &node);
+    t.grant(grant(ID_A, "pod-a", 25)).unwrap();
+    node.add(100, ID_A, 1.0);
+    // The GPU ran it while thawed and for 0.4 s after each freeze.
+    let thawed = run(&mut t, &node, 120.0, &[ID_A])[0];
+    let calls = node.calls.lock().unwrap().clone();
+    let freezes = calls.iter().filter(|(_, f)| *f).count() as f64;
+    let used = thawed + freezes * 0.4 / 120.0;
+    assert!(
+        (0.2..=0.31).contains(&used),
+        "a 25 % container with queued work used {used:.3} of the GPU ({thawed:.3} thawed, {freezes} freezes)"
+    );
+}
+
+#[test]
+fn a_container_within_its_share_and_an_ungranted_one_are_never_frozen() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::default();
+    let mut t = throttle(dir.path(), &node);
+    t.grant(grant(ID_A, "pod-a", 50)).unwrap();
+    node.add(100, ID_A, 0.4);
+    node.add(200, ID_B, 1.0); // a whole-GPU container: no grant
+    node.add(300, "host", 1.0); // not a container
+    let ran = run(&mut t, &node, 20.0, &[ID_A, ID_B]);
+    assert_eq!(ran, vec![1.0, 1.0]);
+    assert!(node.calls.lock().unwrap().is_empty());
+}
+
+#[test]
+fn two_tenants_each_get_their_own_share() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::default();
+    let mut t = throttle(dir.path(), &node);
+    t.grant(grant(ID_A, "pod-a", 20)).unwrap();
+    t.grant(grant(ID_B, "pod-b", 60)).unwrap();
+    // Time-sliced: each gets half the GPU while both run.
+    node.add(100, ID_A, 0.5);
+    node.add(200, ID_B, 0.5);
+    let ran = run(&mut t, &node, 60.0, &[ID_A, ID_B]);
+    let used_a = ran[0] * 0.5;
+    assert!(
+        (0.17..=0.23).contains(&used_a),
+        "the 20 % tenant used {used_a:.3}"
+    );
+    // B's demand (0.5) is within its 60 %: never held.
+    assert_eq!(ran[1], 1.0);
+}
+
+#[test]
+fn release_thaws_and_forgets_and_a_pod_goes_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::default();
+    let mut t = throttle(dir.path(), &node);
+    t.grant(grant(ID_A, "pod-a", 10)).unwrap();
+    t.grant(grant(ID_B, "pod-a", 10)).unwrap();
+    node.add(100, ID_A, 1.0);
+    run(&mut t, &node, 3.0, &[]);
+    assert!(node.is_frozen(ID_A), "{:?}", t.accounts());
+    assert!(t.release(ID_A));
+    assert!(!node.is_frozen(ID_A));
+    assert!(!t.release(ID_A));
+    assert!(!dir.path().join(format!("pod-a_{ID_A}")).exists());
+    assert!(dir.path().join(format!("pod-a_{ID_B}")).exists());
+    assert_eq!(t.release_pod("pod-a"), 1);
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    // Its process goes on using the GPU, unheld.
+    run(&mut t, &node, 3.0, &[]);
+    assert!(!node.is_frozen(ID_A));
+}
+
+#[test]
+fn a_restarted_throttle_holds_the_same_containers_and_thaws_what_it_left_frozen() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::default();
+    let mut first = throttle(dir.path(), &node);
+    first.grant(grant(ID_A, "pod-a", 10)).unwrap();
+    node.add(100, ID_A, 1.0);
+    run(&mut first, &node, 3.0, &[]);
+    assert!(node.is_frozen(ID_A));
+    drop(first); // killed, not stopped: no thaw_all
+
+    std::fs::write(dir.path().join("junk"), "nothing").unwrap();
+    std::fs::write(dir.path().join(".pod-a_x.tmp"), "partial").unwrap();
+    let mut second = throttle(dir.path(), &node);
+    assert!(!node.is_frozen(ID_A), "left frozen by the dead throttle");
+    assert_eq!(second.accounts().len(), 1);
+    let ran = run(&mut second, &node, 30.0, &[ID_A])[0];
+    assert!((0.07..=0.14).contains(&ran), "ran {ran:.3} at 10 %");
+    second.thaw_all();
+    assert!(!node.is_frozen(ID_A));
+}
+
+#[test]
+fn grants_that_are_not_grants_are_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut t = throttle(dir.path(), &Node::default());
+    let bad = [
+        (grant("abc", "pod", 25), "container ID"),
+        (grant(&ID_A.to_uppercase(), "pod", 25), "container ID"),
+        (grant(ID_A, "../etc", 25), "pod UID"),
+        (grant(ID_A, "pod_x", 25), "pod UID"),
+        (grant(ID_A, "pod", 0), "percent"),
+        (grant(ID_A, "pod", 100), "percent"),
+        (
+            Grant {
+                gpus: vec![],
+                ..grant(ID_A, "pod", 25)
+            },
+            "GPUs",
+        ),
+    ];
+    for (grant, what) in bad {
+        let error = t.grant(grant.clone()).unwrap_err().to_string();
+        assert!(error.contains(what), "{grant:?}: {error}");
+    }
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}
+
+#[test]
+fn container_ids_come_from_the_cgroup_name_of_either_driver() {
+    let cases = [
+        (format!("/k/pod/cri-containerd-{ID_A}.scope"), Some(ID_A)),
+        (format!("/kubepods/burstable/podx/{ID_A}"), Some(ID_A)),
+        (format!("/k/crio-{ID_B}.scope"), Some(ID_B)),
+        ("/k/pod/cri-containerd-abc.scope".to_owned(), None),
+        ("/kubepods.slice".to_owned(), None),
+        (format!("/k/{}", ID_A.to_uppercase()), None),
+    ];
+    for (dir, want) in cases {
+        assert_eq!(container_id_of(Path::new(&dir)).as_deref(), want, "{dir}");
+    }
+}
