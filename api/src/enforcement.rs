@@ -33,6 +33,13 @@ pub enum Backend {
     /// `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` names a GPU it cannot see drops every
     /// pinned limit (NVIDIA's measurement), and the env is the tenant's.
     Mps,
+    /// Compute as GPU time: each shared container's use of its GPUs, as the driver
+    /// measures it (NVML's per-process utilization), is held to its share by
+    /// freezing its cgroup while it has used more (`tessera_enforce::throttle`).
+    /// Every process of the container is measured and frozen, however it reached
+    /// the GPU; work already queued on the GPU is charged, not stopped, so the
+    /// share holds over time, not within each kernel.
+    GpuTime,
     /// HAMi-core (`libvgpu.so`, supplied by the operator) preloaded through
     /// `/etc/ld.so.preload`: memory, enforced inside the container's processes, so
     /// cooperative against a process that avoids the loader. Its compute limit is
@@ -44,13 +51,19 @@ pub enum Backend {
 
 impl Backend {
     /// Every backend, strongest first.
-    pub const ALL: [Backend; 3] = [Backend::DriverMemory, Backend::Mps, Backend::HamiCore];
+    pub const ALL: [Backend; 4] = [
+        Backend::DriverMemory,
+        Backend::Mps,
+        Backend::GpuTime,
+        Backend::HamiCore,
+    ];
 
     /// Its name in flags, annotations, metrics and the Device CR.
     pub fn as_str(self) -> &'static str {
         match self {
             Backend::DriverMemory => "driver-memory",
             Backend::Mps => "mps",
+            Backend::GpuTime => "gpu-time",
             Backend::HamiCore => "hami-core",
         }
     }
@@ -64,6 +77,10 @@ impl Backend {
             },
             // MPS's memory limit is the client's to drop (see the variant's docs).
             Backend::Mps => Holds {
+                memory: false,
+                compute: true,
+            },
+            Backend::GpuTime => Holds {
                 memory: false,
                 compute: true,
             },
@@ -84,7 +101,7 @@ impl fmt::Display for Backend {
 
 /// A backend name that is not one.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown enforcement backend {0:?}: expected driver-memory, mps or hami-core")]
+#[error("unknown enforcement backend {0:?}: expected driver-memory, mps, gpu-time or hami-core")]
 pub struct UnknownBackend(pub String);
 
 impl FromStr for Backend {
@@ -200,9 +217,18 @@ mod tests {
         assert_eq!(joined(&[]), "none");
         assert!(parse_joined("driver-memory+gemini").is_err());
         assert_eq!(
-            parse_joined("hami-core+mps+driver-memory"),
+            parse_joined("hami-core+gpu-time+mps+driver-memory"),
             Ok(Backend::ALL.to_vec())
         );
+        // GPU time holds compute, with HAMi-core's memory: both parts.
+        assert_eq!(
+            Holds::of(&[Backend::GpuTime, Backend::HamiCore]),
+            Holds {
+                memory: true,
+                compute: true
+            }
+        );
+        assert!(!gpu_labels(&[Backend::GpuTime]).contains_key(LABEL_ENFORCE_MPS));
         assert_eq!(
             Holds::of(&[Backend::Mps]).labels(),
             BTreeMap::from([(LABEL_ENFORCE_COMPUTE.to_owned(), "true".to_owned())])

@@ -442,6 +442,18 @@ impl Throttle {
         ids.len()
     }
 
+    /// The pods whose containers are held.
+    pub fn pods(&self) -> Vec<String> {
+        let mut pods: Vec<String> = self
+            .accounts
+            .values()
+            .map(|a| a.grant.pod_uid.clone())
+            .collect();
+        pods.sort();
+        pods.dedup();
+        pods
+    }
+
     /// Thaws every frozen container (the proxy is stopping); grants stay.
     pub fn thaw_all(&mut self) {
         let frozen: Vec<(String, PathBuf)> = self

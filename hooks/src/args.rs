@@ -99,6 +99,13 @@ pub struct GpuHookArgs {
     /// shares of several GPUs is refused while it is on
     #[arg(long, value_enum, value_name = "auto|on|off", default_value_t = Switch::Off)]
     pub mps: Switch,
+    /// Compute shares held as GPU time (runtime proxy only): each shared
+    /// container's use of its GPUs, as NVML measures it per process, may not pass
+    /// its compute share (over a 0.5 s burst); while it has used more, its cgroup is
+    /// frozen. Needs cgroup v2 and NVML's per-process utilization. auto: on where
+    /// both are; on: the proxy does not start without them; off: never
+    #[arg(long, value_enum, value_name = "auto|on|off", default_value_t = Switch::Auto)]
+    pub gpu_time: Switch,
     /// NVIDIA's MPS control program, through which the proxy makes servers and
     /// namespaces (runtime proxy only)
     #[arg(long, value_name = "PATH", default_value = "nvidia-cuda-mps-control")]
@@ -140,6 +147,7 @@ impl Default for GpuHookArgs {
             enforce_binary: None,
             cdi_spec_dir: None,
             mps: Switch::Off,
+            gpu_time: Switch::Auto,
             mps_control: "nvidia-cuda-mps-control".into(),
             mps_pipe_dir: tessera_enforce::mps::DEFAULT_PIPE_DIR.into(),
         }
@@ -160,6 +168,7 @@ impl GpuHookArgs {
             enforcement: Enforcement {
                 driver_memory: false,
                 mps: None,
+                gpu_time: false,
                 hami_core: self.hami_core_files(),
             },
             ..GpuHookConfig::default()

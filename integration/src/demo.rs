@@ -170,6 +170,7 @@ pub async fn run(out: &mut (dyn Write + Send)) -> anyhow::Result<DemoSummary> {
             enforcement: Enforcement {
                 driver_memory: false,
                 mps: None,
+                gpu_time: false,
                 hami_core: Some(hami),
             },
             ..GpuHookConfig::default()

@@ -33,6 +33,8 @@ use tokio::sync::OnceCell;
 use tonic::Code;
 
 use crate::backend::Backend;
+use crate::gpu_time::GpuTimeHold;
+use tessera_enforce::throttle::Grant;
 use crate::hook::{CallOutcome, Hook, HookContext, HookRejection, LifecycleRequest};
 use crate::metrics::{EnforcementLabels, Metrics};
 use crate::store::PodInfo;
@@ -126,9 +128,25 @@ pub enum SetupError {
     /// `--mps=on` on a node whose MPS daemon does not answer.
     #[error("--mps=on: {0}")]
     Mps(String),
+    /// `--gpu-time=on` on a node that cannot hold GPU time.
+    #[error("--gpu-time=on: {0}")]
+    GpuTime(String),
     /// The node's backends could not be written for the reporter.
     #[error("writing {0} (--enforcement-dir): {1}")]
     BackendsFile(PathBuf, std::io::Error),
+}
+
+/// The node's enforcement, as [`node`] set it up.
+#[derive(Debug)]
+pub struct NodeEnforcement {
+    /// What the GPU hook puts on shared containers.
+    pub enforcement: Enforcement,
+    /// Driver memory limits, when on.
+    pub driver: Option<DriverMemory>,
+    /// MPS, when on.
+    pub mps: Option<Mps>,
+    /// The GPU-time hold, when on (not yet ticking).
+    pub gpu_time: Option<GpuTimeHold>,
 }
 
 /// The node's enforcement from the GPU hook's flags: driver memory limits where
@@ -136,7 +154,7 @@ pub enum SetupError {
 pub fn node(
     args: &tessera_hooks::args::GpuHookArgs,
     runtime: Arc<dyn CdiSource>,
-) -> Result<(Enforcement, Option<DriverMemory>, Option<Mps>), SetupError> {
+) -> Result<NodeEnforcement, SetupError> {
     use tessera_hooks::args::Switch;
     let hami_core = args.hami_core_files();
     if let Some(files) = &hami_core {
@@ -179,11 +197,27 @@ pub fn node(
         None
     };
     let mps = node_mps(args)?;
+    let gpu_time = match args.gpu_time {
+        Switch::Off => None,
+        Switch::Auto | Switch::On => {
+            match GpuTimeHold::open(&args.nvml_library, &args.enforcement_dir.join("gpu-time")) {
+                Ok(hold) => Some(hold),
+                Err(error) if args.gpu_time == Switch::On => {
+                    return Err(SetupError::GpuTime(error));
+                }
+                Err(error) => {
+                    tracing::info!(%error, "GPU time off: the node cannot hold it");
+                    None
+                }
+            }
+        }
+    };
     let enforcement = Enforcement {
         driver_memory: driver.is_some(),
         mps: mps.as_ref().map(|m| tessera_hooks::gpu::MpsFiles {
             pipe_dir: m.pipe_dir().to_owned(),
         }),
+        gpu_time: gpu_time.is_some(),
         hami_core,
     };
     let backends = tessera_enforce::joined(&enforcement.backends());
@@ -198,7 +232,12 @@ pub fn node(
         std::fs::rename(&temp, &file)
     };
     write().map_err(|e| SetupError::BackendsFile(file.clone(), e))?;
-    Ok((enforcement, driver, mps))
+    Ok(NodeEnforcement {
+        enforcement,
+        driver,
+        mps,
+        gpu_time,
+    })
 }
 
 /// How often the MPS daemon is asked at start (every 0.5 s) before `--mps`
@@ -254,6 +293,7 @@ pub struct EnforceHook {
     enforcement: Enforcement,
     driver: Option<DriverMemory>,
     mps: Option<Mps>,
+    gpu_time: Option<GpuTimeHold>,
     probe: Arc<dyn DeviceProbe>,
     cdi: OnceCell<RuntimeCdi>,
     metrics: Arc<Metrics>,
@@ -273,10 +313,54 @@ impl EnforceHook {
             enforcement,
             driver,
             mps,
+            gpu_time: None,
             probe,
             cdi: OnceCell::new(),
             metrics,
         }
+    }
+
+    /// The hook holding shared containers to their GPU time with `hold`.
+    pub fn with_gpu_time(mut self, hold: Option<GpuTimeHold>) -> Self {
+        self.gpu_time = hold;
+        self
+    }
+
+    /// Holds a shared container with a compute share to it (before it starts):
+    /// refused when it cannot be.
+    async fn hold_gpu_time(
+        &self,
+        hold: &GpuTimeHold,
+        pod: &PodInfo,
+        container: &crate::store::ContainerInfo,
+    ) -> Result<(), HookRejection> {
+        let limits = self.limits(pod, vec![container.name.clone()]).await?;
+        for (_, limits) in limits {
+            let Some(percent) = limits.compute_percent.filter(|p| *p < 100) else {
+                continue;
+            };
+            if limits.is_empty() {
+                continue;
+            }
+            let grant = Grant {
+                pod_uid: pod.uid.clone(),
+                container_id: container.id.clone(),
+                percent,
+                gpus: limits.memory.iter().map(|m| m.uuid.clone()).collect(),
+            };
+            hold.grant(grant).await.map_err(|error| {
+                HookRejection::new(
+                    Code::Unavailable,
+                    format!(
+                        "container {} of pod {}: its compute share cannot be held: {error}",
+                        container.name,
+                        pod.display_name()
+                    ),
+                )
+            })?;
+            tracing::info!(pod = %pod.display_name(), container = %container.name, percent, "held to its share of GPU time");
+        }
+        Ok(())
     }
 
     /// The CDI directory to write in; an error when the runtime will not run CDI hooks.
@@ -491,7 +575,31 @@ impl Hook for EnforceHook {
         let Some(pod) = &ctx.pod else {
             return Ok(());
         };
+        // Let go before the runtime signals: a frozen process cannot take its
+        // SIGTERM, and its grace period would pass frozen.
+        if let Some(hold) = &self.gpu_time {
+            let released = match request {
+                LifecycleRequest::StopContainer(stop) => {
+                    Some(hold.release(stop.container_id.clone()).await.map(usize::from))
+                }
+                LifecycleRequest::RemoveContainer(remove) => {
+                    Some(hold.release(remove.container_id.clone()).await.map(usize::from))
+                }
+                LifecycleRequest::StopPodSandbox(_) => Some(hold.release_pod(pod.uid.clone()).await),
+                _ => None,
+            };
+            if let Some(Err(error)) = released {
+                tracing::warn!(pod = %pod.display_name(), %error, "GPU-time hold not released");
+            }
+        }
         match request {
+            LifecycleRequest::StartContainer(_) => {
+                if let (Some(hold), Some(container)) = (&self.gpu_time, &ctx.container)
+                    && pod.annotations.contains_key(DEVICE_ALLOCATED)
+                {
+                    self.hold_gpu_time(hold, pod, container).await?;
+                }
+            }
             LifecycleRequest::RunPodSandbox(_) => {
                 if let Some(driver) = &self.driver {
                     let written = self.write_specs(driver, pod, named_containers(pod)).await?;
@@ -578,6 +686,11 @@ impl Hook for EnforceHook {
         let Some(pod) = &ctx.pod else {
             return;
         };
+        if let Some(hold) = &self.gpu_time
+            && let Err(error) = hold.release_pod(pod.uid.clone()).await
+        {
+            tracing::warn!(pod = %pod.display_name(), %error, "GPU-time hold of a removed pod not released");
+        }
         let uid = pod.uid.clone();
         let enforcement = self.enforcement.clone();
         let mps = self.mps.clone();

@@ -16,6 +16,7 @@ pub mod convert;
 pub mod dispatch;
 pub mod enforce;
 pub mod gpu;
+pub mod gpu_time;
 pub mod grpc;
 pub mod guard;
 pub mod hook;

@@ -59,13 +59,23 @@ async fn run(config: Config) -> anyhow::Result<()> {
     // MPS namespaces of pods that went while the proxy was not looking, deleted
     // once the runtime's sandboxes are known.
     let mut mps_gc: Option<tessera_enforce::mps::Mps> = None;
+    let mut gpu_time: Option<tessera_runtime_proxy::gpu_time::GpuTimeHold> = None;
     if let Some(gpu) = &config.gpu_hook {
         let probe = Arc::new(gpu.probe());
         // The hooks' own calls to the runtime (its CDI settings, its sandboxes): one
         // backend, apart from the proxy's forwarding.
         let runtime = Backend::new(&config.runtime_endpoint, Arc::clone(&metrics));
-        let (enforcement, driver, mps) = enforcement::node(gpu, Arc::new(runtime.clone()))?;
+        let enforcement::NodeEnforcement {
+            enforcement,
+            driver,
+            mps,
+            gpu_time: hold,
+        } = enforcement::node(gpu, Arc::new(runtime.clone()))?;
         mps_gc = mps.clone();
+        if let Some(hold) = &hold {
+            hold.start().context("starting the GPU-time thread")?;
+        }
+        gpu_time = hold.clone();
         let mut hook_config = gpu.config();
         hook_config.enforcement = enforcement.clone();
         // The settings in words at INFO; the whole struct only when debugging.
@@ -84,13 +94,10 @@ async fn run(config: Config) -> anyhow::Result<()> {
             ))
             .with_store(Arc::clone(&store), runtime),
         ));
-        hooks.push(Arc::new(EnforceHook::new(
-            enforcement,
-            driver,
-            mps,
-            probe,
-            Arc::clone(&metrics),
-        )));
+        hooks.push(Arc::new(
+            EnforceHook::new(enforcement, driver, mps, probe, Arc::clone(&metrics))
+                .with_gpu_time(hold),
+        ));
     }
     // External hooks run after the embedded GPU hook, in file-name order.
     let registry = HookRegistry::new(&config.hooks_dir);
@@ -122,8 +129,19 @@ async fn run(config: Config) -> anyhow::Result<()> {
     }
     let resync = resync_until_ready(Arc::clone(&proxy));
     let live = Arc::clone(&store);
+    let held = gpu_time.clone();
     tokio::spawn(async move {
         resync.await;
+        if let Some(hold) = held {
+            let uids: Vec<String> = live.live_pods().iter().map(|p| p.uid.clone()).collect();
+            match hold.prune(uids).await {
+                Ok(0) => {}
+                Ok(containers) => {
+                    tracing::info!(containers, "GPU-time holds of pods no longer on the node let go");
+                }
+                Err(error) => tracing::warn!(%error, "GPU-time holds of gone pods not let go"),
+            }
+        }
         let Some(mps) = mps_gc else { return };
         let as_of = std::time::SystemTime::now();
         let uids: Vec<String> = live.live_pods().iter().map(|p| p.uid.clone()).collect();
@@ -150,6 +168,10 @@ async fn run(config: Config) -> anyhow::Result<()> {
     match config.relay {
         RelayMode::H2 => server::serve(listener, proxy, shutdown, config.drain_timeout).await,
         RelayMode::Frames => relay::serve(listener, proxy, shutdown, config.drain_timeout).await,
+    }
+    // No container may stay frozen with no proxy to thaw it.
+    if let Some(hold) = gpu_time {
+        hold.stop();
     }
     Ok(())
 }

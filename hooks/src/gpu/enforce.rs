@@ -129,6 +129,9 @@ pub struct Enforcement {
     /// MPS v3: each shared container gets its own namespace of its GPU's server,
     /// made by the runtime proxy at CreateContainer.
     pub mps: Option<MpsFiles>,
+    /// GPU time: the runtime proxy freezes each shared container's cgroup while
+    /// it has used more than its compute share of its GPUs.
+    pub gpu_time: bool,
     /// HAMi-core, preloaded from these host files.
     pub hami_core: Option<HamiCoreFiles>,
 }
@@ -150,6 +153,9 @@ impl Enforcement {
         }
         if self.mps.is_some() {
             backends.push(Backend::Mps);
+        }
+        if self.gpu_time {
+            backends.push(Backend::GpuTime);
         }
         if self.hami_core.is_some() {
             backends.push(Backend::HamiCore);

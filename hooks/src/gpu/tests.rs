@@ -1656,6 +1656,7 @@ mod enforcement {
             enforcement: Enforcement {
                 driver_memory: true,
                 mps: None,
+                gpu_time: false,
                 hami_core: Some(files()),
             },
             ..GpuHookConfig::default()
@@ -1834,6 +1835,7 @@ mod enforcement {
                 mps: Some(crate::gpu::MpsFiles {
                     pipe_dir: "/run/tessera/mps/pipe".into(),
                 }),
+                gpu_time: false,
                 hami_core: None,
             },
             ..GpuHookConfig::default()
@@ -1958,6 +1960,7 @@ mod enforcement {
             enforcement: Enforcement {
                 driver_memory: false,
                 mps: None,
+                gpu_time: false,
                 hami_core: Some(files.clone()),
             },
             ..GpuHookConfig::default()

@@ -47,6 +47,7 @@ fn hook(runtime: Result<RuntimeCdi, String>, spec_dir: Option<PathBuf>) -> Enfor
         Enforcement {
             driver_memory: true,
             mps: None,
+            gpu_time: false,
             hami_core: None,
         },
         Some(DriverMemory {
@@ -347,6 +348,7 @@ async fn a_shared_container_with_a_pipe_directory_gets_its_namespace_until_its_p
             mps: Some(tessera_hooks::gpu::MpsFiles {
                 pipe_dir: "/run/nvidia-mps".into(),
             }),
+            gpu_time: false,
             hami_core: None,
         },
         None,
