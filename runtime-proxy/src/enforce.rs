@@ -34,10 +34,10 @@ use tonic::Code;
 
 use crate::backend::Backend;
 use crate::gpu_time::GpuTimeHold;
-use tessera_enforce::throttle::Grant;
 use crate::hook::{CallOutcome, Hook, HookContext, HookRejection, LifecycleRequest};
 use crate::metrics::{EnforcementLabels, Metrics};
 use crate::store::PodInfo;
+use tessera_enforce::throttle::Grant;
 
 const STATUS: &str = "/runtime.v1.RuntimeService/Status";
 
@@ -579,13 +579,19 @@ impl Hook for EnforceHook {
         // SIGTERM, and its grace period would pass frozen.
         if let Some(hold) = &self.gpu_time {
             let released = match request {
-                LifecycleRequest::StopContainer(stop) => {
-                    Some(hold.release(stop.container_id.clone()).await.map(usize::from))
+                LifecycleRequest::StopContainer(stop) => Some(
+                    hold.release(stop.container_id.clone())
+                        .await
+                        .map(usize::from),
+                ),
+                LifecycleRequest::RemoveContainer(remove) => Some(
+                    hold.release(remove.container_id.clone())
+                        .await
+                        .map(usize::from),
+                ),
+                LifecycleRequest::StopPodSandbox(_) => {
+                    Some(hold.release_pod(pod.uid.clone()).await)
                 }
-                LifecycleRequest::RemoveContainer(remove) => {
-                    Some(hold.release(remove.container_id.clone()).await.map(usize::from))
-                }
-                LifecycleRequest::StopPodSandbox(_) => Some(hold.release_pod(pod.uid.clone()).await),
                 _ => None,
             };
             if let Some(Err(error)) = released {

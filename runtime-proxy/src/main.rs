@@ -137,7 +137,10 @@ async fn run(config: Config) -> anyhow::Result<()> {
             match hold.prune(uids).await {
                 Ok(0) => {}
                 Ok(containers) => {
-                    tracing::info!(containers, "GPU-time holds of pods no longer on the node let go");
+                    tracing::info!(
+                        containers,
+                        "GPU-time holds of pods no longer on the node let go"
+                    );
                 }
                 Err(error) => tracing::warn!(%error, "GPU-time holds of gone pods not let go"),
             }

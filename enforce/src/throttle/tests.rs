@@ -28,13 +28,13 @@ impl Node {
     fn add(&self, pid: u32, id: &str, demand: f64) {
         self.pids
             .lock()
-            .unwrap()
+            .expect("test setup")
             .insert(pid, (id.to_owned(), demand));
     }
     fn is_frozen(&self, id: &str) -> bool {
         self.frozen
             .lock()
-            .unwrap()
+            .expect("test setup")
             .get(&dir_of(id))
             .copied()
             .unwrap_or(false)
@@ -44,18 +44,32 @@ impl Node {
 struct NodeGpu(Node);
 impl GpuTime for NodeGpu {
     fn samples(&mut self, _uuid: &str, since_us: u64) -> Result<Vec<Sample>, ThrottleError> {
-        let now = *self.0.now.lock().unwrap();
+        let now = *self
+            .0
+            .now
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let timestamp_us = (now * 1e6) as u64;
         if timestamp_us <= since_us {
             return Ok(Vec::new());
         }
-        let frozen = self.0.frozen.lock().unwrap().clone();
-        let frozen_at = self.0.frozen_at.lock().unwrap().clone();
+        let frozen = self
+            .0
+            .frozen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        let frozen_at = self
+            .0
+            .frozen_at
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
         Ok(self
             .0
             .pids
             .lock()
-            .unwrap()
+            .expect("test setup")
             .iter()
             .map(|(pid, (id, demand))| {
                 let dir = dir_of(id);
@@ -76,7 +90,13 @@ impl GpuTime for NodeGpu {
 struct NodeProcesses(Node);
 impl Processes for NodeProcesses {
     fn cgroup(&self, pid: u32) -> Option<ProcessCgroup> {
-        let (id, _) = self.0.pids.lock().unwrap().get(&pid)?.clone();
+        let (id, _) = self
+            .0
+            .pids
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&pid)?
+            .clone();
         Some(ProcessCgroup {
             container_id: id.clone(),
             dir: dir_of(&id),
@@ -87,11 +107,27 @@ impl Processes for NodeProcesses {
 struct NodeFreezer(Node);
 impl Freezer for NodeFreezer {
     fn set(&self, dir: &Path, frozen: bool) -> std::io::Result<()> {
-        self.0.calls.lock().unwrap().push((dir.to_owned(), frozen));
-        self.0.frozen.lock().unwrap().insert(dir.to_owned(), frozen);
+        self.0
+            .calls
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push((dir.to_owned(), frozen));
+        self.0
+            .frozen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(dir.to_owned(), frozen);
         if frozen {
-            let now = *self.0.now.lock().unwrap();
-            self.0.frozen_at.lock().unwrap().insert(dir.to_owned(), now);
+            let now = *self
+                .0
+                .now
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            self.0
+                .frozen_at
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .insert(dir.to_owned(), now);
         }
         Ok(())
     }
@@ -104,7 +140,7 @@ fn throttle(dir: &Path, node: &Node) -> Throttle {
         Box::new(NodeProcesses(node.clone())),
         Box::new(NodeFreezer(node.clone())),
     )
-    .unwrap()
+    .expect("test setup")
 }
 
 fn grant(id: &str, pod: &str, percent: u64) -> Grant {
@@ -123,7 +159,10 @@ fn run(throttle: &mut Throttle, node: &Node, seconds: f64, ids: &[&str]) -> Vec<
     let mut running = vec![0usize; ids.len()];
     for _ in 0..rounds {
         let now = {
-            let mut now = node.now.lock().unwrap();
+            let mut now = node
+                .now
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             *now += 0.1;
             *now
         };
@@ -139,10 +178,10 @@ fn run(throttle: &mut Throttle, node: &Node, seconds: f64, ids: &[&str]) -> Vec<
 
 #[test]
 fn a_container_using_the_whole_gpu_is_held_to_its_share() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().expect("test setup");
     let node = Node::default();
     let mut t = throttle(dir.path(), &node);
-    t.grant(grant(ID_A, "pod-a", 25)).unwrap();
+    t.grant(grant(ID_A, "pod-a", 25)).expect("test setup");
     node.add(100, ID_A, 1.0);
     let share = run(&mut t, &node, 60.0, &[ID_A])[0];
     assert!(
@@ -155,17 +194,21 @@ fn a_container_using_the_whole_gpu_is_held_to_its_share() {
 
 #[test]
 fn work_queued_before_a_freeze_is_charged_so_the_share_holds_over_time() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().expect("test setup");
     let node = Node {
         queued: 0.4,
         ..Node::default()
     };
     let mut t = throttle(dir.path(), &node);
-    t.grant(grant(ID_A, "pod-a", 25)).unwrap();
+    t.grant(grant(ID_A, "pod-a", 25)).expect("test setup");
     node.add(100, ID_A, 1.0);
     // The GPU ran it while thawed and for 0.4 s after each freeze.
     let thawed = run(&mut t, &node, 120.0, &[ID_A])[0];
-    let calls = node.calls.lock().unwrap().clone();
+    let calls = node
+        .calls
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
     let freezes = calls.iter().filter(|(_, f)| *f).count() as f64;
     let used = thawed + freezes * 0.4 / 120.0;
     assert!(
@@ -176,25 +219,30 @@ fn work_queued_before_a_freeze_is_charged_so_the_share_holds_over_time() {
 
 #[test]
 fn a_container_within_its_share_and_an_ungranted_one_are_never_frozen() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().expect("test setup");
     let node = Node::default();
     let mut t = throttle(dir.path(), &node);
-    t.grant(grant(ID_A, "pod-a", 50)).unwrap();
+    t.grant(grant(ID_A, "pod-a", 50)).expect("test setup");
     node.add(100, ID_A, 0.4);
     node.add(200, ID_B, 1.0); // a whole-GPU container: no grant
     node.add(300, "host", 1.0); // not a container
     let ran = run(&mut t, &node, 20.0, &[ID_A, ID_B]);
     assert_eq!(ran, vec![1.0, 1.0]);
-    assert!(node.calls.lock().unwrap().is_empty());
+    assert!(
+        node.calls
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .is_empty()
+    );
 }
 
 #[test]
 fn two_tenants_each_get_their_own_share() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().expect("test setup");
     let node = Node::default();
     let mut t = throttle(dir.path(), &node);
-    t.grant(grant(ID_A, "pod-a", 20)).unwrap();
-    t.grant(grant(ID_B, "pod-b", 60)).unwrap();
+    t.grant(grant(ID_A, "pod-a", 20)).expect("test setup");
+    t.grant(grant(ID_B, "pod-b", 60)).expect("test setup");
     // Time-sliced: each gets half the GPU while both run.
     node.add(100, ID_A, 0.5);
     node.add(200, ID_B, 0.5);
@@ -210,11 +258,11 @@ fn two_tenants_each_get_their_own_share() {
 
 #[test]
 fn release_thaws_and_forgets_and_a_pod_goes_whole() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().expect("test setup");
     let node = Node::default();
     let mut t = throttle(dir.path(), &node);
-    t.grant(grant(ID_A, "pod-a", 10)).unwrap();
-    t.grant(grant(ID_B, "pod-a", 10)).unwrap();
+    t.grant(grant(ID_A, "pod-a", 10)).expect("test setup");
+    t.grant(grant(ID_B, "pod-a", 10)).expect("test setup");
     node.add(100, ID_A, 1.0);
     run(&mut t, &node, 3.0, &[]);
     assert!(node.is_frozen(ID_A), "{:?}", t.accounts());
@@ -224,7 +272,10 @@ fn release_thaws_and_forgets_and_a_pod_goes_whole() {
     assert!(!dir.path().join(format!("pod-a_{ID_A}")).exists());
     assert!(dir.path().join(format!("pod-a_{ID_B}")).exists());
     assert_eq!(t.release_pod("pod-a"), 1);
-    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    assert_eq!(
+        std::fs::read_dir(dir.path()).expect("test setup").count(),
+        0
+    );
     // Its process goes on using the GPU, unheld.
     run(&mut t, &node, 3.0, &[]);
     assert!(!node.is_frozen(ID_A));
@@ -232,17 +283,17 @@ fn release_thaws_and_forgets_and_a_pod_goes_whole() {
 
 #[test]
 fn a_restarted_throttle_holds_the_same_containers_and_thaws_what_it_left_frozen() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().expect("test setup");
     let node = Node::default();
     let mut first = throttle(dir.path(), &node);
-    first.grant(grant(ID_A, "pod-a", 10)).unwrap();
+    first.grant(grant(ID_A, "pod-a", 10)).expect("test setup");
     node.add(100, ID_A, 1.0);
     run(&mut first, &node, 3.0, &[]);
     assert!(node.is_frozen(ID_A));
     drop(first); // killed, not stopped: no thaw_all
 
-    std::fs::write(dir.path().join("junk"), "nothing").unwrap();
-    std::fs::write(dir.path().join(".pod-a_x.tmp"), "partial").unwrap();
+    std::fs::write(dir.path().join("junk"), "nothing").expect("test setup");
+    std::fs::write(dir.path().join(".pod-a_x.tmp"), "partial").expect("test setup");
     let mut second = throttle(dir.path(), &node);
     assert!(!node.is_frozen(ID_A), "left frozen by the dead throttle");
     assert_eq!(second.accounts().len(), 1);
@@ -254,7 +305,7 @@ fn a_restarted_throttle_holds_the_same_containers_and_thaws_what_it_left_frozen(
 
 #[test]
 fn grants_that_are_not_grants_are_refused_by_name() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().expect("test setup");
     let mut t = throttle(dir.path(), &Node::default());
     let bad = [
         (grant("abc", "pod", 25), "container ID"),
@@ -272,10 +323,13 @@ fn grants_that_are_not_grants_are_refused_by_name() {
         ),
     ];
     for (grant, what) in bad {
-        let error = t.grant(grant.clone()).unwrap_err().to_string();
+        let error = t.grant(grant.clone()).expect_err("refused").to_string();
         assert!(error.contains(what), "{grant:?}: {error}");
     }
-    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    assert_eq!(
+        std::fs::read_dir(dir.path()).expect("test setup").count(),
+        0
+    );
 }
 
 #[test]

@@ -1092,13 +1092,13 @@ pub extern "C" fn nvmlDeviceGetProcessUtilization(
         if listed.is_empty() || now_us <= last_seen {
             return Err(ERROR_NOT_FOUND);
         }
-        // SAFETY: checked non-null above; NVML's contract is that it points to a
-        // caller-owned c_uint (the capacity of `utilization`).
-        let capacity = unsafe { count.read() } as usize;
+        let capacity = read(count.cast_const())? as usize;
         if utilization.is_null() || capacity < listed.len() {
             write(count, listed.len() as c_uint)?;
             return Err(ERROR_INSUFFICIENT_SIZE);
         }
+        // `utilization` holds `capacity` samples (NVML's contract), and no more
+        // than listed.len() <= capacity are written.
         let mut written = 0usize;
         for pid in listed {
             let Some(ticks) = cpu_ticks(pid) else {
@@ -1125,9 +1125,7 @@ pub extern "C" fn nvmlDeviceGetProcessUtilization(
                 encUtil: 0,
                 decUtil: 0,
             };
-            // SAFETY: `utilization` is non-null and, by NVML's contract, holds
-            // `capacity` samples; `written` < listed.len() <= capacity.
-            unsafe { utilization.add(written).write(sample) };
+            write(utilization.wrapping_add(written), sample)?;
             written += 1;
         }
         if written == 0 {

@@ -1,6 +1,8 @@
 /* Test-container entrypoint: prints the GPU-related device nodes the container
  * sees under /dev (and /dev/infiniband) with their major:minor, then sleeps
- * until SIGTERM/SIGINT. */
+ * until SIGTERM/SIGINT; with the argument "spin", spins on the CPU instead (a
+ * stand-in for a process keeping a GPU busy); with "ok", exits 0 at once (an
+ * exec probe). */
 #include <dirent.h>
 #include <signal.h>
 #include <stdio.h>
@@ -26,7 +28,8 @@ static void list(const char *dir, const char *prefix) {
     closedir(d);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "ok") == 0) return 0;
     signal(SIGTERM, stop);
     signal(SIGINT, stop);
     printf("devices:");
@@ -34,5 +37,9 @@ int main(void) {
     list("/dev/infiniband", "");
     printf("\n");
     fflush(stdout);
+    if (argc > 1 && strcmp(argv[1], "spin") == 0) {
+        volatile unsigned long spins = 0;
+        for (;;) spins++;
+    }
     for (;;) pause();
 }

@@ -597,10 +597,20 @@ impl Cluster {
         let description = fake_nvml::describe_with_nvlinks(&self.gpu_node, links);
         if self.enforcement {
             let description = fake_nvml::with_memory_limits(description, &self.memory_limits_log());
-            fake_nvml::with_compute_mode_log(description, &self.compute_mode_log())
+            let mut description =
+                fake_nvml::with_compute_mode_log(description, &self.compute_mode_log());
+            description["processUtilization"] =
+                Value::String(self.gpu_processes_file().display().to_string());
+            description
         } else {
             description
         }
+    }
+
+    /// The processes the fake NVML reports on the GPUs (`<GPU index> <pid>` lines),
+    /// each using the GPU as much as it uses a CPU; a test writes it.
+    pub fn gpu_processes_file(&self) -> PathBuf {
+        self.dir.path().join("nvml").join("gpu-processes")
     }
 
     fn memory_limits_log(&self) -> PathBuf {
@@ -995,7 +1005,11 @@ impl Cluster {
                 ),
                 format!("--hami-core-library={}", hami.display()),
                 format!("--enforcement-dir={}", dir.join("enforce").display()),
+                "--gpu-time=on".to_owned(),
             ]);
+        } else {
+            // Not on the host's own /run/tessera, which it would be by default.
+            args.push("--gpu-time=off".to_owned());
         }
         if options.enforcement && options.mps {
             let control = tessera_binary("fake-mps-control")?;

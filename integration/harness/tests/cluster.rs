@@ -105,6 +105,9 @@ fn scenarios() -> Vec<(&'static str, Scenario)> {
             "hami_core_is_preloaded_in_shared_containers_even_under_env_i",
             |c| Box::pin(enforcement::hami_core_is_preloaded_even_under_env_i(c)),
         ),
+        ("gpu_time_holds_a_compute_share", |c| {
+            Box::pin(enforcement::gpu_time_holds_a_compute_share(c))
+        }),
         (
             "mps_holds_each_shared_container_in_its_own_namespace",
             |c| Box::pin(enforcement::mps_holds_each_shared_container_in_its_own_namespace(c)),

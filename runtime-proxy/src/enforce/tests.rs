@@ -432,3 +432,135 @@ async fn a_shared_container_with_a_pipe_directory_gets_its_namespace_until_its_p
     );
     Ok(())
 }
+
+mod gpu_time {
+    use tessera_enforce::throttle::{
+        Freezer, GpuTime, ProcessCgroup, Processes, Sample, Throttle, ThrottleError,
+    };
+
+    use super::*;
+    use crate::store::ContainerInfo;
+
+    struct Idle;
+    impl GpuTime for Idle {
+        fn samples(&mut self, _: &str, _: u64) -> Result<Vec<Sample>, ThrottleError> {
+            Ok(Vec::new())
+        }
+    }
+    impl Processes for Idle {
+        fn cgroup(&self, _: u32) -> Option<ProcessCgroup> {
+            None
+        }
+    }
+    impl Freezer for Idle {
+        fn set(&self, _: &Path, _: bool) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn id(c: char) -> String {
+        std::iter::repeat_n(c, 64).collect()
+    }
+
+    fn ctx(name: &str, c: char) -> HookContext {
+        HookContext {
+            pod: Some(pod()),
+            container: Some(ContainerInfo {
+                id: id(c),
+                name: name.into(),
+                ..ContainerInfo::default()
+            }),
+        }
+    }
+
+    fn start(c: char) -> LifecycleRequest {
+        LifecycleRequest::StartContainer(cri::StartContainerRequest {
+            container_id: id(c),
+        })
+    }
+
+    fn held(dir: &Path) -> Result<(EnforceHook, GpuTimeHold), Box<dyn std::error::Error>> {
+        let throttle = Throttle::open(
+            dir.to_owned(),
+            Box::new(Idle),
+            Box::new(Idle),
+            Box::new(Idle),
+        )?;
+        let hold = GpuTimeHold::new(throttle);
+        let hook = EnforceHook::new(
+            Enforcement {
+                gpu_time: true,
+                ..Enforcement::default()
+            },
+            None,
+            None,
+            Arc::new(Node),
+            Arc::new(Metrics::default()),
+        )
+        .with_gpu_time(Some(hold.clone()));
+        Ok((hook, hold))
+    }
+
+    #[tokio::test]
+    async fn a_compute_share_is_held_from_its_start_until_its_stop()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let (hook, hold) = held(dir.path())?;
+        // A whole GPU and a container with no grant are not held.
+        hook.pre(&ctx("whole", 'b'), &mut start('b')).await?;
+        hook.pre(&ctx("sidecar", 'c'), &mut start('c')).await?;
+        assert!(hold.accounts().is_empty());
+
+        hook.pre(&ctx("main", 'a'), &mut start('a')).await?;
+        let accounts = hold.accounts();
+        assert_eq!(accounts.len(), 1);
+        assert_eq!(
+            (accounts[0].container_id.as_str(), accounts[0].percent),
+            (id('a').as_str(), 25)
+        );
+
+        let mut stop = LifecycleRequest::StopContainer(cri::StopContainerRequest {
+            container_id: id('a'),
+            timeout: 30,
+        });
+        hook.pre(&ctx("main", 'a'), &mut stop).await?;
+        assert!(hold.accounts().is_empty());
+
+        // Started again (a restart), then its pod stops: let go with the pod.
+        hook.pre(&ctx("main", 'a'), &mut start('a')).await?;
+        let mut stop_pod = LifecycleRequest::StopPodSandbox(cri::StopPodSandboxRequest::default());
+        let pod_only = HookContext {
+            pod: Some(pod()),
+            container: None,
+        };
+        hook.pre(&pod_only, &mut stop_pod).await?;
+        assert!(hold.accounts().is_empty());
+        assert!(files(dir.path()).is_empty());
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn a_share_that_cannot_be_held_is_not_started() -> Result<(), Box<dyn std::error::Error>>
+    {
+        let dir = tempfile::tempdir()?;
+        let grants = dir.path().join("grants");
+        let (hook, hold) = held(&grants)?;
+        // Its grant file cannot be written.
+        std::fs::remove_dir(&grants)?;
+        std::fs::write(&grants, "not a directory")?;
+        let refused = hook
+            .pre(&ctx("main", 'a'), &mut start('a'))
+            .await
+            .err()
+            .ok_or("started unheld")?;
+        assert_eq!(refused.code, Code::Unavailable);
+        assert!(
+            refused.message.contains("container main of pod team/train")
+                && refused.message.contains("compute share cannot be held"),
+            "{}",
+            refused.message
+        );
+        assert!(hold.accounts().is_empty());
+        Ok(())
+    }
+}

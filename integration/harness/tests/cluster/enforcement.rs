@@ -139,8 +139,8 @@ pub async fn driver_memory_limits_on_the_containers_own_cgroup(
         .remove("main")
         .context("no spec")?;
     ensure!(
-        env_values(&spec, "TESSERA_ENFORCEMENT") == ["driver-memory+mps+hami-core"],
-        "enforced: TESSERA_ENFORCEMENT {:?}, want [driver-memory+mps+hami-core]",
+        env_values(&spec, "TESSERA_ENFORCEMENT") == ["driver-memory+mps+gpu-time+hami-core"],
+        "enforced: TESSERA_ENFORCEMENT {:?}, want [driver-memory+mps+gpu-time+hami-core]",
         env_values(&spec, "TESSERA_ENFORCEMENT")
     );
     let hooks = spec["hooks"]["createRuntime"].to_string();
@@ -403,7 +403,7 @@ pub async fn required_enforcement_places_only_where_held(
             }
         }
     };
-    wait_labels("driver-memory+mps+hami-core", true).await?;
+    wait_labels("driver-memory+mps+gpu-time+hami-core", true).await?;
 
     let requiring = |name: &str, value: &str| {
         let mut pod = pod(name, &[("main", json!({"koordinator.sh/gpu": "10"}))], &[]);
@@ -452,7 +452,7 @@ pub async fn required_enforcement_places_only_where_held(
     std::fs::write(&file, before)?;
     outcome?;
     // Held again: the waiting pod places.
-    wait_labels("driver-memory+mps+hami-core", true).await?;
+    wait_labels("driver-memory+mps+gpu-time+hami-core", true).await?;
     cluster.wait_running("needs-compute").await?;
 
     // A value that names neither part is refused with the annotation named.
@@ -580,7 +580,10 @@ pub async fn mps_holds_each_shared_container_in_its_own_namespace(
         ("CUDA_MPS_PIPE_DIRECTORY", "/run/nvidia-mps"),
         ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "25"),
         ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "0=20480M"),
-        ("TESSERA_ENFORCEMENT", "driver-memory+mps+hami-core"),
+        (
+            "TESSERA_ENFORCEMENT",
+            "driver-memory+mps+gpu-time+hami-core",
+        ),
     ] {
         ensure!(
             env_values(&spec, key) == [want],
@@ -735,6 +738,139 @@ pub async fn mps_holds_each_shared_container_in_its_own_namespace(
     ensure!(
         exclusive(cluster, 0)?,
         "GPU {uuid} was not handed back to DEFAULT compute mode"
+    );
+    Ok(())
+}
+
+/// CPU seconds `pid` used per wall second over `window`, and the fraction of
+/// 50 ms samples in which `cgroup` (a v2 directory) was frozen.
+async fn cpu_and_frozen(
+    pid: u32,
+    cgroup: &str,
+    window: std::time::Duration,
+) -> anyhow::Result<(f64, f64)> {
+    let cpu = || -> anyhow::Result<f64> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+        let rest = &stat[stat.rfind(')').context("no ) in stat")? + 2..];
+        let ticks: u64 = rest
+            .split_whitespace()
+            .skip(11)
+            .take(2)
+            .map(str::parse::<u64>)
+            .sum::<Result<u64, _>>()?;
+        Ok(ticks as f64 / 100.0)
+    };
+    let start = std::time::Instant::now();
+    let before = cpu()?;
+    let (mut samples, mut frozen) = (0u32, 0u32);
+    while start.elapsed() < window {
+        let events = std::fs::read_to_string(format!("{cgroup}/cgroup.events"))?;
+        samples += 1;
+        frozen += u32::from(events.lines().any(|l| l == "frozen 1"));
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let used = (cpu()? - before) / start.elapsed().as_secs_f64();
+    Ok((used, f64::from(frozen) / f64::from(samples.max(1))))
+}
+
+/// A shared container's compute share holds as GPU time (`gpu-time`): its
+/// process, busy on a CPU and reported by the fake NVML as using the GPU as much,
+/// runs about its share of the time once on the GPU, its real cgroup frozen by
+/// the kernel the rest; an exec liveness probe does not restart it; deleted, it
+/// is let go (its grant file gone).
+pub async fn gpu_time_holds_a_compute_share(cluster: &mut Cluster) -> anyhow::Result<()> {
+    let mut spinner = pod(
+        "gpu-time",
+        &[("main", json!({"koordinator.sh/gpu": "25"}))],
+        &[],
+    );
+    spinner["spec"]["containers"][0]["args"] = json!(["spin"]);
+    spinner["spec"]["containers"][0]["livenessProbe"] = json!({
+        "exec": {"command": ["/probe", "ok"]},
+        "periodSeconds": 2, "timeoutSeconds": 2, "failureThreshold": 3,
+    });
+    cluster.create_pod("admin", &spinner).await?;
+    let running = cluster.wait_running("gpu-time").await?;
+    let spec = cluster
+        .container_specs(&running)?
+        .remove("main")
+        .context("no spec")?;
+    let backends = env_values(&spec, "TESSERA_ENFORCEMENT");
+    ensure!(
+        backends.iter().all(|b| b.contains("gpu-time")) && !backends.is_empty(),
+        "gpu-time: TESSERA_ENFORCEMENT {backends:?} does not name gpu-time"
+    );
+    let id = container_id(&running, "main")?;
+    let pid = cluster.container_pid(&id)?;
+    let cgroup = cgroup_of(pid)?;
+    let grants = cluster
+        .enforcement_backends_file()
+        .with_file_name("gpu-time");
+    let held_files = || -> anyhow::Result<Vec<String>> {
+        Ok(std::fs::read_dir(&grants)?
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| !n.starts_with('.'))
+            .collect())
+    };
+    let uid = running.metadata.uid.clone().context("no uid")?;
+    let bare_id = id.trim_start_matches("containerd://");
+    ensure!(
+        held_files()? == [format!("{uid}_{bare_id}")],
+        "gpu-time: grant files {:?}, want the container's",
+        held_files()?
+    );
+
+    // Not yet on a GPU: it spins unheld.
+    let (unheld, frozen) = cpu_and_frozen(pid, &cgroup, std::time::Duration::from_secs(2)).await?;
+    ensure!(
+        frozen == 0.0,
+        "gpu-time: frozen {frozen:.2} of the time before it used a GPU"
+    );
+    // On every GPU (only its granted one counts for it).
+    let gpus = (0..4).map(|i| format!("{i} {pid}\n")).collect::<String>();
+    std::fs::write(cluster.gpu_processes_file(), gpus)?;
+    let held = cpu_and_frozen(pid, &cgroup, std::time::Duration::from_secs(10)).await;
+    std::fs::write(cluster.gpu_processes_file(), "")?;
+    let (held, frozen) = held?;
+    eprintln!(
+        "gpu-time: unheld {unheld:.2} CPU; held at 25 %: {held:.2} CPU, frozen {frozen:.2} of the time"
+    );
+    // Its share of the 10 s, plus the 0.5 s it saved while off the GPU, plus slack:
+    // whatever this machine gives it unheld (about one CPU).
+    ensure!(
+        held <= 0.25 + 0.05 + 0.07,
+        "gpu-time: held at 25 %, the container used {held:.2} CPU against {unheld:.2} unheld"
+    );
+    ensure!(
+        frozen >= 0.4,
+        "gpu-time: frozen only {frozen:.2} of the time at 25 %"
+    );
+    // Off the GPU again: its debt paid, it is thawed for good.
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    let (_, frozen) = cpu_and_frozen(pid, &cgroup, std::time::Duration::from_secs(1)).await?;
+    ensure!(
+        frozen == 0.0,
+        "gpu-time: still frozen {frozen:.2} after leaving the GPU"
+    );
+
+    let pods: kube::Api<Pod> = kube::Api::namespaced(cluster.client().await?, "default");
+    let restarts = pods
+        .get("gpu-time")
+        .await?
+        .status
+        .and_then(|s| s.container_statuses)
+        .and_then(|cs| cs.first().map(|c| c.restart_count))
+        .unwrap_or(-1);
+    ensure!(
+        restarts == 0,
+        "gpu-time: restarted {restarts} times under its exec probe"
+    );
+    cluster.delete_pod("gpu-time").await?;
+    ensure!(
+        held_files()?.is_empty(),
+        "gpu-time: grant files {:?} left after the pod's deletion",
+        held_files()?
     );
     Ok(())
 }
