@@ -4,8 +4,9 @@
 # front with the real NVML, --gpu-memory-limits=auto and HAMi-core; pods driven with crictl.
 # torch is the host's: its folders are mounted read-only into the containers, so nothing of
 # CUDA is copied into an image. Checks, one PASS/FAIL/INFO line each in OUT/summary.txt:
-#   a  a 25 % / 20 GiB container: 10 GiB ok, 30 GiB refused; bf16 8192^3 matmul for 5 s at
-#      <= 0.35 of a whole-GPU container's rate, measured in the same run
+#   a  a 25 % / 20 GiB container: 10 GiB ok, 30 GiB refused; bf16 8192^3 matmul for 20 s at
+#      <= 0.35 of a whole-GPU container's rate (5 s), measured in the same run; with gpu-time
+#      on (the proxy's default), the freezes and thaws of its cgroup are counted
 #   b  the same in a fresh shared container whose first CUDA process runs under `env -i`
 #   c  tenant 2 (another pod, 25 % of the same GPU) gets its own 10 GiB while tenant 1 holds 10
 #   d  each container's OCI spec (OUT/specs.json): TESSERA_ENFORCEMENT, limiter env,
@@ -73,10 +74,13 @@ find_lib() { # NAME: the driver's copy (LD_LIBRARY_PATH, ldconfig, the usual fol
 crictl_() { "$W/bin/crictl" --config "$W/crictl.yaml" --timeout 120s "$@"; }
 cid_of() { cat "$W/res/cid-$1" 2>/dev/null; }
 texec() { # POD SECONDS LABEL MODE [env -i]: torchcheck.py in POD's container, through ExecSync
-  # (the process gets the container's env, as with kubectl exec; `env -i` drops all of it)
-  local pod=$1 t=$2 label=$3 mode=$4 rc; shift 4
+  # (the process gets the container's env, as with kubectl exec; `env -i` drops all of it);
+  # the matmuls run MATMUL_SECONDS (5; 20 in shared containers, so that a share held over
+  # time, gpu-time's, is measured past its 0.5 s burst)
+  local pod=$1 t=$2 label=$3 mode=$4 rc secs=5; shift 4
+  [ "$pod" = whole ] || secs=20
   [ -n "$(cid_of "$pod")" ] || { echo "$label: no container $pod" | tee "$W/res/exec-$label.txt"; return 1; }
-  crictl_ exec -s --timeout "$t" "$(cid_of "$pod")" "$@" "$PY_EXE" /torchcheck.py "$label" "$mode" 5 > "$W/res/exec-$label.txt" 2>&1
+  crictl_ exec -s --timeout "$t" "$(cid_of "$pod")" "$@" "$PY_EXE" /torchcheck.py "$label" "$mode" "$secs" > "$W/res/exec-$label.txt" 2>&1
   rc=$?; echo "$label ($pod, $*): rc=$rc"; tail -3 "$W/res/exec-$label.txt"
 }
 
@@ -332,7 +336,8 @@ EOF
   elif [ -n "$mpsctl" ]; then setstate MPS "off: $mpsctl has no MPS v3 (-p 3 needs driver r615+): $(head -c 160 "$W/res/mps-v3-help.txt" | tr '\n' ' ')"
   else setstate MPS "off: no nvidia-cuda-mps-control"; fi
   echo "tessera-runtime-proxy ${args[*]}" | tee "$W/res/proxy.cmd"
-  RUST_LOG=info "$W/bin/tessera-runtime-proxy" "${args[@]}" > "$W/res/proxy.log" 2>&1 &
+  # gpu-time's freezes and thaws are logged at debug: the summary counts them.
+  RUST_LOG=info,tessera_enforce::throttle=debug "$W/bin/tessera-runtime-proxy" "${args[@]}" > "$W/res/proxy.log" 2>&1 &
   echo $! > "$W/proxy.pid"
   for _ in $(seq 100); do [ -S "$W/proxy.sock" ] && break; kill -0 "$(cat "$W/proxy.pid")" 2>/dev/null || break; sleep 0.1; done
   [ -S "$W/proxy.sock" ] || { echo "the proxy did not start"; cat "$W/res/proxy.log"; return 1; }

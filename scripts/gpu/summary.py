@@ -230,6 +230,14 @@ for lab, what in (("base", "whole-GPU container (baseline)"), ("a", "a shared co
         out("PASS" if ratio is not None and ratio <= 0.35 else "FAIL", "%s: bf16 matmul %s TFLOP/s = %s of the baseline's "
             "(<= 0.35 wanted, CUDA_DEVICE_SM_LIMIT=%s)" % (what, r.get("tflops"), "%.2f" % ratio if ratio else "?",
                                                           r.get("env", {}).get("CUDA_DEVICE_SM_LIMIT")))
+        if r.get("windows"):
+            out("INFO", "%s: TFLOP/s per 2 s window: %s" % (what, " ".join(str(w) for w in r["windows"])))
+if "gpu-time" in backends.split("+"):
+    held = re.findall(r"held to its share of GPU time[^\n]*", proxy_log)
+    freezes = len(re.findall(r"GPU-time share[^\n]*frozen=true", proxy_log))
+    thaws = len(re.findall(r"GPU-time share[^\n]*frozen=false", proxy_log))
+    out("INFO", "gpu-time: %d container(s) held; their cgroups frozen %d times, thawed %d times (proxy log)%s" % (
+        len(held), freezes, thaws, "; " + held[0][:200] if held else ""))
 h, c = T.get("c-hold") or {}, T.get("c") or {}
 if gpu_part("c", "c tenant 2 while tenant 1 holds 10 GiB") is None:
     during = h.get("at10") and c.get("at10") and h["at10"] <= c["at10"] <= h.get("releasedAt", float("inf"))

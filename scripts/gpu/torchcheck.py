@@ -74,13 +74,20 @@ try:
                 a @ b
             torch.cuda.synchronize()
             it, t = 0, time.time()
+            # TFLOP/s per 2 s window too: a share held over time shows in each.
+            windows, wit, wt = [], 0, t
             while time.time() - t < secs:
                 for _ in range(5):
                     a @ b
                 torch.cuda.synchronize()
                 it += 5
+                wit += 5
+                if time.time() - wt >= 2:
+                    windows.append(round(2 * n ** 3 * wit / (time.time() - wt) / 1e12))
+                    wit, wt = 0, time.time()
             el = time.time() - t
-            r.update(matmuls=it, seconds=round(el, 3), tflops=round(2 * n ** 3 * it / el / 1e12, 1))
+            r.update(matmuls=it, seconds=round(el, 3), tflops=round(2 * n ** 3 * it / el / 1e12, 1),
+                     windows=windows)
 except Exception as e:  # noqa: BLE001
     r["error"] = "%s: %s" % (type(e).__name__, str(e)[:300])
 save("done")
