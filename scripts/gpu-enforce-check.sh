@@ -9,6 +9,8 @@
 #      on (the proxy's default), the freezes and thaws of its cgroup are counted
 #   b  the same in a fresh shared container whose first CUDA process runs under `env -i`
 #   c  tenant 2 (another pod, 25 % of the same GPU) gets its own 10 GiB while tenant 1 holds 10
+#   f  two tenants at once (25 % each, 20 s): each one's rate and their sum
+#   g  two processes at once in one 25 % container: their sum (a share is the container's)
 #   d  each container's OCI spec (OUT/specs.json): TESSERA_ENFORCEMENT, limiter env,
 #      HAMi-core's mounts, the tessera-enforce createRuntime hook
 #   e  with driver-memory on (r615+): nvmlDeviceGetMemoryLimits_v1 on each shared cgroup
@@ -401,6 +403,18 @@ step_torch_c() { # c: tenant 1 holds 10 GiB (in the background) while tenant 2 a
   touch "$W/res/ctr/c-hold.release"; wait "$holder"; echo "c-hold: rc=$?"; tail -2 "$W/res/exec-c-hold.txt"
 }
 
+step_torch_two() { # f: two tenants at once (t1, t2: 25 % each); g: two processes at once in t1
+  local p
+  for p in t1 t2; do [ -n "$(cid_of $p)" ] || { echo "f: no container $p"; return 1; }; done
+  crictl_ exec -s --timeout 80 "$(cid_of t1)" "$PY_EXE" /torchcheck.py f1 full 20 > "$W/res/exec-f1.txt" 2>&1 &
+  crictl_ exec -s --timeout 80 "$(cid_of t2)" "$PY_EXE" /torchcheck.py f2 full 20 > "$W/res/exec-f2.txt" 2>&1 &
+  wait; tail -n 2 "$W/res/exec-f1.txt" "$W/res/exec-f2.txt"
+  sleep 2 # t1's debt paid: an exec into a frozen container is refused by runc
+  crictl_ exec -s --timeout 80 "$(cid_of t1)" "$PY_EXE" /torchcheck.py g1 full 20 > "$W/res/exec-g1.txt" 2>&1 &
+  crictl_ exec -s --timeout 80 "$(cid_of t1)" "$PY_EXE" /torchcheck.py g2 full 20 > "$W/res/exec-g2.txt" 2>&1 &
+  wait; tail -n 2 "$W/res/exec-g1.txt" "$W/res/exec-g2.txt"
+}
+
 down() { # stops what this script started: pods (through the proxy first, so its cleanup
   # runs), proxy, containerd, shims (by their executable, this run's copy), mounts
   local p f c=("$W/bin/crictl" --config "$W/crictl.yaml" --timeout 15s)
@@ -478,6 +492,7 @@ step torch-base 100
 step torch-a 100
 step torch-b 160
 step torch-c 100
+step torch-two 120
 step cleanup 40 always
 step summary 30 always
 trap - EXIT

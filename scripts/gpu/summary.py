@@ -177,7 +177,7 @@ else:
 # a, b, c: what processes in the containers got
 T = {}
 with open(os.path.join(OUT, "torch.jsonl"), "w") as f:
-    for lab in ("base", "a", "b", "b-join", "c-hold", "c"):
+    for lab in ("base", "a", "b", "b-join", "c-hold", "c", "f1", "f2", "g1", "g2"):
         r = rj(os.path.join(R, "ctr", lab + ".json"))
         if r is not None:
             r["execTail"] = rd("exec-%s.txt" % lab)[-400:]
@@ -232,6 +232,25 @@ for lab, what in (("base", "whole-GPU container (baseline)"), ("a", "a shared co
                                                           r.get("env", {}).get("CUDA_DEVICE_SM_LIMIT")))
         if r.get("windows"):
             out("INFO", "%s: TFLOP/s per 2 s window: %s" % (what, " ".join(str(w) for w in r["windows"])))
+for pair, what in ((("f1", "f2"), "f two tenants at once, 25 % each"),
+                   (("g1", "g2"), "g two processes at once in one 25 % container")):
+    rs = [T.get(x) or {} for x in pair]
+    if not any(rs) or not rate:
+        continue
+    rates = [x.get("tflops") or 0 for x in rs]
+    total = sum(rates) / rate
+    each = ", ".join("%s %s TFLOP/s (%.2f)" % (x, t, t / rate) for x, t in zip(pair, rates))
+    if pair[0] == "f1":
+        ok = all(0 < t / rate <= 0.35 for t in rates)
+    else:
+        ok = 0 < total <= 0.35
+    out("PASS" if ok else "FAIL", "%s: %s; together %.2f of the baseline (<= 0.35 wanted %s)" % (
+        what, each, total, "each" if pair[0] == "f1" else "together"))
+    for x, r in zip(pair, rs):
+        if r.get("windows"):
+            out("INFO", "%s %s: TFLOP/s per 2 s window: %s" % (what.split()[0], x, " ".join(str(w) for w in r["windows"])))
+        if r.get("error"):
+            out("INFO", "%s %s: %s" % (what.split()[0], x, r["error"][:200]))
 if "gpu-time" in backends.split("+"):
     held = re.findall(r"held to its share of GPU time[^\n]*", proxy_log)
     freezes = len(re.findall(r"GPU-time share[^\n]*frozen=true", proxy_log))
@@ -264,7 +283,7 @@ with open(os.path.join(OUT, "daemons.txt"), "w") as f:
         body = rd(name, limit)
         if body:
             f.write("===== %s\n%s\n" % (title, body.rstrip("\n")))
-    for lab in ("base", "a", "b", "b-join", "c-hold", "c"):
+    for lab in ("base", "a", "b", "b-join", "c-hold", "c", "f1", "f2", "g1", "g2"):
         body = rd("exec-%s.txt" % lab, 20000)
         if body:
             f.write("===== exec %s\n%s\n" % (lab, body.rstrip("\n")))

@@ -346,3 +346,108 @@ fn container_ids_come_from_the_cgroup_name_of_either_driver() {
         assert_eq!(container_id_of(Path::new(&dir)).as_deref(), want, "{dir}");
     }
 }
+
+/// A GPU answering each round with the samples it is given.
+struct Scripted(Arc<Mutex<Vec<Sample>>>);
+impl GpuTime for Scripted {
+    fn samples(&mut self, _uuid: &str, since_us: u64) -> Result<Vec<Sample>, ThrottleError> {
+        let mut queued = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        Ok(std::mem::take(&mut *queued)
+            .into_iter()
+            .filter(|s| s.timestamp_us > since_us)
+            .collect())
+    }
+}
+
+#[test]
+fn processes_reported_busy_for_the_same_period_share_it() {
+    let dir = tempfile::tempdir().expect("test setup");
+    let node = Node::default();
+    node.add(1, ID_A, 1.0);
+    node.add(2, ID_B, 1.0);
+    let queue = Arc::new(Mutex::new(Vec::new()));
+    let mut t = Throttle::open(
+        dir.path().to_owned(),
+        Box::new(Scripted(Arc::clone(&queue))),
+        Box::new(NodeProcesses(node.clone())),
+        Box::new(NodeFreezer(node.clone())),
+    )
+    .expect("test setup");
+    t.grant(grant(ID_A, "pod-a", 25)).expect("test setup");
+    t.grant(grant(ID_B, "pod-b", 25)).expect("test setup");
+    let sample = |pid, at: f64| Sample {
+        pid,
+        timestamp_us: (at * 1e6) as u64,
+        sm_percent: 100,
+    };
+    let push = |samples: Vec<Sample>| {
+        *queue
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = samples;
+    };
+    push(vec![sample(1, 1.0), sample(2, 1.0)]);
+    t.tick(1.0);
+    // Both "100 %" over the same 0.1 s: 0.05 s each, not 0.1.
+    push(vec![sample(1, 1.1), sample(2, 1.1)]);
+    t.tick(1.1);
+    for view in t.accounts() {
+        let want = 0.25 * 0.1 - 0.05;
+        assert!(
+            (view.credit - want).abs() < 1e-9,
+            "{}: credit {} want {want}",
+            view.container_id,
+            view.credit
+        );
+    }
+    // One process alone at 100 %: the whole period is its.
+    push(vec![sample(1, 1.2)]);
+    t.tick(1.2);
+    let a = t
+        .accounts()
+        .into_iter()
+        .find(|v| v.container_id == ID_A)
+        .expect("held");
+    assert!(
+        (a.credit - (2.0 * 0.025 - 0.05 - 0.1)).abs() < 1e-9,
+        "{a:?}"
+    );
+}
+
+#[test]
+fn time_sliced_tenants_reported_busy_at_once_each_get_their_share() {
+    // The GPU as the H100 reported it: every process with work on it is "100 %"
+    // busy, while time-slicing gives each running one an equal part.
+    let dir = tempfile::tempdir().expect("test setup");
+    let node = Node::default();
+    let mut t = throttle(dir.path(), &node);
+    t.grant(grant(ID_A, "pod-a", 25)).expect("test setup");
+    t.grant(grant(ID_B, "pod-b", 25)).expect("test setup");
+    node.add(100, ID_A, 1.0);
+    node.add(200, ID_B, 1.0);
+    let (mut used_a, mut used_b) = (0.0, 0.0);
+    let rounds = 600;
+    for _ in 0..rounds {
+        let now = {
+            let mut now = node
+                .now
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            *now += 0.1;
+            *now
+        };
+        t.tick(now);
+        let (a, b) = (!node.is_frozen(ID_A), !node.is_frozen(ID_B));
+        let running = f64::from(u8::from(a) + u8::from(b)).max(1.0);
+        used_a += f64::from(u8::from(a)) / running / f64::from(rounds);
+        used_b += f64::from(u8::from(b)) / running / f64::from(rounds);
+    }
+    for (name, used) in [("A", used_a), ("B", used_b)] {
+        assert!(
+            (0.2..=0.3).contains(&used),
+            "tenant {name} used {used:.3} of the GPU at 25 %"
+        );
+    }
+}
