@@ -1,11 +1,11 @@
 //! `tessera-bench enforce`: what each enforcement backend adds to a shared
 //! container's CreateContainer + StartContainer, against a private containerd 2.x
 //! with CDI on (Debian's 1.6 has none), on a fake GPU node whose fake NVML has the
-//! driver's memory limits. Five paths, all in the same run: straight to
+//! driver's memory limits. Six paths, all in the same run: straight to
 //! containerd (the floor), the proxy with the GPU hook alone, with driver memory
 //! limits (a CDI `createRuntime` hook running `tessera-enforce`), with MPS (a
-//! namespace made through the supervised fake MPS daemon, `fake-mps-control`)
-//! and with HAMi-core (its bind mounts). Each run also proves the path it timed ran: a
+//! namespace made through the supervised fake MPS daemon, `fake-mps-control`),
+//! with GPU time (the container's grant at its start) and with HAMi-core (its bind mounts). Each run also proves the path it timed ran: a
 //! benchmark of a path that did nothing is worthless.
 
 use std::path::{Path, PathBuf};
@@ -25,9 +25,9 @@ use tessera_harness::kubelet::{KubeletDriver, PodSpec, RunningPod, spec_env};
 use tessera_hooks::gpu::enforce::{ENFORCEMENT_ENV, HAMI_CACHE_FILE, LD_SO_PRELOAD};
 
 /// How many routes.
-const ROUTES: usize = 5;
+const ROUTES: usize = 6;
 
-/// Every order of the routes (5! = 120), as `Route::ALL` indices.
+/// Every order of the routes (6! = 720), as `Route::ALL` indices.
 fn orders() -> Vec<[usize; ROUTES]> {
     fn extend(prefix: &mut Vec<usize>, all: &mut Vec<[usize; ROUTES]>) {
         if prefix.len() == ROUTES {
@@ -63,6 +63,9 @@ pub enum Route {
     DriverMemory,
     /// The proxy with MPS, driver memory limits off.
     Mps,
+    /// The proxy with GPU time (`--gpu-time=on`): the container's grant written
+    /// at StartContainer, let go at StopContainer.
+    GpuTime,
     /// The proxy with HAMi-core, driver memory limits off.
     HamiCore,
 }
@@ -74,6 +77,7 @@ impl Route {
         Route::HookOnly,
         Route::DriverMemory,
         Route::Mps,
+        Route::GpuTime,
         Route::HamiCore,
     ];
 
@@ -83,6 +87,7 @@ impl Route {
             Route::HookOnly => "proxy, GPU hook only",
             Route::DriverMemory => "proxy + driver-memory",
             Route::Mps => "proxy + mps",
+            Route::GpuTime => "proxy + gpu-time",
             Route::HamiCore => "proxy + hami-core",
         }
     }
@@ -94,6 +99,7 @@ impl Route {
             Route::HookOnly => Some(joined(&[])),
             Route::DriverMemory => Some(joined(&[Backend::DriverMemory])),
             Route::Mps => Some(joined(&[Backend::Mps])),
+            Route::GpuTime => Some(joined(&[Backend::GpuTime])),
             Route::HamiCore => Some(joined(&[Backend::HamiCore])),
         }
     }
@@ -126,6 +132,8 @@ pub struct Report {
     pub preload_mounts: usize,
     /// mps containers whose namespace the MPS daemon was asked for and held the share.
     pub mps_namespaces: usize,
+    /// gpu-time containers held from their start (grant file) and let go at their stop.
+    pub gpu_time_grants: usize,
     /// CreateContainer calls refused with an unresolvable CDI device, then retried.
     pub cdi_unresolvable: usize,
 }
@@ -162,6 +170,7 @@ struct Bench {
     turns: usize,
     preload_mounts: usize,
     mps_namespaces: usize,
+    gpu_time_grants: usize,
     /// The fake MPS control program and its daemon's pipe directory.
     mps_control: PathBuf,
     mps_pipe: PathBuf,
@@ -255,6 +264,7 @@ pub async fn run(k8s: &K8sBinaries, options: &Options) -> anyhow::Result<Report>
         limits_set: bench.limited,
         preload_mounts: bench.preload_mounts,
         mps_namespaces: bench.mps_namespaces,
+        gpu_time_grants: bench.gpu_time_grants,
         cdi_unresolvable: bench.cdi_unresolvable,
     })
 }
@@ -346,7 +356,13 @@ impl Bench {
                     flag("hami-core-library", &hami),
                     flag("enforce-binary", &enforce),
                 ]),
+                Route::GpuTime => {
+                    args.extend(["--gpu-memory-limits=off".into(), "--gpu-time=on".into()])
+                }
                 _ => args.push("--gpu-memory-limits=off".into()),
+            }
+            if route != Route::GpuTime {
+                args.push("--gpu-time=off".into());
             }
             let log = dir.path().join(format!("proxy{index}.log"));
             let what = format!("{} ({})", proxy.display(), route.name());
@@ -371,6 +387,7 @@ impl Bench {
             turns: 0,
             preload_mounts: 0,
             mps_namespaces: 0,
+            gpu_time_grants: 0,
             mps_control,
             mps_pipe,
             _mps_daemon: mps_daemon,
@@ -388,7 +405,7 @@ impl Bench {
 
     /// One pod per route, each made just before its first container (as kubelet
     /// does, so the CDI spec has only that gap to be read in); `containers` times
-    /// one container on every route, each turn in the next of all 120 orders (so
+    /// one container on every route, each turn in the next of all 720 orders (so
     /// each route follows every other equally often, as `tessera-bench proxy`
     /// does); then the pods go. Returns each route's times.
     async fn round(
@@ -508,11 +525,34 @@ impl Bench {
         if route == Route::Mps {
             self.check_namespace(&pod.spec.uid)?;
         }
+        let grant = self
+            .dir
+            .path()
+            .join(format!("enforce{}", Route::GpuTime as usize))
+            .join("gpu-time")
+            .join(format!("{}_{id}", pod.spec.uid));
+        if route == Route::GpuTime {
+            ensure!(
+                grant.is_file(),
+                "{}: container {id} started without its grant {}",
+                route.name(),
+                grant.display()
+            );
+        }
         let stop = cri::StopContainerRequest {
             container_id: id.clone(),
             timeout: 10,
         };
         driver.runtime.stop_container(stop).await?;
+        if route == Route::GpuTime {
+            ensure!(
+                !grant.exists(),
+                "{}: container {id} stopped, its grant {} still there",
+                route.name(),
+                grant.display()
+            );
+            self.gpu_time_grants += 1;
+        }
         let remove = cri::RemoveContainerRequest { container_id: id };
         driver.runtime.remove_container(remove).await?;
         Ok(elapsed)
@@ -636,7 +676,7 @@ pub fn print(report: &Report, options: &Options) {
     println!(
         "tessera-bench enforce: containerd {} (CDI on), runc, pause image, fake 4-GPU node; each container \
          granted 25 % of GPU 0; {} rounds × {} containers per path (after one untimed each), interleaved \
-         container by container, each turn in the next of all 120 orders; timed: CreateContainer + StartContainer",
+         container by container, each turn in the next of all 720 orders; timed: CreateContainer + StartContainer",
         report.runtime_version, options.rounds, options.containers
     );
     println!(
@@ -671,9 +711,14 @@ pub fn print(report: &Report, options: &Options) {
     println!(
         "checked: {} SetMemoryLimits calls (20 GiB soft = hard, result 0), one per container started through \
          driver-memory, none from other paths; {LD_SO_PRELOAD} mounted, and the region written with the grant \
-         before the start, in all {} hami-core containers, and no preload in any other; the MPS daemon held 20G / 25.00 for all {} mps containers' namespaces; {ENFORCEMENT_ENV} as \
+         before the start, in all {} hami-core containers, and no preload in any other; the MPS daemon held 20G / 25.00 for all {} mps containers' namespaces; all {} gpu-time containers held from \
+         their start and let go at their stop; {ENFORCEMENT_ENV} as \
          configured in every proxied container; CreateContainer refused for an unresolvable CDI device: {} times",
-        report.limits_set, report.preload_mounts, report.mps_namespaces, report.cdi_unresolvable
+        report.limits_set,
+        report.preload_mounts,
+        report.mps_namespaces,
+        report.gpu_time_grants,
+        report.cdi_unresolvable
     );
 }
 
@@ -682,9 +727,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn orders_are_the_120_permutations() {
+    fn orders_are_the_720_permutations() {
         let all = orders();
-        assert_eq!(all.len(), 120);
+        assert_eq!(all.len(), 720);
         assert!(
             all.iter()
                 .all(|o| all.iter().filter(|p| *p == o).count() == 1)
@@ -709,9 +754,10 @@ mod tests {
             (
                 report.limits_set,
                 report.preload_mounts,
-                report.mps_namespaces
+                report.mps_namespaces,
+                report.gpu_time_grants
             ),
-            (2, 2, 2)
+            (2, 2, 2, 2)
         );
         print(&report, &options);
         Ok(())
