@@ -122,11 +122,27 @@ pub struct HostProcesses {
 impl Processes for HostProcesses {
     fn cgroup(&self, pid: u32) -> Option<ProcessCgroup> {
         let dir = crate::cgroup::of_pid(&self.proc_root, &self.cgroup_root, pid).ok()?;
-        Some(ProcessCgroup {
-            container_id: container_id_of(&dir)?,
-            dir,
-        })
+        container_cgroup(&self.cgroup_root, &dir)
     }
+}
+
+/// The container cgroup `dir` is in: the first directory below `root` named
+/// after a container. From the root down, so that a process in a sub-cgroup of
+/// its container (systemd inside it, say) is its container's, and a sub-cgroup a
+/// tenant named after another container is still its own container's.
+pub fn container_cgroup(root: &Path, dir: &Path) -> Option<ProcessCgroup> {
+    let relative = dir.strip_prefix(root).ok()?;
+    let mut path = root.to_path_buf();
+    for part in relative.components() {
+        path.push(part);
+        if let Some(container_id) = container_id_of(&path) {
+            return Some(ProcessCgroup {
+                container_id,
+                dir: path,
+            });
+        }
+    }
+    None
 }
 
 /// cgroup v2's own freezer (`cgroup.freeze`), which also freezes every cgroup
@@ -213,7 +229,7 @@ impl Grant {
                 && s.bytes()
                     .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
         };
-        if !safe(&self.pod_uid) {
+        if !safe(&self.pod_uid) || self.pod_uid.starts_with('.') {
             return Err(ThrottleError::Grant(format!(
                 "pod UID {:?} is not a UID",
                 self.pod_uid
@@ -272,7 +288,20 @@ impl Grant {
             gpus,
         }
         .check()?;
-        Ok((grant, field("cgroup").map(PathBuf::from)))
+        let cgroup = field("cgroup").map(PathBuf::from);
+        if let Some(dir) = &cgroup
+            && (!dir.is_absolute()
+                || dir
+                    .components()
+                    .any(|c| c == std::path::Component::ParentDir)
+                || container_id_of(dir).as_deref() != Some(grant.container_id.as_str()))
+        {
+            return Err(ThrottleError::Grant(format!(
+                "{name}: cgroup {} is not the container's",
+                dir.display()
+            )));
+        }
+        Ok((grant, cgroup))
     }
 }
 
@@ -331,16 +360,25 @@ pub struct AccountView {
 }
 
 /// Holds granted containers to their share of GPU time; see the module docs.
+///
+/// A round is [`Throttle::wanted`], then the driver's samples of those GPUs, then
+/// [`Throttle::apply`]: the sampling needs no `&mut Throttle`, so a caller
+/// sharing it behind a lock samples without holding it, and a slow driver never
+/// holds up a release. [`Throttle::tick`] does all three at once.
 pub struct Throttle {
     dir: PathBuf,
-    gpu: Box<dyn GpuTime>,
     processes: Box<dyn Processes>,
     freezer: Box<dyn Freezer>,
     accounts: BTreeMap<String, Account>,
     sampling: HashMap<String, GpuSampling>,
-    /// pid → its cgroup (None: not a container's), and when last seen (s).
-    pid_cache: HashMap<u32, (Option<ProcessCgroup>, f64)>,
+    /// pid → its container cgroup (None: not a container's), when it was looked
+    /// up and when it was last seen (s).
+    pid_cache: HashMap<u32, (Option<ProcessCgroup>, f64, f64)>,
     last_tick: Option<f64>,
+    /// Set by [`Throttle::thaw_all`]: no round freezes anything after it.
+    stopped: bool,
+    /// GPUs whose sampling failed, warned about once.
+    failing: std::collections::HashSet<String>,
 }
 
 impl std::fmt::Debug for Throttle {
@@ -352,69 +390,129 @@ impl std::fmt::Debug for Throttle {
     }
 }
 
+/// How long a process's container is trusted before it is looked up again (a
+/// pid can be reused by another process).
+const PID_LOOKUP_SECONDS: f64 = 5.0;
+
+/// The grants in `dir`, read at start: each valid one with the cgroup it
+/// recorded. Unreadable or invalid files are removed (a torn write cannot be one:
+/// files are written whole), each with a warning.
+fn read_grants(dir: &Path) -> Vec<(Grant, Option<PathBuf>)> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut grants = Vec::new();
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let path = entry.path();
+        if name.starts_with('.') {
+            // A write that never got renamed.
+            let _ = std::fs::remove_file(&path);
+            continue;
+        }
+        let read = std::fs::read_to_string(&path).map_err(|e| e.to_string());
+        match read.and_then(|text| Grant::from_file(&name, &text).map_err(|e| e.to_string())) {
+            Ok(grant) => grants.push(grant),
+            Err(error) => {
+                tracing::warn!(file = %path.display(), %error, "GPU-time grant file ignored and removed");
+                let _ = std::fs::remove_file(&path);
+            }
+        }
+    }
+    grants
+}
+
+/// Writes `text` to `file` whole (a temporary file renamed over it).
+fn write_whole(file: &Path, text: &str) -> std::io::Result<()> {
+    let name = file
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let temp = file.with_file_name(format!(".{name}.tmp"));
+    std::fs::write(&temp, text)?;
+    std::fs::rename(&temp, file)
+}
+
+/// Thaws the cgroups the grants in `dir` name and removes the grants: for a
+/// node where GPU time is off now but was on before (a proxy that stopped with a
+/// container frozen must not leave it so). Returns how many grants there were.
+pub fn thaw_leftovers(dir: &Path, freezer: &dyn Freezer) -> usize {
+    let grants = read_grants(dir);
+    for (grant, cgroup) in &grants {
+        if let Some(cgroup) = cgroup
+            && let Err(error) = freezer.set(cgroup, false)
+            && error.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(cgroup = %cgroup.display(), %error, "could not thaw a container GPU time held before");
+        }
+        let _ = std::fs::remove_file(dir.join(grant.file_name()));
+    }
+    grants.len()
+}
+
 impl Throttle {
     /// A throttle keeping its grants in `dir`, loading those already there (a
     /// restart) and thawing the cgroups they name: a proxy that stopped while
-    /// one was frozen must not leave it so.
+    /// one was frozen must not leave it so. One it cannot thaw now is counted as
+    /// frozen, so that every round tries again.
     pub fn open(
         dir: PathBuf,
-        gpu: Box<dyn GpuTime>,
         processes: Box<dyn Processes>,
         freezer: Box<dyn Freezer>,
     ) -> Result<Self, ThrottleError> {
-        let io = |path: &Path| {
-            let path = path.to_owned();
-            move |source| ThrottleError::File { path, source }
-        };
-        std::fs::create_dir_all(&dir).map_err(io(&dir))?;
+        std::fs::create_dir_all(&dir).map_err(|source| ThrottleError::File {
+            path: dir.clone(),
+            source,
+        })?;
         let mut accounts = BTreeMap::new();
-        for entry in std::fs::read_dir(&dir).map_err(io(&dir))? {
-            let entry = entry.map_err(io(&dir))?;
-            let name = entry.file_name().to_string_lossy().into_owned();
-            if name.starts_with('.') {
-                continue;
-            }
-            let text = std::fs::read_to_string(entry.path()).map_err(io(&entry.path()))?;
-            match Grant::from_file(&name, &text) {
-                Ok((grant, cgroup)) => {
-                    if let Some(cgroup) = &cgroup
-                        && let Err(error) = freezer.set(cgroup, false)
-                        && error.kind() != std::io::ErrorKind::NotFound
-                    {
-                        tracing::warn!(cgroup = %cgroup.display(), %error, "could not thaw a granted container's cgroup at start");
+        for (grant, cgroup) in read_grants(&dir) {
+            let mut account = Account::new(grant, cgroup);
+            if let Some(cgroup) = &account.cgroup {
+                match freezer.set(cgroup, false) {
+                    Ok(()) => {}
+                    Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+                        account.cgroup = None;
                     }
-                    accounts.insert(grant.container_id.clone(), Account::new(grant, cgroup));
-                }
-                Err(error) => {
-                    tracing::warn!(file = %entry.path().display(), %error, "GPU-time grant file ignored");
+                    Err(error) => {
+                        tracing::warn!(cgroup = %cgroup.display(), %error, "could not thaw a granted container's cgroup at start; trying again every round");
+                        account.frozen = true;
+                    }
                 }
             }
+            accounts.insert(account.grant.container_id.clone(), account);
         }
         Ok(Self {
             dir,
-            gpu,
             processes,
             freezer,
             accounts,
             sampling: HashMap::new(),
             pid_cache: HashMap::new(),
             last_tick: None,
+            stopped: false,
+            failing: std::collections::HashSet::new(),
         })
     }
 
-    /// Holds a container to `grant` from now on (its file written first).
+    /// Holds a container to `grant` from now on (its file written first). A
+    /// container already held keeps its cgroup and its state: a grant must never
+    /// lose track of a frozen cgroup.
     pub fn grant(&mut self, grant: Grant) -> Result<(), ThrottleError> {
         let grant = grant.check()?;
+        let previous = self.accounts.remove(&grant.container_id);
+        let cgroup = previous.as_ref().and_then(|a| a.cgroup.clone());
         let file = self.dir.join(grant.file_name());
-        let temp = self.dir.join(format!(".{}.tmp", grant.file_name()));
-        let io = |path: &Path| {
-            let path = path.to_owned();
-            move |source| ThrottleError::File { path, source }
-        };
-        std::fs::write(&temp, grant.to_text(None)).map_err(io(&temp))?;
-        std::fs::rename(&temp, &file).map_err(io(&file))?;
+        if let Err(source) = write_whole(&file, &grant.to_text(cgroup.as_deref())) {
+            if let Some(previous) = previous {
+                self.accounts
+                    .insert(previous.grant.container_id.clone(), previous);
+            }
+            return Err(ThrottleError::File { path: file, source });
+        }
+        let mut account = Account::new(grant, cgroup);
+        account.frozen = previous.is_some_and(|p| p.frozen);
         self.accounts
-            .insert(grant.container_id.clone(), Account::new(grant, None));
+            .insert(account.grant.container_id.clone(), account);
         Ok(())
     }
 
@@ -454,8 +552,10 @@ impl Throttle {
         pods
     }
 
-    /// Thaws every frozen container (the proxy is stopping); grants stay.
+    /// Thaws every frozen container and freezes none after (the proxy is
+    /// stopping); grants stay, for the next start.
     pub fn thaw_all(&mut self) {
+        self.stopped = true;
         let frozen: Vec<(String, PathBuf)> = self
             .accounts
             .values()
@@ -497,13 +597,14 @@ impl Throttle {
             .collect()
     }
 
-    /// One round at `now` (seconds, monotonic): charge each granted container's
-    /// new samples, refill its buckets for the time passed, and freeze or thaw it.
-    pub fn tick(&mut self, now: f64) {
-        let elapsed = self
-            .last_tick
-            .map_or(0.0, |last| (now - last).clamp(0.0, MAX_SAMPLE_GAP_SECONDS));
-        self.last_tick = Some(now);
+    /// The GPUs the next round samples, each with the time of its newest sample
+    /// seen (µs; 0: none yet). A clock stepped back by more than a second starts
+    /// the GPU's sampling over: NVML's timestamps are the wall clock's, and no
+    /// sample would otherwise be newer than the last one seen until it caught up.
+    pub fn wanted(&mut self) -> Vec<(String, u64)> {
+        let wall_us = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
         let mut gpus: Vec<String> = self
             .accounts
             .values()
@@ -511,12 +612,45 @@ impl Throttle {
             .collect();
         gpus.sort();
         gpus.dedup();
-        for uuid in &gpus {
-            self.charge(uuid, now);
-        }
         self.sampling.retain(|uuid, _| gpus.contains(uuid));
+        gpus.into_iter()
+            .map(|uuid| {
+                let sampling = self.sampling.entry(uuid.clone()).or_default();
+                if sampling.last_us > wall_us.saturating_add(1_000_000) {
+                    tracing::warn!(gpu = %uuid, "the clock went back: GPU-time sampling starts over");
+                    *sampling = GpuSampling::default();
+                }
+                (uuid, sampling.last_us)
+            })
+            .collect()
+    }
+
+    /// One round at `now` (seconds, monotonic) with the samples of the GPUs
+    /// [`Throttle::wanted`] named: charge each granted container's, refill its
+    /// buckets for the time passed, and freeze or thaw it.
+    pub fn apply(&mut self, now: f64, samples: Vec<(String, Result<Vec<Sample>, ThrottleError>)>) {
+        let elapsed = self
+            .last_tick
+            .map_or(0.0, |last| (now - last).clamp(0.0, MAX_SAMPLE_GAP_SECONDS));
+        self.last_tick = Some(now);
+        for (uuid, result) in samples {
+            match result {
+                Ok(samples) => {
+                    self.failing.remove(&uuid);
+                    self.charge(&uuid, samples, now);
+                }
+                Err(error) => {
+                    // Unsampled, a GPU's containers are not held: say so once.
+                    if self.failing.insert(uuid.clone()) {
+                        tracing::warn!(gpu = %uuid, %error, "GPU time cannot be sampled: its shared containers are not held while this lasts");
+                    } else {
+                        tracing::debug!(gpu = %uuid, %error, "no GPU-time samples");
+                    }
+                }
+            }
+        }
         self.pid_cache
-            .retain(|_, (_, seen)| now - *seen < PID_CACHE_SECONDS);
+            .retain(|_, (_, _, seen)| now - *seen < PID_CACHE_SECONDS);
 
         let mut changes = Vec::new();
         for account in self.accounts.values_mut() {
@@ -527,7 +661,7 @@ impl Throttle {
             if account.frozen {
                 account.frozen_seconds += elapsed;
             }
-            let owes = account.owes();
+            let owes = account.owes() && !self.stopped;
             if owes != account.frozen
                 && let Some(dir) = &account.cgroup
             {
@@ -539,6 +673,19 @@ impl Throttle {
         }
     }
 
+    /// A whole round with `gpu` sampled in it.
+    pub fn tick(&mut self, now: f64, gpu: &mut dyn GpuTime) {
+        let samples = self
+            .wanted()
+            .into_iter()
+            .map(|(uuid, since)| {
+                let result = gpu.samples(&uuid, since);
+                (uuid, result)
+            })
+            .collect();
+        self.apply(now, samples);
+    }
+
     fn set_frozen(&mut self, id: &str, dir: &Path, frozen: bool) {
         match self.freezer.set(dir, frozen) {
             Ok(()) => {
@@ -547,13 +694,35 @@ impl Throttle {
                 }
                 tracing::debug!(container = %id, frozen, "GPU-time share");
             }
+            // The cgroup is gone (the container exited): nothing is frozen, and
+            // its next process's cgroup is learned from its samples.
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+                if let Some(account) = self.accounts.get_mut(id) {
+                    account.frozen = false;
+                    account.cgroup = None;
+                }
+            }
             Err(error) => {
                 tracing::warn!(container = %id, cgroup = %dir.display(), frozen, %error, "could not freeze or thaw a container held to its GPU time");
             }
         }
     }
 
-    /// Charges the new samples of GPU `uuid` to the containers they belong to.
+    /// The container cgroup of process `pid`, looked up again once the last
+    /// lookup is [`PID_LOOKUP_SECONDS`] old.
+    fn cgroup_of(&mut self, pid: u32, now: f64) -> Option<ProcessCgroup> {
+        if let Some((cgroup, looked_up, seen)) = self.pid_cache.get_mut(&pid)
+            && now - *looked_up < PID_LOOKUP_SECONDS
+        {
+            *seen = now;
+            return cgroup.clone();
+        }
+        let cgroup = self.processes.cgroup(pid);
+        self.pid_cache.insert(pid, (cgroup.clone(), now, now));
+        cgroup
+    }
+
+    /// Charges `samples` of GPU `uuid` to the containers they belong to.
     ///
     /// Each sample is charged the period since its process's previous one at its
     /// utilization. Processes time-sliced on one GPU can each be reported busy for
@@ -561,17 +730,10 @@ impl Throttle {
     /// container ran at 0.15 of the GPU together, two 25 % tenants at once at 0.29
     /// together); a GPU's time is one, so when the charges of a round's samples
     /// add up to more than the time they cover, each is scaled down to its part.
-    fn charge(&mut self, uuid: &str, now: f64) {
-        let since = self.sampling.get(uuid).map_or(0, |s| s.last_us);
-        let mut samples = match self.gpu.samples(uuid, since) {
-            Ok(samples) => samples,
-            Err(error) => {
-                tracing::debug!(%error, "no GPU-time samples");
-                return;
-            }
-        };
+    fn charge(&mut self, uuid: &str, mut samples: Vec<Sample>, now: f64) {
         samples.sort_by_key(|s| s.timestamp_us);
         let sampling = self.sampling.entry(uuid.to_owned()).or_default();
+        let since = sampling.last_us;
         // (pid, seconds of the whole GPU it used), and the span they cover.
         let mut used: Vec<(u32, f64)> = Vec::with_capacity(samples.len());
         let (mut first_us, mut last_us) = (u64::MAX, 0u64);
@@ -590,7 +752,7 @@ impl Throttle {
                     .min(MAX_SAMPLE_GAP_SECONDS)
             };
             if gap > 0.0 {
-                let start = sample.timestamp_us - (gap * 1e6) as u64;
+                let start = sample.timestamp_us.saturating_sub((gap * 1e6) as u64);
                 first_us = first_us.min(start);
                 last_us = last_us.max(sample.timestamp_us);
             }
@@ -609,28 +771,32 @@ impl Throttle {
             1.0
         };
         for (pid, seconds) in used {
-            let cgroup = match self.pid_cache.get_mut(&pid) {
-                Some((cgroup, seen)) => {
-                    *seen = now;
-                    cgroup.clone()
-                }
-                None => {
-                    let cgroup = self.processes.cgroup(pid);
-                    self.pid_cache.insert(pid, (cgroup.clone(), now));
-                    cgroup
-                }
+            let Some(cgroup) = self.cgroup_of(pid, now) else {
+                continue;
             };
-            let Some(cgroup) = cgroup else { continue };
             let Some(account) = self.accounts.get_mut(&cgroup.container_id) else {
                 continue;
             };
             if account.cgroup.as_ref() != Some(&cgroup.dir) {
-                account.cgroup = Some(cgroup.dir.clone());
-                // Kept with the grant, so a restarted proxy can thaw it.
+                // Kept with the grant first, so that a restarted proxy can thaw
+                // it: a cgroup not on record is never frozen.
                 let file = self.dir.join(account.grant.file_name());
-                if let Err(error) = std::fs::write(&file, account.grant.to_text(Some(&cgroup.dir)))
-                {
-                    tracing::warn!(file = %file.display(), %error, "GPU-time grant file not updated");
+                match write_whole(&file, &account.grant.to_text(Some(&cgroup.dir))) {
+                    Ok(()) => {
+                        if account.frozen
+                            && let Some(old) = account.cgroup.replace(cgroup.dir.clone())
+                        {
+                            // Its old cgroup is not its now: thaw it, and let the
+                            // next round freeze the new one if it still owes.
+                            let _ = self.freezer.set(&old, false);
+                            account.frozen = false;
+                        } else {
+                            account.cgroup = Some(cgroup.dir.clone());
+                        }
+                    }
+                    Err(error) => {
+                        tracing::warn!(file = %file.display(), %error, "GPU-time grant file not updated: the container is not held until it is");
+                    }
                 }
             }
             if let Some(credit) = account.credit.get_mut(uuid) {

@@ -197,21 +197,33 @@ pub fn node(
         None
     };
     let mps = node_mps(args)?;
+    let grants = args.enforcement_dir.join("gpu-time");
     let gpu_time = match args.gpu_time {
         Switch::Off => None,
-        Switch::Auto | Switch::On => {
-            match GpuTimeHold::open(&args.nvml_library, &args.enforcement_dir.join("gpu-time")) {
-                Ok(hold) => Some(hold),
-                Err(error) if args.gpu_time == Switch::On => {
-                    return Err(SetupError::GpuTime(error));
-                }
-                Err(error) => {
-                    tracing::info!(%error, "GPU time off: the node cannot hold it");
-                    None
-                }
+        Switch::Auto | Switch::On => match GpuTimeHold::open(&args.nvml_library, &grants) {
+            Ok(hold) => Some(hold),
+            Err(error) if args.gpu_time == Switch::On => {
+                return Err(SetupError::GpuTime(error));
             }
-        }
+            Err(error) => {
+                tracing::info!(%error, "GPU time off: the node cannot hold it");
+                None
+            }
+        },
     };
+    // Off now, on before: what it held goes free, none left frozen.
+    if gpu_time.is_none() {
+        let freed = tessera_enforce::throttle::thaw_leftovers(
+            &grants,
+            &tessera_enforce::throttle::CgroupFreezer,
+        );
+        if freed > 0 {
+            tracing::info!(
+                containers = freed,
+                "GPU time is off: the containers it held before are let go"
+            );
+        }
+    }
     let enforcement = Enforcement {
         driver_memory: driver.is_some(),
         mps: mps.as_ref().map(|m| tessera_hooks::gpu::MpsFiles {
@@ -572,32 +584,33 @@ impl Hook for EnforceHook {
         ctx: &HookContext,
         request: &mut LifecycleRequest,
     ) -> Result<(), HookRejection> {
-        let Some(pod) = &ctx.pod else {
-            return Ok(());
-        };
         // Let go before the runtime signals: a frozen process cannot take its
-        // SIGTERM, and its grace period would pass frozen.
+        // SIGTERM, and its grace period would pass frozen. By container ID, so
+        // that a container whose pod is not known is let go too.
         if let Some(hold) = &self.gpu_time {
-            let released = match request {
-                LifecycleRequest::StopContainer(stop) => Some(
+            let released = match (&*request, &ctx.pod) {
+                (LifecycleRequest::StopContainer(stop), _) => Some(
                     hold.release(stop.container_id.clone())
                         .await
                         .map(usize::from),
                 ),
-                LifecycleRequest::RemoveContainer(remove) => Some(
+                (LifecycleRequest::RemoveContainer(remove), _) => Some(
                     hold.release(remove.container_id.clone())
                         .await
                         .map(usize::from),
                 ),
-                LifecycleRequest::StopPodSandbox(_) => {
+                (LifecycleRequest::StopPodSandbox(_), Some(pod)) => {
                     Some(hold.release_pod(pod.uid.clone()).await)
                 }
                 _ => None,
             };
             if let Some(Err(error)) = released {
-                tracing::warn!(pod = %pod.display_name(), %error, "GPU-time hold not released");
+                tracing::warn!(%error, "GPU-time hold not released");
             }
         }
+        let Some(pod) = &ctx.pod else {
+            return Ok(());
+        };
         match request {
             LifecycleRequest::StartContainer(_) => {
                 if let (Some(hold), Some(container)) = (&self.gpu_time, &ctx.container)

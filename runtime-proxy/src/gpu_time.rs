@@ -11,17 +11,39 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use tessera_enforce::throttle::{
-    AccountView, CgroupFreezer, Grant, HostProcesses, NvmlGpuTime, Throttle, ThrottleError,
+    AccountView, CgroupFreezer, GpuTime, Grant, HostProcesses, NvmlGpuTime, Throttle, ThrottleError,
 };
 
 /// How often the throttle samples the GPUs and decides.
 pub const TICK: Duration = Duration::from_millis(100);
 
 /// The node's GPU-time hold; clones share it.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct GpuTimeHold {
     throttle: Arc<Mutex<Throttle>>,
+    /// The driver, sampled by the ticking thread alone (taken at its start),
+    /// never under the throttle's lock.
+    gpu: Arc<Mutex<Option<Box<dyn GpuTime>>>>,
     stopped: Arc<AtomicBool>,
+}
+
+impl std::fmt::Debug for GpuTimeHold {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuTimeHold")
+            .field("throttle", &self.throttle)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Stops the hold when dropped: whatever way `main` leaves, no container stays
+/// frozen with no one to thaw it.
+#[derive(Debug)]
+pub struct StopGuard(GpuTimeHold);
+
+impl Drop for StopGuard {
+    fn drop(&mut self) {
+        self.0.stop();
+    }
 }
 
 impl GpuTimeHold {
@@ -35,7 +57,6 @@ impl GpuTimeHold {
         let gpu = NvmlGpuTime::open(nvml_library).map_err(|e| e.to_string())?;
         let throttle = Throttle::open(
             dir.to_owned(),
-            Box::new(gpu),
             Box::new(HostProcesses {
                 proc_root: "/proc".into(),
                 cgroup_root,
@@ -43,15 +64,21 @@ impl GpuTimeHold {
             Box::new(CgroupFreezer),
         )
         .map_err(|e| e.to_string())?;
-        Ok(Self::new(throttle))
+        Ok(Self::new(throttle, Box::new(gpu)))
     }
 
-    /// A hold around `throttle`.
-    pub fn new(throttle: Throttle) -> Self {
+    /// A hold around `throttle`, sampling `gpu`.
+    pub fn new(throttle: Throttle, gpu: Box<dyn GpuTime>) -> Self {
         Self {
             throttle: Arc::new(Mutex::new(throttle)),
+            gpu: Arc::new(Mutex::new(Some(gpu))),
             stopped: Arc::new(AtomicBool::new(false)),
         }
+    }
+
+    /// A guard that stops the hold when dropped.
+    pub fn guard(&self) -> StopGuard {
+        StopGuard(self.clone())
     }
 
     fn lock(&self) -> MutexGuard<'_, Throttle> {
@@ -62,15 +89,41 @@ impl GpuTimeHold {
     }
 
     /// Ticks the throttle every [`TICK`] on a thread of its own (NVML and cgroup
-    /// files block) until [`GpuTimeHold::stop`].
+    /// files block) until [`GpuTimeHold::stop`]. The driver is sampled between
+    /// two short holds of the lock, so a slow driver never holds up a release.
     pub fn start(&self) -> std::io::Result<()> {
+        let Some(mut gpu) = self
+            .gpu
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+        else {
+            return Err(std::io::Error::other(
+                "the GPU-time thread is already running",
+            ));
+        };
         let hold = self.clone();
         std::thread::Builder::new()
             .name("gpu-time".into())
             .spawn(move || {
                 let start = Instant::now();
                 while !hold.stopped.load(Ordering::Relaxed) {
-                    hold.lock().tick(start.elapsed().as_secs_f64());
+                    let round = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        let wanted = hold.lock().wanted();
+                        let samples = wanted
+                            .into_iter()
+                            .map(|(uuid, since)| {
+                                let result = gpu.samples(&uuid, since);
+                                (uuid, result)
+                            })
+                            .collect();
+                        hold.lock().apply(start.elapsed().as_secs_f64(), samples);
+                    }));
+                    // A round that panicked is skipped; the next one runs (a dead
+                    // thread would leave frozen containers frozen).
+                    if round.is_err() {
+                        tracing::error!("a GPU-time round panicked; going on");
+                    }
                     std::thread::sleep(TICK);
                 }
             })
@@ -78,7 +131,8 @@ impl GpuTimeHold {
     }
 
     /// Stops ticking and thaws every frozen container (the proxy is stopping:
-    /// none may stay frozen with no one to thaw it).
+    /// none may stay frozen with no one to thaw it). Under the throttle's lock:
+    /// a round that ends after it freezes nothing.
     pub fn stop(&self) {
         self.stopped.store(true, Ordering::Relaxed);
         self.lock().thaw_all();

@@ -60,6 +60,8 @@ async fn run(config: Config) -> anyhow::Result<()> {
     // once the runtime's sandboxes are known.
     let mut mps_gc: Option<tessera_enforce::mps::Mps> = None;
     let mut gpu_time: Option<tessera_runtime_proxy::gpu_time::GpuTimeHold> = None;
+    // Dropped however main ends: GPU time stops and thaws every container.
+    let mut thaw_guard: Option<tessera_runtime_proxy::gpu_time::StopGuard> = None;
     if let Some(gpu) = &config.gpu_hook {
         let probe = Arc::new(gpu.probe());
         // The hooks' own calls to the runtime (its CDI settings, its sandboxes): one
@@ -73,6 +75,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
         } = enforcement::node(gpu, Arc::new(runtime.clone()))?;
         mps_gc = mps.clone();
         if let Some(hold) = &hold {
+            thaw_guard = Some(hold.guard());
             hold.start().context("starting the GPU-time thread")?;
         }
         gpu_time = hold.clone();
@@ -173,8 +176,6 @@ async fn run(config: Config) -> anyhow::Result<()> {
         RelayMode::Frames => relay::serve(listener, proxy, shutdown, config.drain_timeout).await,
     }
     // No container may stay frozen with no proxy to thaw it.
-    if let Some(hold) = gpu_time {
-        hold.stop();
-    }
+    drop(thaw_guard);
     Ok(())
 }

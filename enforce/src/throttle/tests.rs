@@ -18,6 +18,8 @@ struct Node {
     pids: Arc<Mutex<HashMap<u32, (String, f64)>>>, // pid → (container ID, demand 0..1)
     now: Arc<Mutex<f64>>,
     queued: f64,
+    /// Errors the freezer answers with, first to last, before it works again.
+    failures: Arc<Mutex<Vec<std::io::ErrorKind>>>,
 }
 
 fn dir_of(id: &str) -> PathBuf {
@@ -97,6 +99,10 @@ impl Processes for NodeProcesses {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .get(&pid)?
             .clone();
+        // A process of the node itself: in no container.
+        if id == "host" {
+            return None;
+        }
         Some(ProcessCgroup {
             container_id: id.clone(),
             dir: dir_of(&id),
@@ -107,6 +113,17 @@ impl Processes for NodeProcesses {
 struct NodeFreezer(Node);
 impl Freezer for NodeFreezer {
     fn set(&self, dir: &Path, frozen: bool) -> std::io::Result<()> {
+        let failure = {
+            let mut failures = self
+                .0
+                .failures
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            (!failures.is_empty()).then(|| failures.remove(0))
+        };
+        if let Some(kind) = failure {
+            return Err(std::io::Error::from(kind));
+        }
         self.0
             .calls
             .lock()
@@ -136,7 +153,6 @@ impl Freezer for NodeFreezer {
 fn throttle(dir: &Path, node: &Node) -> Throttle {
     Throttle::open(
         dir.to_owned(),
-        Box::new(NodeGpu(node.clone())),
         Box::new(NodeProcesses(node.clone())),
         Box::new(NodeFreezer(node.clone())),
     )
@@ -166,7 +182,7 @@ fn run(throttle: &mut Throttle, node: &Node, seconds: f64, ids: &[&str]) -> Vec<
             *now += 0.1;
             *now
         };
-        throttle.tick(now);
+        throttle.tick(now, &mut NodeGpu(node.clone()));
         for (i, id) in ids.iter().enumerate() {
             if !node.is_frozen(id) {
                 running[i] += 1;
@@ -223,9 +239,12 @@ fn a_container_within_its_share_and_an_ungranted_one_are_never_frozen() {
     let node = Node::default();
     let mut t = throttle(dir.path(), &node);
     t.grant(grant(ID_A, "pod-a", 50)).expect("test setup");
+    // Alone on the GPU at 40 % of it, under its 50 %.
     node.add(100, ID_A, 0.4);
-    node.add(200, ID_B, 1.0); // a whole-GPU container: no grant
-    node.add(300, "host", 1.0); // not a container
+    assert_eq!(run(&mut t, &node, 20.0, &[ID_A]), vec![1.0]);
+    // Beside it, a whole-GPU container (no grant) and a process of the node.
+    node.add(200, ID_B, 1.0);
+    node.add(300, "host", 1.0);
     let ran = run(&mut t, &node, 20.0, &[ID_A, ID_B]);
     assert_eq!(ran, vec![1.0, 1.0]);
     assert!(
@@ -369,9 +388,9 @@ fn processes_reported_busy_for_the_same_period_share_it() {
     node.add(1, ID_A, 1.0);
     node.add(2, ID_B, 1.0);
     let queue = Arc::new(Mutex::new(Vec::new()));
+    let mut gpu = Scripted(Arc::clone(&queue));
     let mut t = Throttle::open(
         dir.path().to_owned(),
-        Box::new(Scripted(Arc::clone(&queue))),
         Box::new(NodeProcesses(node.clone())),
         Box::new(NodeFreezer(node.clone())),
     )
@@ -389,10 +408,10 @@ fn processes_reported_busy_for_the_same_period_share_it() {
             .unwrap_or_else(std::sync::PoisonError::into_inner) = samples;
     };
     push(vec![sample(1, 1.0), sample(2, 1.0)]);
-    t.tick(1.0);
+    t.tick(1.0, &mut gpu);
     // Both "100 %" over the same 0.1 s: 0.05 s each, not 0.1.
     push(vec![sample(1, 1.1), sample(2, 1.1)]);
-    t.tick(1.1);
+    t.tick(1.1, &mut gpu);
     for view in t.accounts() {
         let want = 0.25 * 0.1 - 0.05;
         assert!(
@@ -404,7 +423,7 @@ fn processes_reported_busy_for_the_same_period_share_it() {
     }
     // One process alone at 100 %: the whole period is its.
     push(vec![sample(1, 1.2)]);
-    t.tick(1.2);
+    t.tick(1.2, &mut gpu);
     let a = t
         .accounts()
         .into_iter()
@@ -438,7 +457,7 @@ fn time_sliced_tenants_reported_busy_at_once_each_get_their_share() {
             *now += 0.1;
             *now
         };
-        t.tick(now);
+        t.tick(now, &mut NodeGpu(node.clone()));
         let (a, b) = (!node.is_frozen(ID_A), !node.is_frozen(ID_B));
         let running = f64::from(u8::from(a) + u8::from(b)).max(1.0);
         used_a += f64::from(u8::from(a)) / running / f64::from(rounds);
@@ -450,4 +469,124 @@ fn time_sliced_tenants_reported_busy_at_once_each_get_their_share() {
             "tenant {name} used {used:.3} of the GPU at 25 %"
         );
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Runs until `id` is frozen (at most 5 s of rounds).
+fn until_frozen(t: &mut Throttle, node: &Node, id: &str) {
+    for _ in 0..50 {
+        run(t, node, 0.1, &[]);
+        if node.is_frozen(id) {
+            return;
+        }
+    }
+    panic!("{id} never frozen: {:?}", t.accounts());
+}
+
+#[test]
+fn a_thaw_that_fails_at_start_is_tried_again_every_round() {
+    let dir = tempfile::tempdir().expect("test setup");
+    let node = Node::default();
+    let mut first = throttle(dir.path(), &node);
+    first.grant(grant(ID_A, "pod-a", 10)).expect("test setup");
+    node.add(100, ID_A, 1.0);
+    until_frozen(&mut first, &node, ID_A);
+    drop(first);
+    node.pids.lock().map(|mut p| p.clear()).ok();
+    // The kernel refuses twice (the cgroup busy), then thaws.
+    *lock(&node.failures) = vec![std::io::ErrorKind::ResourceBusy; 2];
+    let mut second = throttle(dir.path(), &node);
+    assert!(node.is_frozen(ID_A));
+    assert!(second.accounts()[0].frozen, "{:?}", second.accounts());
+    run(&mut second, &node, 0.1, &[]);
+    assert!(node.is_frozen(ID_A), "the second refusal");
+    run(&mut second, &node, 0.1, &[]);
+    assert!(!node.is_frozen(ID_A), "never thawed");
+}
+
+#[test]
+fn a_grant_again_keeps_its_frozen_cgroup_and_release_thaws_it() {
+    let dir = tempfile::tempdir().expect("test setup");
+    let node = Node::default();
+    let mut t = throttle(dir.path(), &node);
+    t.grant(grant(ID_A, "pod-a", 10)).expect("test setup");
+    node.add(100, ID_A, 1.0);
+    until_frozen(&mut t, &node, ID_A);
+    t.grant(grant(ID_A, "pod-a", 20)).expect("test setup");
+    let text =
+        std::fs::read_to_string(dir.path().join(format!("pod-a_{ID_A}"))).expect("its grant file");
+    assert!(text.contains("cgroup="), "{text}");
+    assert!(t.release(ID_A));
+    assert!(!node.is_frozen(ID_A));
+}
+
+#[test]
+fn once_stopped_nothing_is_frozen_again() {
+    let dir = tempfile::tempdir().expect("test setup");
+    let node = Node::default();
+    let mut t = throttle(dir.path(), &node);
+    t.grant(grant(ID_A, "pod-a", 10)).expect("test setup");
+    node.add(100, ID_A, 1.0);
+    until_frozen(&mut t, &node, ID_A);
+    t.thaw_all();
+    assert!(!node.is_frozen(ID_A));
+    // A round that was already under way when the proxy stopped.
+    run(&mut t, &node, 2.0, &[]);
+    assert!(!node.is_frozen(ID_A));
+}
+
+#[test]
+fn a_cgroup_gone_while_frozen_is_not_retried() {
+    let dir = tempfile::tempdir().expect("test setup");
+    let node = Node::default();
+    let mut t = throttle(dir.path(), &node);
+    t.grant(grant(ID_A, "pod-a", 10)).expect("test setup");
+    node.add(100, ID_A, 1.0);
+    until_frozen(&mut t, &node, ID_A);
+    // The container exited: its cgroup is gone.
+    node.pids.lock().map(|mut p| p.clear()).ok();
+    *lock(&node.failures) = vec![std::io::ErrorKind::NotFound];
+    let calls = lock(&node.calls).len();
+    run(&mut t, &node, 3.0, &[]);
+    assert_eq!(lock(&node.calls).len(), calls, "retried a gone cgroup");
+    assert!(!t.accounts()[0].frozen);
+}
+
+#[test]
+fn a_process_in_a_sub_cgroup_is_its_containers() {
+    let root = Path::new("/sys/fs/cgroup");
+    let container = root.join(format!("kubepods/pod1/cri-containerd-{ID_A}.scope"));
+    let want = Some(ProcessCgroup {
+        container_id: ID_A.into(),
+        dir: container.clone(),
+    });
+    assert_eq!(container_cgroup(root, &container), want);
+    assert_eq!(container_cgroup(root, &container.join("init.scope")), want);
+    // A sub-cgroup named after another container is still its own container's.
+    assert_eq!(container_cgroup(root, &container.join(ID_B)), want);
+    assert_eq!(container_cgroup(root, &root.join("kubepods/pod1")), None);
+    assert_eq!(container_cgroup(root, Path::new("/elsewhere")), None);
+}
+
+#[test]
+fn leftovers_are_thawed_and_removed_and_bad_files_dropped() {
+    let dir = tempfile::tempdir().expect("test setup");
+    let node = Node::default();
+    let mut t = throttle(dir.path(), &node);
+    t.grant(grant(ID_A, "pod-a", 10)).expect("test setup");
+    node.add(100, ID_A, 1.0);
+    until_frozen(&mut t, &node, ID_A);
+    drop(t);
+    std::fs::write(
+        dir.path().join(format!("pod-b_{ID_B}")),
+        "percent=25\ngpus=GPU-0\ncgroup=/etc\n",
+    )
+    .expect("test setup");
+    std::fs::write(dir.path().join("junk"), "nothing").expect("test setup");
+    assert_eq!(thaw_leftovers(dir.path(), &NodeFreezer(node.clone())), 1);
+    assert!(!node.is_frozen(ID_A));
+    assert_eq!(std::fs::read_dir(dir.path()).expect("dir").count(), 0);
 }

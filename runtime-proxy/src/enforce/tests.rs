@@ -480,13 +480,8 @@ mod gpu_time {
     }
 
     fn held(dir: &Path) -> Result<(EnforceHook, GpuTimeHold), Box<dyn std::error::Error>> {
-        let throttle = Throttle::open(
-            dir.to_owned(),
-            Box::new(Idle),
-            Box::new(Idle),
-            Box::new(Idle),
-        )?;
-        let hold = GpuTimeHold::new(throttle);
+        let throttle = Throttle::open(dir.to_owned(), Box::new(Idle), Box::new(Idle))?;
+        let hold = GpuTimeHold::new(throttle, Box::new(Idle));
         let hook = EnforceHook::new(
             Enforcement {
                 gpu_time: true,
@@ -526,8 +521,10 @@ mod gpu_time {
         hook.pre(&ctx("main", 'a'), &mut stop).await?;
         assert!(hold.accounts().is_empty());
 
-        // Started again (a restart), then its pod stops: let go with the pod.
-        hook.pre(&ctx("main", 'a'), &mut start('a')).await?;
+        // Restarted by kubelet (a new container), then its pod stops: let go
+        // with the pod.
+        hook.pre(&ctx("main", 'd'), &mut start('d')).await?;
+        assert_eq!(hold.accounts().len(), 1);
         let mut stop_pod = LifecycleRequest::StopPodSandbox(cri::StopPodSandboxRequest::default());
         let pod_only = HookContext {
             pod: Some(pod()),
