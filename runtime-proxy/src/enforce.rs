@@ -338,6 +338,30 @@ impl EnforceHook {
         self
     }
 
+    /// Holds the shared containers of live pods in `store` that have a compute
+    /// share (at the proxy's start: those started while GPU time was off, or by
+    /// a proxy without it, are held from now on; those already held keep their
+    /// state). Returns how many are held; one that cannot be is warned about.
+    pub async fn hold_known(&self, store: &crate::store::PodStore) -> usize {
+        let Some(hold) = &self.gpu_time else {
+            return 0;
+        };
+        let mut held = 0;
+        for (container, pod) in store.live_containers() {
+            if !pod.annotations.contains_key(DEVICE_ALLOCATED) {
+                continue;
+            }
+            let before = hold.accounts().len();
+            match self.hold_gpu_time(hold, &pod, &container).await {
+                Ok(()) => held += usize::from(hold.accounts().len() > before),
+                Err(error) => {
+                    tracing::warn!(pod = %pod.display_name(), container = %container.name, %error, "a running shared container is not held to its GPU time");
+                }
+            }
+        }
+        held
+    }
+
     /// Holds a shared container with a compute share to it (before it starts):
     /// refused when it cannot be.
     async fn hold_gpu_time(

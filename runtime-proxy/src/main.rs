@@ -62,6 +62,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
     let mut gpu_time: Option<tessera_runtime_proxy::gpu_time::GpuTimeHold> = None;
     // Dropped however main ends: GPU time stops and thaws every container.
     let mut thaw_guard: Option<tessera_runtime_proxy::gpu_time::StopGuard> = None;
+    let mut enforce_hook: Option<Arc<EnforceHook>> = None;
     if let Some(gpu) = &config.gpu_hook {
         let probe = Arc::new(gpu.probe());
         // The hooks' own calls to the runtime (its CDI settings, its sandboxes): one
@@ -97,10 +98,12 @@ async fn run(config: Config) -> anyhow::Result<()> {
             ))
             .with_store(Arc::clone(&store), runtime),
         ));
-        hooks.push(Arc::new(
+        let enforce = Arc::new(
             EnforceHook::new(enforcement, driver, mps, probe, Arc::clone(&metrics))
                 .with_gpu_time(hold),
-        ));
+        );
+        enforce_hook = Some(Arc::clone(&enforce));
+        hooks.push(enforce);
     }
     // External hooks run after the embedded GPU hook, in file-name order.
     let registry = HookRegistry::new(&config.hooks_dir);
@@ -136,6 +139,15 @@ async fn run(config: Config) -> anyhow::Result<()> {
     tokio::spawn(async move {
         resync.await;
         if let Some(hold) = held {
+            if let Some(hook) = &enforce_hook {
+                let held = hook.hold_known(&live).await;
+                if held > 0 {
+                    tracing::info!(
+                        containers = held,
+                        "running shared containers held to their GPU time from now on"
+                    );
+                }
+            }
             let uids: Vec<String> = live.live_pods().iter().map(|p| p.uid.clone()).collect();
             match hold.prune(uids).await {
                 Ok(0) => {}

@@ -131,6 +131,17 @@ impl PodStore {
             .collect()
     }
 
+    /// Every known container whose sandbox is up, with its pod.
+    pub fn live_containers(&self) -> Vec<(ContainerInfo, Arc<PodInfo>)> {
+        let inner = self.read();
+        inner
+            .containers
+            .values()
+            .filter(|c| !inner.stopped.contains(&c.sandbox_id))
+            .filter_map(|c| Some((c.clone(), inner.pods.get(&c.sandbox_id).cloned()?)))
+            .collect()
+    }
+
     /// Records a container.
     pub fn insert_container(&self, container: ContainerInfo) {
         self.write()

@@ -537,6 +537,47 @@ mod gpu_time {
     }
 
     #[tokio::test]
+    async fn running_shared_containers_are_held_at_the_proxys_start()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let (hook, hold) = held(dir.path())?;
+        let store = crate::store::PodStore::default();
+        let live = PodInfo {
+            sandbox_id: "sandbox-1".into(),
+            ..(*pod()).clone()
+        };
+        store.insert_pod(live);
+        for (name, c) in [("main", 'a'), ("whole", 'b'), ("sidecar", 'c')] {
+            store.insert_container(ContainerInfo {
+                id: id(c),
+                name: name.into(),
+                sandbox_id: "sandbox-1".into(),
+            });
+        }
+        // A stopped pod's shared container is not held.
+        let stopped = PodInfo {
+            sandbox_id: "sandbox-2".into(),
+            uid: "0b6c2a1e-2222-4222-8333-444455556666".into(),
+            ..(*pod()).clone()
+        };
+        store.insert_pod(stopped);
+        store.insert_container(ContainerInfo {
+            id: id('e'),
+            name: "main".into(),
+            sandbox_id: "sandbox-2".into(),
+        });
+        store.mark_stopped("sandbox-2");
+        assert_eq!(hook.hold_known(&store).await, 1);
+        let accounts = hold.accounts();
+        assert_eq!(accounts.len(), 1);
+        assert_eq!(accounts[0].container_id, id('a'));
+        // Again (a second resync): already held, nothing new.
+        assert_eq!(hook.hold_known(&store).await, 0);
+        assert_eq!(hold.accounts().len(), 1);
+        Ok(())
+    }
+
+    #[tokio::test]
     async fn a_share_that_cannot_be_held_is_not_started() -> Result<(), Box<dyn std::error::Error>>
     {
         let dir = tempfile::tempdir()?;
