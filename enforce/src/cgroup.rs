@@ -20,6 +20,20 @@ pub fn v2_mount(mountinfo: &str) -> Option<PathBuf> {
     })
 }
 
+/// Whether the first `cgroup2` mount of a `/proc/<pid>/mountinfo` is read-only
+/// (its mount options start with `ro`; systemd's `ProtectControlGroups=yes` makes
+/// it so); `None` without one.
+pub fn v2_mount_read_only(mountinfo: &str) -> Option<bool> {
+    mountinfo.lines().find_map(|line| {
+        let (left, right) = line.split_once(" - ")?;
+        (right.split_whitespace().next()? == "cgroup2").then(|| {
+            left.split_whitespace()
+                .nth(5)
+                .is_some_and(|options| options.split(',').any(|o| o == "ro"))
+        })
+    })
+}
+
 /// The cgroup v2 mount of this process's mount namespace, else [`CGROUP_ROOT`].
 pub fn host_v2_mount() -> PathBuf {
     std::fs::read_to_string("/proc/self/mountinfo")
@@ -128,6 +142,18 @@ mod tests {
             Err(CgroupError::Read { .. })
         ));
         Ok(())
+    }
+
+    #[test]
+    fn a_read_only_v2_mount_is_told_apart() {
+        let rw = "29 23 0:26 / /sys/fs/cgroup rw,nosuid,nodev - cgroup2 cgroup2 rw,nsdelegate\n";
+        let ro = "29 23 0:26 / /sys/fs/cgroup ro,nosuid,nodev - cgroup2 cgroup2 rw,nsdelegate\n";
+        assert_eq!(v2_mount_read_only(rw), Some(false));
+        assert_eq!(v2_mount_read_only(ro), Some(true));
+        assert_eq!(
+            v2_mount_read_only("31 23 0:28 / /sys/fs/cgroup rw - tmpfs tmpfs rw\n"),
+            None
+        );
     }
 
     #[test]

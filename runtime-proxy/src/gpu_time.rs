@@ -54,6 +54,12 @@ impl GpuTimeHold {
             .map_err(|e| format!("reading /proc/self/mountinfo: {e}"))?;
         let cgroup_root = tessera_enforce::cgroup::v2_mount(&mountinfo)
             .ok_or("no cgroup v2 hierarchy is mounted (cgroup.freeze needs one)")?;
+        if tessera_enforce::cgroup::v2_mount_read_only(&mountinfo) == Some(true) {
+            return Err(format!(
+                "{} is mounted read-only here (systemd's ProtectControlGroups=yes?): containers could not be frozen",
+                cgroup_root.display()
+            ));
+        }
         let gpu = NvmlGpuTime::open(nvml_library).map_err(|e| e.to_string())?;
         let throttle = Throttle::open(
             dir.to_owned(),
