@@ -815,11 +815,23 @@ pub async fn gpu_time_holds_a_compute_share(cluster: &mut Cluster) -> anyhow::Re
     };
     let uid = running.metadata.uid.clone().context("no uid")?;
     let bare_id = id.trim_start_matches("containerd://");
+    let mine = format!("{uid}_{bare_id}");
     ensure!(
-        held_files()? == [format!("{uid}_{bare_id}")],
-        "gpu-time: grant files {:?}, want the container's",
+        held_files()?.contains(&mine),
+        "gpu-time: grant files {:?}, want the container's ({mine})",
         held_files()?
     );
+    // Its MPS namespace (MPS is on in this cluster too), to see it gone with the pod.
+    let gpus = allocated_gpus(&running)?;
+    ensure!(gpus.len() == 1, "gpu-time: granted {gpus:?}");
+    let server = format!("gpu_{}", gpus[0].1);
+    let namespace = mount_of(&spec, "/run/nvidia-mps")
+        .and_then(|(source, _)| {
+            std::path::Path::new(&source)
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+        })
+        .context("gpu-time: no MPS namespace mounted")?;
 
     // Not yet on a GPU: it spins unheld.
     let (unheld, frozen) = cpu_and_frozen(pid, &cgroup, std::time::Duration::from_secs(2)).await?;
@@ -866,11 +878,19 @@ pub async fn gpu_time_holds_a_compute_share(cluster: &mut Cluster) -> anyhow::Re
         restarts == 0,
         "gpu-time: restarted {restarts} times under its exec probe"
     );
+    // Deleted with no grace, the pod leaves the API before kubelet stops it:
+    // its grant goes when kubelet does.
     cluster.delete_pod("gpu-time").await?;
-    ensure!(
-        held_files()?.is_empty(),
-        "gpu-time: grant files {:?} left after the pod's deletion",
-        held_files()?
-    );
+    eventually("gpu-time: the grant file goes with the pod", || {
+        Ok(!held_files()?.contains(&mine))
+    })
+    .await?;
+    // Gone whole before the next scenario, which counts the GPU's MPS server.
+    eventually("gpu-time: the pod's MPS namespace goes", || {
+        Ok(cluster
+            .mps_control(&["namespace", "get", &namespace, &server, "name"])
+            .is_err())
+    })
+    .await?;
     Ok(())
 }
