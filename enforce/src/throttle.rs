@@ -379,6 +379,22 @@ pub struct Throttle {
     stopped: bool,
     /// GPUs whose sampling failed, warned about once.
     failing: std::collections::HashSet<String>,
+    /// Freezes made, and seconds spent frozen, since the start (all accounts).
+    freezes: u64,
+    frozen_seconds: f64,
+}
+
+/// What a throttle holds now and has done since its start.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Totals {
+    /// Containers held.
+    pub held: usize,
+    /// Of those, frozen now.
+    pub frozen: usize,
+    /// Freezes made.
+    pub freezes: u64,
+    /// Seconds containers spent frozen, added up.
+    pub frozen_seconds: f64,
 }
 
 impl std::fmt::Debug for Throttle {
@@ -491,6 +507,8 @@ impl Throttle {
             last_tick: None,
             stopped: false,
             failing: std::collections::HashSet::new(),
+            freezes: 0,
+            frozen_seconds: 0.0,
         })
     }
 
@@ -597,6 +615,16 @@ impl Throttle {
             .collect()
     }
 
+    /// What it holds now and has done since its start.
+    pub fn totals(&self) -> Totals {
+        Totals {
+            held: self.accounts.len(),
+            frozen: self.accounts.values().filter(|a| a.frozen).count(),
+            freezes: self.freezes,
+            frozen_seconds: self.frozen_seconds,
+        }
+    }
+
     /// The GPUs the next round samples, each with the time of its newest sample
     /// seen (µs; 0: none yet). A clock stepped back by more than a second starts
     /// the GPU's sampling over: NVML's timestamps are the wall clock's, and no
@@ -660,6 +688,7 @@ impl Throttle {
             }
             if account.frozen {
                 account.frozen_seconds += elapsed;
+                self.frozen_seconds += elapsed;
             }
             let owes = account.owes() && !self.stopped;
             if owes != account.frozen
@@ -692,6 +721,7 @@ impl Throttle {
                 if let Some(account) = self.accounts.get_mut(id) {
                     account.frozen = frozen;
                 }
+                self.freezes += u64::from(frozen);
                 tracing::debug!(container = %id, frozen, "GPU-time share");
             }
             // The cgroup is gone (the container exited): nothing is frozen, and

@@ -97,7 +97,7 @@ impl GpuTimeHold {
     /// Ticks the throttle every [`TICK`] on a thread of its own (NVML and cgroup
     /// files block) until [`GpuTimeHold::stop`]. The driver is sampled between
     /// two short holds of the lock, so a slow driver never holds up a release.
-    pub fn start(&self) -> std::io::Result<()> {
+    pub fn start(&self, metrics: Arc<crate::metrics::Metrics>) -> std::io::Result<()> {
         let Some(mut gpu) = self
             .gpu
             .lock()
@@ -113,6 +113,7 @@ impl GpuTimeHold {
             .name("gpu-time".into())
             .spawn(move || {
                 let start = Instant::now();
+                let mut reported = tessera_enforce::throttle::Totals::default();
                 while !hold.stopped.load(Ordering::Relaxed) {
                     let round = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                         let wanted = hold.lock().wanted();
@@ -130,6 +131,20 @@ impl GpuTimeHold {
                     if round.is_err() {
                         tracing::error!("a GPU-time round panicked; going on");
                     }
+                    let totals = hold.lock().totals();
+                    metrics
+                        .gpu_time_held
+                        .set(i64::try_from(totals.held).unwrap_or(i64::MAX));
+                    metrics
+                        .gpu_time_frozen
+                        .set(i64::try_from(totals.frozen).unwrap_or(i64::MAX));
+                    metrics
+                        .gpu_time_freezes
+                        .inc_by(totals.freezes.saturating_sub(reported.freezes));
+                    metrics
+                        .gpu_time_frozen_seconds
+                        .inc_by((totals.frozen_seconds - reported.frozen_seconds).max(0.0));
+                    reported = totals;
                     std::thread::sleep(TICK);
                 }
             })

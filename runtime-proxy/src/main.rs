@@ -77,7 +77,8 @@ async fn run(config: Config) -> anyhow::Result<()> {
         mps_gc = mps.clone();
         if let Some(hold) = &hold {
             thaw_guard = Some(hold.guard());
-            hold.start().context("starting the GPU-time thread")?;
+            hold.start(Arc::clone(&metrics))
+                .context("starting the GPU-time thread")?;
         }
         gpu_time = hold.clone();
         let mut hook_config = gpu.config();

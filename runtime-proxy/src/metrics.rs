@@ -2,10 +2,12 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use tessera_api::binary::metrics::{HistogramFamily, LatencyBuckets, register};
@@ -65,6 +67,16 @@ pub struct Metrics {
     /// `tessera_proxy_shared_containers_total{enforcement}`: containers holding part
     /// of a GPU created through the proxy, by the backends that hold their share.
     pub shared_containers: Family<EnforcementLabels, Counter>,
+    /// `tessera_proxy_gpu_time_held_containers`: containers held to their share of
+    /// GPU time now.
+    pub gpu_time_held: Gauge,
+    /// `tessera_proxy_gpu_time_frozen_containers`: of those, frozen now.
+    pub gpu_time_frozen: Gauge,
+    /// `tessera_proxy_gpu_time_freezes_total`: freezes of a container over its share.
+    pub gpu_time_freezes: Counter,
+    /// `tessera_proxy_gpu_time_frozen_seconds_total`: seconds containers spent
+    /// frozen, all added up.
+    pub gpu_time_frozen_seconds: Counter<f64, AtomicU64>,
 }
 
 impl Default for Metrics {
@@ -106,6 +118,30 @@ impl Default for Metrics {
             "Containers holding part of a GPU created through the proxy, by the backends holding their share",
             Family::default(),
         );
+        let gpu_time_held = register(
+            &mut registry,
+            "gpu_time_held_containers",
+            "Shared containers held to their share of GPU time (gpu-time)",
+            Gauge::default(),
+        );
+        let gpu_time_frozen = register(
+            &mut registry,
+            "gpu_time_frozen_containers",
+            "Shared containers frozen now for using more than their share of GPU time",
+            Gauge::default(),
+        );
+        let gpu_time_freezes = register(
+            &mut registry,
+            "gpu_time_freezes",
+            "Freezes of shared containers over their share of GPU time",
+            Counter::default(),
+        );
+        let gpu_time_frozen_seconds = register(
+            &mut registry,
+            "gpu_time_frozen_seconds",
+            "Seconds shared containers spent frozen for their share of GPU time, added up",
+            Counter::<f64, AtomicU64>::default(),
+        );
         Self {
             registry: Arc::new(registry),
             requests,
@@ -114,6 +150,10 @@ impl Default for Metrics {
             hook_failures,
             backend_connects,
             shared_containers,
+            gpu_time_held,
+            gpu_time_frozen,
+            gpu_time_freezes,
+            gpu_time_frozen_seconds,
         }
     }
 }

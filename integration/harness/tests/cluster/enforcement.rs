@@ -858,6 +858,25 @@ pub async fn gpu_time_holds_a_compute_share(cluster: &mut Cluster) -> anyhow::Re
         frozen >= 0.4,
         "gpu-time: frozen only {frozen:.2} of the time at 25 %"
     );
+    // The proxy's metrics say so.
+    let metrics = cluster.proxy_metrics().await?;
+    let value = |series: &str| {
+        metrics.lines().find_map(|l| {
+            l.strip_prefix(series)?
+                .strip_prefix(' ')?
+                .split(' ')
+                .next()?
+                .parse::<f64>()
+                .ok()
+        })
+    };
+    let freezes = value("tessera_proxy_gpu_time_freezes_total").unwrap_or(0.0);
+    let frozen_seconds = value("tessera_proxy_gpu_time_frozen_seconds_total").unwrap_or(0.0);
+    let held_now = value("tessera_proxy_gpu_time_held_containers").unwrap_or(0.0);
+    ensure!(
+        freezes >= 5.0 && frozen_seconds >= 4.0 && held_now >= 1.0,
+        "gpu-time: proxy metrics freezes {freezes}, frozen seconds {frozen_seconds}, held {held_now}"
+    );
     // Off the GPU again: its debt paid, it is thawed for good.
     tokio::time::sleep(std::time::Duration::from_secs(3)).await;
     let (_, frozen) = cpu_and_frozen(pid, &cgroup, std::time::Duration::from_secs(1)).await?;
