@@ -168,21 +168,26 @@ fn grant(id: &str, pod: &str, percent: u64) -> Grant {
     }
 }
 
+/// One 100 ms round of simulated time.
+fn round(throttle: &mut Throttle, node: &Node) {
+    let now = {
+        let mut now = node
+            .now
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *now += 0.1;
+        *now
+    };
+    throttle.tick(now, &mut NodeGpu(node.clone()));
+}
+
 /// Runs `seconds` of 100 ms rounds; returns the fraction of rounds each of
 /// `ids` was thawed (free to run) in.
 fn run(throttle: &mut Throttle, node: &Node, seconds: f64, ids: &[&str]) -> Vec<f64> {
     let rounds = (seconds * 10.0) as usize;
     let mut running = vec![0usize; ids.len()];
     for _ in 0..rounds {
-        let now = {
-            let mut now = node
-                .now
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            *now += 0.1;
-            *now
-        };
-        throttle.tick(now, &mut NodeGpu(node.clone()));
+        round(throttle, node);
         for (i, id) in ids.iter().enumerate() {
             if !node.is_frozen(id) {
                 running[i] += 1;
@@ -449,15 +454,7 @@ fn time_sliced_tenants_reported_busy_at_once_each_get_their_share() {
     let (mut used_a, mut used_b) = (0.0, 0.0);
     let rounds = 600;
     for _ in 0..rounds {
-        let now = {
-            let mut now = node
-                .now
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            *now += 0.1;
-            *now
-        };
-        t.tick(now, &mut NodeGpu(node.clone()));
+        round(&mut t, &node);
         let (a, b) = (!node.is_frozen(ID_A), !node.is_frozen(ID_B));
         let running = f64::from(u8::from(a) + u8::from(b)).max(1.0);
         used_a += f64::from(u8::from(a)) / running / f64::from(rounds);
@@ -475,6 +472,16 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// A throttle holding container A at 10 %, busy on the GPU until frozen.
+fn frozen_a(dir: &Path) -> (Node, Throttle) {
+    let node = Node::default();
+    let mut t = throttle(dir, &node);
+    t.grant(grant(ID_A, "pod-a", 10)).expect("test setup");
+    node.add(100, ID_A, 1.0);
+    until_frozen(&mut t, &node, ID_A);
+    (node, t)
+}
+
 /// Runs until `id` is frozen (at most 5 s of rounds).
 fn until_frozen(t: &mut Throttle, node: &Node, id: &str) {
     for _ in 0..50 {
@@ -489,11 +496,7 @@ fn until_frozen(t: &mut Throttle, node: &Node, id: &str) {
 #[test]
 fn a_thaw_that_fails_at_start_is_tried_again_every_round() {
     let dir = tempfile::tempdir().expect("test setup");
-    let node = Node::default();
-    let mut first = throttle(dir.path(), &node);
-    first.grant(grant(ID_A, "pod-a", 10)).expect("test setup");
-    node.add(100, ID_A, 1.0);
-    until_frozen(&mut first, &node, ID_A);
+    let (node, first) = frozen_a(dir.path());
     drop(first);
     node.pids.lock().map(|mut p| p.clear()).ok();
     // The kernel refuses twice (the cgroup busy), then thaws.
@@ -510,11 +513,7 @@ fn a_thaw_that_fails_at_start_is_tried_again_every_round() {
 #[test]
 fn a_grant_again_keeps_its_frozen_cgroup_and_release_thaws_it() {
     let dir = tempfile::tempdir().expect("test setup");
-    let node = Node::default();
-    let mut t = throttle(dir.path(), &node);
-    t.grant(grant(ID_A, "pod-a", 10)).expect("test setup");
-    node.add(100, ID_A, 1.0);
-    until_frozen(&mut t, &node, ID_A);
+    let (node, mut t) = frozen_a(dir.path());
     t.grant(grant(ID_A, "pod-a", 20)).expect("test setup");
     let text =
         std::fs::read_to_string(dir.path().join(format!("pod-a_{ID_A}"))).expect("its grant file");
@@ -526,11 +525,7 @@ fn a_grant_again_keeps_its_frozen_cgroup_and_release_thaws_it() {
 #[test]
 fn once_stopped_nothing_is_frozen_again() {
     let dir = tempfile::tempdir().expect("test setup");
-    let node = Node::default();
-    let mut t = throttle(dir.path(), &node);
-    t.grant(grant(ID_A, "pod-a", 10)).expect("test setup");
-    node.add(100, ID_A, 1.0);
-    until_frozen(&mut t, &node, ID_A);
+    let (node, mut t) = frozen_a(dir.path());
     t.thaw_all();
     assert!(!node.is_frozen(ID_A));
     // A round that was already under way when the proxy stopped.
@@ -541,11 +536,7 @@ fn once_stopped_nothing_is_frozen_again() {
 #[test]
 fn a_cgroup_gone_while_frozen_is_not_retried() {
     let dir = tempfile::tempdir().expect("test setup");
-    let node = Node::default();
-    let mut t = throttle(dir.path(), &node);
-    t.grant(grant(ID_A, "pod-a", 10)).expect("test setup");
-    node.add(100, ID_A, 1.0);
-    until_frozen(&mut t, &node, ID_A);
+    let (node, mut t) = frozen_a(dir.path());
     // The container exited: its cgroup is gone.
     node.pids.lock().map(|mut p| p.clear()).ok();
     *lock(&node.failures) = vec![std::io::ErrorKind::NotFound];
@@ -574,11 +565,7 @@ fn a_process_in_a_sub_cgroup_is_its_containers() {
 #[test]
 fn leftovers_are_thawed_and_removed_and_bad_files_dropped() {
     let dir = tempfile::tempdir().expect("test setup");
-    let node = Node::default();
-    let mut t = throttle(dir.path(), &node);
-    t.grant(grant(ID_A, "pod-a", 10)).expect("test setup");
-    node.add(100, ID_A, 1.0);
-    until_frozen(&mut t, &node, ID_A);
+    let (node, mut t) = frozen_a(dir.path());
     drop(t);
     std::fs::write(
         dir.path().join(format!("pod-b_{ID_B}")),
