@@ -76,6 +76,12 @@ pub enum ThrottleError {
 pub trait GpuTime: Send {
     /// The samples of `uuid` taken after `since_us` (none when no process ran).
     fn samples(&mut self, uuid: &str, since_us: u64) -> Result<Vec<Sample>, ThrottleError>;
+
+    /// The processes with a context on `uuid` now: looked up while they live, so
+    /// that one gone before its samples arrive is still charged to its container.
+    fn running(&mut self, _uuid: &str) -> Result<Vec<u32>, ThrottleError> {
+        Ok(Vec::new())
+    }
 }
 
 /// Where a process runs.
@@ -87,10 +93,21 @@ pub struct ProcessCgroup {
     pub dir: PathBuf,
 }
 
+/// Where a process was found to run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Lookup {
+    /// In this container's cgroup.
+    Container(ProcessCgroup),
+    /// In no container's cgroup (a process of the node).
+    NotContainer,
+    /// Gone: where it ran cannot be read any more.
+    Gone,
+}
+
 /// Finds a process's container cgroup.
 pub trait Processes: Send {
-    /// `None` for a process that is gone or runs in no container's cgroup.
-    fn cgroup(&self, pid: u32) -> Option<ProcessCgroup>;
+    /// Where process `pid` runs.
+    fn cgroup(&self, pid: u32) -> Lookup;
 }
 
 /// Freezes and thaws cgroups.
@@ -120,9 +137,15 @@ pub struct HostProcesses {
 }
 
 impl Processes for HostProcesses {
-    fn cgroup(&self, pid: u32) -> Option<ProcessCgroup> {
-        let dir = crate::cgroup::of_pid(&self.proc_root, &self.cgroup_root, pid).ok()?;
-        container_cgroup(&self.cgroup_root, &dir)
+    fn cgroup(&self, pid: u32) -> Lookup {
+        use crate::cgroup::CgroupError;
+        match crate::cgroup::of_pid(&self.proc_root, &self.cgroup_root, pid) {
+            Ok(dir) => container_cgroup(&self.cgroup_root, &dir)
+                .map_or(Lookup::NotContainer, Lookup::Container),
+            // The process, or its cgroup, is gone.
+            Err(CgroupError::Read { .. } | CgroupError::Missing { .. }) => Lookup::Gone,
+            Err(CgroupError::NotV2 { .. } | CgroupError::Root { .. }) => Lookup::NotContainer,
+        }
     }
 }
 
@@ -212,6 +235,16 @@ impl GpuTime for NvmlGpuTime {
             Err(nvml_wrapper::error::NvmlError::NotFound) => Ok(Vec::new()),
             Err(e) => Err(error(e)),
         }
+    }
+
+    fn running(&mut self, uuid: &str) -> Result<Vec<u32>, ThrottleError> {
+        let error = |e: nvml_wrapper::error::NvmlError| ThrottleError::Nvml {
+            uuid: uuid.to_owned(),
+            reason: e.to_string(),
+        };
+        let device = self.nvml.device_by_uuid(uuid).map_err(error)?;
+        let processes = device.running_compute_processes().map_err(error)?;
+        Ok(processes.into_iter().map(|p| p.pid).collect())
     }
 }
 
@@ -438,6 +471,24 @@ fn read_grants(dir: &Path) -> Vec<(Grant, Option<PathBuf>)> {
     grants
 }
 
+/// What a round asks of the driver for the `wanted` GPUs: their new samples, and
+/// the processes running on them (a GPU whose list fails lists none).
+pub fn sample(gpu: &mut dyn GpuTime, wanted: Vec<(String, u64)>) -> (Vec<GpuSamples>, Vec<u32>) {
+    let mut running = Vec::new();
+    let samples = wanted
+        .into_iter()
+        .map(|(uuid, since)| {
+            running.extend(gpu.running(&uuid).unwrap_or_default());
+            let result = gpu.samples(&uuid, since);
+            (uuid, result)
+        })
+        .collect();
+    (samples, running)
+}
+
+/// One GPU's samples for a round, or why there are none.
+pub type GpuSamples = (String, Result<Vec<Sample>, ThrottleError>);
+
 /// Writes `text` to `file` whole (a temporary file renamed over it).
 fn write_whole(file: &Path, text: &str) -> std::io::Result<()> {
     let name = file
@@ -656,7 +707,7 @@ impl Throttle {
     /// One round at `now` (seconds, monotonic) with the samples of the GPUs
     /// [`Throttle::wanted`] named: charge each granted container's, refill its
     /// buckets for the time passed, and freeze or thaw it.
-    pub fn apply(&mut self, now: f64, samples: Vec<(String, Result<Vec<Sample>, ThrottleError>)>) {
+    pub fn apply(&mut self, now: f64, samples: Vec<GpuSamples>) {
         let elapsed = self
             .last_tick
             .map_or(0.0, |last| (now - last).clamp(0.0, MAX_SAMPLE_GAP_SECONDS));
@@ -704,14 +755,8 @@ impl Throttle {
 
     /// A whole round with `gpu` sampled in it.
     pub fn tick(&mut self, now: f64, gpu: &mut dyn GpuTime) {
-        let samples = self
-            .wanted()
-            .into_iter()
-            .map(|(uuid, since)| {
-                let result = gpu.samples(&uuid, since);
-                (uuid, result)
-            })
-            .collect();
+        let (samples, running) = sample(gpu, self.wanted());
+        self.seen(&running, now);
         self.apply(now, samples);
     }
 
@@ -739,7 +784,8 @@ impl Throttle {
     }
 
     /// The container cgroup of process `pid`, looked up again once the last
-    /// lookup is [`PID_LOOKUP_SECONDS`] old.
+    /// lookup is [`PID_LOOKUP_SECONDS`] old. A process gone since it was looked
+    /// up keeps its container: its last samples come after it ended.
     fn cgroup_of(&mut self, pid: u32, now: f64) -> Option<ProcessCgroup> {
         if let Some((cgroup, looked_up, seen)) = self.pid_cache.get_mut(&pid)
             && now - *looked_up < PID_LOOKUP_SECONDS
@@ -747,9 +793,24 @@ impl Throttle {
             *seen = now;
             return cgroup.clone();
         }
-        let cgroup = self.processes.cgroup(pid);
+        let cgroup = match self.processes.cgroup(pid) {
+            Lookup::Container(cgroup) => Some(cgroup),
+            Lookup::NotContainer => None,
+            Lookup::Gone => match self.pid_cache.get(&pid) {
+                Some((known, _, _)) => known.clone(),
+                None => None,
+            },
+        };
         self.pid_cache.insert(pid, (cgroup.clone(), now, now));
         cgroup
+    }
+
+    /// Looks up processes with a context on a granted GPU while they live (the
+    /// driver's list of them; see [`GpuTime::running`]).
+    pub fn seen(&mut self, pids: &[u32], now: f64) {
+        for pid in pids {
+            self.cgroup_of(*pid, now);
+        }
     }
 
     /// Charges `samples` of GPU `uuid` to the containers they belong to.

@@ -117,14 +117,12 @@ impl GpuTimeHold {
                 while !hold.stopped.load(Ordering::Relaxed) {
                     let round = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                         let wanted = hold.lock().wanted();
-                        let samples = wanted
-                            .into_iter()
-                            .map(|(uuid, since)| {
-                                let result = gpu.samples(&uuid, since);
-                                (uuid, result)
-                            })
-                            .collect();
-                        hold.lock().apply(start.elapsed().as_secs_f64(), samples);
+                        let (samples, running) =
+                            tessera_enforce::throttle::sample(gpu.as_mut(), wanted);
+                        let now = start.elapsed().as_secs_f64();
+                        let mut throttle = hold.lock();
+                        throttle.seen(&running, now);
+                        throttle.apply(now, samples);
                     }));
                     // A round that panicked is skipped; the next one runs (a dead
                     // thread would leave frozen containers frozen).

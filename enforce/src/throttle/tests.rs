@@ -91,19 +91,22 @@ impl GpuTime for NodeGpu {
 
 struct NodeProcesses(Node);
 impl Processes for NodeProcesses {
-    fn cgroup(&self, pid: u32) -> Option<ProcessCgroup> {
-        let (id, _) = self
+    fn cgroup(&self, pid: u32) -> Lookup {
+        let Some((id, _)) = self
             .0
             .pids
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get(&pid)?
-            .clone();
+            .get(&pid)
+            .cloned()
+        else {
+            return Lookup::Gone;
+        };
         // A process of the node itself: in no container.
         if id == "host" {
-            return None;
+            return Lookup::NotContainer;
         }
-        Some(ProcessCgroup {
+        Lookup::Container(ProcessCgroup {
             container_id: id.clone(),
             dir: dir_of(&id),
         })
@@ -371,7 +374,7 @@ fn container_ids_come_from_the_cgroup_name_of_either_driver() {
     }
 }
 
-/// A GPU answering each round with the samples it is given.
+/// A GPU answering each round with the samples it is given (and no running list).
 struct Scripted(Arc<Mutex<Vec<Sample>>>);
 impl GpuTime for Scripted {
     fn samples(&mut self, _uuid: &str, since_us: u64) -> Result<Vec<Sample>, ThrottleError> {
@@ -576,4 +579,53 @@ fn leftovers_are_thawed_and_removed_and_bad_files_dropped() {
     assert_eq!(thaw_leftovers(dir.path(), &NodeFreezer(node.clone())), 1);
     assert!(!node.is_frozen(ID_A));
     assert_eq!(std::fs::read_dir(dir.path()).expect("dir").count(), 0);
+}
+
+/// A GPU listing `running` as its processes, with the samples it is given.
+struct Listing(Arc<Mutex<Vec<Sample>>>, Arc<Mutex<Vec<u32>>>);
+impl GpuTime for Listing {
+    fn samples(&mut self, uuid: &str, since_us: u64) -> Result<Vec<Sample>, ThrottleError> {
+        Scripted(Arc::clone(&self.0)).samples(uuid, since_us)
+    }
+    fn running(&mut self, _uuid: &str) -> Result<Vec<u32>, ThrottleError> {
+        Ok(lock(&self.1).clone())
+    }
+}
+
+#[test]
+fn a_process_gone_before_its_samples_is_charged_to_its_container() {
+    let dir = tempfile::tempdir().expect("test setup");
+    let node = Node::default();
+    let (queue, running) = (
+        Arc::new(Mutex::new(Vec::new())),
+        Arc::new(Mutex::new(Vec::new())),
+    );
+    let mut gpu = Listing(Arc::clone(&queue), Arc::clone(&running));
+    let mut t = throttle(dir.path(), &node);
+    t.grant(grant(ID_A, "pod-a", 10)).expect("test setup");
+    let at = |s: f64| (s * 1e6) as u64;
+    // Round 1: pid 7 of A has a context on the GPU (no work sampled yet); another
+    // process's sample starts the GPU's sampling.
+    node.add(7, ID_A, 1.0);
+    *lock(&running) = vec![7];
+    *lock(&queue) = vec![Sample {
+        pid: 99,
+        timestamp_us: at(1.0),
+        sm_percent: 0,
+    }];
+    t.tick(1.0, &mut gpu);
+    // Round 2: it has exited; its last 0.5 s of work is sampled only now.
+    lock(&node.pids).clear();
+    *lock(&running) = vec![];
+    *lock(&queue) = vec![Sample {
+        pid: 7,
+        timestamp_us: at(1.5),
+        sm_percent: 100,
+    }];
+    t.tick(1.5, &mut gpu);
+    let credit = t.accounts()[0].credit;
+    assert!(
+        (credit - (0.1 * 0.5 - 0.5)).abs() < 1e-9,
+        "the gone process's 0.5 s was not charged to its container: credit {credit}"
+    );
 }

@@ -34,6 +34,7 @@
 //! GPU work follows its CPU work, so that a frozen process uses no GPU time.
 //! No listed process, or none newer than `lastSeenTimeStamp`:
 //! `NVML_ERROR_NOT_FOUND`, as the driver answers while no process runs.
+//! `nvmlDeviceGetComputeRunningProcesses_v3` lists the living ones among them.
 //!
 //! Only the functions Tessera's reporter, its node agent and NVIDIA's
 //! k8s-device-plugin call exist; callers report any other as missing. XID events
@@ -80,7 +81,7 @@ use std::time::{Duration, Instant};
 use nvml_wrapper_sys::bindings::{
     nvmlBrandType_t, nvmlDevice_st, nvmlDevice_t, nvmlDeviceArchitecture_t, nvmlEnableState_t,
     nvmlEventData_t, nvmlEventSet_st, nvmlEventSet_t, nvmlGpuInstanceProfileInfo_t,
-    nvmlGpuTopologyLevel_t, nvmlMemory_t, nvmlMemory_v2_t, nvmlPciInfo_t,
+    nvmlGpuTopologyLevel_t, nvmlMemory_t, nvmlMemory_v2_t, nvmlPciInfo_t, nvmlProcessInfo_t,
     nvmlProcessUtilizationSample_t, nvmlReturn_t,
 };
 use serde::Deserialize;
@@ -1062,6 +1063,60 @@ fn cpu_ticks(pid: u32) -> Option<u64> {
     Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
 }
 
+/// The processes `processUtilization` lists on GPU `index`.
+fn listed_processes(node: &FakeNode, index: usize) -> Vec<u32> {
+    node.process_utilization
+        .as_deref()
+        .and_then(|path| std::fs::read_to_string(path).ok())
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| {
+            let (gpu, pid) = line.trim().split_once(' ')?;
+            (gpu.parse::<usize>().ok()? == index).then(|| pid.trim().parse().ok())?
+        })
+        .collect()
+}
+
+/// The living processes listed on the GPU, as processes with a compute context
+/// (no memory used, no MIG instance).
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
+    device: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_t,
+) -> nvmlReturn_t {
+    status(with_state(|s| {
+        let index = gpu_index(s, device)?;
+        if count.is_null() {
+            return Err(ERROR_INVALID_ARGUMENT);
+        }
+        let living: Vec<u32> = listed_processes(&s.node, index)
+            .into_iter()
+            .filter(|pid| Path::new(&format!("/proc/{pid}")).exists())
+            .collect();
+        let capacity = read(count.cast_const())? as usize;
+        write(count, living.len() as c_uint)?;
+        if living.is_empty() {
+            return Ok(());
+        }
+        if infos.is_null() || capacity < living.len() {
+            return Err(ERROR_INSUFFICIENT_SIZE);
+        }
+        // `infos` holds `capacity` entries (NVML's contract), and no more than
+        // living.len() <= capacity are written.
+        for (i, pid) in living.into_iter().enumerate() {
+            let info = nvmlProcessInfo_t {
+                pid,
+                usedGpuMemory: 0,
+                gpuInstanceId: c_uint::MAX,
+                computeInstanceId: c_uint::MAX,
+            };
+            write(infos.wrapping_add(i), info)?;
+        }
+        Ok(())
+    }))
+}
+
 #[unsafe(no_mangle)]
 pub extern "C" fn nvmlDeviceGetProcessUtilization(
     device: nvmlDevice_t,
@@ -1074,18 +1129,7 @@ pub extern "C" fn nvmlDeviceGetProcessUtilization(
         if count.is_null() {
             return Err(ERROR_INVALID_ARGUMENT);
         }
-        let listed: Vec<u32> = s
-            .node
-            .process_utilization
-            .as_deref()
-            .and_then(|path| std::fs::read_to_string(path).ok())
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|line| {
-                let (gpu, pid) = line.trim().split_once(' ')?;
-                (gpu.parse::<usize>().ok()? == index).then(|| pid.trim().parse().ok())?
-            })
-            .collect();
+        let listed = listed_processes(&s.node, index);
         let now_us = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_micros() as u64);

@@ -435,7 +435,7 @@ async fn a_shared_container_with_a_pipe_directory_gets_its_namespace_until_its_p
 
 mod gpu_time {
     use tessera_enforce::throttle::{
-        Freezer, GpuTime, ProcessCgroup, Processes, Sample, Throttle, ThrottleError,
+        Freezer, GpuTime, Lookup, Processes, Sample, Throttle, ThrottleError,
     };
 
     use super::*;
@@ -448,8 +448,8 @@ mod gpu_time {
         }
     }
     impl Processes for Idle {
-        fn cgroup(&self, _: u32) -> Option<ProcessCgroup> {
-            None
+        fn cgroup(&self, _: u32) -> Lookup {
+            Lookup::NotContainer
         }
     }
     impl Freezer for Idle {
