@@ -568,7 +568,7 @@ fn a_process_in_a_sub_cgroup_is_its_containers() {
 #[test]
 fn leftovers_are_thawed_and_removed_and_bad_files_dropped() {
     let dir = tempfile::tempdir().expect("test setup");
-    let (node, mut t) = frozen_a(dir.path());
+    let (node, t) = frozen_a(dir.path());
     drop(t);
     std::fs::write(
         dir.path().join(format!("pod-b_{ID_B}")),
