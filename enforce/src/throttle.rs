@@ -428,6 +428,8 @@ pub struct Totals {
     pub freezes: u64,
     /// Seconds containers spent frozen, added up.
     pub frozen_seconds: f64,
+    /// Granted GPUs whose last sampling failed: their containers are not held.
+    pub unsampled_gpus: usize,
 }
 
 impl std::fmt::Debug for Throttle {
@@ -673,6 +675,7 @@ impl Throttle {
             frozen: self.accounts.values().filter(|a| a.frozen).count(),
             freezes: self.freezes,
             frozen_seconds: self.frozen_seconds,
+            unsampled_gpus: self.failing.len(),
         }
     }
 

@@ -137,6 +137,9 @@ impl GpuTimeHold {
                         .gpu_time_frozen
                         .set(i64::try_from(totals.frozen).unwrap_or(i64::MAX));
                     metrics
+                        .gpu_time_unsampled
+                        .set(i64::try_from(totals.unsampled_gpus).unwrap_or(i64::MAX));
+                    metrics
                         .gpu_time_freezes
                         .inc_by(totals.freezes.saturating_sub(reported.freezes));
                     metrics

@@ -77,6 +77,9 @@ pub struct Metrics {
     /// `tessera_proxy_gpu_time_frozen_seconds_total`: seconds containers spent
     /// frozen, all added up.
     pub gpu_time_frozen_seconds: Counter<f64, AtomicU64>,
+    /// `tessera_proxy_gpu_time_unsampled_gpus`: granted GPUs NVML could not
+    /// sample in the last round (their shared containers are not held).
+    pub gpu_time_unsampled: Gauge,
 }
 
 impl Default for Metrics {
@@ -142,6 +145,12 @@ impl Default for Metrics {
             "Seconds shared containers spent frozen for their share of GPU time, added up",
             Counter::<f64, AtomicU64>::default(),
         );
+        let gpu_time_unsampled = register(
+            &mut registry,
+            "gpu_time_unsampled_gpus",
+            "GPUs with shared containers held to their GPU time that NVML could not sample in the last round",
+            Gauge::default(),
+        );
         Self {
             registry: Arc::new(registry),
             requests,
@@ -154,6 +163,7 @@ impl Default for Metrics {
             gpu_time_frozen,
             gpu_time_freezes,
             gpu_time_frozen_seconds,
+            gpu_time_unsampled,
         }
     }
 }

@@ -629,3 +629,27 @@ fn a_process_gone_before_its_samples_is_charged_to_its_container() {
         "the gone process's 0.5 s was not charged to its container: credit {credit}"
     );
 }
+
+/// A GPU whose driver fails every call.
+struct Failing;
+impl GpuTime for Failing {
+    fn samples(&mut self, uuid: &str, _since_us: u64) -> Result<Vec<Sample>, ThrottleError> {
+        Err(ThrottleError::Nvml {
+            uuid: uuid.into(),
+            reason: "GPU is lost".into(),
+        })
+    }
+}
+
+#[test]
+fn a_gpu_that_cannot_be_sampled_is_counted_until_it_can() {
+    let dir = tempfile::tempdir().expect("test setup");
+    let node = Node::default();
+    let mut t = throttle(dir.path(), &node);
+    t.grant(grant(ID_A, "pod-a", 10)).expect("test setup");
+    t.tick(1.0, &mut Failing);
+    t.tick(1.1, &mut Failing);
+    assert_eq!(t.totals().unsampled_gpus, 1);
+    t.tick(1.2, &mut NodeGpu(node.clone()));
+    assert_eq!(t.totals().unsampled_gpus, 0);
+}
