@@ -102,8 +102,9 @@ pub struct GpuHookArgs {
     /// Compute shares held as GPU time (runtime proxy only): each shared
     /// container's use of its GPUs, as NVML measures it per process, may not pass
     /// its compute share (over a 0.5 s burst); while it has used more, its cgroup is
-    /// frozen. Needs cgroup v2 and NVML's per-process utilization. auto: on where
-    /// both are; on: the proxy does not start without them; off: never
+    /// frozen. Needs a writable cgroup v2 hierarchy and NVML's per-process
+    /// utilization. auto: on where both are; on: the proxy does not start without
+    /// them; off: never
     #[arg(long, value_enum, value_name = "auto|on|off", default_value_t = Switch::Auto)]
     pub gpu_time: Switch,
     /// NVIDIA's MPS control program, through which the proxy makes servers and
