@@ -26,44 +26,66 @@ fn reporter_samples() -> BTreeSet<String> {
 
 /// The proxy's metric names as its registry is built (runtime-proxy/src/metrics.rs):
 /// `tessera_proxy_` and each registered name, the first string of each
-/// `register(&mut registry, "name", …)` call.
-fn proxy_registered() -> BTreeSet<String> {
+/// `register(&mut registry, "name", …)` call; and of those, the gauges (a call whose
+/// metric is a `Gauge`).
+fn proxy_registered() -> (BTreeSet<String>, BTreeSet<String>) {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../runtime-proxy/src/metrics.rs");
     let source = std::fs::read_to_string(&path).expect("runtime-proxy/src/metrics.rs");
     assert!(source.contains("Registry::with_prefix(\"tessera_proxy\")"));
-    source
-        .split("register(")
-        .skip(1)
-        .filter_map(|call| call.split('"').nth(1))
-        .map(|name| format!("tessera_proxy_{name}"))
-        .collect()
+    let (mut all, mut gauges) = (BTreeSet::new(), BTreeSet::new());
+    for call in source.split("register(").skip(1) {
+        let Some(name) = call.split('"').nth(1) else {
+            continue;
+        };
+        let name = format!("tessera_proxy_{name}");
+        // The call's arguments: up to its closing `);`.
+        if call
+            .split(");")
+            .next()
+            .is_some_and(|args| args.contains("Gauge::"))
+        {
+            gauges.insert(name.clone());
+        }
+        all.insert(name);
+    }
+    (all, gauges)
 }
 
 /// Whether `used` is a sample name of a registered `base`: counters end in `_total`,
-/// histograms (`_seconds`) give `_bucket`, `_sum` and `_count`. The proxy has no gauge:
-/// a bare registered name is never a sample (add gauges here when it gets one).
-fn proxy_sample_exists(used: &str, registered: &BTreeSet<String>) -> bool {
-    [
-        ("_total", false),
-        ("_bucket", true),
-        ("_sum", true),
-        ("_count", true),
-    ]
-    .iter()
-    .any(|(suffix, histogram)| {
-        used.strip_suffix(suffix).is_some_and(|base| {
-            registered.contains(base) && (!histogram || base.ends_with("_seconds"))
+/// histograms (`_seconds`) give `_bucket`, `_sum` and `_count`, a gauge is its bare
+/// registered name.
+fn proxy_sample_exists(
+    used: &str,
+    registered: &BTreeSet<String>,
+    gauges: &BTreeSet<String>,
+) -> bool {
+    gauges.contains(used)
+        || [
+            ("_total", false),
+            ("_bucket", true),
+            ("_sum", true),
+            ("_count", true),
+        ]
+        .iter()
+        .any(|(suffix, histogram)| {
+            used.strip_suffix(suffix).is_some_and(|base| {
+                registered.contains(base) && (!histogram || base.ends_with("_seconds"))
+            })
         })
-    })
 }
 
 #[test]
 fn alerts_and_dashboard_name_only_exported_metrics() {
     let reporter = reporter_samples();
-    let proxy = proxy_registered();
+    let (proxy, gauges) = proxy_registered();
     assert!(
         proxy.contains("tessera_proxy_requests"),
         "proxy registry not read: {proxy:?}"
+    );
+    assert!(
+        gauges.contains("tessera_proxy_gpu_time_unsampled_gpus")
+            && !gauges.contains("tessera_proxy_requests"),
+        "proxy gauges not told apart: {gauges:?}"
     );
     for file in ["templates/monitoring.yaml", "files/grafana-dashboard.json"] {
         let text = chart_file(file).expect("chart file");
@@ -77,7 +99,7 @@ fn alerts_and_dashboard_name_only_exported_metrics() {
         }
         for name in metric_names(&text, "tessera_proxy_") {
             assert!(
-                proxy_sample_exists(&name, &proxy),
+                proxy_sample_exists(&name, &proxy, &gauges),
                 "{file}: {name} is not a metric tessera-runtime-proxy serves ({proxy:?})"
             );
         }
