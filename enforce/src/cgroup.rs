@@ -9,28 +9,30 @@ use std::path::{Path, PathBuf};
 /// Where the cgroup v2 hierarchy is mounted on a host with cgroup v2 only.
 pub const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 
+/// The fields before ` - ` of the first `cgroup2` mount in a
+/// `/proc/<pid>/mountinfo` (4: its mount point, 5: its mount options).
+fn first_v2_fields(mountinfo: &str) -> Option<Vec<&str>> {
+    mountinfo.lines().find_map(|line| {
+        let (left, right) = line.split_once(" - ")?;
+        (right.split_whitespace().next()? == "cgroup2").then(|| left.split_whitespace().collect())
+    })
+}
+
 /// Where the cgroup v2 hierarchy is mounted, from a `/proc/<pid>/mountinfo`: the
 /// first `cgroup2` mount (`/sys/fs/cgroup` on a v2 host, `/sys/fs/cgroup/unified`
 /// on a hybrid one).
 pub fn v2_mount(mountinfo: &str) -> Option<PathBuf> {
-    mountinfo.lines().find_map(|line| {
-        let (left, right) = line.split_once(" - ")?;
-        (right.split_whitespace().next()? == "cgroup2")
-            .then(|| left.split_whitespace().nth(4).map(PathBuf::from))?
-    })
+    first_v2_fields(mountinfo)?.get(4).map(PathBuf::from)
 }
 
 /// Whether the first `cgroup2` mount of a `/proc/<pid>/mountinfo` is read-only
-/// (its mount options start with `ro`; systemd's `ProtectControlGroups=yes` makes
+/// (its mount options include `ro`; systemd's `ProtectControlGroups=yes` makes
 /// it so); `None` without one.
 pub fn v2_mount_read_only(mountinfo: &str) -> Option<bool> {
-    mountinfo.lines().find_map(|line| {
-        let (left, right) = line.split_once(" - ")?;
-        (right.split_whitespace().next()? == "cgroup2").then(|| {
-            left.split_whitespace()
-                .nth(5)
-                .is_some_and(|options| options.split(',').any(|o| o == "ro"))
-        })
+    first_v2_fields(mountinfo).map(|fields| {
+        fields
+            .get(5)
+            .is_some_and(|options| options.split(',').any(|o| o == "ro"))
     })
 }
 

@@ -215,13 +215,17 @@ impl NvmlGpuTime {
     }
 }
 
+/// NVML's error on GPU `uuid`, as the throttle reports it.
+fn nvml_error(uuid: &str) -> impl Fn(nvml_wrapper::error::NvmlError) -> ThrottleError + '_ {
+    move |e| ThrottleError::Nvml {
+        uuid: uuid.to_owned(),
+        reason: e.to_string(),
+    }
+}
+
 impl GpuTime for NvmlGpuTime {
     fn samples(&mut self, uuid: &str, since_us: u64) -> Result<Vec<Sample>, ThrottleError> {
-        let error = |e: nvml_wrapper::error::NvmlError| ThrottleError::Nvml {
-            uuid: uuid.to_owned(),
-            reason: e.to_string(),
-        };
-        let device = self.nvml.device_by_uuid(uuid).map_err(error)?;
+        let device = self.nvml.device_by_uuid(uuid).map_err(nvml_error(uuid))?;
         match device.process_utilization_stats(since_us) {
             Ok(samples) => Ok(samples
                 .into_iter()
@@ -233,17 +237,15 @@ impl GpuTime for NvmlGpuTime {
                 .collect()),
             // No process has run on it since.
             Err(nvml_wrapper::error::NvmlError::NotFound) => Ok(Vec::new()),
-            Err(e) => Err(error(e)),
+            Err(e) => Err(nvml_error(uuid)(e)),
         }
     }
 
     fn running(&mut self, uuid: &str) -> Result<Vec<u32>, ThrottleError> {
-        let error = |e: nvml_wrapper::error::NvmlError| ThrottleError::Nvml {
-            uuid: uuid.to_owned(),
-            reason: e.to_string(),
-        };
-        let device = self.nvml.device_by_uuid(uuid).map_err(error)?;
-        let processes = device.running_compute_processes().map_err(error)?;
+        let device = self.nvml.device_by_uuid(uuid).map_err(nvml_error(uuid))?;
+        let processes = device
+            .running_compute_processes()
+            .map_err(nvml_error(uuid))?;
         Ok(processes.into_iter().map(|p| p.pid).collect())
     }
 }
@@ -394,10 +396,11 @@ pub struct AccountView {
 
 /// Holds granted containers to their share of GPU time; see the module docs.
 ///
-/// A round is [`Throttle::wanted`], then the driver's samples of those GPUs, then
+/// A round is [`Throttle::wanted`], then [`sample`] (the driver's samples of those
+/// GPUs and the processes on them), then [`Throttle::seen`] and
 /// [`Throttle::apply`]: the sampling needs no `&mut Throttle`, so a caller
 /// sharing it behind a lock samples without holding it, and a slow driver never
-/// holds up a release. [`Throttle::tick`] does all three at once.
+/// holds up a release. [`Throttle::tick`] does it all at once.
 pub struct Throttle {
     dir: PathBuf,
     processes: Box<dyn Processes>,
@@ -565,10 +568,10 @@ impl Throttle {
         })
     }
 
-    /// Holds a container to `grant` from now on (its file written first). A
-    /// container already held keeps its cgroup and its state: a grant must never
-    /// lose track of a frozen cgroup.
-    pub fn grant(&mut self, grant: Grant) -> Result<(), ThrottleError> {
+    /// Holds a container to `grant` from now on (its file written first);
+    /// whether it was not held before. A container already held keeps its cgroup
+    /// and its state: a grant must never lose track of a frozen cgroup.
+    pub fn grant(&mut self, grant: Grant) -> Result<bool, ThrottleError> {
         let grant = grant.check()?;
         let previous = self.accounts.remove(&grant.container_id);
         let cgroup = previous.as_ref().and_then(|a| a.cgroup.clone());
@@ -581,10 +584,10 @@ impl Throttle {
             return Err(ThrottleError::File { path: file, source });
         }
         let mut account = Account::new(grant, cgroup);
-        account.frozen = previous.is_some_and(|p| p.frozen);
+        account.frozen = previous.as_ref().is_some_and(|p| p.frozen);
         self.accounts
             .insert(account.grant.container_id.clone(), account);
-        Ok(())
+        Ok(previous.is_none())
     }
 
     /// Stops holding a container (it is stopping: a frozen one could not take its
@@ -877,15 +880,14 @@ impl Throttle {
                 let file = self.dir.join(account.grant.file_name());
                 match write_whole(&file, &account.grant.to_text(Some(&cgroup.dir))) {
                     Ok(()) => {
+                        let old = account.cgroup.replace(cgroup.dir.clone());
                         if account.frozen
-                            && let Some(old) = account.cgroup.replace(cgroup.dir.clone())
+                            && let Some(old) = old
                         {
                             // Its old cgroup is not its now: thaw it, and let the
                             // next round freeze the new one if it still owes.
                             let _ = self.freezer.set(&old, false);
                             account.frozen = false;
-                        } else {
-                            account.cgroup = Some(cgroup.dir.clone());
                         }
                     }
                     Err(error) => {

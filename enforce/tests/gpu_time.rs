@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use tessera_enforce::throttle::{
     CgroupFreezer, Grant, HostProcesses, NvmlGpuTime, Throttle, container_id_of,
 };
-use tessera_harness::fake_nvml;
+use tessera_harness::fake_nvml::{self, cpu_seconds};
 
 const GPU0: &str = "GPU-fa4e0000-0000-4000-8000-000000000000";
 const ID: &str = "c0ffee00c0ffee00c0ffee00c0ffee00c0ffee00c0ffee00c0ffee00c0ffee00";
@@ -58,18 +58,6 @@ fn busy_container(test: &str) -> anyhow::Result<Option<TestCgroup>> {
         cgroup.child.id().to_string(),
     )?;
     Ok(Some(cgroup))
-}
-
-fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    let rest = &stat[stat.rfind(')').unwrap_or(0) + 2..];
-    let fields: Vec<u64> = rest
-        .split_whitespace()
-        .skip(11)
-        .take(2)
-        .map(str::parse)
-        .collect::<Result<_, _>>()?;
-    Ok(fields.iter().sum::<u64>() as f64 / 100.0)
 }
 
 /// Ticks `throttle` every 100 ms for `seconds`; returns the CPU seconds the

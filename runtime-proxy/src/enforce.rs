@@ -338,40 +338,51 @@ impl EnforceHook {
         self
     }
 
-    /// Holds the shared containers of live pods in `store` that have a compute
-    /// share (at the proxy's start: those started while GPU time was off, or by
-    /// a proxy without it, are held from now on; those already held keep their
-    /// state). Returns how many are held; one that cannot be is warned about.
-    pub async fn hold_known(&self, store: &crate::store::PodStore) -> usize {
+    /// GPU time once the proxy has listed the runtime's pods into `store`: holds
+    /// the shared containers of live pods that have a compute share (those
+    /// started while GPU time was off, or by a proxy without it, are held from now
+    /// on; those already held keep their state), and lets go of the pods no
+    /// longer on the node (removed while the proxy was down). Returns how many
+    /// containers were newly held and how many let go; a container that cannot be
+    /// held is warned about.
+    pub async fn resync_gpu_time(&self, store: &crate::store::PodStore) -> (usize, usize) {
         let Some(hold) = &self.gpu_time else {
-            return 0;
+            return (0, 0);
         };
         let mut held = 0;
         for (container, pod) in store.live_containers() {
             if !pod.annotations.contains_key(DEVICE_ALLOCATED) {
                 continue;
             }
-            let before = hold.accounts().len();
             match self.hold_gpu_time(hold, &pod, &container).await {
-                Ok(()) => held += usize::from(hold.accounts().len() > before),
+                Ok(new) => held += usize::from(new),
                 Err(error) => {
                     tracing::warn!(pod = %pod.display_name(), container = %container.name, %error, "a running shared container is not held to its GPU time");
                 }
             }
         }
-        held
+        let live: Vec<String> = store.live_pods().iter().map(|p| p.uid.clone()).collect();
+        let hold = hold.clone();
+        let let_go = match blocking(move || hold.prune(&live)).await {
+            Ok(let_go) => let_go,
+            Err(error) => {
+                tracing::warn!(%error, "GPU-time holds of gone pods not let go");
+                0
+            }
+        };
+        (held, let_go)
     }
 
     /// Holds a shared container with a compute share to it (before it starts):
-    /// refused when it cannot be.
+    /// refused when it cannot be. Returns whether it was newly held.
     async fn hold_gpu_time(
         &self,
         hold: &GpuTimeHold,
         pod: &PodInfo,
         container: &crate::store::ContainerInfo,
-    ) -> Result<(), HookRejection> {
-        let limits = self.limits(pod, vec![container.name.clone()]).await?;
-        for (_, limits) in limits {
+    ) -> Result<bool, HookRejection> {
+        let mut new = false;
+        for (_, limits) in self.limits(pod, vec![container.name.clone()]).await? {
             let Some(percent) = limits.compute_percent.filter(|p| *p < 100) else {
                 continue;
             };
@@ -384,19 +395,22 @@ impl EnforceHook {
                 percent,
                 gpus: limits.memory.iter().map(|m| m.uuid.clone()).collect(),
             };
-            hold.grant(grant).await.map_err(|error| {
-                HookRejection::new(
-                    Code::Unavailable,
-                    format!(
-                        "container {} of pod {}: its compute share cannot be held: {error}",
-                        container.name,
-                        pod.display_name()
-                    ),
-                )
-            })?;
+            let hold = hold.clone();
+            new |= blocking(move || hold.grant(grant))
+                .await?
+                .map_err(|error| {
+                    HookRejection::new(
+                        Code::Unavailable,
+                        format!(
+                            "container {} of pod {}: its compute share cannot be held: {error}",
+                            container.name,
+                            pod.display_name()
+                        ),
+                    )
+                })?;
             tracing::info!(pod = %pod.display_name(), container = %container.name, percent, "held to its share of GPU time");
         }
-        Ok(())
+        Ok(new)
     }
 
     /// The CDI directory to write in; an error when the runtime will not run CDI hooks.
@@ -612,19 +626,21 @@ impl Hook for EnforceHook {
         // SIGTERM, and its grace period would pass frozen. By container ID, so
         // that a container whose pod is not known is let go too.
         if let Some(hold) = &self.gpu_time {
+            let hold = hold.clone();
             let released = match (&*request, &ctx.pod) {
-                (LifecycleRequest::StopContainer(stop), _) => Some(
-                    hold.release(stop.container_id.clone())
-                        .await
-                        .map(usize::from),
-                ),
-                (LifecycleRequest::RemoveContainer(remove), _) => Some(
-                    hold.release(remove.container_id.clone())
-                        .await
-                        .map(usize::from),
-                ),
+                (
+                    LifecycleRequest::StopContainer(cri::StopContainerRequest {
+                        container_id, ..
+                    })
+                    | LifecycleRequest::RemoveContainer(cri::RemoveContainerRequest { container_id }),
+                    _,
+                ) => {
+                    let id = container_id.clone();
+                    Some(blocking(move || hold.release(&id)).await.map(drop))
+                }
                 (LifecycleRequest::StopPodSandbox(_), Some(pod)) => {
-                    Some(hold.release_pod(pod.uid.clone()).await)
+                    let uid = pod.uid.clone();
+                    Some(blocking(move || hold.release_pod(&uid)).await.map(drop))
                 }
                 _ => None,
             };
@@ -729,14 +745,10 @@ impl Hook for EnforceHook {
         let Some(pod) = &ctx.pod else {
             return;
         };
-        if let Some(hold) = &self.gpu_time
-            && let Err(error) = hold.release_pod(pod.uid.clone()).await
-        {
-            tracing::warn!(pod = %pod.display_name(), %error, "GPU-time hold of a removed pod not released");
-        }
         let uid = pod.uid.clone();
         let enforcement = self.enforcement.clone();
         let mps = self.mps.clone();
+        let gpu_time = self.gpu_time.clone();
         let dir = match &self.driver {
             Some(driver) => driver.spec_dir.clone().or_else(|| {
                 self.cdi
@@ -751,6 +763,9 @@ impl Hook for EnforceHook {
                 _ => Ok(0),
             };
             let namespaces = mps.as_ref().map_or(Ok(0), |mps| mps.remove_pod(&uid));
+            if let Some(hold) = &gpu_time {
+                hold.release_pod(&uid);
+            }
             (
                 specs,
                 tessera_hooks::gpu::enforce::remove_pod_dirs(&enforcement, &uid),

@@ -11,7 +11,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use tessera_enforce::throttle::{
-    AccountView, CgroupFreezer, GpuTime, Grant, HostProcesses, NvmlGpuTime, Throttle, ThrottleError,
+    AccountView, CgroupFreezer, GpuTime, Grant, HostProcesses, NvmlGpuTime, Throttle,
+    ThrottleError, Totals,
 };
 
 /// How often the throttle samples the GPUs and decides.
@@ -113,7 +114,7 @@ impl GpuTimeHold {
             .name("gpu-time".into())
             .spawn(move || {
                 let start = Instant::now();
-                let mut reported = tessera_enforce::throttle::Totals::default();
+                let mut reported = Totals::default();
                 while !hold.stopped.load(Ordering::Relaxed) {
                     let round = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                         let wanted = hold.lock().wanted();
@@ -130,21 +131,7 @@ impl GpuTimeHold {
                         tracing::error!("a GPU-time round panicked; going on");
                     }
                     let totals = hold.lock().totals();
-                    metrics
-                        .gpu_time_held
-                        .set(i64::try_from(totals.held).unwrap_or(i64::MAX));
-                    metrics
-                        .gpu_time_frozen
-                        .set(i64::try_from(totals.frozen).unwrap_or(i64::MAX));
-                    metrics
-                        .gpu_time_unsampled
-                        .set(i64::try_from(totals.unsampled_gpus).unwrap_or(i64::MAX));
-                    metrics
-                        .gpu_time_freezes
-                        .inc_by(totals.freezes.saturating_sub(reported.freezes));
-                    metrics
-                        .gpu_time_frozen_seconds
-                        .inc_by((totals.frozen_seconds - reported.frozen_seconds).max(0.0));
+                    metrics.record_gpu_time(&totals, &reported);
                     reported = totals;
                     std::thread::sleep(TICK);
                 }
@@ -160,53 +147,38 @@ impl GpuTimeHold {
         self.lock().thaw_all();
     }
 
-    /// Holds a container to its grant.
-    pub async fn grant(&self, grant: Grant) -> Result<(), ThrottleError> {
-        let hold = self.clone();
-        blocking(move || hold.lock().grant(grant))
-            .await
-            .and_then(|granted| granted.map_err(|e| e.to_string()))
-            .map_err(ThrottleError::Grant)
+    // The calls below take the throttle's lock and write or remove files: call
+    // them off the async threads.
+
+    /// Holds a container to its grant; whether it was not held before.
+    pub fn grant(&self, grant: Grant) -> Result<bool, ThrottleError> {
+        self.lock().grant(grant)
     }
 
     /// Lets a container go, thawed; whether it was held.
-    pub async fn release(&self, container_id: String) -> Result<bool, String> {
-        let hold = self.clone();
-        blocking(move || hold.lock().release(&container_id)).await
+    pub fn release(&self, container_id: &str) -> bool {
+        self.lock().release(container_id)
     }
 
     /// Lets every container of a pod go, thawed; how many were held.
-    pub async fn release_pod(&self, pod_uid: String) -> Result<usize, String> {
-        let hold = self.clone();
-        blocking(move || hold.lock().release_pod(&pod_uid)).await
+    pub fn release_pod(&self, pod_uid: &str) -> usize {
+        self.lock().release_pod(pod_uid)
     }
 
     /// Lets go the containers of every pod not in `live` (removed while the
     /// proxy was down); how many were held.
-    pub async fn prune(&self, live: Vec<String>) -> Result<usize, String> {
-        let hold = self.clone();
-        blocking(move || {
-            let mut throttle = hold.lock();
-            let gone: Vec<String> = throttle
-                .pods()
-                .into_iter()
-                .filter(|uid| !live.contains(uid))
-                .collect();
-            gone.iter().map(|uid| throttle.release_pod(uid)).sum()
-        })
-        .await
+    pub fn prune(&self, live: &[String]) -> usize {
+        let mut throttle = self.lock();
+        let gone: Vec<String> = throttle
+            .pods()
+            .into_iter()
+            .filter(|uid| !live.contains(uid))
+            .collect();
+        gone.iter().map(|uid| throttle.release_pod(uid)).sum()
     }
 
     /// The held containers' states.
     pub fn accounts(&self) -> Vec<AccountView> {
         self.lock().accounts()
     }
-}
-
-/// Runs `f` off the async threads (it reads and writes files); its panic is an
-/// error, never the caller's.
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, String> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| format!("GPU-time task failed: {e}"))
 }

@@ -59,7 +59,6 @@ async fn run(config: Config) -> anyhow::Result<()> {
     // MPS namespaces of pods that went while the proxy was not looking, deleted
     // once the runtime's sandboxes are known.
     let mut mps_gc: Option<tessera_enforce::mps::Mps> = None;
-    let mut gpu_time: Option<tessera_runtime_proxy::gpu_time::GpuTimeHold> = None;
     // Dropped however main ends: GPU time stops and thaws every container.
     let mut thaw_guard: Option<tessera_runtime_proxy::gpu_time::StopGuard> = None;
     let mut enforce_hook: Option<Arc<EnforceHook>> = None;
@@ -80,7 +79,6 @@ async fn run(config: Config) -> anyhow::Result<()> {
             hold.start(Arc::clone(&metrics))
                 .context("starting the GPU-time thread")?;
         }
-        gpu_time = hold.clone();
         let mut hook_config = gpu.config();
         hook_config.enforcement = enforcement.clone();
         // The settings in words at INFO; the whole struct only when debugging.
@@ -136,29 +134,16 @@ async fn run(config: Config) -> anyhow::Result<()> {
     }
     let resync = resync_until_ready(Arc::clone(&proxy));
     let live = Arc::clone(&store);
-    let held = gpu_time.clone();
     tokio::spawn(async move {
         resync.await;
-        if let Some(hold) = held {
-            if let Some(hook) = &enforce_hook {
-                let held = hook.hold_known(&live).await;
-                if held > 0 {
-                    tracing::info!(
-                        containers = held,
-                        "running shared containers held to their GPU time from now on"
-                    );
-                }
-            }
-            let uids: Vec<String> = live.live_pods().iter().map(|p| p.uid.clone()).collect();
-            match hold.prune(uids).await {
-                Ok(0) => {}
-                Ok(containers) => {
-                    tracing::info!(
-                        containers,
-                        "GPU-time holds of pods no longer on the node let go"
-                    );
-                }
-                Err(error) => tracing::warn!(%error, "GPU-time holds of gone pods not let go"),
+        if let Some(hook) = &enforce_hook {
+            let (held, let_go) = hook.resync_gpu_time(&live).await;
+            if held + let_go > 0 {
+                tracing::info!(
+                    held,
+                    let_go,
+                    "GPU time: running shared containers held from now on, holds of pods no longer on the node let go"
+                );
             }
         }
         let Some(mps) = mps_gc else { return };

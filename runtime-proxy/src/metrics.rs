@@ -169,6 +169,22 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// The GPU-time series from the throttle's totals now and at the last report.
+    pub fn record_gpu_time(
+        &self,
+        now: &tessera_enforce::throttle::Totals,
+        before: &tessera_enforce::throttle::Totals,
+    ) {
+        let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        self.gpu_time_held.set(count(now.held));
+        self.gpu_time_frozen.set(count(now.frozen));
+        self.gpu_time_unsampled.set(count(now.unsampled_gpus));
+        self.gpu_time_freezes
+            .inc_by(now.freezes.saturating_sub(before.freezes));
+        self.gpu_time_frozen_seconds
+            .inc_by((now.frozen_seconds - before.frozen_seconds).max(0.0));
+    }
+
     /// The metrics in the OpenMetrics text format, as the endpoint serves them.
     pub fn encode(&self) -> String {
         tessera_api::binary::metrics::encode(&self.registry)

@@ -1053,8 +1053,9 @@ fn logged_compute_mode(path: &Path, uuid: &str) -> Option<c_uint> {
 }
 
 /// The CPU clock ticks (user + system, in USER_HZ, 100 a second on Linux) process
-/// `pid` has used, from `/proc/<pid>/stat`.
-fn cpu_ticks(pid: u32) -> Option<u64> {
+/// `pid` has used, from `/proc/<pid>/stat`: what this fake reports as its GPU use,
+/// and what tests measure a held process by (`tessera_harness::cpu_seconds`).
+pub fn cpu_ticks(pid: u32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // Fields after the command name, which may hold spaces and parentheses.
     let rest = &stat[stat.rfind(')')? + 2..];

@@ -1267,16 +1267,8 @@ impl Cluster {
 
     /// The proxy's metrics, as its endpoint serves them (`GET /metrics`).
     pub async fn proxy_metrics(&self) -> anyhow::Result<String> {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let addr = self.proxy_metrics_addr();
-        let mut stream = tokio::net::TcpStream::connect(&addr).await?;
-        let request = format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-        stream.write_all(request.as_bytes()).await?;
-        let mut text = String::new();
-        stream.read_to_string(&mut text).await?;
-        text.split_once("\r\n\r\n")
-            .map(|(_, body)| body.to_owned())
-            .with_context(|| format!("no HTTP response from {addr}: {text:?}"))
+        let (_, body) = crate::monitoring::scrape(&self.proxy_metrics_addr()).await?;
+        Ok(body)
     }
 
     /// tessera-scheduler's metrics address.

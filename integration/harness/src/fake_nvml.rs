@@ -5,6 +5,14 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 
+/// The CPU seconds process `pid` has used: the figure the fake NVML reports as its
+/// GPU use (`processUtilization`), read the same way.
+pub fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
+    tessera_fake_nvml::cpu_ticks(pid)
+        .map(|ticks| ticks as f64 / 100.0)
+        .ok_or_else(|| anyhow::anyhow!("/proc/{pid}/stat cannot be read"))
+}
+
 /// The fake library built beside the running test or binary (cargo builds it as
 /// a dependency of this crate, in the same target directory).
 pub fn library() -> anyhow::Result<PathBuf> {

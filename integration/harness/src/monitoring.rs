@@ -60,6 +60,36 @@ pub fn sample_names(exposition: &str) -> BTreeSet<String> {
         .collect()
 }
 
+/// The value of the sample `series` (name and labels exactly as served), if
+/// served.
+pub fn sample(exposition: &str, series: &str) -> Option<f64> {
+    exposition.lines().find_map(|line| {
+        line.strip_prefix(series)?
+            .strip_prefix(' ')?
+            .split(' ')
+            .next()?
+            .parse()
+            .ok()
+    })
+}
+
+/// `GET /metrics` of the daemon serving plain HTTP at `addr`: the response head
+/// and body.
+pub async fn scrape(addr: &str) -> anyhow::Result<(String, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .with_context(|| format!("connecting to the metrics at {addr}"))?;
+    let request = format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text).await?;
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .with_context(|| format!("no HTTP response from {addr}: {text:?}"))?;
+    Ok((head.to_owned(), body.to_owned()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -537,7 +537,7 @@ mod gpu_time {
     }
 
     #[tokio::test]
-    async fn running_shared_containers_are_held_at_the_proxys_start()
+    async fn at_the_proxys_start_running_shared_containers_are_held_and_gone_pods_let_go()
     -> Result<(), Box<dyn std::error::Error>> {
         let dir = tempfile::tempdir()?;
         let (hook, hold) = held(dir.path())?;
@@ -567,12 +567,19 @@ mod gpu_time {
             sandbox_id: "sandbox-2".into(),
         });
         store.mark_stopped("sandbox-2");
-        assert_eq!(hook.hold_known(&store).await, 1);
+        // Held before the restart, of a pod removed while the proxy was down.
+        hold.grant(tessera_enforce::throttle::Grant {
+            pod_uid: "0b6c2a1e-3333-4222-8333-444455556666".into(),
+            container_id: id('f'),
+            percent: 25,
+            gpus: vec![GPU_A.into()],
+        })?;
+        assert_eq!(hook.resync_gpu_time(&store).await, (1, 1));
         let accounts = hold.accounts();
         assert_eq!(accounts.len(), 1);
         assert_eq!(accounts[0].container_id, id('a'));
         // Again (a second resync): already held, nothing new.
-        assert_eq!(hook.hold_known(&store).await, 0);
+        assert_eq!(hook.resync_gpu_time(&store).await, (0, 0));
         assert_eq!(hold.accounts().len(), 1);
         Ok(())
     }

@@ -749,17 +749,7 @@ async fn cpu_and_frozen(
     cgroup: &str,
     window: std::time::Duration,
 ) -> anyhow::Result<(f64, f64)> {
-    let cpu = || -> anyhow::Result<f64> {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-        let rest = &stat[stat.rfind(')').context("no ) in stat")? + 2..];
-        let ticks: u64 = rest
-            .split_whitespace()
-            .skip(11)
-            .take(2)
-            .map(str::parse::<u64>)
-            .sum::<Result<u64, _>>()?;
-        Ok(ticks as f64 / 100.0)
-    };
+    let cpu = || tessera_harness::fake_nvml::cpu_seconds(pid);
     let start = std::time::Instant::now();
     let before = cpu()?;
     let (mut samples, mut frozen) = (0u32, 0u32);
@@ -860,16 +850,7 @@ pub async fn gpu_time_holds_a_compute_share(cluster: &mut Cluster) -> anyhow::Re
     );
     // The proxy's metrics say so.
     let metrics = cluster.proxy_metrics().await?;
-    let value = |series: &str| {
-        metrics.lines().find_map(|l| {
-            l.strip_prefix(series)?
-                .strip_prefix(' ')?
-                .split(' ')
-                .next()?
-                .parse::<f64>()
-                .ok()
-        })
-    };
+    let value = |series: &str| tessera_harness::monitoring::sample(&metrics, series);
     let freezes = value("tessera_proxy_gpu_time_freezes_total").unwrap_or(0.0);
     let frozen_seconds = value("tessera_proxy_gpu_time_frozen_seconds_total").unwrap_or(0.0);
     let held_now = value("tessera_proxy_gpu_time_held_containers").unwrap_or(0.0);

@@ -9,38 +9,11 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail, ensure};
 use serde_json::json;
 use tessera_harness::cluster::{ALLOCATED, Cluster, NODE_NAME, allocated_gpus};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tessera_harness::monitoring::sample;
 
 /// `GET /metrics` of tessera-scheduler: the response head and body.
 async fn scrape(cluster: &Cluster) -> anyhow::Result<(String, String)> {
-    let addr = cluster.scheduler_metrics_addr();
-    let mut stream = tokio::net::TcpStream::connect(&addr)
-        .await
-        .with_context(|| format!("connecting to tessera-scheduler's metrics at {addr}"))?;
-    stream
-        .write_all(
-            format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n")
-                .as_bytes(),
-        )
-        .await?;
-    let mut text = String::new();
-    stream.read_to_string(&mut text).await?;
-    let (head, body) = text
-        .split_once("\r\n\r\n")
-        .with_context(|| format!("no HTTP response from {addr}: {text:?}"))?;
-    Ok((head.to_owned(), body.to_owned()))
-}
-
-/// The value of the sample `series` (name and labels exactly as served), if served.
-fn sample(body: &str, series: &str) -> Option<f64> {
-    body.lines().find_map(|line| {
-        line.strip_prefix(series)?
-            .strip_prefix(' ')?
-            .split(' ')
-            .next()?
-            .parse()
-            .ok()
-    })
+    tessera_harness::monitoring::scrape(&cluster.scheduler_metrics_addr()).await
 }
 
 const BOUND: &str = "tessera_scheduler_binds_total{result=\"bound\"}";
