@@ -10,6 +10,7 @@
 //!   [`compute`] sets the mode.
 //! - [`hami`]: HAMi-core's shared region, written with the grant by HAMi-core
 //!   itself before the container's first process.
+//! - [`usage`]: what each container holds of each GPU's memory, per the driver.
 //! - [`apply_memory_limits`]: the rule both use: set every GPU's hard limit, read
 //!   each back, and fail unless the driver holds exactly the grant.
 //!
@@ -27,8 +28,20 @@ pub mod mps;
 pub mod nvml;
 mod process;
 pub mod throttle;
+pub mod usage;
 
 pub use tessera_api::enforcement::{Backend, Holds, UnknownBackend, joined};
+
+/// Writes `text` to `file` whole (a temporary file renamed over it).
+pub fn write_whole(file: &Path, text: &str) -> std::io::Result<()> {
+    let name = file
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let temp = file.with_file_name(format!(".{name}.tmp"));
+    std::fs::write(&temp, text)?;
+    std::fs::rename(&temp, file)
+}
 
 /// The limits the driver holds for one cgroup on one GPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -23,6 +23,8 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
+use crate::write_whole;
+
 /// How far ahead of its share a container may run, in seconds of a whole GPU.
 pub const BURST_SECONDS: f64 = 0.5;
 /// The longest gap between two samples charged as use (a stalled sampler must not
@@ -134,6 +136,20 @@ pub struct HostProcesses {
     pub proc_root: PathBuf,
     /// The cgroup v2 mount.
     pub cgroup_root: PathBuf,
+}
+
+impl HostProcesses {
+    /// This host's: `/proc`, and the cgroup v2 hierarchy its mountinfo names.
+    pub fn host() -> Result<Self, String> {
+        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")
+            .map_err(|e| format!("reading /proc/self/mountinfo: {e}"))?;
+        let cgroup_root = crate::cgroup::v2_mount(&mountinfo)
+            .ok_or("no cgroup v2 hierarchy is mounted (containers are found by their cgroup)")?;
+        Ok(Self {
+            proc_root: "/proc".into(),
+            cgroup_root,
+        })
+    }
 }
 
 impl Processes for HostProcesses {
@@ -493,17 +509,6 @@ pub fn sample(gpu: &mut dyn GpuTime, wanted: Vec<(String, u64)>) -> (Vec<GpuSamp
 
 /// One GPU's samples for a round, or why there are none.
 pub type GpuSamples = (String, Result<Vec<Sample>, ThrottleError>);
-
-/// Writes `text` to `file` whole (a temporary file renamed over it).
-fn write_whole(file: &Path, text: &str) -> std::io::Result<()> {
-    let name = file
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let temp = file.with_file_name(format!(".{name}.tmp"));
-    std::fs::write(&temp, text)?;
-    std::fs::rename(&temp, file)
-}
 
 /// Thaws the cgroups the grants in `dir` name and removes the grants: for a
 /// node where GPU time is off now but was on before (a proxy that stopped with a

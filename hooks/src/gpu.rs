@@ -79,7 +79,9 @@ use tessera_protos::hook::v1::{
 mod asked;
 pub mod enforce;
 pub mod trust;
-pub use enforce::{Enforcement, HamiCoreFiles, MpsFiles, SharedLimits, shared_limits};
+pub use enforce::{
+    Enforcement, HamiCoreFiles, MpsFiles, SharedLimits, granted_memory, shared_limits,
+};
 pub use trust::{PrivilegedPolicy, PrivilegedReason, TrustedGpuAgent, TrustedGpuAgentError};
 
 /// Container annotations through which a device plugin asks containerd for CDI devices.

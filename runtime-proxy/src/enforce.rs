@@ -458,13 +458,30 @@ impl EnforceHook {
                 .map(|container| {
                     let limits =
                         shared_limits(&name, &annotation, &container, &node, Some(&annotations))
-                            .map_err(|e| {
-                                let status: tonic::Status = e.into();
-                                HookRejection::new(status.code(), status.message())
-                            })?;
+                            .map_err(hook_rejection)?;
                     Ok((container, limits))
                 })
                 .collect()
+        })
+        .await?
+    }
+
+    /// What `container` of `pod` was granted of each GPU's memory (none for a
+    /// pod the scheduler placed no GPU on), for the report of GPU memory use.
+    pub async fn granted_memory(
+        &self,
+        pod: &PodInfo,
+        container: &str,
+    ) -> Result<Vec<(String, tessera_api::usage::MemoryGrant)>, HookRejection> {
+        let Some(annotation) = pod.annotations.get(DEVICE_ALLOCATED).cloned() else {
+            return Ok(Vec::new());
+        };
+        let probe = Arc::clone(&self.probe);
+        let name = pod.display_name();
+        let container = container.to_owned();
+        blocking(move || {
+            tessera_hooks::gpu::granted_memory(&name, &annotation, &container, &probe.probe())
+                .map_err(hook_rejection)
         })
         .await?
     }
@@ -538,6 +555,12 @@ impl EnforceHook {
 
 /// Runs blocking work (the node's files, NVML, MPS's control program) off the
 /// async threads; a task that panicked is an internal refusal.
+/// The GPU hook's refusal, as the enforcement hook's.
+fn hook_rejection(error: tessera_hooks::gpu::GpuHookError) -> HookRejection {
+    let status: tonic::Status = error.into();
+    HookRejection::new(status.code(), status.message())
+}
+
 async fn blocking<T: Send + 'static>(
     work: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, HookRejection> {

@@ -26,6 +26,7 @@ pub mod proxy;
 pub mod relay;
 pub mod server;
 pub mod store;
+pub mod usage;
 pub mod wire;
 
 pub use config::{Cli, Config};

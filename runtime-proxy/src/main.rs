@@ -62,6 +62,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
     // Dropped however main ends: GPU time stops and thaws every container.
     let mut thaw_guard: Option<tessera_runtime_proxy::gpu_time::StopGuard> = None;
     let mut enforce_hook: Option<Arc<EnforceHook>> = None;
+    let mut usage: Option<tessera_runtime_proxy::usage::Report> = None;
     if let Some(gpu) = &config.gpu_hook {
         let probe = Arc::new(gpu.probe());
         // The hooks' own calls to the runtime (its CDI settings, its sandboxes): one
@@ -102,6 +103,20 @@ async fn run(config: Config) -> anyhow::Result<()> {
                 .with_gpu_time(hold),
         );
         enforce_hook = Some(Arc::clone(&enforce));
+        // What each container holds of each GPU's memory, for the reporter.
+        match tessera_runtime_proxy::usage::Sampler::open(&gpu.nvml_library) {
+            Ok(sampler) => {
+                usage = Some(tessera_runtime_proxy::usage::Report::new(
+                    sampler,
+                    Arc::clone(&enforce),
+                    Arc::clone(&store),
+                    &gpu.enforcement_dir,
+                ));
+            }
+            Err(error) => {
+                tracing::info!(%error, "GPU memory use not reported: the driver cannot be read");
+            }
+        }
         hooks.push(enforce);
     }
     // External hooks run after the embedded GPU hook, in file-name order.
@@ -136,6 +151,10 @@ async fn run(config: Config) -> anyhow::Result<()> {
     let live = Arc::clone(&store);
     tokio::spawn(async move {
         resync.await;
+        // Once the runtime's containers are known: each traced process is named.
+        if let Some(usage) = usage {
+            tokio::spawn(usage.run());
+        }
         if let Some(hook) = &enforce_hook {
             let (held, let_go) = hook.resync_gpu_time(&live).await;
             if held + let_go > 0 {

@@ -486,3 +486,35 @@ pub fn shared_limits<S: std::hash::BuildHasher>(
         minors: gpus.iter().map(|g| g.minor).collect(),
     })
 }
+
+/// What a container of a pod with allocation `annotation` was granted of each of
+/// its GPUs' memory, by UUID, for the proxy's report of GPU memory use: a share's
+/// bytes, or the whole GPU.
+pub fn granted_memory(
+    pod: &str,
+    annotation: &str,
+    container: &str,
+    node: &NodeDevices,
+) -> Result<Vec<(String, tessera_api::usage::MemoryGrant)>, GpuHookError> {
+    use tessera_api::usage::MemoryGrant;
+    let allocations =
+        DeviceAllocations::parse(annotation).map_err(|source| GpuHookError::Annotation {
+            pod: pod.to_owned(),
+            container: container.to_owned(),
+            source,
+        })?;
+    let granted = allocations.gpus_of_container(container);
+    let gpus = resolve_gpus(&granted, node, pod, container)?;
+    Ok(gpus
+        .iter()
+        .map(|gpu| {
+            // A share of unknown bytes was refused at its start (shared_limits):
+            // none such runs; read as whole rather than as a zero limit.
+            let grant = match (gpu.allocation.is_fractional(), granted_bytes(gpu)) {
+                (true, Some(bytes)) => MemoryGrant::Share(bytes),
+                _ => MemoryGrant::Whole,
+            };
+            (gpu.uuid.clone(), grant)
+        })
+        .collect())
+}

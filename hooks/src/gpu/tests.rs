@@ -1937,6 +1937,20 @@ mod enforcement {
     }
 
     #[test]
+    fn granted_memory_is_a_shares_bytes_or_the_whole_gpu() -> Result<(), GpuHookError> {
+        use tessera_api::usage::MemoryGrant;
+        assert_eq!(
+            granted_memory("ml/train-0", SHARE, "main", &node())?,
+            [(UUID0.to_owned(), MemoryGrant::Share(4 << 30))]
+        );
+        let whole = granted_memory("ml/train-0", WHOLE, "main", &node())?;
+        assert_eq!(whole.len(), 1);
+        assert_eq!(whole[0].1, MemoryGrant::Whole);
+        assert!(granted_memory("ml/train-0", "{not json", "main", &node()).is_err());
+        Ok(())
+    }
+
+    #[test]
     fn host_dirs_are_made_for_the_containers_mounts_and_removed_with_the_pod()
     -> Result<(), Box<dyn std::error::Error>> {
         let dir = tempfile::tempdir()?;

@@ -609,3 +609,106 @@ mod gpu_time {
         Ok(())
     }
 }
+
+/// The driver's processes, as a test sets them; or its error.
+struct Driver(Arc<std::sync::Mutex<Result<Vec<tessera_enforce::usage::ProcessMemory>, String>>>);
+
+impl tessera_enforce::usage::GpuMemory for Driver {
+    fn processes(
+        &mut self,
+    ) -> Result<Vec<tessera_enforce::usage::ProcessMemory>, tessera_enforce::usage::UsageError>
+    {
+        self.0
+            .lock()
+            .unwrap()
+            .clone()
+            .map_err(tessera_enforce::usage::UsageError::from)
+    }
+}
+
+/// pid N runs in the container whose ID is N repeated (pid 9: the node's).
+struct Pids;
+
+impl tessera_enforce::throttle::Processes for Pids {
+    fn cgroup(&self, pid: u32) -> tessera_enforce::throttle::Lookup {
+        use tessera_enforce::throttle::{Lookup, ProcessCgroup};
+        if pid == 9 {
+            return Lookup::NotContainer;
+        }
+        Lookup::Container(ProcessCgroup {
+            container_id: pid.to_string().repeat(64),
+            dir: "/sys/fs/cgroup/x".into(),
+        })
+    }
+}
+
+#[tokio::test]
+async fn memory_report_names_each_containers_use_against_its_grant() {
+    use tessera_api::usage::{MemoryGrant, NodeGpuMemory};
+    use tessera_enforce::usage::ProcessMemory;
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(crate::store::PodStore::default());
+    let pod = pod();
+    store.insert_pod(PodInfo {
+        sandbox_id: "sandbox".into(),
+        ..(*pod).clone()
+    });
+    for (pid, name) in [(1, "main"), (2, "whole"), (3, "sidecar")] {
+        store.insert_container(crate::store::ContainerInfo {
+            id: pid.to_string().repeat(64),
+            name: name.into(),
+            sandbox_id: "sandbox".into(),
+        });
+    }
+    let process = |gpu: &str, pid, used| ProcessMemory {
+        gpu: gpu.into(),
+        pid,
+        used,
+    };
+    let driver = Arc::new(std::sync::Mutex::new(Ok(vec![
+        process(GPU_A, 1, 12 << 30),
+        process(GPU_B, 2, 30 << 30),
+        // A sidecar with no grant on a GPU, the node's own process, and a
+        // container the proxy never saw.
+        process(GPU_A, 3, 1 << 30),
+        process(GPU_A, 9, 1 << 30),
+        process(GPU_A, 4, 1 << 30),
+    ])));
+    let mut report = crate::usage::Report::new(
+        crate::usage::Sampler::new(Box::new(Driver(Arc::clone(&driver))), Box::new(Pids)),
+        Arc::new(hook(Err("unused".into()), None)),
+        store,
+        dir.path(),
+    );
+    report.round().await.unwrap();
+    let file = dir.path().join(tessera_api::usage::USAGE_FILE);
+    let read = || NodeGpuMemory::parse(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    let seen: Vec<(String, String, u64, MemoryGrant)> = read()
+        .containers
+        .into_iter()
+        .map(|c| {
+            assert_eq!((c.namespace.as_str(), c.pod.as_str()), ("team", "train"));
+            (c.container, c.gpu, c.used, c.grant)
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            (
+                "main".into(),
+                GPU_A.into(),
+                12 << 30,
+                MemoryGrant::Share(20 << 30)
+            ),
+            ("sidecar".into(), GPU_A.into(), 1 << 30, MemoryGrant::None),
+            ("whole".into(), GPU_B.into(), 30 << 30, MemoryGrant::Whole),
+        ]
+    );
+    // The driver failing withdraws the report; read again, it is back.
+    *driver.lock().unwrap() = Err("GPU is lost".into());
+    assert!(report.round().await.unwrap_err().contains("GPU is lost"));
+    assert!(!file.exists());
+    *driver.lock().unwrap() = Ok(vec![process(GPU_A, 1, 1)]);
+    report.round().await.unwrap();
+    assert_eq!(read().containers.len(), 1);
+}

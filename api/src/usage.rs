@@ -1,0 +1,204 @@
+//! What each container on a node uses of each GPU's memory, against what it was
+//! granted: measured by tessera-runtime-proxy (the driver's per-process memory,
+//! each process traced to its container by its cgroup), written to
+//! `<enforcement-dir>/`[`USAGE_FILE`]; read by tessera-reporter, which exports it
+//! as metrics, tells a pod at its limit (or using a GPU it was not granted) with an
+//! Event, and publishes it, coarsened, on the Device CR ([`DEVICE_ANNOTATION`]),
+//! where `tessera inspect` shows it.
+
+use serde::{Deserialize, Serialize};
+
+/// The proxy's file in its enforcement directory.
+pub const USAGE_FILE: &str = "gpu-memory.json";
+/// The Device CR annotation: [`NodeGpuMemory`] with each use rounded up to
+/// [`PUBLISHED_STEP`], so that a use moving by a few MiB is not a write.
+pub const DEVICE_ANNOTATION: &str = "tessera.io/gpu-memory-used";
+/// The step published uses are rounded up to (a CUDA context alone is ~500 MiB).
+pub const PUBLISHED_STEP: u64 = 256 << 20;
+/// The most containers published on the Device CR (an annotation holds 256 kB);
+/// the largest uses first. The metrics carry every one.
+pub const PUBLISHED_MAX: usize = 400;
+/// The fraction of its limit at which a container is told it is at its limit:
+/// allocations past the limit fail, and a program's allocator rarely lands on
+/// the last byte.
+pub const AT_LIMIT: f64 = 0.95;
+
+/// What a container was granted of a GPU's memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum MemoryGrant {
+    /// Tessera granted it nothing of this GPU (the reporter checks kubelet's
+    /// device checkpoint before it calls that a breach).
+    #[default]
+    None,
+    /// The whole GPU: no limit below the GPU's own.
+    Whole,
+    /// A share: this many bytes.
+    Share(u64),
+}
+
+/// One container's use of one GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ContainerGpuMemory {
+    /// Its pod's namespace.
+    pub namespace: String,
+    /// Its pod's name.
+    pub pod: String,
+    /// Its pod's UID.
+    pub pod_uid: String,
+    /// Its name.
+    pub container: String,
+    /// The GPU's UUID.
+    pub gpu: String,
+    /// Bytes its processes hold on the GPU, as the driver counts them.
+    pub used: u64,
+    /// What it was granted of that GPU.
+    #[serde(default)]
+    pub grant: MemoryGrant,
+}
+
+impl ContainerGpuMemory {
+    /// Its limit in bytes, for a share.
+    pub fn limit(&self) -> Option<u64> {
+        match self.grant {
+            MemoryGrant::Share(bytes) => Some(bytes),
+            MemoryGrant::None | MemoryGrant::Whole => None,
+        }
+    }
+
+    /// Whether a share's use has reached [`AT_LIMIT`] of it.
+    pub fn at_limit(&self) -> bool {
+        self.limit()
+            .is_some_and(|limit| self.used as f64 >= limit as f64 * AT_LIMIT)
+    }
+}
+
+/// A node's containers' GPU memory.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeGpuMemory {
+    /// One entry per container and GPU it uses, ordered by pod, container, GPU.
+    pub containers: Vec<ContainerGpuMemory>,
+}
+
+/// Why a usage file or annotation was not understood.
+#[derive(Debug, thiserror::Error)]
+#[error("GPU memory use: {0}")]
+pub struct UsageError(#[from] serde_json::Error);
+
+impl NodeGpuMemory {
+    /// Parses the proxy's file or the Device CR's annotation.
+    pub fn parse(text: &str) -> Result<Self, UsageError> {
+        Ok(serde_json::from_str(text)?)
+    }
+
+    /// The proxy's file.
+    pub fn to_json(&self) -> String {
+        // Plain strings and numbers: serializing cannot fail.
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// The Device CR's annotation: uses rounded up to [`PUBLISHED_STEP`], at most
+    /// [`PUBLISHED_MAX`] entries (the largest uses), in the file's order.
+    pub fn published(&self) -> String {
+        let mut kept: Vec<(usize, ContainerGpuMemory)> = self
+            .containers
+            .iter()
+            .cloned()
+            .map(|mut entry| {
+                entry.used = entry.used.div_ceil(PUBLISHED_STEP) * PUBLISHED_STEP;
+                entry
+            })
+            .enumerate()
+            .collect();
+        if kept.len() > PUBLISHED_MAX {
+            kept.sort_by(|a, b| b.1.used.cmp(&a.1.used).then(a.0.cmp(&b.0)));
+            kept.truncate(PUBLISHED_MAX);
+            kept.sort_by_key(|(i, _)| *i);
+        }
+        Self {
+            containers: kept.into_iter().map(|(_, e)| e).collect(),
+        }
+        .to_json()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(container: &str, used: u64, grant: MemoryGrant) -> ContainerGpuMemory {
+        ContainerGpuMemory {
+            namespace: "default".into(),
+            pod: "p".into(),
+            pod_uid: "u".into(),
+            container: container.into(),
+            gpu: "GPU-0".into(),
+            used,
+            grant,
+        }
+    }
+
+    #[test]
+    fn file_round_trips_and_grants_read_as_written() {
+        let node = NodeGpuMemory {
+            containers: vec![
+                entry("a", 1, MemoryGrant::Share(20 << 30)),
+                entry("b", 2, MemoryGrant::Whole),
+                entry("c", 3, MemoryGrant::None),
+            ],
+        };
+        let text = node.to_json();
+        assert!(text.contains(r#""grant":{"share":21474836480}"#), "{text}");
+        assert!(text.contains(r#""grant":"whole""#), "{text}");
+        assert_eq!(NodeGpuMemory::parse(&text).unwrap(), node);
+        // A missing grant is no grant.
+        let bare = r#"{"containers":[{"namespace":"n","pod":"p","podUid":"u","container":"c","gpu":"g","used":1}]}"#;
+        assert_eq!(
+            NodeGpuMemory::parse(bare).unwrap().containers[0].grant,
+            MemoryGrant::None
+        );
+        assert!(NodeGpuMemory::parse("{\"containers\": 3}").is_err());
+    }
+
+    #[test]
+    fn at_limit_is_a_share_used_to_95_percent() {
+        let share = |used| entry("a", used, MemoryGrant::Share(100));
+        assert!(!share(94).at_limit());
+        assert!(share(95).at_limit());
+        assert!(share(130).at_limit());
+        assert!(!entry("a", u64::MAX, MemoryGrant::Whole).at_limit());
+        assert!(!entry("a", u64::MAX, MemoryGrant::None).at_limit());
+    }
+
+    #[test]
+    fn published_rounds_up_and_keeps_the_largest() {
+        let node = NodeGpuMemory {
+            containers: vec![
+                entry("a", 1, MemoryGrant::Whole),
+                entry("b", PUBLISHED_STEP, MemoryGrant::Whole),
+                entry("c", 0, MemoryGrant::Whole),
+            ],
+        };
+        let published = NodeGpuMemory::parse(&node.published()).unwrap();
+        let used: Vec<u64> = published.containers.iter().map(|e| e.used).collect();
+        assert_eq!(used, [PUBLISHED_STEP, PUBLISHED_STEP, 0]);
+
+        let many = NodeGpuMemory {
+            containers: (0..PUBLISHED_MAX as u64 + 10)
+                .map(|i| entry(&format!("c{i:04}"), i * PUBLISHED_STEP, MemoryGrant::Whole))
+                .collect(),
+        };
+        let published = NodeGpuMemory::parse(&many.published()).unwrap();
+        assert_eq!(published.containers.len(), PUBLISHED_MAX);
+        // The ten smallest went; the order stayed.
+        assert_eq!(published.containers[0].container, "c0010");
+        assert!(
+            published
+                .containers
+                .windows(2)
+                .all(|w| w[0].container < w[1].container)
+        );
+    }
+}

@@ -1,0 +1,155 @@
+//! What each container holds of each GPU's memory: the driver's per-process
+//! count (`nvmlDeviceGetComputeRunningProcesses`), each process traced to its
+//! container by its cgroup, summed per container and GPU. It works on every
+//! driver and with every backend (or none): it is what a share's limit is
+//! measured against, not what holds it.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use crate::throttle::{Lookup, Processes};
+
+/// One process's memory on one GPU.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcessMemory {
+    /// The GPU's UUID.
+    pub gpu: String,
+    /// The process, in the host's PID namespace.
+    pub pid: u32,
+    /// Bytes it holds there (0 where the driver does not say).
+    pub used: u64,
+}
+
+/// Why the driver could not be read.
+#[derive(Debug, thiserror::Error)]
+#[error("GPU memory use: NVML: {0}")]
+pub struct UsageError(String);
+
+impl From<String> for UsageError {
+    fn from(reason: String) -> Self {
+        Self(reason)
+    }
+}
+
+/// The driver's view of the processes on the node's GPUs.
+pub trait GpuMemory: Send {
+    /// Every compute process on every GPU, with its memory.
+    fn processes(&mut self) -> Result<Vec<ProcessMemory>, UsageError>;
+}
+
+/// The real driver.
+pub struct NvmlGpuMemory {
+    nvml: nvml_wrapper::Nvml,
+}
+
+impl std::fmt::Debug for NvmlGpuMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NvmlGpuMemory").finish_non_exhaustive()
+    }
+}
+
+impl NvmlGpuMemory {
+    /// Loads NVML from `library`.
+    pub fn open(library: &Path) -> Result<Self, UsageError> {
+        let nvml = nvml_wrapper::Nvml::builder()
+            .lib_path(library.as_os_str())
+            .init()
+            .map_err(|e| UsageError(format!("loading {}: {e}", library.display())))?;
+        Ok(Self { nvml })
+    }
+}
+
+impl GpuMemory for NvmlGpuMemory {
+    fn processes(&mut self) -> Result<Vec<ProcessMemory>, UsageError> {
+        let error = |e: nvml_wrapper::error::NvmlError| UsageError(e.to_string());
+        let mut all = Vec::new();
+        for index in 0..self.nvml.device_count().map_err(error)? {
+            let device = self.nvml.device_by_index(index).map_err(error)?;
+            let uuid = device.uuid().map_err(error)?;
+            for process in device.running_compute_processes().map_err(error)? {
+                let used = match process.used_gpu_memory {
+                    nvml_wrapper::enums::device::UsedGpuMemory::Used(bytes) => bytes,
+                    nvml_wrapper::enums::device::UsedGpuMemory::Unavailable => 0,
+                };
+                all.push(ProcessMemory {
+                    gpu: uuid.clone(),
+                    pid: process.pid,
+                    used,
+                });
+            }
+        }
+        Ok(all)
+    }
+}
+
+/// Bytes per (container ID, GPU UUID), from `processes` traced through
+/// `lookup`. Processes of no container (the node's, an MPS server's) and gone
+/// ones are left out; a container with processes whose memory the driver does
+/// not give is still listed (0 bytes), for it is on the GPU.
+pub fn per_container(
+    processes: &[ProcessMemory],
+    lookup: &dyn Processes,
+) -> BTreeMap<(String, String), u64> {
+    let mut sums = BTreeMap::new();
+    for process in processes {
+        if let Lookup::Container(cgroup) = lookup.cgroup(process.pid) {
+            let sum: &mut u64 = sums
+                .entry((cgroup.container_id, process.gpu.clone()))
+                .or_default();
+            *sum = sum.saturating_add(process.used);
+        }
+    }
+    sums
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::throttle::ProcessCgroup;
+
+    struct Table;
+
+    impl Processes for Table {
+        fn cgroup(&self, pid: u32) -> Lookup {
+            match pid {
+                1 | 2 => Lookup::Container(ProcessCgroup {
+                    container_id: "a".into(),
+                    dir: "/sys/fs/cgroup/a".into(),
+                }),
+                3 => Lookup::Container(ProcessCgroup {
+                    container_id: "b".into(),
+                    dir: "/sys/fs/cgroup/b".into(),
+                }),
+                4 => Lookup::NotContainer,
+                _ => Lookup::Gone,
+            }
+        }
+    }
+
+    #[test]
+    fn memory_is_summed_per_container_and_gpu() {
+        let p = |gpu: &str, pid, used| ProcessMemory {
+            gpu: gpu.into(),
+            pid,
+            used,
+        };
+        let sums = per_container(
+            &[
+                p("GPU-0", 1, 10),
+                p("GPU-0", 2, 5),
+                p("GPU-1", 2, 7),
+                p("GPU-0", 3, 0),
+                p("GPU-0", 4, 99),
+                p("GPU-0", 5, 99),
+            ],
+            &Table,
+        );
+        let want: BTreeMap<(String, String), u64> = [
+            (("a".to_owned(), "GPU-0".to_owned()), 15),
+            (("a".to_owned(), "GPU-1".to_owned()), 7),
+            (("b".to_owned(), "GPU-0".to_owned()), 0),
+        ]
+        .into();
+        assert_eq!(sums, want);
+    }
+}
