@@ -1,12 +1,14 @@
-//! Kubernetes Events on the Node about its GPUs' health: `Warning GpuUnhealthy` when a
-//! critical XID takes a GPU out of the node's capacity, `Normal GpuHealthy` when it is
-//! back. Nothing is recorded on pods: the device plugin's pods (and everyone else's) learn
-//! about a GPU from the Node and the Device CR.
+//! Kubernetes Events the reporter writes:
+//! - on the Node, about its GPUs' health: `Warning GpuUnhealthy` when a critical XID
+//!   takes a GPU out of the node's capacity, `Normal GpuHealthy` when it is back;
+//! - on a pod, about its containers' GPU memory ([`crate::usage::MemoryEvent`]):
+//!   `Warning GpuMemoryAtLimit`, `Warning GpuUsedWithoutGrant`.
 //!
-//! What to announce is decided by a pure step, [`health_changes`]; announcing is a task
-//! behind the [`NodeEventSink`] trait, fed through [`GpuEvents`], so a slow or refusing API
+//! What to announce is decided by pure steps ([`health_changes`],
+//! [`crate::usage::MemoryAlerts`]); announcing is a task behind the
+//! [`NodeEventSink`] trait, fed through [`GpuEvents`], so a slow or refusing API
 //! server never holds the reporter's loop up. The real sink, [`KubeNodeEvents`], writes
-//! `events.k8s.io/v1` Events in the `default` namespace, as kubelet does for Nodes,
+//! `events.k8s.io/v1` Events (a Node's in the `default` namespace, as kubelet does),
 //! through [`tessera_api::events`] (not kube-runtime's `Recorder`: see there why).
 
 use std::collections::BTreeMap;
@@ -116,16 +118,58 @@ pub fn health_changes(
     turned.chain(recovered).collect()
 }
 
+/// What the reporter tells.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReporterEvent {
+    /// A GPU's health changed (on the Node).
+    Health(GpuHealthChange),
+    /// A container's GPU memory (on its pod).
+    Memory(crate::usage::MemoryEvent),
+}
+
+impl From<GpuHealthChange> for ReporterEvent {
+    fn from(change: GpuHealthChange) -> Self {
+        Self::Health(change)
+    }
+}
+
+impl From<crate::usage::MemoryEvent> for ReporterEvent {
+    fn from(event: crate::usage::MemoryEvent) -> Self {
+        Self::Memory(event)
+    }
+}
+
+impl ReporterEvent {
+    /// Its reason.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::Health(change) => change.reason(),
+            Self::Memory(event) => event.kind().reason,
+        }
+    }
+
+    /// What it is about, for logs: a GPU, or `namespace/pod/container`.
+    pub fn subject(&self) -> String {
+        match self {
+            Self::Health(change) => change.uuid().to_owned(),
+            Self::Memory(event) => {
+                let entry = event.entry();
+                format!("{}/{}/{}", entry.namespace, entry.pod, entry.container)
+            }
+        }
+    }
+}
+
 /// Why an Event was not written; it is logged and counted, never retried.
 #[derive(Debug, thiserror::Error)]
 pub enum EventError {
     /// The API server refused the Event or could not be reached.
-    #[error("creating Event {reason} for GPU {uuid} on node {node}")]
+    #[error("creating Event {reason} about {subject} (node {node})")]
     Api {
-        /// The Node the Event is about.
+        /// The node whose reporter wrote it.
         node: String,
-        /// The GPU.
-        uuid: String,
+        /// What it is about: a GPU, or `namespace/pod/container`.
+        subject: String,
         /// The Event's reason.
         reason: &'static str,
         /// The client's error.
@@ -134,19 +178,16 @@ pub enum EventError {
     },
 }
 
-/// Where the node's GPU health Events go.
+/// Where the reporter's Events go.
 pub trait NodeEventSink: Send + Sync + 'static {
-    /// Records one change on the Node.
-    fn record(
-        &self,
-        change: &GpuHealthChange,
-    ) -> impl Future<Output = Result<(), EventError>> + Send;
+    /// Records one Event.
+    fn record(&self, event: &ReporterEvent) -> impl Future<Output = Result<(), EventError>> + Send;
 }
 
 /// The loop's handle on the task that records Events: sending never waits.
 #[derive(Debug, Clone, Default)]
 pub struct GpuEvents {
-    changes: Option<UnboundedSender<GpuHealthChange>>,
+    changes: Option<UnboundedSender<ReporterEvent>>,
 }
 
 impl GpuEvents {
@@ -167,28 +208,28 @@ impl GpuEvents {
         (Self { changes: Some(tx) }, task)
     }
 
-    /// Queues `change` for the Node.
-    pub fn send(&self, change: GpuHealthChange) {
+    /// Queues `event`.
+    pub fn send(&self, event: impl Into<ReporterEvent>) {
         if let Some(changes) = &self.changes {
             // The task only stops when every sender is gone, so this cannot fail while
             // `self` lives; a change after a panic in the task is lost, and logged there.
-            let _ = changes.send(change);
+            let _ = changes.send(event.into());
         }
     }
 }
 
 async fn record_all(
     sink: impl NodeEventSink,
-    mut changes: UnboundedReceiver<GpuHealthChange>,
+    mut changes: UnboundedReceiver<ReporterEvent>,
     counts: Family<EventLabels, Counter>,
 ) {
     while let Some(change) = changes.recv().await {
         let outcome = match sink.record(&change).await {
             Ok(()) => {
                 tracing::info!(
-                    uuid = change.uuid(),
+                    subject = change.subject(),
                     reason = change.reason(),
-                    "Event recorded on the node"
+                    "Event recorded"
                 );
                 "recorded"
             }
@@ -241,14 +282,19 @@ pub fn node_event_spec(
             uid: Some(node.to_owned()),
             ..ObjectReference::default()
         },
-        related: Some(ObjectReference {
-            api_version: Some(Device::api_version(&()).into_owned()),
-            kind: Some(Device::kind(&()).into_owned()),
-            name: Some(node.to_owned()),
-            ..ObjectReference::default()
-        }),
+        related: Some(device_reference(node)),
         kind: change.kind(),
         note: change.note(recovery_after),
+    }
+}
+
+/// The node's Device CR, which the reporter's Events relate to.
+pub fn device_reference(node: &str) -> ObjectReference {
+    ObjectReference {
+        api_version: Some(Device::api_version(&()).into_owned()),
+        kind: Some(Device::kind(&()).into_owned()),
+        name: Some(node.to_owned()),
+        ..ObjectReference::default()
     }
 }
 
@@ -264,15 +310,19 @@ pub fn node_event(
 }
 
 impl NodeEventSink for KubeNodeEvents {
-    async fn record(&self, change: &GpuHealthChange) -> Result<(), EventError> {
+    async fn record(&self, event: &ReporterEvent) -> Result<(), EventError> {
         let node = self.writer.instance();
+        let spec = match event {
+            ReporterEvent::Health(change) => node_event_spec(node, self.recovery_after, change),
+            ReporterEvent::Memory(memory) => memory.spec(node),
+        };
         self.writer
-            .create(&node_event_spec(node, self.recovery_after, change))
+            .create(&spec)
             .await
             .map_err(|source| EventError::Api {
                 node: node.to_owned(),
-                uuid: change.uuid().to_owned(),
-                reason: change.reason(),
+                subject: event.subject(),
+                reason: event.reason(),
                 source,
             })
     }

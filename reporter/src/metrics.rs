@@ -40,7 +40,6 @@ pub enum PublishOutcome {
     Failed,
 }
 
-/// Labels of `tessera_reporter_publishes_total`.
 /// Labels of an enforcement backend.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct BackendLabels {
@@ -48,6 +47,7 @@ pub struct BackendLabels {
     pub backend: String,
 }
 
+/// Labels of `tessera_reporter_publishes_total`.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PublishLabels {
     /// `device` or `node`.
@@ -72,6 +72,19 @@ pub struct EventLabels {
     pub reason: String,
     /// `recorded` or `failed`.
     pub outcome: String,
+}
+
+/// Labels of a container's use of a GPU.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ContainerGpuLabels {
+    /// Its pod's namespace.
+    pub namespace: String,
+    /// Its pod.
+    pub pod: String,
+    /// The container.
+    pub container: String,
+    /// The GPU's UUID.
+    pub gpu: String,
 }
 
 /// Every metric the reporter exports.
@@ -106,6 +119,15 @@ pub struct ReporterMetrics {
     /// `tessera_reporter_enforcement{backend}`: 1 for each backend that holds shares on
     /// the node (as tessera-runtime-proxy lists them), 0 for the others.
     pub enforcement: Family<BackendLabels, Gauge>,
+    /// `tessera_reporter_container_gpu_memory_used_bytes{namespace,pod,container,gpu}`:
+    /// what each container's processes hold of each GPU, per the driver.
+    pub gpu_memory_used: Family<ContainerGpuLabels, Gauge>,
+    /// `tessera_reporter_container_gpu_memory_limit_bytes{...}`: each shared
+    /// container's limit on each GPU.
+    pub gpu_memory_limit: Family<ContainerGpuLabels, Gauge>,
+    /// `tessera_reporter_container_gpu_ungranted{...}`: 1 for each container on a
+    /// GPU it was not granted (a breach).
+    pub gpu_ungranted: Family<ContainerGpuLabels, Gauge>,
 }
 
 impl Default for ReporterMetrics {
@@ -124,6 +146,9 @@ impl Default for ReporterMetrics {
             checkpoint_errors: Counter::default(),
             events: Family::default(),
             enforcement: Family::default(),
+            gpu_memory_used: Family::default(),
+            gpu_memory_limit: Family::default(),
+            gpu_ungranted: Family::default(),
         };
         registry.register(
             "publishes",
@@ -180,6 +205,21 @@ impl Default for ReporterMetrics {
             "Enforcement backends holding shares on the node: 1 on, 0 off",
             metrics.enforcement.clone(),
         );
+        registry.register(
+            "container_gpu_memory_used_bytes",
+            "GPU memory each container's processes hold, by GPU, per the driver",
+            metrics.gpu_memory_used.clone(),
+        );
+        registry.register(
+            "container_gpu_memory_limit_bytes",
+            "GPU memory limit of each shared container, by GPU",
+            metrics.gpu_memory_limit.clone(),
+        );
+        registry.register(
+            "container_gpu_ungranted",
+            "1 for each container using a GPU it was not granted",
+            metrics.gpu_ungranted.clone(),
+        );
         Self {
             registry: Arc::new(registry),
             ..metrics
@@ -188,6 +228,38 @@ impl Default for ReporterMetrics {
 }
 
 impl ReporterMetrics {
+    /// Records each container's GPU memory (none when `usage` is unknown): the
+    /// series of containers gone go with them.
+    pub fn record_gpu_memory(&self, usage: Option<&tessera_api::usage::NodeGpuMemory>) {
+        use tessera_api::usage::MemoryGrant;
+        self.gpu_memory_used.clear();
+        self.gpu_memory_limit.clear();
+        self.gpu_ungranted.clear();
+        for entry in usage.map(|u| u.containers.as_slice()).unwrap_or_default() {
+            let labels = ContainerGpuLabels {
+                namespace: entry.namespace.clone(),
+                pod: entry.pod.clone(),
+                container: entry.container.clone(),
+                gpu: entry.gpu.clone(),
+            };
+            let gauge = |bytes: u64| i64::try_from(bytes).unwrap_or(i64::MAX);
+            self.gpu_memory_used
+                .get_or_create(&labels)
+                .set(gauge(entry.used));
+            match entry.grant {
+                MemoryGrant::Share(limit) => {
+                    self.gpu_memory_limit
+                        .get_or_create(&labels)
+                        .set(gauge(limit));
+                }
+                MemoryGrant::None => {
+                    self.gpu_ungranted.get_or_create(&labels).set(1);
+                }
+                MemoryGrant::Whole => {}
+            }
+        }
+    }
+
     /// Records which backends hold shares on the node.
     pub fn record_enforcement(&self, backends: &[tessera_api::enforcement::Backend]) {
         for backend in tessera_api::enforcement::Backend::ALL {

@@ -18,6 +18,7 @@ use crate::report::{
     CapacityOptions, device_annotations, device_spec, legacy_entries, node_capacity, node_labels,
     read_enforcement, switch_unproven, with_enforcement, with_switch,
 };
+use crate::usage::{MemoryAlerts, read_usage, with_legacy};
 
 /// Settings of the loop.
 #[derive(Debug, Clone)]
@@ -34,8 +35,17 @@ pub struct LoopConfig {
     pub capacity: CapacityOptions,
     /// A GPU is healthy again this long after its last critical XID.
     pub recovery_after: Duration,
-    /// The runtime proxy's list of the node's enforcement backends.
+    /// The runtime proxy's list of the node's enforcement backends; its GPU
+    /// memory report ([`tessera_api::usage::USAGE_FILE`]) is beside it.
     pub enforcement_file: PathBuf,
+}
+
+impl LoopConfig {
+    /// The runtime proxy's report of each container's GPU memory.
+    pub fn usage_file(&self) -> PathBuf {
+        self.enforcement_file
+            .with_file_name(tessera_api::usage::USAGE_FILE)
+    }
 }
 
 /// The loop's memory: the last good inputs, so a bad read never unpublishes.
@@ -44,6 +54,14 @@ struct Last {
     gpus: Option<NodeGpus>,
     checkpoint: Checkpoint,
     checkpoint_stamp: Option<(SystemTime, u64)>,
+    /// The device-plugin grants last published (a container's GPU memory is
+    /// checked against them).
+    /// `None` until the first publish: until then no container is told anything.
+    legacy: Option<Vec<LegacyDeviceEntry>>,
+    usage_stamp: Option<(SystemTime, u64)>,
+    /// The Device CR's GPU memory annotation, as it should be now.
+    usage_published: String,
+    alerts: MemoryAlerts,
 }
 
 fn stamp(path: &PathBuf) -> Option<(SystemTime, u64)> {
@@ -114,6 +132,7 @@ pub async fn run_with_metrics(
     loop {
         tokio::select! {
             _ = resync.tick() => {
+                observe_usage(&config, &mut last, metrics, &events, true);
                 let source = Arc::clone(&source);
                 // NVML calls block: off the async threads.
                 match tokio::task::spawn_blocking(move || source.discover()).await {
@@ -135,8 +154,9 @@ pub async fn run_with_metrics(
                 health.recover(Instant::now());
             }
             _ = poll.tick() => {
+                let moved = observe_usage(&config, &mut last, metrics, &events, false);
                 let now = stamp(&config.checkpoint);
-                if now == last.checkpoint_stamp && !health.recover(Instant::now()) {
+                if now == last.checkpoint_stamp && !health.recover(Instant::now()) && !moved {
                     continue;
                 }
                 if now != last.checkpoint_stamp {
@@ -162,17 +182,55 @@ pub async fn run_with_metrics(
             events.send(change);
         }
         announced = unhealthy;
-        if publish(&publisher, &config, &last, &health.unhealthy(), metrics).await {
+        if publish(&publisher, &config, &mut last, &health.unhealthy(), metrics).await {
             metrics.record_published_at(SystemTime::now());
         }
     }
 }
 
+/// Reads the runtime proxy's GPU memory report when it changed (or `force`),
+/// records it as metrics, and tells containers newly at their limit or on a GPU
+/// they were not granted. Returns whether the Device CR's annotation must change.
+fn observe_usage(
+    config: &LoopConfig,
+    last: &mut Last,
+    metrics: &ReporterMetrics,
+    events: &GpuEvents,
+    force: bool,
+) -> bool {
+    // A device plugin's pod would read as on a GPU it was not granted.
+    let Some(legacy) = &last.legacy else {
+        return false;
+    };
+    let file = config.usage_file();
+    let now = stamp(&file);
+    if !force && now == last.usage_stamp {
+        return false;
+    }
+    last.usage_stamp = now;
+    let usage = read_usage(&file).map(|usage| with_legacy(usage, legacy));
+    metrics.record_gpu_memory(usage.as_ref());
+    if let Some(usage) = &usage {
+        let backends =
+            tessera_api::enforcement::joined(&read_enforcement(&config.enforcement_file));
+        for event in last.alerts.changes(usage, &backends) {
+            events.send(event);
+        }
+    }
+    let published = usage.map_or_else(|| USAGE_UNKNOWN.to_owned(), |u| u.published());
+    let moved = published != last.usage_published;
+    last.usage_published = published;
+    moved
+}
+
+/// The Device CR's GPU memory annotation while the proxy's report is missing.
+pub const USAGE_UNKNOWN: &str = "unknown";
+
 /// Publishes the Device CR and the node; returns whether both are now current.
 async fn publish(
     publisher: &Publisher,
     config: &LoopConfig,
-    last: &Last,
+    last: &mut Last,
     unhealthy: &BTreeSet<String>,
     metrics: &ReporterMetrics,
 ) -> bool {
@@ -197,6 +255,7 @@ async fn publish(
         }
     };
     metrics.record_published_view(unhealthy, &legacy);
+    last.legacy = Some(legacy.clone());
     let mut spec = device_spec(gpus, unhealthy);
     let mut annotations = device_annotations(gpus, &legacy);
     let backends = read_enforcement(&config.enforcement_file);
@@ -204,6 +263,14 @@ async fn publish(
     with_enforcement(&mut spec, &mut annotations, &backends);
     let unproven = switch_unproven(&node);
     with_switch(&mut annotations, unproven);
+    annotations.insert(
+        tessera_api::usage::DEVICE_ANNOTATION.to_owned(),
+        if last.usage_published.is_empty() {
+            USAGE_UNKNOWN.to_owned()
+        } else {
+            last.usage_published.clone()
+        },
+    );
     let device = match publisher.publish_device(&spec, &annotations).await {
         Ok(true) => {
             tracing::info!(
@@ -265,7 +332,9 @@ mod tests {
     use prometheus_client::metrics::family::Family;
 
     use super::*;
-    use crate::events::{EventError, GpuHealthChange, KubeNodeEvents, NodeEventSink};
+    use crate::events::{
+        EventError, GpuHealthChange, KubeNodeEvents, NodeEventSink, ReporterEvent,
+    };
     use crate::gpu::{DiscoveryError, GpuInfo};
     use crate::metrics::{EventLabels, ReporterMetrics};
 
@@ -511,17 +580,25 @@ mod tests {
 
     /// Records what it is given.
     #[derive(Debug, Clone, Default)]
-    struct RecordingSink(Arc<std::sync::Mutex<Vec<GpuHealthChange>>>);
+    struct RecordingSink(Arc<std::sync::Mutex<Vec<ReporterEvent>>>);
 
     impl RecordingSink {
         fn seen(&self) -> Vec<GpuHealthChange> {
-            self.0.lock().expect("not poisoned").clone()
+            self.0
+                .lock()
+                .expect("not poisoned")
+                .iter()
+                .filter_map(|e| match e {
+                    ReporterEvent::Health(change) => Some(change.clone()),
+                    ReporterEvent::Memory(_) => None,
+                })
+                .collect()
         }
     }
 
     impl NodeEventSink for RecordingSink {
-        async fn record(&self, change: &GpuHealthChange) -> Result<(), EventError> {
-            self.0.lock().expect("not poisoned").push(change.clone());
+        async fn record(&self, event: &ReporterEvent) -> Result<(), EventError> {
+            self.0.lock().expect("not poisoned").push(event.clone());
             Ok(())
         }
     }
@@ -664,6 +741,144 @@ mod tests {
         ] {
             assert!(text.contains(line), "lacks {line:?}:\n{text}");
         }
+        let _ = stop.send(());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn gpu_memory_use_is_published_exported_and_told_to_the_pod() {
+        use tessera_api::usage::{ContainerGpuMemory, MemoryGrant, NodeGpuMemory};
+        const GIB: u64 = 1 << 30;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let api = ApiServer::start().await.expect("api server");
+        let checkpoint = legacy_node(&api, dir.path());
+        std::fs::write(dir.path().join("backends"), "mps\n").expect("backends");
+        let entry =
+            |pod: &str, uid: &str, container: &str, gpu: &str, used, grant| ContainerGpuMemory {
+                namespace: "default".into(),
+                pod: pod.into(),
+                pod_uid: uid.into(),
+                container: container.into(),
+                gpu: gpu.into(),
+                used,
+                grant,
+            };
+        let usage = NodeGpuMemory {
+            containers: vec![
+                // The device plugin's pod, on its own GPU: no breach.
+                entry(
+                    "legacy",
+                    LEGACY_UID,
+                    "app",
+                    "GPU-77a702db-e37f-3a74-d46d-c5713f66058c",
+                    GIB,
+                    MemoryGrant::None,
+                ),
+                entry(
+                    "train",
+                    "uid-t",
+                    "main",
+                    "GPU-0",
+                    19 * GIB + GIB / 2,
+                    MemoryGrant::Share(20 * GIB),
+                ),
+                entry("train", "uid-t", "sidecar", "GPU-1", GIB, MemoryGrant::None),
+            ],
+        };
+        let file = dir.path().join(tessera_api::usage::USAGE_FILE);
+        std::fs::write(&file, usage.to_json()).expect("usage");
+        let sink = RecordingSink::default();
+        let (events, _task) = GpuEvents::spawn(sink.clone(), Family::default());
+        let metrics = Arc::new(ReporterMetrics::default());
+        let config = LoopConfig {
+            checkpoint,
+            legacy_resources: vec!["nvidia.com/gpu".into()],
+            interval: Duration::from_secs(3600),
+            checkpoint_poll: Duration::from_millis(20),
+            capacity: CapacityOptions::default(),
+            recovery_after: Duration::from_secs(3600),
+            enforcement_file: dir.path().join("backends"),
+        };
+        let (_xids, stop) = spawn_loop(&api, "gpu-node-1", config, Arc::clone(&metrics), events);
+        let memory = |sink: &RecordingSink| -> Vec<(String, String)> {
+            sink.0
+                .lock()
+                .expect("not poisoned")
+                .iter()
+                .filter_map(|e| match e {
+                    ReporterEvent::Memory(m) => {
+                        Some((m.kind().reason.to_owned(), m.entry().container.clone()))
+                    }
+                    ReporterEvent::Health(_) => None,
+                })
+                .collect()
+        };
+        wait_for("the memory Events", || memory(&sink).len() == 2).await;
+        let mut told = memory(&sink);
+        told.sort();
+        assert_eq!(
+            told,
+            [
+                ("GpuMemoryAtLimit".to_owned(), "main".to_owned()),
+                ("GpuUsedWithoutGrant".to_owned(), "sidecar".to_owned()),
+            ]
+        );
+        let text = metrics.encode();
+        for line in [
+            "tessera_reporter_container_gpu_memory_used_bytes{namespace=\"default\",pod=\"train\",container=\"main\",gpu=\"GPU-0\"} 20937965568\n",
+            "tessera_reporter_container_gpu_memory_limit_bytes{namespace=\"default\",pod=\"train\",container=\"main\",gpu=\"GPU-0\"} 21474836480\n",
+            "tessera_reporter_container_gpu_ungranted{namespace=\"default\",pod=\"train\",container=\"sidecar\",gpu=\"GPU-1\"} 1\n",
+        ] {
+            assert!(text.contains(line), "lacks {line:?}:\n{text}");
+        }
+        assert!(
+            !text.contains("gpu_ungranted{namespace=\"default\",pod=\"legacy\""),
+            "{text}"
+        );
+        // On the Device CR, rounded up to 256 MiB.
+        let devices: Api<tessera_api::Device> = Api::all(api.client().expect("client"));
+        let published = || async {
+            devices
+                .get("gpu-node-1")
+                .await
+                .ok()
+                .and_then(|d| d.metadata.annotations)
+                .and_then(|a| a.get(tessera_api::usage::DEVICE_ANNOTATION).cloned())
+                .and_then(|text| NodeGpuMemory::parse(&text).ok())
+        };
+        let mut seen = None;
+        for _ in 0..400 {
+            seen = published().await;
+            if seen.is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        let seen = seen.expect("the annotation");
+        assert_eq!(seen.containers.len(), 3);
+        assert_eq!(seen.containers[1].used, 19 * GIB + GIB / 2);
+        assert_eq!(seen.containers[0].grant, MemoryGrant::Whole);
+        // The report gone (the proxy could not read the driver): unknown, no series.
+        std::fs::remove_file(&file).expect("remove");
+        let mut unknown = false;
+        for _ in 0..400 {
+            let annotation = devices
+                .get("gpu-node-1")
+                .await
+                .ok()
+                .and_then(|d| d.metadata.annotations)
+                .and_then(|a| a.get(tessera_api::usage::DEVICE_ANNOTATION).cloned());
+            unknown = annotation.as_deref() == Some(USAGE_UNKNOWN);
+            if unknown {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        assert!(unknown, "the annotation never said unknown");
+        assert!(
+            !metrics
+                .encode()
+                .contains("container_gpu_memory_used_bytes{")
+        );
         let _ = stop.send(());
     }
 
