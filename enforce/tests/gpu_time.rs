@@ -155,3 +155,39 @@ fn a_proxy_that_died_with_a_container_frozen_thaws_it_at_start() -> anyhow::Resu
     assert_eq!(throttle.accounts().len(), 1);
     Ok(())
 }
+
+#[test]
+fn gpu_memory_is_traced_to_the_container_that_holds_it() -> anyhow::Result<()> {
+    use tessera_enforce::usage::{GpuMemory, NvmlGpuMemory, per_container};
+    let Some(cgroup) = busy_container("memory")? else {
+        return Ok(());
+    };
+    let dir = tempfile::tempdir()?;
+    let pids = dir.path().join("pids");
+    // The container's process on GPU 0 and 1; this test's own (no container's) on 0.
+    std::fs::write(
+        &pids,
+        format!(
+            "0 {pid} 3221225472\n1 {pid} 1024\n0 {me} 999\n",
+            pid = cgroup.child.id(),
+            me = std::process::id()
+        ),
+    )?;
+    let mut node = fake_nvml::four_gpu_node();
+    node["processUtilization"] = pids.display().to_string().into();
+    let library = fake_nvml::install(&dir.path().join("nvml"), &node)?;
+    let processes = NvmlGpuMemory::open(&library)?.processes()?;
+    assert_eq!(processes.len(), 3, "{processes:?}");
+    let sums = per_container(&processes, &HostProcesses::host().map_err(anyhow::Error::msg)?);
+    let mine: Vec<(&str, u64)> = sums
+        .iter()
+        .map(|((id, gpu), used)| {
+            assert_eq!(id, ID);
+            (gpu.as_str(), *used)
+        })
+        .collect();
+    assert_eq!(mine.len(), 2, "{sums:?}");
+    assert!(mine.contains(&(GPU0, 3 << 30)), "{sums:?}");
+    assert!(mine.iter().any(|(_, used)| *used == 1024), "{sums:?}");
+    Ok(())
+}

@@ -31,6 +31,11 @@ pub struct GpuTenant {
     /// (`driver-memory+hami-core`, `none`); none for a whole GPU, which needs none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enforcement: Option<String>,
+    /// Bytes its containers hold on this GPU now, as the node's driver counts
+    /// them (the reporter's `tessera.io/gpu-memory-used`, rounded up to 256 MiB);
+    /// none when the node does not report it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_used: Option<u64>,
 }
 
 /// A container's share of a GPU.
@@ -43,6 +48,22 @@ pub struct ContainerTenant {
     pub core: u64,
     /// Memory bytes (resolved from a ratio against the GPU's memory).
     pub memory: u64,
+    /// Bytes it holds on this GPU now (see [`GpuTenant::memory_used`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_used: Option<u64>,
+}
+
+/// Memory a container holds on a GPU it was not granted: a GPU reached around
+/// Tessera's grant.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UngrantedUse {
+    /// `namespace/name` of its pod.
+    pub pod: String,
+    /// The container's name.
+    pub container: String,
+    /// Bytes it holds.
+    pub memory_used: u64,
 }
 
 /// One GPU's row.
@@ -63,6 +84,9 @@ pub struct GpuRow {
     pub memory_total: u64,
     /// Who holds it.
     pub pods: Vec<GpuTenant>,
+    /// Containers using it that were not granted it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ungranted: Vec<UngrantedUse>,
 }
 
 /// One node's table.
@@ -119,6 +143,7 @@ pub fn report(nodes: &[Node], devices: &[Device], pods: &[Pod]) -> Vec<NodeRepor
                     memory_allocated: 0,
                     memory_total: g.memory_total,
                     pods: Vec::new(),
+                    ungranted: Vec::new(),
                 })
                 .collect();
             for pod in pods {
@@ -162,6 +187,7 @@ pub fn report(nodes: &[Node], devices: &[Device], pods: &[Pod]) -> Vec<NodeRepor
                                     name: name.clone(),
                                     core: one.gpu_core().unwrap_or(0),
                                     memory,
+                                    memory_used: None,
                                 }
                             })
                             .collect();
@@ -175,6 +201,7 @@ pub fn report(nodes: &[Node], devices: &[Device], pods: &[Pod]) -> Vec<NodeRepor
                             legacy: false,
                             containers,
                             enforcement: shared.then(|| enforcement.clone()),
+                            memory_used: None,
                         });
                     }
                 }
@@ -201,9 +228,19 @@ pub fn report(nodes: &[Node], devices: &[Device], pods: &[Pod]) -> Vec<NodeRepor
                             legacy: true,
                             containers: Vec::new(),
                             enforcement: None,
+                            memory_used: None,
                         });
                     }
                 }
+            }
+            if let Some(usage) = device
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(tessera_api::usage::DEVICE_ANNOTATION))
+                .and_then(|text| tessera_api::usage::NodeGpuMemory::parse(text).ok())
+            {
+                with_usage(&mut rows, &usage);
             }
             rows.sort_by_key(|r| r.minor);
             Some(NodeReport {
@@ -216,6 +253,42 @@ pub fn report(nodes: &[Node], devices: &[Device], pods: &[Pod]) -> Vec<NodeRepor
         .collect();
     reports.sort_by(|a, b| a.name.cmp(&b.name));
     reports
+}
+
+/// Puts each container's use on its GPU's row: on its pod's share, or, for a
+/// GPU it was not granted, in the row's `ungranted`.
+fn with_usage(rows: &mut [GpuRow], usage: &tessera_api::usage::NodeGpuMemory) {
+    for entry in &usage.containers {
+        let Some(row) = rows.iter_mut().find(|r| r.uuid == entry.gpu) else {
+            continue;
+        };
+        let pod = format!("{}/{}", entry.namespace, entry.pod);
+        if entry.grant == tessera_api::usage::MemoryGrant::None {
+            row.ungranted.push(UngrantedUse {
+                pod,
+                container: entry.container.clone(),
+                memory_used: entry.used,
+            });
+            continue;
+        }
+        let Some(tenant) = row.pods.iter_mut().find(|t| t.pod == pod) else {
+            continue;
+        };
+        *tenant.memory_used.get_or_insert(0) += entry.used;
+        if let Some(container) = tenant
+            .containers
+            .iter_mut()
+            .find(|c| c.name == entry.container)
+        {
+            container.memory_used = Some(entry.used);
+        }
+    }
+}
+
+/// `, using 3.5G` when the use is known.
+fn using(used: Option<u64>) -> String {
+    used.map(|u| format!(", using {:.1}G", gib(u)))
+        .unwrap_or_default()
 }
 
 fn bar(fraction: f64) -> String {
@@ -264,17 +337,31 @@ pub fn render(reports: &[NodeReport]) -> String {
                 .iter()
                 .map(|p| {
                     if p.legacy {
-                        format!("{} (legacy)", p.pod)
+                        format!("{} (legacy{})", p.pod, using(p.memory_used))
                     } else if p.containers.is_empty()
                         || matches!(p.containers.as_slice(), [only] if only.core == p.core && only.memory == p.memory)
                     {
                         // One container holding the pod's share: nothing more to say.
-                        format!("{} ({}%, {:.1}G)", p.pod, p.core, gib(p.memory))
+                        format!(
+                            "{} ({}%, {:.1}G{})",
+                            p.pod,
+                            p.core,
+                            gib(p.memory),
+                            using(p.memory_used)
+                        )
                     } else {
                         let containers: Vec<String> = p
                             .containers
                             .iter()
-                            .map(|c| format!("{} {}%, {:.1}G", c.name, c.core, gib(c.memory)))
+                            .map(|c| {
+                                format!(
+                                    "{} {}%, {:.1}G{}",
+                                    c.name,
+                                    c.core,
+                                    gib(c.memory),
+                                    using(c.memory_used)
+                                )
+                            })
                             .collect();
                         format!(
                             "{} ({}%, {:.1}G: {})",
@@ -285,6 +372,14 @@ pub fn render(reports: &[NodeReport]) -> String {
                         )
                     }
                 })
+                .chain(gpu.ungranted.iter().map(|u| {
+                    format!(
+                        "{} container {} NOT GRANTED this GPU, using {:.1}G",
+                        u.pod,
+                        u.container,
+                        gib(u.memory_used)
+                    )
+                }))
                 .collect();
             let _ = writeln!(
                 out,
@@ -398,12 +493,14 @@ items:
                 ContainerTenant {
                     name: "a".into(),
                     core: 25,
-                    memory: 4 << 30
+                    memory: 4 << 30,
+                    memory_used: None,
                 },
                 ContainerTenant {
                     name: "b".into(),
                     core: 25,
-                    memory: 4 << 30
+                    memory: 4 << 30,
+                    memory_used: None,
                 }
             ]
         );
@@ -412,5 +509,63 @@ items:
             rendered.contains("default/two (50%, 8.0G: a 25%, 4.0G; b 25%, 4.0G)"),
             "{rendered}"
         );
+    }
+
+    #[test]
+    fn shows_each_containers_memory_use_and_use_not_granted() {
+        let used = r#"{"containers":[{"namespace":"default","pod":"two","podUid":"u1","container":"a","gpu":"GPU-a","used":3758096384,"grant":{"share":4294967296}},{"namespace":"default","pod":"two","podUid":"u1","container":"sidecar","gpu":"GPU-a","used":536870912}]}"#;
+        let text = format!(
+            r#"
+apiVersion: v1
+kind: List
+items:
+- apiVersion: scheduling.koordinator.sh/v1alpha1
+  kind: Device
+  metadata:
+    name: n1
+    annotations:
+      tessera.io/gpu-memory-used: '{used}'
+  spec:
+    devices:
+    - {{type: gpu, id: GPU-a, minor: 0, health: true, resources: {{koordinator.sh/gpu-memory: "17179869184"}}}}
+- apiVersion: v1
+  kind: Pod
+  metadata:
+    name: two
+    namespace: default
+    uid: u1
+    annotations:
+      scheduling.koordinator.sh/device-allocated: '{{"gpu":[{{"minor":0,"id":"GPU-a","resources":{{"koordinator.sh/gpu-core":50,"koordinator.sh/gpu-memory-ratio":50}},"extension":{{"containers":{{"a":{{"koordinator.sh/gpu-core":25,"koordinator.sh/gpu-memory-ratio":25}},"b":{{"koordinator.sh/gpu-core":25,"koordinator.sh/gpu-memory-ratio":25}}}}}}}}]}}'
+  spec:
+    nodeName: n1
+    containers: [{{name: a, image: x}}, {{name: b, image: x}}, {{name: sidecar, image: x}}]
+  status: {{phase: Running}}
+"#
+        );
+        let snapshot = crate::simulate::parse_snapshot(&text, "cluster").expect("parses");
+        let reports = report(&[], &snapshot.devices, &snapshot.pods);
+        let gpu = &reports[0].gpus[0];
+        assert_eq!(gpu.pods[0].memory_used, Some(3584 << 20));
+        assert_eq!(gpu.pods[0].containers[0].memory_used, Some(3584 << 20));
+        assert_eq!(gpu.pods[0].containers[1].memory_used, None);
+        assert_eq!(
+            gpu.ungranted,
+            [UngrantedUse {
+                pod: "default/two".into(),
+                container: "sidecar".into(),
+                memory_used: 512 << 20
+            }]
+        );
+        let rendered = render(&reports);
+        assert!(
+            rendered.contains("default/two (50%, 8.0G: a 25%, 4.0G, using 3.5G; b 25%, 4.0G)"),
+            "{rendered}"
+        );
+        assert!(
+            rendered.contains("default/two container sidecar NOT GRANTED this GPU, using 0.5G"),
+            "{rendered}"
+        );
+        let json = serde_json::to_string(&reports).expect("json");
+        assert!(json.contains(r#""memoryUsed":3758096384"#), "{json}");
     }
 }

@@ -27,14 +27,16 @@
 //! 3 exclusive process).
 //!
 //! Optional node field `processUtilization` (absent): a file of `<GPU index>
-//! <pid>` lines naming the processes "on" each GPU. `nvmlDeviceGetProcessUtilization`
+//! <pid> [<bytes>]` lines naming the processes "on" each GPU (and the memory each
+//! holds there, 0 when not given). `nvmlDeviceGetProcessUtilization`
 //! gives each listed, living process one sample per call, timestamped now (µs
 //! since the epoch), whose `smUtil` is the percent of one CPU the process used
 //! since its previous sample (0 for its first): a stand-in for a process whose
 //! GPU work follows its CPU work, so that a frozen process uses no GPU time.
 //! No listed process, or none newer than `lastSeenTimeStamp`:
 //! `NVML_ERROR_NOT_FOUND`, as the driver answers while no process runs.
-//! `nvmlDeviceGetComputeRunningProcesses_v3` lists the living ones among them.
+//! `nvmlDeviceGetComputeRunningProcesses_v3` lists the living ones among them,
+//! with their bytes as `usedGpuMemory`.
 //!
 //! Only the functions Tessera's reporter, its node agent and NVIDIA's
 //! k8s-device-plugin call exist; callers report any other as missing. XID events
@@ -1066,20 +1068,31 @@ pub fn cpu_ticks(pid: u32) -> Option<u64> {
 
 /// The processes `processUtilization` lists on GPU `index`.
 fn listed_processes(node: &FakeNode, index: usize) -> Vec<u32> {
+    listed_memory(node, index)
+        .into_iter()
+        .map(|(pid, _)| pid)
+        .collect()
+}
+
+/// The processes `processUtilization` lists on GPU `index`, with their bytes.
+fn listed_memory(node: &FakeNode, index: usize) -> Vec<(u32, u64)> {
     node.process_utilization
         .as_deref()
         .and_then(|path| std::fs::read_to_string(path).ok())
         .unwrap_or_default()
         .lines()
         .filter_map(|line| {
-            let (gpu, pid) = line.trim().split_once(' ')?;
-            (gpu.parse::<usize>().ok()? == index).then(|| pid.trim().parse().ok())?
+            let mut fields = line.split_whitespace();
+            let gpu: usize = fields.next()?.parse().ok()?;
+            let pid: u32 = fields.next()?.parse().ok()?;
+            let bytes: u64 = fields.next().map_or(Some(0), |b| b.parse().ok())?;
+            (gpu == index).then_some((pid, bytes))
         })
         .collect()
 }
 
 /// The living processes listed on the GPU, as processes with a compute context
-/// (no memory used, no MIG instance).
+/// (their listed memory, no MIG instance).
 #[unsafe(no_mangle)]
 pub extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
     device: nvmlDevice_t,
@@ -1091,9 +1104,9 @@ pub extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
         if count.is_null() {
             return Err(ERROR_INVALID_ARGUMENT);
         }
-        let living: Vec<u32> = listed_processes(&s.node, index)
+        let living: Vec<(u32, u64)> = listed_memory(&s.node, index)
             .into_iter()
-            .filter(|pid| Path::new(&format!("/proc/{pid}")).exists())
+            .filter(|(pid, _)| Path::new(&format!("/proc/{pid}")).exists())
             .collect();
         let capacity = read(count.cast_const())? as usize;
         write(count, living.len() as c_uint)?;
@@ -1105,10 +1118,10 @@ pub extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
         }
         // `infos` holds `capacity` entries (NVML's contract), and no more than
         // living.len() <= capacity are written.
-        for (i, pid) in living.into_iter().enumerate() {
+        for (i, (pid, bytes)) in living.into_iter().enumerate() {
             let info = nvmlProcessInfo_t {
                 pid,
-                usedGpuMemory: 0,
+                usedGpuMemory: bytes,
                 gpuInstanceId: c_uint::MAX,
                 computeInstanceId: c_uint::MAX,
             };
