@@ -894,3 +894,145 @@ pub async fn gpu_time_holds_a_compute_share(cluster: &mut Cluster) -> anyhow::Re
     .await?;
     Ok(())
 }
+
+/// Each container's GPU memory, as the node's driver counts it (here the fake
+/// NVML's bytes for its process), is reported against its grant: the proxy's
+/// file, the reporter's metrics and Device CR annotation, `tessera inspect`, and
+/// a Warning Event on the pod when a container reaches its limit or holds memory
+/// on a GPU it was not granted.
+pub async fn gpu_memory_use_is_reported_against_each_grant(
+    cluster: &mut Cluster,
+) -> anyhow::Result<()> {
+    let spec = pod(
+        "gpu-memory",
+        &[
+            ("main", json!({"koordinator.sh/gpu": "25"})),
+            ("sidecar", json!({})),
+        ],
+        &[],
+    );
+    cluster.create_pod("admin", &spec).await?;
+    let running = cluster.wait_running("gpu-memory").await?;
+    let gpus = allocated_gpus(&running)?;
+    ensure!(gpus.len() == 1, "gpu-memory: granted {gpus:?}");
+    let (uuid, minor) = gpus[0].clone();
+    let main = cluster.container_pid(&container_id(&running, "main")?)?;
+    let sidecar = cluster.container_pid(&container_id(&running, "sidecar")?)?;
+    let report = cluster
+        .enforcement_backends_file()
+        .with_file_name("gpu-memory.json");
+    // Its entries (tessera_api::usage's form), none while it is missing.
+    let read = || -> anyhow::Result<Option<Vec<Value>>> {
+        match std::fs::read_to_string(&report) {
+            Ok(text) => {
+                let value: Value = serde_json::from_str(&text)?;
+                Ok(Some(value["containers"].as_array().cloned().unwrap_or_default()))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    };
+    let limit_of = || -> anyhow::Result<Option<u64>> {
+        Ok(read()?.and_then(|r| {
+            r.iter()
+                .find(|c| c["pod"] == "gpu-memory" && c["container"] == "main")
+                .and_then(|c| c["grant"]["share"].as_u64())
+        }))
+    };
+    // On its GPU with 1 GiB: the proxy names it, with its grant.
+    std::fs::write(
+        cluster.gpu_processes_file(),
+        format!("{minor} {main} {}\n", 1u64 << 30),
+    )?;
+    eventually("gpu-memory: the proxy reports the container's use", || {
+        Ok(limit_of()?.is_some())
+    })
+    .await?;
+    let limit = limit_of()?.context("no limit")?;
+    // A quarter of the fake GPU's 80 GiB.
+    ensure!(
+        limit == 20 << 30,
+        "gpu-memory: the report's limit is {limit} bytes, want 20 GiB"
+    );
+    // At 97 % of its limit, and the sidecar on a GPU it was not granted.
+    let used = limit / 100 * 97;
+    std::fs::write(
+        cluster.gpu_processes_file(),
+        format!("{minor} {main} {used}\n{minor} {sidecar} {}\n", 512u64 << 20),
+    )?;
+    let result = async {
+        eventually("gpu-memory: the proxy reports both", || {
+            Ok(read()?.is_some_and(|r| {
+                r.iter().any(|c| {
+                    c["container"] == "sidecar" && c["grant"] == "none" && c["gpu"] == uuid.as_str()
+                }) && r
+                    .iter()
+                    .any(|c| c["container"] == "main" && c["used"] == used)
+            }))
+        })
+        .await?;
+        // Told on the pod.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let events = loop {
+            let events = cluster.events_of("gpu-memory").await?;
+            let told = |reason: &str| events.iter().any(|e| e.starts_with(reason));
+            if told("GpuMemoryAtLimit") && told("GpuUsedWithoutGrant") {
+                break events;
+            }
+            ensure!(
+                std::time::Instant::now() < deadline,
+                "gpu-memory: no Events at the limit and for the ungranted GPU within 30 s: {events:?}"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        };
+        ensure!(
+            events.iter().any(|e| e.contains("container main uses 19.4 GiB of its 20.0 GiB limit")),
+            "gpu-memory: the limit Event does not say the use and the limit: {events:?}"
+        );
+        ensure!(
+            events
+                .iter()
+                .any(|e| e.contains(&format!("container sidecar holds 0.5 GiB on GPU {uuid}, which it was not granted"))),
+            "gpu-memory: the ungranted Event does not name the container and GPU: {events:?}"
+        );
+        // The reporter's metrics.
+        let (_, metrics) = tessera_harness::monitoring::scrape("127.0.0.1:9465").await?;
+        let labels = |container: &str| {
+            format!("{{namespace=\"default\",pod=\"gpu-memory\",container=\"{container}\",gpu=\"{uuid}\"}}")
+        };
+        for series in [
+            format!("tessera_reporter_container_gpu_memory_used_bytes{}", labels("main")),
+            format!("tessera_reporter_container_gpu_memory_limit_bytes{}", labels("main")),
+            format!("tessera_reporter_container_gpu_ungranted{}", labels("sidecar")),
+        ] {
+            ensure!(
+                tessera_harness::monitoring::sample(&metrics, &series).is_some(),
+                "gpu-memory: the reporter exports no {series}"
+            );
+        }
+        // tessera inspect, from the Device CR.
+        let inspect = std::process::Command::new(tessera_harness::cluster::tessera_binary("tessera")?)
+            .arg("--kubeconfig")
+            .arg(cluster.kubeconfig())
+            .arg("inspect")
+            .output()?;
+        let table = String::from_utf8_lossy(&inspect.stdout);
+        ensure!(
+            inspect.status.success()
+                && table.contains("using 19.5G")
+                && table.contains("default/gpu-memory container sidecar NOT GRANTED this GPU, using 0.5G"),
+            "gpu-memory: tessera inspect does not show the use:\n{table}{}",
+            String::from_utf8_lossy(&inspect.stderr)
+        );
+        Ok(())
+    }
+    .await;
+    std::fs::write(cluster.gpu_processes_file(), "")?;
+    result?;
+    cluster.delete_pod("gpu-memory").await?;
+    eventually("gpu-memory: the pod leaves the report", || {
+        Ok(read()?.is_some_and(|r| r.iter().all(|c| c["pod"] != "gpu-memory")))
+    })
+    .await?;
+    Ok(())
+}
