@@ -14,6 +14,21 @@ fn reporter_samples() -> BTreeSet<String> {
     metrics.record_publish(PublishedObject::Device, PublishOutcome::Failed);
     metrics.record_xid("GPU-0", 79);
     metrics.record_enforcement(&[]);
+    let entry = |container: &str, grant| tessera_api::usage::ContainerGpuMemory {
+        namespace: "default".into(),
+        pod: "p".into(),
+        pod_uid: "u".into(),
+        container: container.into(),
+        gpu: "GPU-0".into(),
+        used: 1,
+        grant,
+    };
+    metrics.record_gpu_memory(Some(&tessera_api::usage::NodeGpuMemory {
+        containers: vec![
+            entry("a", tessera_api::usage::MemoryGrant::Share(2)),
+            entry("b", tessera_api::usage::MemoryGrant::None),
+        ],
+    }));
     metrics
         .events
         .get_or_create(&EventLabels {
@@ -132,6 +147,10 @@ fn alerts_cover_what_operators_page_on() {
         ),
         ("TesseraGpuUnhealthy", "tessera_reporter_unhealthy_gpus{"),
         ("TesseraGpuXidErrors", "tessera_reporter_xid_errors_total{"),
+        (
+            "TesseraGpuUsedWithoutGrant",
+            "tessera_reporter_container_gpu_ungranted{",
+        ),
         (
             "TesseraProxyHookFailures",
             "tessera_proxy_hook_failures_total[",
