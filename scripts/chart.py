@@ -60,6 +60,7 @@ BAD_VALUES = [
     ({"scheduler": {"gpuPolicy": "pack"}}, "/scheduler/gpuPolicy"),
     ({"scheduler": {"replicas": 0}}, "/scheduler/replicas"),
     ({"scheduler": {"gpushareMemoryUnit": "KiB"}}, "/scheduler/gpushareMemoryUnit"),
+    ({"scheduler": {"maxGroupGpusPerNamespace": -1}}, "/scheduler/maxGroupGpusPerNamespace"),
     ({"scheduler": {"replicas": "2"}}, "/scheduler/replicas"),
     ({"scheduler": {"serviceAccount": {"name": "Tessera_Scheduler"}}}, "/scheduler/serviceAccount/name"),
     ({"scheduler": {"podDisruptionBudget": {"maxUnavailable": "half"}}}, "/scheduler/podDisruptionBudget/maxUnavailable"),

@@ -178,7 +178,10 @@ fn gpu_memory_is_traced_to_the_container_that_holds_it() -> anyhow::Result<()> {
     let library = fake_nvml::install(&dir.path().join("nvml"), &node)?;
     let processes = NvmlGpuMemory::open(&library)?.processes()?;
     assert_eq!(processes.len(), 3, "{processes:?}");
-    let sums = per_container(&processes, &HostProcesses::host().map_err(anyhow::Error::msg)?);
+    let sums = per_container(
+        &processes,
+        &HostProcesses::host().map_err(anyhow::Error::msg)?,
+    );
     let mine: Vec<(&str, u64)> = sums
         .iter()
         .map(|((id, gpu), used)| {

@@ -903,6 +903,41 @@ pub fn group_elsewhere(
     })
 }
 
+/// How many GPUs the sharing groups of one namespace may hold at once, unless
+/// set otherwise (`--max-group-gpus-per-namespace`).
+pub const GROUP_GPUS_PER_NAMESPACE: u32 = 4;
+
+/// Why the pod's sharing group may not take a GPU now: the group is new (it
+/// holds none: `home`, from [`group_home`], is `None`) and the groups of its
+/// namespace already hold `allowance` GPUs. A group closes its GPU to every
+/// other pod, however small its pods' shares, while ResourceQuota counts only
+/// those shares: without a cap, one namespace's 1 % groups could hold every GPU.
+/// `None` for a pod in no group, a group joining its GPU, or room left.
+pub fn group_over_allowance<'a>(
+    nodes: impl IntoIterator<Item = &'a NodeState>,
+    request: &PodGpuRequest,
+    home: Option<&(String, String)>,
+    allowance: u32,
+) -> Option<String> {
+    let group = request.sharing_group.as_deref()?;
+    if home.is_some() {
+        return None;
+    }
+    // Group keys are `namespace/name` (tessera_api::request).
+    let namespace = group.split_once('/').map_or("", |(namespace, _)| namespace);
+    let prefix = format!("{namespace}/");
+    let held = nodes
+        .into_iter()
+        .flat_map(|node| &node.gpus)
+        .filter(|gpu| gpu.groups.keys().any(|g| g.starts_with(&prefix)))
+        .count();
+    (held >= allowance as usize).then(|| {
+        format!(
+            "sharing group {group:?} is new, and the sharing groups of namespace {namespace:?} already hold {held} GPUs, the most one namespace's groups may hold (--max-group-gpus-per-namespace={allowance}): it waits until one of them ends"
+        )
+    })
+}
+
 /// Why no node could ever give the pod a GPU: its selection rules out every GPU
 /// of every node (a model or UUID no node has). Names the annotations, their
 /// values and the models the cluster has; `None` when some GPU passes.

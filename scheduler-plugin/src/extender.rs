@@ -36,7 +36,8 @@ use crate::bind::{
 };
 use crate::core::{
     DryRun, PodPlacement, Policy, allocate_pod, fits_pod_loaded, gpu_victims, group_elsewhere,
-    group_home, never_fits_pod, node_victims, score_pod_loaded, selected_nowhere, unfit_reason_pod,
+    group_home, group_over_allowance, never_fits_pod, node_victims, score_pod_loaded,
+    selected_nowhere, unfit_reason_pod,
 };
 use crate::events::BindObserver;
 use crate::leader::Leader;
@@ -322,6 +323,8 @@ pub struct ExtenderConfig {
     /// finished, or annotated and not bound). A bound pod's allocation never expires:
     /// it is held until the watch shows the pod bound, or its delete.
     pub reservation_ttl: Duration,
+    /// The most GPUs the sharing groups of one namespace hold at once.
+    pub group_gpus_per_namespace: u32,
 }
 
 impl Default for ExtenderConfig {
@@ -331,6 +334,7 @@ impl Default for ExtenderConfig {
             node_policy: Policy::Binpack,
             request: RequestOptions::default(),
             reservation_ttl: Duration::from_secs(30),
+            group_gpus_per_namespace: crate::core::GROUP_GPUS_PER_NAMESPACE,
         }
     }
 }
@@ -672,6 +676,12 @@ impl Extender {
                 ledger.set_aside(uid)
             });
             let home = group_home(ledger.nodes(), &request);
+            let over = group_over_allowance(
+                ledger.nodes(),
+                &request,
+                home.as_ref(),
+                self.config.group_gpus_per_namespace,
+            );
             // Every name looked up first, in a loop that does nothing else: each
             // lookup misses the cache, and with no judging in between the
             // processor waits for many misses at once, not one after another.
@@ -685,6 +695,14 @@ impl Extender {
                 // as no eviction here moves the group.
                 if let Some(why) = group_elsewhere(home.as_ref(), &request, name) {
                     result.failed_and_unresolvable_nodes.insert(name, why);
+                    continue;
+                }
+                // A new group over its namespace's allowance: no node now, any once
+                // one of the namespace's groups ends (and no eviction makes room).
+                if let Some(why) = &over {
+                    result
+                        .failed_and_unresolvable_nodes
+                        .insert(name, why.clone());
                     continue;
                 }
                 // No GPU hook runs there yet: whatever the pod tolerates, and however
@@ -920,6 +938,17 @@ impl Extender {
         let ledger = self.ledger();
         let home = group_home(ledger.nodes(), &request);
         let mut result = ExtenderPreemptionResult::default();
+        // Evicting pods of other namespaces frees no room in its namespace's allowance.
+        if group_over_allowance(
+            ledger.nodes(),
+            &request,
+            home.as_ref(),
+            self.config.group_gpus_per_namespace,
+        )
+        .is_some()
+        {
+            return result;
+        }
         for (name, victims) in dry_run {
             let Some(node) = ledger.node(&name) else {
                 continue;
@@ -1168,7 +1197,15 @@ impl Extender {
         request: &PodGpuRequest,
     ) -> Result<PodPlacement, BindError> {
         let home = group_home(ledger.nodes(), request);
-        if let Some(reason) = group_elsewhere(home.as_ref(), request, &args.node) {
+        // Under the ledger's lock: two new groups of one namespace never both take
+        // the namespace's last GPU.
+        let over = group_over_allowance(
+            ledger.nodes(),
+            request,
+            home.as_ref(),
+            self.config.group_gpus_per_namespace,
+        );
+        if let Some(reason) = group_elsewhere(home.as_ref(), request, &args.node).or(over) {
             return Err(BindError::Unfit {
                 node: args.node.clone(),
                 reason,

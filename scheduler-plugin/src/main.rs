@@ -47,6 +47,12 @@ struct PolicyArgs {
     /// default, or MiB for clusters whose gpushare ran with --memory-unit=MiB.
     #[arg(long, value_name = "MiB|GiB", default_value_t = MemoryUnit::GiB)]
     gpushare_memory_unit: MemoryUnit,
+    /// The most GPUs the sharing groups of one namespace may hold at once. A group
+    /// closes its GPU to every other pod, however small its pods' shares, while
+    /// ResourceQuota counts only the shares; a new group past this waits. 0: no
+    /// sharing groups.
+    #[arg(long, value_name = "N", default_value_t = tessera_scheduler::core::GROUP_GPUS_PER_NAMESPACE)]
+    max_group_gpus_per_namespace: u32,
 }
 
 impl PolicyArgs {
@@ -449,6 +455,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
                 node_policy: policy.node_policy,
                 request: policy.request_options(),
                 reservation_ttl: Duration::from_secs(reservation_ttl),
+                group_gpus_per_namespace: policy.max_group_gpus_per_namespace,
             };
             let extender = Extender::new(
                 ledger,
@@ -584,6 +591,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
                 node_policy: policy.node_policy,
                 request: policy.request_options(),
                 percentage_of_nodes_to_score,
+                group_gpus_per_namespace: policy.max_group_gpus_per_namespace,
             };
             let placing = Instant::now();
             let cpu = cpu_seconds();

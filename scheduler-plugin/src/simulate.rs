@@ -11,8 +11,8 @@ use tessera_api::request::{RequestOptions, pod_gpu_request};
 use tessera_api::{Device, DeviceInfo, DeviceSpec, DeviceTopology};
 
 use crate::core::{
-    NodeState, Policy, allocate_pod, fits_pod, group_elsewhere, group_home, score_pod,
-    selected_nowhere, unfit_reason_pod,
+    NodeState, Policy, allocate_pod, fits_pod, group_elsewhere, group_home, group_over_allowance,
+    score_pod, selected_nowhere, unfit_reason_pod,
 };
 use crate::ledger::{Ledger, annotation_of, pod_name};
 
@@ -131,7 +131,7 @@ pub struct Outcome {
 }
 
 /// Settings of a simulation.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 pub struct SimulateOptions {
     /// Which GPU.
     pub gpu_policy: Policy,
@@ -142,6 +142,20 @@ pub struct SimulateOptions {
     /// kube-scheduler's `percentageOfNodesToScore` (0: its adaptive default; Tessera's
     /// deploy sets 100).
     pub percentage_of_nodes_to_score: u32,
+    /// The most GPUs the sharing groups of one namespace hold at once.
+    pub group_gpus_per_namespace: u32,
+}
+
+impl Default for SimulateOptions {
+    fn default() -> Self {
+        Self {
+            gpu_policy: Policy::default(),
+            node_policy: Policy::default(),
+            request: RequestOptions::default(),
+            percentage_of_nodes_to_score: 0,
+            group_gpus_per_namespace: crate::core::GROUP_GPUS_PER_NAMESPACE,
+        }
+    }
 }
 
 /// How many feasible nodes kube-scheduler looks for before it stops filtering
@@ -230,6 +244,15 @@ pub fn simulate<P: std::borrow::Borrow<Pod>>(
         // kube-scheduler's nextStartNodeIndex: on by the nodes its filters processed.
         start = (start + window) % nodes.len().max(1);
         let home = group_home(ledger.nodes(), &request);
+        if let Some(why) = group_over_allowance(
+            ledger.nodes(),
+            &request,
+            home.as_ref(),
+            options.group_gpus_per_namespace,
+        ) {
+            outcomes.push(unplaced(who, why));
+            continue;
+        }
         // The extender's filter and prioritize over the sample: the best score, the
         // first in the sample among equals (kube-scheduler draws one at random).
         let mut best: Option<(i64, usize)> = None;
@@ -702,6 +725,54 @@ spec:
                 r#"annotation hami.io/gpu-scheduler-policy: "fast": "fast": expected binpack or spread, optionally with topology-aware or numa"#
             )
         );
+    }
+
+    #[test]
+    fn a_namespaces_sharing_groups_hold_no_more_gpus_than_its_allowance() {
+        let snapshot = parse_snapshot(MIXED, "cluster").expect("parses");
+        let member = |name: &str, namespace: &str, group: &str| {
+            format!(
+                "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {namespace}, annotations: {{lsalab.nthu/GPUID: {group}}}}}\nspec:\n  containers: [{{name: c, image: x, resources: {{limits: {{koordinator.sh/gpu-core: \"1\", koordinator.sh/gpu-memory-ratio: \"1\"}}}}}}]\n---\n"
+            )
+        };
+        let pods = [
+            member("g1", "default", "g1"),
+            member("g2", "default", "g2"),
+            // A third 1 % group of the namespace: past its allowance of 2.
+            member("g3", "default", "g3"),
+            // Joining a group that holds a GPU is no new GPU.
+            member("g1-b", "default", "g1"),
+            // Another namespace has its own allowance.
+            member("o1", "other", "g3"),
+        ]
+        .concat();
+        let pending = parse_snapshot(&pods, "pods").expect("parses").pods;
+        let mut ledger = ledger_of(&snapshot);
+        let options = SimulateOptions {
+            group_gpus_per_namespace: 2,
+            ..SimulateOptions::default()
+        };
+        let outcomes = simulate(&mut ledger, &snapshot.node_list(), &pending, &options);
+        let placed: Vec<bool> = outcomes.iter().map(|o| o.node.is_some()).collect();
+        assert_eq!(placed, [true, true, false, true, true], "{outcomes:?}");
+        assert_eq!(
+            outcomes[2].reason.as_deref(),
+            Some(
+                r#"sharing group "default/g3" is new, and the sharing groups of namespace "default" already hold 2 GPUs, the most one namespace's groups may hold (--max-group-gpus-per-namespace=2): it waits until one of them ends"#
+            )
+        );
+        // Without the cap, the third takes a third GPU for its 1 %.
+        let mut ledger = ledger_of(&snapshot);
+        let outcomes = simulate(
+            &mut ledger,
+            &snapshot.node_list(),
+            &pending,
+            &SimulateOptions {
+                group_gpus_per_namespace: u32::MAX,
+                ..SimulateOptions::default()
+            },
+        );
+        assert!(outcomes.iter().all(|o| o.node.is_some()), "{outcomes:?}");
     }
 
     #[test]

@@ -108,10 +108,11 @@ fn scenarios() -> Vec<(&'static str, Scenario)> {
         ("gpu_time_holds_a_compute_share", |c| {
             Box::pin(enforcement::gpu_time_holds_a_compute_share(c))
         }),
-        (
-            "gpu_memory_use_is_reported_against_each_grant",
-            |c| Box::pin(enforcement::gpu_memory_use_is_reported_against_each_grant(c)),
-        ),
+        ("gpu_memory_use_is_reported_against_each_grant", |c| {
+            Box::pin(enforcement::gpu_memory_use_is_reported_against_each_grant(
+                c,
+            ))
+        }),
         (
             "mps_holds_each_shared_container_in_its_own_namespace",
             |c| Box::pin(enforcement::mps_holds_each_shared_container_in_its_own_namespace(c)),

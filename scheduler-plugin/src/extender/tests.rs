@@ -391,6 +391,70 @@ fn hami_node_policy_overrides_the_default_for_its_pod() {
     assert_eq!(best(prioritize(spread)), "h100");
 }
 
+/// A namespace's sharing groups hold at most its allowance of GPUs (4 by
+/// default): a new group past it is refused on every node and at bind, while a
+/// pod joining a group that holds a GPU is not.
+#[test]
+fn a_new_sharing_group_past_its_namespaces_allowance_waits() {
+    let extender = mixed_cluster();
+    let hold = |pod: &str, node: &str, uuid: &str, minor: u32, group: &str| {
+        extender.ledger().reserve(
+            pod,
+            node,
+            Placement {
+                gpus: vec![GpuShare {
+                    uuid: uuid.into(),
+                    minor,
+                    core: 1,
+                    memory: GIB,
+                    ratio: 1,
+                }],
+                group: Some(format!("default/{group}")),
+            },
+            u64::MAX,
+        );
+    };
+    hold("g1-0", "a100", "GPU-a100-0", 0, "g1");
+    hold("g2-0", "a100", "GPU-a100-1", 1, "g2");
+    hold("g3-0", "h100", "GPU-h100-0", 0, "g3");
+    hold("g4-0", "h100", "GPU-h100-1", 1, "g4");
+    let member = |group: &str| {
+        annotated(
+            json!({"tessera.io/sharing-group": group}),
+            json!({"koordinator.sh/gpu-core": "1", "koordinator.sh/gpu-memory-ratio": "1"}),
+        )
+    };
+    let result = filter(&extender, member("g5"), &["a100", "h100"]);
+    let why = r#"sharing group "default/g5" is new, and the sharing groups of namespace "default" already hold 4 GPUs, the most one namespace's groups may hold (--max-group-gpus-per-namespace=4): it waits until one of them ends"#;
+    assert_eq!(
+        classes(&result),
+        (vec![], vec![], vec!["a100", "h100"]),
+        "{result:?}"
+    );
+    assert_eq!(result.failed_and_unresolvable_nodes["h100"], why);
+    let request = pod_gpu_request(
+        &serde_json::from_value(member("g5")).expect("pod"),
+        &RequestOptions::default(),
+    )
+    .expect("valid")
+    .expect("asks for GPUs");
+    let refused = extender
+        .reserve(
+            &ExtenderBindingArgs {
+                pod_name: "g5-0".into(),
+                pod_namespace: "default".into(),
+                pod_uid: "u-g5".into(),
+                node: "h100".into(),
+            },
+            &request,
+        )
+        .expect_err("past the allowance");
+    assert!(refused.to_string().contains(why), "{refused}");
+    // Joining g1 takes no new GPU.
+    let result = filter(&extender, member("g1"), &["a100", "h100"]);
+    assert_eq!(classes(&result).0, vec!["a100"], "{result:?}");
+}
+
 /// A sharing group that holds a GPU on one node: its pods are unresolvable on
 /// every other node, and a bind elsewhere (two binds of a new group racing) is refused.
 #[test]

@@ -926,7 +926,9 @@ pub async fn gpu_memory_use_is_reported_against_each_grant(
         match std::fs::read_to_string(&report) {
             Ok(text) => {
                 let value: Value = serde_json::from_str(&text)?;
-                Ok(Some(value["containers"].as_array().cloned().unwrap_or_default()))
+                Ok(Some(
+                    value["containers"].as_array().cloned().unwrap_or_default(),
+                ))
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(e.into()),
@@ -958,7 +960,10 @@ pub async fn gpu_memory_use_is_reported_against_each_grant(
     let used = limit / 100 * 97;
     std::fs::write(
         cluster.gpu_processes_file(),
-        format!("{minor} {main} {used}\n{minor} {sidecar} {}\n", 512u64 << 20),
+        format!(
+            "{minor} {main} {used}\n{minor} {sidecar} {}\n",
+            512u64 << 20
+        ),
     )?;
     let result = async {
         eventually("gpu-memory: the proxy reports both", || {
