@@ -898,6 +898,9 @@ impl Cluster {
             format!("--advertise-url=http://127.0.0.1:{EXTENDER_PORT}"),
             "--identity=tessera-scheduler-0".into(),
             format!("--metrics-listen=127.0.0.1:{SCHEDULER_METRICS_PORT}"),
+            // Below the node's 4 GPUs, so that the allowance, not a full node, is
+            // what holds a namespace's third sharing group back.
+            "--max-group-gpus-per-namespace=2".into(),
         ];
         self.launch(
             Component::Extender,

@@ -125,6 +125,14 @@ fn scenarios() -> Vec<(&'static str, Scenario)> {
             "pods_naming_koordinator_volcano_kubeshare_or_hami_schedulers_are_placed",
             |c| Box::pin(integrity::other_systems_scheduler_names_are_served(c)),
         ),
+        (
+            "sharing_groups_hold_no_more_gpus_than_their_namespaces_allowance",
+            |c| {
+                Box::pin(
+                    integrity::sharing_groups_hold_no_more_gpus_than_their_namespaces_allowance(c),
+                )
+            },
+        ),
         ("tenant_host_paths_to_node_files_are_refused", |c| {
             Box::pin(integrity::tenant_host_paths_to_node_files_are_refused(c))
         }),

@@ -463,3 +463,80 @@ async fn refused_at_creation(
         }
     }
 }
+
+/// A namespace's sharing groups hold at most their allowance of GPUs (this
+/// cluster's tessera-scheduler runs with `--max-group-gpus-per-namespace=2`):
+/// through the real kube-scheduler a third one-pod group of 1 % waits, with the
+/// reason in its FailedScheduling Event, while GPUs sit idle, and runs once one
+/// of the namespace's groups ends.
+pub async fn sharing_groups_hold_no_more_gpus_than_their_namespaces_allowance(
+    cluster: &mut Cluster,
+) -> anyhow::Result<()> {
+    const NAMESPACE: &str = "groups";
+    cluster.create_namespace(NAMESPACE).await?;
+    let member = |name: &str| {
+        let mut spec = pod(
+            name,
+            &[(
+                "main",
+                json!({"koordinator.sh/gpu-core": "1", "koordinator.sh/gpu-memory-ratio": "1"}),
+            )],
+            &[],
+        );
+        spec["metadata"]["annotations"] = json!({"tessera.io/sharing-group": name});
+        spec
+    };
+    let running = |p: &k8s_openapi::api::core::v1::Pod| {
+        p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+    };
+    let mut gpus = Vec::new();
+    for name in ["g1", "g2"] {
+        cluster
+            .create_pod_in("admin", NAMESPACE, &member(name))
+            .await?;
+        let pod = cluster
+            .wait_pod_in(NAMESPACE, name, Duration::from_secs(90), "Running", running)
+            .await?;
+        gpus.push(allocated_gpus(&pod)?[0].0.clone());
+    }
+    ensure!(
+        gpus[0] != gpus[1],
+        "sharing groups g1 and g2 share GPU {}: each group takes its own",
+        gpus[0]
+    );
+    cluster
+        .create_pod_in("admin", NAMESPACE, &member("g3"))
+        .await?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let want = "sharing group \"groups/g3\" is new, and the sharing groups of namespace \"groups\" already hold 2 GPUs";
+    loop {
+        let events = cluster.events_in(NAMESPACE, "g3").await?;
+        if events.iter().any(|e| e.contains(want)) {
+            break;
+        }
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "g3: no FailedScheduling naming the allowance within 30 s: {events:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
+        kube::Api::namespaced(cluster.client().await?, NAMESPACE);
+    let g3 = pods.get("g3").await?;
+    ensure!(
+        g3.spec
+            .as_ref()
+            .and_then(|s| s.node_name.as_ref())
+            .is_none(),
+        "g3 was bound past its namespace's allowance"
+    );
+    // g1's group ends: g3's may take a GPU.
+    cluster.delete_pod_in(NAMESPACE, "g1").await?;
+    cluster
+        .wait_pod_in(NAMESPACE, "g3", Duration::from_secs(90), "Running", running)
+        .await?;
+    for name in ["g2", "g3"] {
+        cluster.delete_pod_in(NAMESPACE, name).await?;
+    }
+    Ok(())
+}
