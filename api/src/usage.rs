@@ -152,11 +152,11 @@ mod tests {
         let text = node.to_json();
         assert!(text.contains(r#""grant":{"share":21474836480}"#), "{text}");
         assert!(text.contains(r#""grant":"whole""#), "{text}");
-        assert_eq!(NodeGpuMemory::parse(&text).unwrap(), node);
+        assert_eq!(NodeGpuMemory::parse(&text).expect("parses"), node);
         // A missing grant is no grant.
         let bare = r#"{"containers":[{"namespace":"n","pod":"p","podUid":"u","container":"c","gpu":"g","used":1}]}"#;
         assert_eq!(
-            NodeGpuMemory::parse(bare).unwrap().containers[0].grant,
+            NodeGpuMemory::parse(bare).expect("parses").containers[0].grant,
             MemoryGrant::None
         );
         assert!(NodeGpuMemory::parse("{\"containers\": 3}").is_err());
@@ -181,7 +181,7 @@ mod tests {
                 entry("c", 0, MemoryGrant::Whole),
             ],
         };
-        let published = NodeGpuMemory::parse(&node.published()).unwrap();
+        let published = NodeGpuMemory::parse(&node.published()).expect("parses");
         let used: Vec<u64> = published.containers.iter().map(|e| e.used).collect();
         assert_eq!(used, [PUBLISHED_STEP, PUBLISHED_STEP, 0]);
 
@@ -190,7 +190,7 @@ mod tests {
                 .map(|i| entry(&format!("c{i:04}"), i * PUBLISHED_STEP, MemoryGrant::Whole))
                 .collect(),
         };
-        let published = NodeGpuMemory::parse(&many.published()).unwrap();
+        let published = NodeGpuMemory::parse(&many.published()).expect("parses");
         assert_eq!(published.containers.len(), PUBLISHED_MAX);
         // The ten smallest went; the order stayed.
         assert_eq!(published.containers[0].container, "c0010");

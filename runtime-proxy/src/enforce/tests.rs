@@ -620,7 +620,7 @@ impl tessera_enforce::usage::GpuMemory for Driver {
     {
         self.0
             .lock()
-            .unwrap()
+            .expect("not poisoned")
             .clone()
             .map_err(tessera_enforce::usage::UsageError::from)
     }
@@ -646,7 +646,7 @@ impl tessera_enforce::throttle::Processes for Pids {
 async fn memory_report_names_each_containers_use_against_its_grant() {
     use tessera_api::usage::{MemoryGrant, NodeGpuMemory};
     use tessera_enforce::usage::ProcessMemory;
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().expect("tempdir");
     let store = Arc::new(crate::store::PodStore::default());
     let pod = pod();
     store.insert_pod(PodInfo {
@@ -680,9 +680,12 @@ async fn memory_report_names_each_containers_use_against_its_grant() {
         store,
         dir.path(),
     );
-    report.round().await.unwrap();
+    report.round().await.expect("a round");
     let file = dir.path().join(tessera_api::usage::USAGE_FILE);
-    let read = || NodeGpuMemory::parse(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    let read = || {
+        NodeGpuMemory::parse(&std::fs::read_to_string(&file).expect("the report"))
+            .expect("a report")
+    };
     let seen: Vec<(String, String, u64, MemoryGrant)> = read()
         .containers
         .into_iter()
@@ -705,10 +708,16 @@ async fn memory_report_names_each_containers_use_against_its_grant() {
         ]
     );
     // The driver failing withdraws the report; read again, it is back.
-    *driver.lock().unwrap() = Err("GPU is lost".into());
-    assert!(report.round().await.unwrap_err().contains("GPU is lost"));
+    *driver.lock().expect("not poisoned") = Err("GPU is lost".into());
+    assert!(
+        report
+            .round()
+            .await
+            .expect_err("the driver failed")
+            .contains("GPU is lost")
+    );
     assert!(!file.exists());
-    *driver.lock().unwrap() = Ok(vec![process(GPU_A, 1, 1)]);
-    report.round().await.unwrap();
+    *driver.lock().expect("not poisoned") = Ok(vec![process(GPU_A, 1, 1)]);
+    report.round().await.expect("a round");
     assert_eq!(read().containers.len(), 1);
 }
