@@ -451,6 +451,19 @@ pub fn shared_limits<S: std::hash::BuildHasher>(
     node: &NodeDevices,
     pod_annotations: Option<&std::collections::HashMap<String, String, S>>,
 ) -> Result<SharedLimits, GpuHookError> {
+    with_granted_gpus(pod, annotation, container, node, |gpus| {
+        limits_of(pod, container, gpus, pod_annotations)
+    })
+}
+
+/// Runs `then` over the GPUs the annotation grants `container`, resolved on `node`.
+fn with_granted_gpus<T>(
+    pod: &str,
+    annotation: &str,
+    container: &str,
+    node: &NodeDevices,
+    then: impl FnOnce(&[ResolvedGpu<'_>]) -> Result<T, GpuHookError>,
+) -> Result<T, GpuHookError> {
     let allocations =
         DeviceAllocations::parse(annotation).map_err(|source| GpuHookError::Annotation {
             pod: pod.to_owned(),
@@ -458,7 +471,16 @@ pub fn shared_limits<S: std::hash::BuildHasher>(
             source,
         })?;
     let granted = allocations.gpus_of_container(container);
-    let gpus = resolve_gpus(&granted, node, pod, container)?;
+    then(&resolve_gpus(&granted, node, pod, container)?)
+}
+
+/// [`shared_limits`] of the container's resolved GPUs.
+fn limits_of<S: std::hash::BuildHasher>(
+    pod: &str,
+    container: &str,
+    gpus: &[ResolvedGpu<'_>],
+    pod_annotations: Option<&std::collections::HashMap<String, String, S>>,
+) -> Result<SharedLimits, GpuHookError> {
     if !gpus.iter().any(|g| g.allocation.is_fractional()) {
         return Ok(SharedLimits::default());
     }
@@ -482,7 +504,7 @@ pub fn shared_limits<S: std::hash::BuildHasher>(
         .collect::<Result<Vec<_>, GpuHookError>>()?;
     Ok(SharedLimits {
         memory,
-        compute_percent: super::compute_percent(&gpus, pod_annotations),
+        compute_percent: super::compute_percent(gpus, pod_annotations),
         minors: gpus.iter().map(|g| g.minor).collect(),
     })
 }
@@ -497,24 +519,18 @@ pub fn granted_memory(
     node: &NodeDevices,
 ) -> Result<Vec<(String, tessera_api::usage::MemoryGrant)>, GpuHookError> {
     use tessera_api::usage::MemoryGrant;
-    let allocations =
-        DeviceAllocations::parse(annotation).map_err(|source| GpuHookError::Annotation {
-            pod: pod.to_owned(),
-            container: container.to_owned(),
-            source,
-        })?;
-    let granted = allocations.gpus_of_container(container);
-    let gpus = resolve_gpus(&granted, node, pod, container)?;
-    Ok(gpus
-        .iter()
-        .map(|gpu| {
-            // A share of unknown bytes was refused at its start (shared_limits):
-            // none such runs; read as whole rather than as a zero limit.
-            let grant = match (gpu.allocation.is_fractional(), granted_bytes(gpu)) {
-                (true, Some(bytes)) => MemoryGrant::Share(bytes),
-                _ => MemoryGrant::Whole,
-            };
-            (gpu.uuid.clone(), grant)
-        })
-        .collect())
+    with_granted_gpus(pod, annotation, container, node, |gpus| {
+        Ok(gpus
+            .iter()
+            .map(|gpu| {
+                // A share of unknown bytes was refused at its start (shared_limits):
+                // none such runs; read as whole rather than as a zero limit.
+                let grant = match (gpu.allocation.is_fractional(), granted_bytes(gpu)) {
+                    (true, Some(bytes)) => MemoryGrant::Share(bytes),
+                    _ => MemoryGrant::Whole,
+                };
+                (gpu.uuid.clone(), grant)
+            })
+            .collect())
+    })
 }
