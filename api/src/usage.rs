@@ -15,9 +15,10 @@ pub const USAGE_FILE: &str = "gpu-memory.json";
 pub const DEVICE_ANNOTATION: &str = "tessera.io/gpu-memory-used";
 /// The step published uses are rounded up to (a CUDA context alone is ~500 MiB).
 pub const PUBLISHED_STEP: u64 = 256 << 20;
-/// The most containers published on the Device CR (an annotation holds 256 kB);
-/// the largest uses first. The metrics carry every one.
-pub const PUBLISHED_MAX: usize = 400;
+/// The most bytes of entries published on the Device CR (its annotations hold
+/// 256 kB in all, and the reporter's others must fit beside): the largest uses
+/// first. The metrics carry every one.
+pub const PUBLISHED_MAX_BYTES: usize = 64 << 10;
 /// The fraction of its limit at which a container is told it is at its limit:
 /// allocations past the limit fail, and a program's allocator rarely lands on
 /// the last byte.
@@ -33,6 +34,9 @@ pub enum MemoryGrant {
     None,
     /// The whole GPU: no limit below the GPU's own.
     Whole,
+    /// A GPU agent the node trusts with its GPUs (`--trusted-gpu-agents`): no
+    /// grant, and none needed.
+    Trusted,
     /// A share: this many bytes.
     Share(u64),
 }
@@ -63,7 +67,7 @@ impl ContainerGpuMemory {
     pub fn limit(&self) -> Option<u64> {
         match self.grant {
             MemoryGrant::Share(bytes) => Some(bytes),
-            MemoryGrant::None | MemoryGrant::Whole => None,
+            MemoryGrant::None | MemoryGrant::Whole | MemoryGrant::Trusted => None,
         }
     }
 
@@ -99,8 +103,9 @@ impl NodeGpuMemory {
         serde_json::to_string(self).unwrap_or_default()
     }
 
-    /// The Device CR's annotation: uses rounded up to [`PUBLISHED_STEP`], at most
-    /// [`PUBLISHED_MAX`] entries (the largest uses), in the file's order.
+    /// The Device CR's annotation: uses rounded up to [`PUBLISHED_STEP`], entries
+    /// of at most [`PUBLISHED_MAX_BYTES`] in all (the largest uses), in the file's
+    /// order.
     pub fn published(&self) -> String {
         let mut kept: Vec<(usize, ContainerGpuMemory)> = self
             .containers
@@ -112,9 +117,16 @@ impl NodeGpuMemory {
             })
             .enumerate()
             .collect();
-        if kept.len() > PUBLISHED_MAX {
+        let size = |entry: &ContainerGpuMemory| {
+            serde_json::to_string(entry).map_or(0, |text| text.len() + 1)
+        };
+        if kept.iter().map(|(_, e)| size(e)).sum::<usize>() > PUBLISHED_MAX_BYTES {
             kept.sort_by(|a, b| b.1.used.cmp(&a.1.used).then(a.0.cmp(&b.0)));
-            kept.truncate(PUBLISHED_MAX);
+            let mut total = 0;
+            kept.retain(|(_, entry)| {
+                total += size(entry);
+                total <= PUBLISHED_MAX_BYTES
+            });
             kept.sort_by_key(|(i, _)| *i);
         }
         Self {
@@ -170,6 +182,7 @@ mod tests {
         assert!(share(130).at_limit());
         assert!(!entry("a", u64::MAX, MemoryGrant::Whole).at_limit());
         assert!(!entry("a", u64::MAX, MemoryGrant::None).at_limit());
+        assert!(!entry("a", u64::MAX, MemoryGrant::Trusted).at_limit());
     }
 
     #[test]
@@ -186,14 +199,24 @@ mod tests {
         assert_eq!(used, [PUBLISHED_STEP, PUBLISHED_STEP, 0]);
 
         let many = NodeGpuMemory {
-            containers: (0..PUBLISHED_MAX as u64 + 10)
+            containers: (0..2000u64)
                 .map(|i| entry(&format!("c{i:04}"), i * PUBLISHED_STEP, MemoryGrant::Whole))
                 .collect(),
         };
-        let published = NodeGpuMemory::parse(&many.published()).expect("parses");
-        assert_eq!(published.containers.len(), PUBLISHED_MAX);
-        // The ten smallest went; the order stayed.
-        assert_eq!(published.containers[0].container, "c0010");
+        let text = many.published();
+        assert!(
+            text.len() <= PUBLISHED_MAX_BYTES + 64,
+            "{} bytes",
+            text.len()
+        );
+        let published = NodeGpuMemory::parse(&text).expect("parses");
+        let kept = published.containers.len();
+        assert!(kept > 100 && kept < 2000, "{kept} kept");
+        // The smallest went; the order stayed.
+        assert_eq!(
+            published.containers[0].container,
+            format!("c{:04}", 2000 - kept)
+        );
         assert!(
             published
                 .containers

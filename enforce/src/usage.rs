@@ -31,10 +31,21 @@ impl From<String> for UsageError {
     }
 }
 
+/// What the driver said of the node's GPUs.
+#[derive(Debug, Default)]
+pub struct GpuProcesses {
+    /// Every compute process on every GPU read, with its memory.
+    pub processes: Vec<ProcessMemory>,
+    /// The GPUs that could not be read (a lost GPU, a MIG device), and why: the
+    /// others are still reported.
+    pub failed: Vec<UsageError>,
+}
+
 /// The driver's view of the processes on the node's GPUs.
 pub trait GpuMemory: Send {
-    /// Every compute process on every GPU, with its memory.
-    fn processes(&mut self) -> Result<Vec<ProcessMemory>, UsageError>;
+    /// Every compute process on every GPU it can read; an error only when none
+    /// can be (the driver itself failed).
+    fn processes(&mut self) -> Result<GpuProcesses, UsageError>;
 }
 
 /// The real driver.
@@ -60,23 +71,43 @@ impl NvmlGpuMemory {
 }
 
 impl GpuMemory for NvmlGpuMemory {
-    fn processes(&mut self) -> Result<Vec<ProcessMemory>, UsageError> {
-        let error = |e: nvml_wrapper::error::NvmlError| UsageError(e.to_string());
-        let mut all = Vec::new();
-        for index in 0..self.nvml.device_count().map_err(error)? {
-            let device = self.nvml.device_by_index(index).map_err(error)?;
-            let uuid = device.uuid().map_err(error)?;
-            for process in device.running_compute_processes().map_err(error)? {
-                let used = match process.used_gpu_memory {
-                    nvml_wrapper::enums::device::UsedGpuMemory::Used(bytes) => bytes,
-                    nvml_wrapper::enums::device::UsedGpuMemory::Unavailable => 0,
-                };
-                all.push(ProcessMemory {
-                    gpu: uuid.clone(),
-                    pid: process.pid,
-                    used,
-                });
+    fn processes(&mut self) -> Result<GpuProcesses, UsageError> {
+        let count = self
+            .nvml
+            .device_count()
+            .map_err(|e| UsageError(e.to_string()))?;
+        let mut all = GpuProcesses::default();
+        for index in 0..count {
+            let read = || -> Result<Vec<ProcessMemory>, nvml_wrapper::error::NvmlError> {
+                let device = self.nvml.device_by_index(index)?;
+                let uuid = device.uuid()?;
+                Ok(device
+                    .running_compute_processes()?
+                    .into_iter()
+                    .map(|process| ProcessMemory {
+                        gpu: uuid.clone(),
+                        pid: process.pid,
+                        used: match process.used_gpu_memory {
+                            nvml_wrapper::enums::device::UsedGpuMemory::Used(bytes) => bytes,
+                            nvml_wrapper::enums::device::UsedGpuMemory::Unavailable => 0,
+                        },
+                    })
+                    .collect())
+            };
+            match read() {
+                Ok(processes) => all.processes.extend(processes),
+                Err(e) => all.failed.push(UsageError(format!("GPU {index}: {e}"))),
             }
+        }
+        if count > 0 && all.failed.len() == count as usize {
+            return Err(UsageError(format!(
+                "no GPU could be read: {}",
+                all.failed
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            )));
         }
         Ok(all)
     }

@@ -176,7 +176,9 @@ fn gpu_memory_is_traced_to_the_container_that_holds_it() -> anyhow::Result<()> {
     let mut node = fake_nvml::four_gpu_node();
     node["processUtilization"] = pids.display().to_string().into();
     let library = fake_nvml::install(&dir.path().join("nvml"), &node)?;
-    let processes = NvmlGpuMemory::open(&library)?.processes()?;
+    let read = NvmlGpuMemory::open(&library)?.processes()?;
+    assert!(read.failed.is_empty(), "{:?}", read.failed);
+    let processes = read.processes;
     assert_eq!(processes.len(), 3, "{processes:?}");
     let sums = per_container(
         &processes,

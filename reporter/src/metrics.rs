@@ -255,7 +255,7 @@ impl ReporterMetrics {
                 MemoryGrant::None => {
                     self.gpu_ungranted.get_or_create(&labels).set(1);
                 }
-                MemoryGrant::Whole => {}
+                MemoryGrant::Whole | MemoryGrant::Trusted => {}
             }
         }
     }

@@ -54,11 +54,9 @@ struct Last {
     gpus: Option<NodeGpus>,
     checkpoint: Checkpoint,
     checkpoint_stamp: Option<(SystemTime, u64)>,
-    /// The device-plugin grants last published (a container's GPU memory is
-    /// checked against them).
-    /// `None` until the first publish: until then no container is told anything.
-    legacy: Option<Vec<LegacyDeviceEntry>>,
     usage_stamp: Option<(SystemTime, u64)>,
+    /// The proxy's report as last read.
+    usage: Option<tessera_api::usage::NodeGpuMemory>,
     /// The Device CR's GPU memory annotation, as it should be now.
     usage_published: String,
     alerts: MemoryAlerts,
@@ -132,7 +130,6 @@ pub async fn run_with_metrics(
     loop {
         tokio::select! {
             _ = resync.tick() => {
-                observe_usage(&config, &mut last, metrics, &events, true);
                 let source = Arc::clone(&source);
                 // NVML calls block: off the async threads.
                 match tokio::task::spawn_blocking(move || source.discover()).await {
@@ -152,16 +149,22 @@ pub async fn run_with_metrics(
                 read_checkpoint(&config.checkpoint, &mut last, metrics);
                 last.checkpoint_stamp = stamp(&config.checkpoint);
                 health.recover(Instant::now());
+                observe_usage(&config, &mut last, metrics, &events, true);
             }
             _ = poll.tick() => {
-                let moved = observe_usage(&config, &mut last, metrics, &events, false);
                 let now = stamp(&config.checkpoint);
-                if now == last.checkpoint_stamp && !health.recover(Instant::now()) && !moved {
-                    continue;
-                }
-                if now != last.checkpoint_stamp {
+                let changed = now != last.checkpoint_stamp;
+                if changed {
                     read_checkpoint(&config.checkpoint, &mut last, metrics);
                     last.checkpoint_stamp = now;
+                }
+                // After the checkpoint: a device plugin's new grant is known
+                // before its container's memory is judged.
+                observe_usage(&config, &mut last, metrics, &events, false);
+                // The usage annotation alone never publishes: it goes with the
+                // next publish (every --interval at the latest).
+                if !changed && !health.recover(Instant::now()) {
+                    continue;
                 }
             }
             event = xids.recv() => match event {
@@ -182,45 +185,53 @@ pub async fn run_with_metrics(
             events.send(change);
         }
         announced = unhealthy;
-        if publish(&publisher, &config, &mut last, &health.unhealthy(), metrics).await {
+        if publish(&publisher, &config, &last, &health.unhealthy(), metrics).await {
             metrics.record_published_at(SystemTime::now());
         }
     }
 }
 
-/// Reads the runtime proxy's GPU memory report when it changed (or `force`),
-/// records it as metrics, and tells containers newly at their limit or on a GPU
-/// they were not granted. Returns whether the Device CR's annotation must change.
+/// Reads the runtime proxy's GPU memory report when it changed (or `force`), and
+/// judges it against kubelet's checkpoint: records it as metrics, tells containers newly at their limit or on a GPU they
+/// were not granted, and keeps the Device CR's annotation for the next publish.
 fn observe_usage(
     config: &LoopConfig,
     last: &mut Last,
     metrics: &ReporterMetrics,
     events: &GpuEvents,
     force: bool,
-) -> bool {
-    // A device plugin's pod would read as on a GPU it was not granted.
-    let Some(legacy) = &last.legacy else {
-        return false;
+) {
+    // Without the GPUs, a device plugin's grant by index could not be told from
+    // no grant: nothing is judged before the first discovery.
+    let Some(gpus) = &last.gpus else {
+        return;
     };
     let file = config.usage_file();
     let now = stamp(&file);
-    if !force && now == last.usage_stamp {
-        return false;
+    if force || now != last.usage_stamp {
+        last.usage_stamp = now;
+        last.usage = read_usage(&file);
     }
-    last.usage_stamp = now;
-    let usage = read_usage(&file).map(|usage| with_legacy(usage, legacy));
+    // Judged again each time, file changed or not: against the checkpoint as it is
+    // now, and so that a suspicion is confirmed or cleared at the next reading.
+    // Every device-plugin grant kubelet recorded, whoever's pod: no pod list needed.
+    let legacy: Vec<LegacyDeviceEntry> = last
+        .checkpoint
+        .entries
+        .iter()
+        .filter(|e| config.legacy_resources.contains(&e.resource_name))
+        .map(|e| crate::report::legacy_entry(e, gpus))
+        .collect();
+    let usage = last.usage.clone().map(|usage| with_legacy(usage, &legacy));
     metrics.record_gpu_memory(usage.as_ref());
     if let Some(usage) = &usage {
         let backends =
             tessera_api::enforcement::joined(&read_enforcement(&config.enforcement_file));
-        for event in last.alerts.changes(usage, &backends) {
+        for event in last.alerts.changes(usage, &backends, Instant::now()) {
             events.send(event);
         }
     }
-    let published = usage.map_or_else(|| USAGE_UNKNOWN.to_owned(), |u| u.published());
-    let moved = published != last.usage_published;
-    last.usage_published = published;
-    moved
+    last.usage_published = usage.map_or_else(|| USAGE_UNKNOWN.to_owned(), |u| u.published());
 }
 
 /// The Device CR's GPU memory annotation while the proxy's report is missing.
@@ -230,7 +241,7 @@ pub const USAGE_UNKNOWN: &str = "unknown";
 async fn publish(
     publisher: &Publisher,
     config: &LoopConfig,
-    last: &mut Last,
+    last: &Last,
     unhealthy: &BTreeSet<String>,
     metrics: &ReporterMetrics,
 ) -> bool {
@@ -255,7 +266,6 @@ async fn publish(
         }
     };
     metrics.record_published_view(unhealthy, &legacy);
-    last.legacy = Some(legacy.clone());
     let mut spec = device_spec(gpus, unhealthy);
     let mut annotations = device_annotations(gpus, &legacy);
     let backends = read_enforcement(&config.enforcement_file);
@@ -792,7 +802,8 @@ mod tests {
         let config = LoopConfig {
             checkpoint,
             legacy_resources: vec!["nvidia.com/gpu".into()],
-            interval: Duration::from_secs(3600),
+            // The usage annotation goes with each publish: every interval.
+            interval: Duration::from_millis(300),
             checkpoint_poll: Duration::from_millis(20),
             capacity: CapacityOptions::default(),
             recovery_after: Duration::from_secs(3600),

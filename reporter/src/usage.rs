@@ -9,8 +9,9 @@
 //! container is its program's error, seen by nobody else. What is seen is the
 //! use that made it: a container at [`tessera_api::usage::AT_LIMIT`] of its limit.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use tessera_api::LegacyDeviceEntry;
@@ -24,6 +25,9 @@ pub const REASON_UNGRANTED: &str = "GpuUsedWithoutGrant";
 /// A container whose use reached its limit is told again only after its use
 /// fell below this fraction of it.
 const REARM: f64 = 0.9;
+/// The least time between two Events of one reason about one container and GPU,
+/// however its use comes and goes: a tenant cannot drive the reporter's writes.
+pub const RETELL_AFTER: Duration = Duration::from_secs(600);
 
 /// The proxy's file: `None` when it is missing (no proxy, or the driver
 /// unreadable there) or not understood (logged).
@@ -138,7 +142,6 @@ impl MemoryEvent {
                 name: Some(entry.pod.clone()),
                 namespace: Some(entry.namespace.clone()),
                 uid: Some(entry.pod_uid.clone()),
-                field_path: Some(format!("spec.containers{{{}}}", entry.container)),
                 ..ObjectReference::default()
             },
             related: Some(crate::events::device_reference(node)),
@@ -148,19 +151,33 @@ impl MemoryEvent {
     }
 }
 
+/// (pod UID, container, GPU, reason): what one Event is about.
+type AlertKey = (String, String, String, &'static str);
+
 /// Which containers were told what, so that each is told once per episode.
 #[derive(Debug, Default)]
 pub struct MemoryAlerts {
-    /// (pod UID, container, GPU, reason) told and still so.
-    told: BTreeSet<(String, String, String, &'static str)>,
+    /// Told and still so.
+    told: BTreeSet<AlertKey>,
+    /// Seen on a GPU not granted once: told if seen so again (a device plugin's
+    /// grant may reach kubelet's checkpoint a moment after its process starts).
+    suspected: BTreeSet<AlertKey>,
+    /// When each was last told.
+    last: BTreeMap<AlertKey, Instant>,
 }
 
 impl MemoryAlerts {
-    /// What to tell, now that the node's use is `usage` (and its backends
-    /// `backends`): a container newly at its limit, or newly on a GPU it was not
-    /// granted. One that left its limit (below 90 % of it) or the GPU may be told
-    /// again when it is back.
-    pub fn changes(&mut self, usage: &NodeGpuMemory, backends: &str) -> Vec<MemoryEvent> {
+    /// What to tell, now (`now`) that the node's use is `usage` (and its backends
+    /// `backends`): a container newly at its limit, or on a GPU it was not
+    /// granted in two readings running. One that left its limit (below 90 % of
+    /// it) or the GPU may be told again when it is back, but not within
+    /// [`RETELL_AFTER`] of the last time.
+    pub fn changes(
+        &mut self,
+        usage: &NodeGpuMemory,
+        backends: &str,
+        now: Instant,
+    ) -> Vec<MemoryEvent> {
         let key = |e: &ContainerGpuMemory, reason| {
             (
                 e.pod_uid.clone(),
@@ -170,35 +187,55 @@ impl MemoryAlerts {
             )
         };
         let mut still = BTreeSet::new();
+        let mut suspected = BTreeSet::new();
         let mut events = Vec::new();
         for entry in &usage.containers {
-            let (reason, now, stays) = match entry.grant {
+            let (reason, at, stays) = match entry.grant {
                 MemoryGrant::None => (REASON_UNGRANTED, true, true),
                 MemoryGrant::Share(limit) => (
                     REASON_AT_LIMIT,
                     entry.at_limit(),
                     entry.used as f64 >= limit as f64 * REARM,
                 ),
-                MemoryGrant::Whole => continue,
+                MemoryGrant::Whole | MemoryGrant::Trusted => continue,
             };
             let key = key(entry, reason);
-            let told = self.told.contains(&key);
-            if (told && stays) || (!told && now) {
-                still.insert(key);
+            if self.told.contains(&key) {
+                if stays {
+                    still.insert(key);
+                }
+                continue;
             }
-            if !told && now {
-                events.push(match entry.grant {
-                    MemoryGrant::None => MemoryEvent::Ungranted {
-                        entry: entry.clone(),
-                    },
-                    _ => MemoryEvent::AtLimit {
-                        entry: entry.clone(),
-                        backends: backends.to_owned(),
-                    },
-                });
+            if !at {
+                continue;
             }
+            if reason == REASON_UNGRANTED && !self.suspected.contains(&key) {
+                suspected.insert(key);
+                continue;
+            }
+            still.insert(key.clone());
+            let recent = self
+                .last
+                .get(&key)
+                .is_some_and(|told| now.duration_since(*told) < RETELL_AFTER);
+            if recent {
+                continue;
+            }
+            self.last.insert(key, now);
+            events.push(match entry.grant {
+                MemoryGrant::None => MemoryEvent::Ungranted {
+                    entry: entry.clone(),
+                },
+                _ => MemoryEvent::AtLimit {
+                    entry: entry.clone(),
+                    backends: backends.to_owned(),
+                },
+            });
         }
         self.told = still;
+        self.suspected = suspected;
+        self.last
+            .retain(|_, told| now.duration_since(*told) < RETELL_AFTER);
         events
     }
 }
@@ -251,8 +288,10 @@ mod tests {
         let mut alerts = MemoryAlerts::default();
         let share = MemoryGrant::Share(20 * GIB);
         let at = |used| node(vec![entry("main", used, share)]);
-        assert!(alerts.changes(&at(10 * GIB), "mps").is_empty());
-        let told = alerts.changes(&at(19 * GIB + GIB / 2), "mps");
+        let t0 = Instant::now();
+        let minutes = |m: u64| t0 + Duration::from_secs(60 * m);
+        assert!(alerts.changes(&at(10 * GIB), "mps", t0).is_empty());
+        let told = alerts.changes(&at(19 * GIB + GIB / 2), "mps", t0);
         assert_eq!(told.len(), 1);
         assert_eq!(told[0].kind().reason, REASON_AT_LIMIT);
         assert_eq!(
@@ -260,14 +299,21 @@ mod tests {
             "container main uses 19.5 GiB of its 20.0 GiB limit on GPU GPU-0: allocations past the limit fail with out-of-memory (held by mps)"
         );
         // Still there, or a little below: not again.
-        assert!(alerts.changes(&at(20 * GIB), "mps").is_empty());
-        assert!(alerts.changes(&at(18 * GIB + GIB / 2), "mps").is_empty());
-        // Below 90 % of it, then back: told again.
-        assert!(alerts.changes(&at(10 * GIB), "mps").is_empty());
-        assert_eq!(alerts.changes(&at(20 * GIB), "mps").len(), 1);
-        // Gone, then back: told again.
-        assert!(alerts.changes(&node(vec![]), "mps").is_empty());
-        let again = alerts.changes(&at(20 * GIB), "none");
+        assert!(alerts.changes(&at(20 * GIB), "mps", minutes(1)).is_empty());
+        assert!(
+            alerts
+                .changes(&at(18 * GIB + GIB / 2), "mps", minutes(2))
+                .is_empty()
+        );
+        // Below 90 % of it, then back within ten minutes: not yet told again.
+        assert!(alerts.changes(&at(10 * GIB), "mps", minutes(3)).is_empty());
+        assert!(alerts.changes(&at(20 * GIB), "mps", minutes(4)).is_empty());
+        // Below, then back after ten minutes: told again.
+        assert!(alerts.changes(&at(10 * GIB), "mps", minutes(11)).is_empty());
+        assert_eq!(alerts.changes(&at(20 * GIB), "mps", minutes(12)).len(), 1);
+        // Gone, then back later: told again, in the node's words.
+        assert!(alerts.changes(&node(vec![]), "mps", minutes(13)).is_empty());
+        let again = alerts.changes(&at(20 * GIB), "none", minutes(30));
         assert!(
             again[0]
                 .note()
@@ -276,13 +322,17 @@ mod tests {
     }
 
     #[test]
-    fn a_container_on_a_gpu_it_was_not_granted_is_told_and_whole_gpus_never() {
+    fn a_container_on_a_gpu_it_was_not_granted_is_told_when_seen_twice() {
         let mut alerts = MemoryAlerts::default();
+        let now = Instant::now();
         let usage = node(vec![
             entry("sidecar", GIB, MemoryGrant::None),
             entry("whole", 80 * GIB, MemoryGrant::Whole),
+            entry("agent", 80 * GIB, MemoryGrant::Trusted),
         ]);
-        let told = alerts.changes(&usage, "mps");
+        // Once is a suspicion (a device plugin's grant may be on its way).
+        assert!(alerts.changes(&usage, "mps", now).is_empty());
+        let told = alerts.changes(&usage, "mps", now);
         assert_eq!(told.len(), 1);
         assert_eq!(told[0].kind().reason, REASON_UNGRANTED);
         assert!(
@@ -290,14 +340,17 @@ mod tests {
                 "container sidecar holds 1.0 GiB on GPU GPU-0, which it was not granted"
             )
         );
-        assert!(alerts.changes(&usage, "mps").is_empty());
+        assert!(alerts.changes(&usage, "mps", now).is_empty());
+        // Seen once, then granted: never told.
+        let mut alerts = MemoryAlerts::default();
+        assert!(alerts.changes(&usage, "mps", now).is_empty());
+        let granted = node(vec![entry("sidecar", GIB, MemoryGrant::Whole)]);
+        assert!(alerts.changes(&granted, "mps", now).is_empty());
+        assert!(alerts.changes(&usage, "mps", now).is_empty());
         let spec = told[0].spec("gpu-node-1");
         assert_eq!(spec.namespace, "team");
         assert_eq!(spec.regarding.kind.as_deref(), Some("Pod"));
         assert_eq!(spec.regarding.uid.as_deref(), Some("uid-1"));
-        assert_eq!(
-            spec.regarding.field_path.as_deref(),
-            Some("spec.containers{sidecar}")
-        );
+        assert_eq!(spec.regarding.name.as_deref(), Some("train"));
     }
 }

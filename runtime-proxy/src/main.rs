@@ -82,6 +82,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
         }
         let mut hook_config = gpu.config();
         hook_config.enforcement = enforcement.clone();
+        let trusted_agents = hook_config.trusted_agents.clone();
         // The settings in words at INFO; the whole struct only when debugging.
         tracing::info!(
             mode = ?hook_config.mode,
@@ -110,11 +111,12 @@ async fn run(config: Config) -> anyhow::Result<()> {
                     sampler,
                     Arc::clone(&enforce),
                     Arc::clone(&store),
+                    trusted_agents,
                     &gpu.enforcement_dir,
                 ));
             }
             Err(error) => {
-                tracing::info!(%error, "GPU memory use not reported: the driver cannot be read");
+                tracing::info!(%error, "GPU memory use not reported");
             }
         }
         hooks.push(enforce);

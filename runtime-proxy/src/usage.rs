@@ -2,9 +2,10 @@
 //! processes hold of each GPU (the driver's count, `tessera_enforce::usage`),
 //! against what its pod's grant gives it, written whole to
 //! `<enforcement-dir>/gpu-memory.json` ([`tessera_api::usage`]) for
-//! tessera-reporter. Containers the proxy does not know (not made through it)
-//! are left out; a container on a GPU it was not granted is reported with no
-//! grant, for the reporter to raise.
+//! tessera-reporter. Containers the proxy does not know (not made through it),
+//! and those whose grant cannot be read now, are left out; a container on a GPU
+//! it was not granted is reported with no grant, for the reporter to raise; a
+//! trusted GPU agent's (`--trusted-gpu-agents`) as trusted.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -14,6 +15,7 @@ use std::time::Duration;
 use tessera_api::usage::{ContainerGpuMemory, MemoryGrant, NodeGpuMemory};
 use tessera_enforce::throttle::{HostProcesses, Processes};
 use tessera_enforce::usage::{GpuMemory, NvmlGpuMemory, per_container};
+use tessera_hooks::gpu::TrustedGpuAgent;
 
 use crate::enforce::EnforceHook;
 use crate::store::PodStore;
@@ -52,24 +54,36 @@ pub struct Report {
     sampler: Arc<Mutex<Sampler>>,
     hook: Arc<EnforceHook>,
     store: Arc<PodStore>,
+    trusted: Vec<TrustedGpuAgent>,
     file: PathBuf,
     /// Each known container's grants, by container ID (a pod's annotation does
-    /// not change while it lives).
+    /// not change while it lives); only grants read whole.
     grants: HashMap<String, Vec<(String, MemoryGrant)>>,
-    /// What the file holds.
-    written: Option<String>,
+    /// What the file holds: `None` before the first write, `Some(None)` when removed.
+    written: Option<Option<String>>,
+    /// The GPUs that could not be read last round, as said in the log.
+    failed: Vec<String>,
 }
 
 impl Report {
-    /// A report written to `<dir>/gpu-memory.json`.
-    pub fn new(sampler: Sampler, hook: Arc<EnforceHook>, store: Arc<PodStore>, dir: &Path) -> Self {
+    /// A report written to `<dir>/gpu-memory.json`, with `trusted` GPU agents'
+    /// containers marked as such.
+    pub fn new(
+        sampler: Sampler,
+        hook: Arc<EnforceHook>,
+        store: Arc<PodStore>,
+        trusted: Vec<TrustedGpuAgent>,
+        dir: &Path,
+    ) -> Self {
         Self {
             sampler: Arc::new(Mutex::new(sampler)),
             hook,
             store,
+            trusted,
             file: dir.join(tessera_api::usage::USAGE_FILE),
             grants: HashMap::new(),
             written: None,
+            failed: Vec::new(),
         }
     }
 
@@ -102,43 +116,58 @@ impl Report {
         let sampler = Arc::clone(&self.sampler);
         let sums = tokio::task::spawn_blocking(move || {
             let mut sampler = sampler.lock().unwrap_or_else(|e| e.into_inner());
-            let processes = sampler.gpu.processes()?;
-            Ok::<_, tessera_enforce::usage::UsageError>(per_container(
-                &processes,
-                sampler.processes.as_ref(),
+            let read = sampler.gpu.processes()?;
+            Ok::<_, tessera_enforce::usage::UsageError>((
+                per_container(&read.processes, sampler.processes.as_ref()),
+                read.failed,
             ))
         })
         .await
         .map_err(|e| format!("GPU memory task failed: {e}"))?;
-        let sums = match sums {
-            Ok(sums) => sums,
+        let (sums, failed) = match sums {
+            Ok(read) => read,
             Err(error) => {
                 self.write(None).await;
                 return Err(error.to_string());
             }
         };
+        let failed: Vec<String> = failed.iter().map(ToString::to_string).collect();
+        if failed != self.failed && !failed.is_empty() {
+            tracing::warn!(gpus = %failed.join("; "), "GPU memory use not read on some GPUs; the others are reported");
+        }
+        self.failed = failed;
         let mut containers = Vec::new();
         let mut seen = Vec::new();
         for ((container_id, gpu), used) in sums {
             let Some((container, Some(pod))) = self.store.container(&container_id) else {
                 continue;
             };
-            if !self.grants.contains_key(&container_id) {
-                let grants = match self.hook.granted_memory(&pod, &container.name).await {
-                    Ok(grants) => grants,
-                    // Not cached: the next round asks again.
-                    Err(error) => {
-                        tracing::debug!(pod = %pod.display_name(), container = %container.name, error = %error.message, "grant not read for the GPU memory report");
-                        Vec::new()
-                    }
-                };
-                self.grants.insert(container_id.clone(), grants);
-            }
-            let grant = self.grants[&container_id]
+            seen.push(container_id.clone());
+            let grant = if self
+                .trusted
                 .iter()
-                .find(|(uuid, _)| *uuid == gpu)
-                .map_or(MemoryGrant::None, |(_, grant)| *grant);
-            seen.push(container_id);
+                .any(|agent| agent.admits(&pod.namespace, &pod.labels))
+            {
+                MemoryGrant::Trusted
+            } else {
+                if !self.grants.contains_key(&container_id) {
+                    match self.hook.granted_memory(&pod, &container.name).await {
+                        Ok(grants) => {
+                            self.grants.insert(container_id.clone(), grants);
+                        }
+                        // Left out this round, not reported as ungranted; the next
+                        // round asks again.
+                        Err(error) => {
+                            tracing::debug!(pod = %pod.display_name(), container = %container.name, error = %error.message, "grant not read for the GPU memory report");
+                            continue;
+                        }
+                    }
+                }
+                self.grants[&container_id]
+                    .iter()
+                    .find(|(uuid, _)| *uuid == gpu)
+                    .map_or(MemoryGrant::None, |(_, grant)| *grant)
+            };
             containers.push(ContainerGpuMemory {
                 namespace: pod.namespace.clone(),
                 pod: pod.name.clone(),
@@ -165,7 +194,7 @@ impl Report {
 
     /// Writes `text` whole (or removes the file for `None`) when it changed.
     async fn write(&mut self, text: Option<String>) {
-        if text == self.written && (text.is_some() || !self.file.exists()) {
+        if self.written.as_ref() == Some(&text) {
             return;
         }
         let file = self.file.clone();
@@ -179,7 +208,7 @@ impl Report {
         })
         .await;
         match done {
-            Ok(Ok(())) => self.written = text,
+            Ok(Ok(())) => self.written = Some(text),
             Ok(Err(error)) => {
                 tracing::warn!(file = %self.file.display(), %error, "GPU memory report not written")
             }

@@ -59,6 +59,11 @@ trait Feed:
     /// Drops what no reader of the store or the ledger needs, as the object comes
     /// off the watch.
     fn trim(&mut self) {}
+    /// Whether `self`, trimmed, says to the ledger what `other` (the stored
+    /// version) did: then the update is not applied again.
+    fn same(&self, _other: &Self) -> bool {
+        false
+    }
 }
 
 impl Feed for Device {
@@ -73,6 +78,20 @@ impl Feed for Device {
     }
     fn retain(seen: &HashSet<String>, ledger: &mut Ledger) {
         ledger.retain_devices(seen);
+    }
+    /// Drops the containers' GPU memory (`tessera.io/gpu-memory-used`, for
+    /// `tessera inspect`), which no scheduler reads and which changes far more
+    /// often than the GPUs, and the managed fields.
+    fn trim(&mut self) {
+        self.metadata.managed_fields = None;
+        if let Some(annotations) = &mut self.metadata.annotations {
+            annotations.remove(tessera_api::usage::DEVICE_ANNOTATION);
+        }
+    }
+    fn same(&self, other: &Self) -> bool {
+        self.metadata.annotations == other.metadata.annotations
+            && self.metadata.labels == other.metadata.labels
+            && self.spec == other.spec
     }
 }
 
@@ -195,6 +214,7 @@ where
     K: Feed<DynamicType = ()>,
 {
     let (reader, mut writer) = reflector::store::<K>();
+    let stored = reader.clone();
     let api = Api::<K>::all(client);
     tokio::spawn(async move {
         let mut seen = HashSet::new();
@@ -213,12 +233,22 @@ where
                         break;
                     }
                 };
+                // A Device whose update changed only what trimming drops (its
+                // containers' GPU memory): the ledger is not recomputed for it.
+                let unchanged = match &event {
+                    watcher::Event::Apply(object) => stored
+                        .get(&reflector::ObjectRef::from_obj(object))
+                        .is_some_and(|stored| object.same(&stored)),
+                    _ => false,
+                };
                 writer.apply_watcher_event(&event);
                 match event {
                     watcher::Event::Init => seen.clear(),
                     watcher::Event::InitApply(object) | watcher::Event::Apply(object) => {
                         seen.extend(object.key());
-                        object.apply(&mut lock(&ledger));
+                        if !unchanged {
+                            object.apply(&mut lock(&ledger));
+                        }
                     }
                     watcher::Event::Delete(object) => {
                         if let Some(key) = object.key() {
@@ -263,6 +293,32 @@ pub fn watch(client: Client, ledger: Arc<Mutex<Ledger>>) -> ClusterView {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_device_update_of_only_its_containers_gpu_memory_is_not_applied_again() {
+        let device = |used: &str, healthy: bool| -> Device {
+            let mut device: Device = serde_json::from_value(serde_json::json!({
+                "apiVersion": "scheduling.koordinator.sh/v1alpha1", "kind": "Device",
+                "metadata": {"name": "n1", "resourceVersion": used,
+                             "annotations": {"tessera.io/gpu-memory-used": used, "tessera.io/enforcement": "mps"}},
+                "spec": {"devices": [{"type": "gpu", "id": "GPU-a", "minor": 0, "health": healthy}]}
+            }))
+            .expect("device");
+            Feed::trim(&mut device);
+            device
+        };
+        let before = device("1", true);
+        assert!(
+            before
+                .metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|a| !a.contains_key(tessera_api::usage::DEVICE_ANNOTATION)
+                    && a.contains_key("tessera.io/enforcement"))
+        );
+        assert!(device("2", true).same(&before));
+        assert!(!device("2", false).same(&before));
+    }
 
     #[test]
     fn a_watch_is_synced_from_a_complete_list_until_a_relist_or_an_error() {

@@ -263,6 +263,10 @@ fn with_usage(rows: &mut [GpuRow], usage: &tessera_api::usage::NodeGpuMemory) {
             continue;
         };
         let pod = format!("{}/{}", entry.namespace, entry.pod);
+        // A trusted GPU agent holds no share and breaks no grant.
+        if entry.grant == tessera_api::usage::MemoryGrant::Trusted {
+            continue;
+        }
         if entry.grant == tessera_api::usage::MemoryGrant::None {
             row.ungranted.push(UngrantedUse {
                 pod,

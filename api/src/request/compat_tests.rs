@@ -1018,3 +1018,63 @@ spec:
         Err(r#"annotation lsalab.nthu/GPUID: "abc": a sharing group shares one GPU; container c asks for 2"#.into())
     );
 }
+
+// === KubeShare 2.0's gpu_model label, as admission copies it ===
+
+#[test]
+fn kubeshare_gpu_model_is_an_exact_model() {
+    // KubeShare 2.0's README pod, once admission has copied its labels to the
+    // 1.x-form annotations and turned gpu_request into resources (no gpu_mem: a
+    // memory share of the same fraction, as its "default depends on gpu_request").
+    let pod = r#"
+apiVersion: v1
+kind: Pod
+metadata:
+  name: mnist
+  labels:
+    "sharedgpu/gpu_request": "0.5"
+    "sharedgpu/gpu_limit": "1.0"
+    "sharedgpu/gpu_model": "NVIDIA-GeForce-GTX-1080"
+  annotations:
+    "lsalab.nthu/gpu_request": "0.5"
+    "lsalab.nthu/gpu_limit": "1.0"
+    "lsalab.nthu/gpu_model": "NVIDIA-GeForce-GTX-1080"
+spec:
+  schedulerName: kubeshare-scheduler
+  containers:
+    - name: pytorch
+      image: riyazhu/mnist:test
+      resources:
+        limits:
+          koordinator.sh/gpu-core: "50"
+          koordinator.sh/gpu-memory-ratio: "50"
+"#;
+    let request = parse(pod, &RequestOptions::default())
+        .expect("valid")
+        .expect("asks for GPUs");
+    let model = |name: &str| {
+        std::collections::BTreeMap::from([(
+            crate::resources::LABEL_GPU_MODEL.to_owned(),
+            name.to_owned(),
+        )])
+    };
+    let allows = |name: &str| request.selection.allows("GPU-0", &model(name));
+    assert!(allows("NVIDIA-GeForce-GTX-1080"));
+    assert!(allows("nvidia-geforce-gtx-1080"));
+    // Exactly that model, not one whose name contains it.
+    assert!(!allows("NVIDIA-GeForce-GTX-1080-Ti"));
+    assert!(!allows("NVIDIA-H100-80GB-HBM3"));
+    assert_eq!(
+        request.selection.describe(),
+        r#"lsalab.nthu/gpu_model="NVIDIA-GeForce-GTX-1080""#
+    );
+    let blank = pod.replace(
+        r#""lsalab.nthu/gpu_model": "NVIDIA-GeForce-GTX-1080""#,
+        r#""lsalab.nthu/gpu_model": " ""#,
+    );
+    let refused = parse(&blank, &RequestOptions::default()).expect_err("no model");
+    assert!(
+        refused.to_string().contains("lsalab.nthu/gpu_model"),
+        "{refused}"
+    );
+}

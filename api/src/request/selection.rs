@@ -30,6 +30,10 @@ pub const KOORDINATOR_DEVICE_ALLOCATE_HINT: &str = "scheduling.koordinator.sh/de
 pub const SHARING_GROUP: &str = "tessera.io/sharing-group";
 /// KubeShare: the pod's GPUID, a sharing group in Tessera's terms.
 pub const KUBESHARE_GPUID: &str = "lsalab.nthu/GPUID";
+/// KubeShare 2.0's `sharedgpu/gpu_model` label, as admission copies it: the GPU
+/// model the pod must get, exactly (`NVIDIA-GeForce-GTX-1080`, any case), as
+/// KubeShare's collector names models.
+pub const KUBESHARE_GPU_MODEL: &str = "lsalab.nthu/gpu_model";
 
 /// Where to put work, as a pod may ask for itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -83,6 +87,8 @@ pub enum GpuMatch {
     ModelIn(Vec<String>),
     /// The model contains none of these (HAMi `nouse-gputype`).
     ModelNotIn(Vec<String>),
+    /// The model is this one (KubeShare's `gpu_model`: upper-cased, label-safe).
+    ModelIs(String),
     /// The UUID is one of these (HAMi `use-gpuuuid`).
     UuidIn(Vec<String>),
     /// The UUID is none of these (HAMi `nouse-gpuuuid`).
@@ -120,6 +126,7 @@ impl GpuRule {
                 let model = model();
                 !types.iter().any(|t| model.contains(t.as_str()))
             }
+            GpuMatch::ModelIs(wanted) => model() == *wanted,
             GpuMatch::UuidIn(uuids) => uuids.iter().any(|u| u == uuid),
             GpuMatch::UuidNotIn(uuids) => !uuids.iter().any(|u| u == uuid),
             GpuMatch::Labels(requirements) => requirements.iter().all(|r| r.matches(labels)),
@@ -407,6 +414,21 @@ impl PodRules {
                     },
                 });
             }
+        }
+        if let Some(value) = get(KUBESHARE_GPU_MODEL) {
+            let wanted = model(&value.to_owned());
+            if wanted.is_empty() {
+                return Err(refuse(
+                    KUBESHARE_GPU_MODEL,
+                    value,
+                    "names no GPU model (a model as KubeShare names it, e.g. NVIDIA-GeForce-GTX-1080)",
+                ));
+            }
+            rules.selection.rules.push(GpuRule {
+                annotation: KUBESHARE_GPU_MODEL.to_owned(),
+                value: value.to_owned(),
+                matches: GpuMatch::ModelIs(wanted),
+            });
         }
         if let Some(value) = get(KOORDINATOR_DEVICE_ALLOCATE_HINT) {
             if let Some(requirements) = koordinator_hint(value)? {

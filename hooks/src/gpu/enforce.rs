@@ -520,17 +520,27 @@ pub fn granted_memory(
 ) -> Result<Vec<(String, tessera_api::usage::MemoryGrant)>, GpuHookError> {
     use tessera_api::usage::MemoryGrant;
     with_granted_gpus(pod, annotation, container, node, |gpus| {
-        Ok(gpus
-            .iter()
+        gpus.iter()
             .map(|gpu| {
-                // A share of unknown bytes was refused at its start (shared_limits):
-                // none such runs; read as whole rather than as a zero limit.
                 let grant = match (gpu.allocation.is_fractional(), granted_bytes(gpu)) {
                     (true, Some(bytes)) => MemoryGrant::Share(bytes),
-                    _ => MemoryGrant::Whole,
+                    (false, _) => MemoryGrant::Whole,
+                    // A ratio of a GPU whose size the node cannot say now (NVML
+                    // unreadable): unknown, not a limit of the whole GPU.
+                    (true, None) => {
+                        return Err(GpuHookError::Device {
+                            pod: pod.to_owned(),
+                            container: container.to_owned(),
+                            path: format!("gpu[{}].resources", gpu.index),
+                            problem: format!(
+                                "the share's GPU memory on GPU {} is unknown (the node does not know the GPU's size now)",
+                                gpu.uuid
+                            ),
+                        });
+                    }
                 };
-                (gpu.uuid.clone(), grant)
+                Ok((gpu.uuid.clone(), grant))
             })
-            .collect())
+            .collect()
     })
 }

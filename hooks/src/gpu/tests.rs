@@ -1947,6 +1947,12 @@ mod enforcement {
         assert_eq!(whole.len(), 1);
         assert_eq!(whole[0].1, MemoryGrant::Whole);
         assert!(granted_memory("ml/train-0", "{not json", "main", &node()).is_err());
+        // A ratio of a GPU of unknown size: unknown, never a whole GPU.
+        let unknown = NodeDevices {
+            gpus: None,
+            ..node()
+        };
+        assert!(granted_memory("ml/train-0", SHARE, "main", &unknown).is_err());
         Ok(())
     }
 

@@ -35,11 +35,20 @@ pub struct TrustedGpuAgent {
 impl TrustedGpuAgent {
     /// Whether `pod` is one of the agents this entry trusts.
     pub fn matches(&self, pod: &PodMetadata) -> bool {
-        pod.namespace == self.namespace
+        self.admits(&pod.namespace, &pod.labels)
+    }
+
+    /// Whether a pod in `namespace` with `labels` is one of the agents this entry trusts.
+    pub fn admits<S: std::hash::BuildHasher>(
+        &self,
+        namespace: &str,
+        labels: &std::collections::HashMap<String, String, S>,
+    ) -> bool {
+        namespace == self.namespace
             && self
                 .label
                 .as_ref()
-                .is_none_or(|(key, value)| pod.labels.get(key) == Some(value))
+                .is_none_or(|(key, value)| labels.get(key) == Some(value))
     }
 }
 

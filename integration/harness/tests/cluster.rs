@@ -1877,6 +1877,98 @@ async fn kubeshare(cluster: &mut Cluster) -> anyhow::Result<()> {
     for (name, _, _) in pods {
         cluster.delete_pod(name).await?;
     }
+    kubeshare_2_labels(cluster).await
+}
+
+/// KubeShare 2.0's README pod (its "Pod specification": labels only, no gpu_mem,
+/// `schedulerName: kubeshare-scheduler`) and its other labels: `gpu_model` is the
+/// GPU model, exactly (a model no node has leaves the pod Pending, saying so);
+/// without `gpu_mem` the memory share is gpu_request's fraction; `priority` is
+/// checked and placed as guaranteed; coscheduling that needs several pods at once is
+/// refused at creation, one that needs at most one is placed pod by pod.
+async fn kubeshare_2_labels(cluster: &mut Cluster) -> anyhow::Result<()> {
+    let readme = |name: &str, labels: Value| {
+        let mut spec = pod(name, &[("pytorch", json!({}))], &[]);
+        spec["metadata"]["labels"] = labels;
+        spec["spec"]["schedulerName"] = json!("kubeshare-scheduler");
+        spec["spec"]["restartPolicy"] = json!("Never");
+        spec
+    };
+    // As its README writes it: a GTX 1080, which this cluster does not have.
+    cluster
+        .create_pod(
+            "tenant",
+            &readme(
+                "ks2-readme",
+                json!({"sharedgpu/gpu_request": "0.5", "sharedgpu/gpu_limit": "1.0",
+                       "sharedgpu/gpu_model": "NVIDIA-GeForce-GTX-1080"}),
+            ),
+        )
+        .await?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let want =
+        r#"lsalab.nthu/gpu_model="NVIDIA-GeForce-GTX-1080" rules out every GPU of every node"#;
+    loop {
+        let events = cluster.events_of("ks2-readme").await?;
+        if events.iter().any(|e| e.contains(want)) {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "ks2-readme: no FailedScheduling saying the model is nowhere within 30 s: {events:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    cluster.delete_pod("ks2-readme").await?;
+    // The same on this cluster's model, with a priority and a group that needs no
+    // two pods at once (its README Job's 5 × 0.2).
+    cluster
+        .create_pod(
+            "tenant",
+            &readme(
+                "ks2-h100",
+                json!({"sharedgpu/gpu_request": "0.5", "sharedgpu/gpu_limit": "1.0",
+                       "sharedgpu/gpu_model": "NVIDIA-H100-80GB-HBM3", "sharedgpu/priority": "100",
+                       "sharedgpu/group_name": "a", "sharedgpu/group_headcount": "5",
+                       "sharedgpu/group_threshold": "0.2"}),
+            ),
+        )
+        .await?;
+    let running = cluster.wait_running("ks2-h100").await?;
+    let specs = cluster.container_specs(&running)?;
+    let spec = specs.get("pytorch").context("no spec")?;
+    ensure!(
+        runtime_env(spec, "CUDA_DEVICE_SM_LIMIT").as_deref() == Some("100")
+            && runtime_env(spec, "CUDA_DEVICE_MEMORY_LIMIT_0").as_deref() == Some("40960m"),
+        "ks2-h100: limiter env SM {:?} memory {:?}; want the gpu_limit ceiling 100 and half of the 80 GiB GPU (no gpu_mem: gpu_request's fraction)",
+        env_values(spec, "CUDA_DEVICE_SM_LIMIT"),
+        env_values(spec, "CUDA_DEVICE_MEMORY_LIMIT_0")
+    );
+    cluster.delete_pod("ks2-h100").await?;
+    for (name, labels, want) in [
+        (
+            "ks2-priority",
+            json!({"sharedgpu/gpu_request": "0.5", "sharedgpu/gpu_limit": "1.0", "sharedgpu/priority": "101"}),
+            r#"label sharedgpu/priority "101": a priority from 0 to 100"#,
+        ),
+        (
+            "ks2-gang",
+            json!({"sharedgpu/gpu_request": "0.5", "sharedgpu/gpu_limit": "1.0", "sharedgpu/group_name": "b",
+                   "sharedgpu/group_headcount": "5", "sharedgpu/group_threshold": "0.6"}),
+            "KubeShare 2.0 coscheduling, which Tessera does not do: 3 pods would have to start together",
+        ),
+    ] {
+        match cluster.create_pod("tenant", &readme(name, labels)).await {
+            Ok(_) => {
+                cluster.delete_pod(name).await?;
+                bail!("pod {name} was created; want a refusal saying {want:?}");
+            }
+            Err(e) => ensure!(
+                format!("{e:#}").contains(want),
+                "pod {name} refused with {e:#}, want {want:?}"
+            ),
+        }
+    }
     Ok(())
 }
 

@@ -616,12 +616,15 @@ struct Driver(Arc<std::sync::Mutex<Result<Vec<tessera_enforce::usage::ProcessMem
 impl tessera_enforce::usage::GpuMemory for Driver {
     fn processes(
         &mut self,
-    ) -> Result<Vec<tessera_enforce::usage::ProcessMemory>, tessera_enforce::usage::UsageError>
-    {
+    ) -> Result<tessera_enforce::usage::GpuProcesses, tessera_enforce::usage::UsageError> {
         self.0
             .lock()
             .expect("not poisoned")
             .clone()
+            .map(|processes| tessera_enforce::usage::GpuProcesses {
+                processes,
+                failed: Vec::new(),
+            })
             .map_err(tessera_enforce::usage::UsageError::from)
     }
 }
@@ -653,11 +656,33 @@ async fn memory_report_names_each_containers_use_against_its_grant() {
         sandbox_id: "sandbox".into(),
         ..(*pod).clone()
     });
-    for (pid, name) in [(1, "main"), (2, "whole"), (3, "sidecar")] {
+    // A trusted GPU agent's pod, and a pod whose grant cannot be read.
+    store.insert_pod(PodInfo {
+        sandbox_id: "agent".into(),
+        uid: "agent-uid".into(),
+        name: "dcgm".into(),
+        namespace: "gpu-agents".into(),
+        ..PodInfo::default()
+    });
+    store.insert_pod(PodInfo {
+        sandbox_id: "broken".into(),
+        uid: "broken-uid".into(),
+        name: "broken".into(),
+        namespace: "team".into(),
+        annotations: HashMap::from([(DEVICE_ALLOCATED.to_owned(), "{not json".to_owned())]),
+        ..PodInfo::default()
+    });
+    for (pid, name, sandbox) in [
+        (1, "main", "sandbox"),
+        (2, "whole", "sandbox"),
+        (3, "sidecar", "sandbox"),
+        (5, "exporter", "agent"),
+        (6, "main", "broken"),
+    ] {
         store.insert_container(crate::store::ContainerInfo {
             id: pid.to_string().repeat(64),
             name: name.into(),
-            sandbox_id: "sandbox".into(),
+            sandbox_id: sandbox.into(),
         });
     }
     let process = |gpu: &str, pid, used| ProcessMemory {
@@ -673,11 +698,15 @@ async fn memory_report_names_each_containers_use_against_its_grant() {
         process(GPU_A, 3, 1 << 30),
         process(GPU_A, 9, 1 << 30),
         process(GPU_A, 4, 1 << 30),
+        // The agent, and the pod whose grant is unknown (left out, not ungranted).
+        process(GPU_B, 5, 1 << 20),
+        process(GPU_B, 6, 1 << 20),
     ])));
     let mut report = crate::usage::Report::new(
         crate::usage::Sampler::new(Box::new(Driver(Arc::clone(&driver))), Box::new(Pids)),
         Arc::new(hook(Err("unused".into()), None)),
         store,
+        vec!["gpu-agents".parse().expect("an agent entry")],
         dir.path(),
     );
     report.round().await.expect("a round");
@@ -689,22 +718,35 @@ async fn memory_report_names_each_containers_use_against_its_grant() {
     let seen: Vec<(String, String, u64, MemoryGrant)> = read()
         .containers
         .into_iter()
-        .map(|c| {
-            assert_eq!((c.namespace.as_str(), c.pod.as_str()), ("team", "train"));
-            (c.container, c.gpu, c.used, c.grant)
-        })
+        .map(|c| (format!("{}/{}", c.pod, c.container), c.gpu, c.used, c.grant))
         .collect();
     assert_eq!(
         seen,
         [
             (
-                "main".into(),
+                "dcgm/exporter".into(),
+                GPU_B.into(),
+                1 << 20,
+                MemoryGrant::Trusted
+            ),
+            (
+                "train/main".into(),
                 GPU_A.into(),
                 12 << 30,
                 MemoryGrant::Share(20 << 30)
             ),
-            ("sidecar".into(), GPU_A.into(), 1 << 30, MemoryGrant::None),
-            ("whole".into(), GPU_B.into(), 30 << 30, MemoryGrant::Whole),
+            (
+                "train/sidecar".into(),
+                GPU_A.into(),
+                1 << 30,
+                MemoryGrant::None
+            ),
+            (
+                "train/whole".into(),
+                GPU_B.into(),
+                30 << 30,
+                MemoryGrant::Whole
+            ),
         ]
     );
     // The driver failing withdraws the report; read again, it is back.
