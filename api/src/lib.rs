@@ -23,6 +23,7 @@ pub mod nvlink;
 pub mod quantity;
 pub mod request;
 pub mod resources;
+pub mod sharepod;
 pub mod usage;
 
 pub use allocation::{AllocationError, ContainerShares, DeviceAllocation, DeviceAllocations};

@@ -8,6 +8,7 @@
 //!   holding a bind up;
 //! - [`ledger`]: GPU use derived from Device CRs, pods and in-flight allocations;
 //! - [`metrics`]: the Prometheus metrics served on `--metrics-listen`;
+//! - [`sharepods`]: KubeShare's SharePods, each made into its pod;
 //! - [`transport`]: who may call the extender: mutual TLS, `bind` only for
 //!   kube-scheduler, plain HTTP only on loopback, the probe port;
 //! - [`upgrade`]: pod-level allocation annotations of running pods rewritten into
@@ -23,6 +24,7 @@ pub mod inspect;
 pub mod leader;
 pub mod ledger;
 pub mod metrics;
+pub mod sharepods;
 pub mod simulate;
 pub mod transport;
 pub mod upgrade;

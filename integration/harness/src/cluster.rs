@@ -878,6 +878,7 @@ impl Cluster {
         let client = self.client().await?;
         if options.cluster_side {
             apply_manifests(&client, "crd-device.yaml").await?;
+            apply_manifests(&client, "crd-sharepod.yaml").await?;
             apply_manifests(&client, "reporter.yaml").await?;
             apply_manifests(&client, "scheduler.yaml").await?;
             apply_manifests(&client, "admission-policy.yaml").await?;
@@ -2100,8 +2101,8 @@ async fn apply(client: &kube::Client, discovery: &Discovery, doc: &Value) -> any
     Ok(())
 }
 
-/// RBAC for the test identities: the tenant may manage pods in `default` (as a
-/// namespace admin may), the second scheduler may bind and patch pods anywhere.
+/// RBAC for the test identities: the tenant may manage pods (and SharePods) in
+/// `default` (as a namespace admin may), the second scheduler may bind and patch pods anywhere.
 async fn apply_test_rbac(client: &kube::Client) -> anyhow::Result<()> {
     let discovery = discover(client).await?;
     let docs = [
@@ -2112,6 +2113,11 @@ async fn apply_test_rbac(client: &kube::Client) -> anyhow::Result<()> {
         json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
                "metadata": {"name": "tenant", "namespace": "default"},
                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "tenant"},
+               "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": TENANT_USER}]}),
+        // SharePods, through the chart's role that aggregates into `edit`.
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+               "metadata": {"name": "tenant-sharepods", "namespace": "default"},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "tessera-sharepods-edit"},
                "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": TENANT_USER}]}),
         json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
                "metadata": {"name": "other-scheduler"},

@@ -97,6 +97,9 @@ fn scenarios() -> Vec<(&'static str, Scenario)> {
             "kubeshare_annotation_pods_are_translated_at_admission_and_share_by_group",
             |c| Box::pin(kubeshare(c)),
         ),
+        ("kubeshare_sharepods_are_made_into_their_pods", |c| {
+            Box::pin(sharepods(c))
+        }),
         (
             "shared_containers_get_driver_memory_limits_on_their_own_cgroup",
             |c| Box::pin(enforcement::driver_memory_limits_on_the_containers_own_cgroup(c)),
@@ -1968,6 +1971,187 @@ async fn kubeshare_2_labels(cluster: &mut Cluster) -> anyhow::Result<()> {
                 "pod {name} refused with {e:#}, want {want:?}"
             ),
         }
+    }
+    Ok(())
+}
+
+/// KubeShare 1.x's SharePod, as its README's "SharePod Specification" writes one
+/// (`kubeshare.nthu/v1`, the share in `kubeshare/*` annotations; the image is the
+/// cluster's probe, as there is no registry): tessera-scheduler makes its pod,
+/// which admission gives the share's resources, kube-scheduler and Tessera place,
+/// and the GPU hook limits; the SharePod shows the pod's phase and takes it with
+/// it when deleted. What Tessera cannot honour (KubeShare's scheduling tags) and
+/// what would forge a grant (an allocation annotation) make no pod, and the
+/// SharePod says why; the scheduler's identity cannot create a pod with an
+/// allocation either.
+async fn sharepods(cluster: &mut Cluster) -> anyhow::Result<()> {
+    use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, PostParams};
+    let resource = ApiResource {
+        group: "kubeshare.nthu".into(),
+        version: "v1".into(),
+        api_version: "kubeshare.nthu/v1".into(),
+        kind: "SharePod".into(),
+        plural: "sharepods".into(),
+    };
+    let sharepods: Api<DynamicObject> =
+        Api::namespaced_with(cluster.client_as("tenant").await?, "default", &resource);
+    let sharepod = |name: &str, annotations: Value| -> anyhow::Result<DynamicObject> {
+        Ok(serde_json::from_value(json!({
+            "apiVersion": "kubeshare.nthu/v1", "kind": "SharePod",
+            "metadata": {"name": name, "annotations": annotations},
+            "spec": {"terminationGracePeriodSeconds": 0, "containers": [{"name": "cuda",
+                "image": "tessera.local/probe:1", "imagePullPolicy": "Never",
+                "resources": {"limits": {"cpu": "1", "memory": "500Mi"}}}]}
+        }))?)
+    };
+    let phase_of = |name: &'static str| {
+        let sharepods = sharepods.clone();
+        async move {
+            let object = sharepods.get(name).await?;
+            Ok::<_, anyhow::Error>((
+                object.data["status"]["phase"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+                object.data["status"]["message"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+            ))
+        }
+    };
+    sharepods
+        .create(
+            &PostParams::default(),
+            &sharepod(
+                "sharepod1",
+                json!({"kubeshare/gpu_request": "0.5", "kubeshare/gpu_limit": "1.0",
+                       "kubeshare/gpu_mem": "1073741824"}),
+            )?,
+        )
+        .await?;
+    let running = cluster.wait_running("sharepod1").await?;
+    let owner = running
+        .metadata
+        .owner_references
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .next()
+        .context("sharepod1's pod has no owner")?;
+    ensure!(
+        owner.kind == "SharePod" && owner.name == "sharepod1",
+        "sharepod1's pod is owned by {owner:?}"
+    );
+    let limits = running
+        .spec
+        .as_ref()
+        .and_then(|s| s.containers.first())
+        .and_then(|c| c.resources.as_ref())
+        .and_then(|r| r.limits.clone())
+        .unwrap_or_default();
+    ensure!(
+        limits.get("koordinator.sh/gpu-core").map(|q| q.0.as_str()) == Some("50")
+            && limits
+                .get("koordinator.sh/gpu-memory")
+                .map(|q| q.0.as_str())
+                == Some("1073741824"),
+        "sharepod1's pod has limits {limits:?}, want gpu-core 50 and gpu-memory 1073741824"
+    );
+    ensure!(
+        allocated_gpus(&running)?.len() == 1,
+        "sharepod1's pod was not given one GPU"
+    );
+    let specs = cluster.container_specs(&running)?;
+    let spec = specs.get("cuda").context("no spec")?;
+    ensure!(
+        runtime_env(spec, "CUDA_DEVICE_SM_LIMIT").as_deref() == Some("100")
+            && runtime_env(spec, "CUDA_DEVICE_MEMORY_LIMIT_0").as_deref() == Some("1024m"),
+        "sharepod1: limiter env SM {:?} memory {:?}, want the ceiling 100 and 1024m",
+        env_values(spec, "CUDA_DEVICE_SM_LIMIT"),
+        env_values(spec, "CUDA_DEVICE_MEMORY_LIMIT_0")
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (phase, _) = phase_of("sharepod1").await?;
+        if phase == "Running" {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "sharepod1 shows phase {phase:?}, not its pod's Running, after 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+
+    // Refused: no pod, and the SharePod says why.
+    for (name, annotations, want) in [
+        (
+            "sharepod-tag",
+            json!({"kubeshare/gpu_request": "0.5", "kubeshare/gpu_limit": "0.5",
+                   "kubeshare/gpu_mem": "1073741824", "kubeshare/sched_affinity": "red"}),
+            "annotation kubeshare/sched_affinity \"red\": KubeShare's scheduling tags are not Tessera's",
+        ),
+        (
+            "sharepod-forged",
+            json!({"kubeshare/gpu_request": "0.5", "kubeshare/gpu_limit": "0.5",
+                   "scheduling.koordinator.sh/device-allocated": "{\"gpu\":[{\"minor\":0,\"resources\":{\"koordinator.sh/gpu-core\":100}}]}"}),
+            "annotation scheduling.koordinator.sh/device-allocated: only the scheduler writes it",
+        ),
+    ] {
+        sharepods
+            .create(&PostParams::default(), &sharepod(name, annotations)?)
+            .await?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let (phase, message) = phase_of(name).await?;
+            if phase == "Failed" {
+                ensure!(
+                    message.contains(want),
+                    "{name}: Failed with {message:?}, want {want:?}"
+                );
+                break;
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "{name}: phase {phase:?} after 30 s, want Failed saying {want:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        let pods: Api<Pod> = Api::namespaced(cluster.client().await?, "default");
+        ensure!(
+            pods.get_opt(name).await?.is_none(),
+            "{name}: a pod was made from a refused SharePod"
+        );
+        sharepods.delete(name, &DeleteParams::default()).await?;
+    }
+    // The scheduler's identity makes pods only without an allocation.
+    let mut forged = pod("forged-by-scheduler", &[("main", json!({}))], &[]);
+    forged["metadata"]["annotations"] = json!({"scheduling.koordinator.sh/device-allocated":
+        "{\"gpu\":[{\"minor\":0,\"resources\":{\"koordinator.sh/gpu-core\":100}}]}"});
+    match cluster.create_pod("extender", &forged).await {
+        Ok(_) => {
+            cluster.delete_pod("forged-by-scheduler").await?;
+            bail!("tessera-scheduler's identity created a pod carrying an allocation");
+        }
+        Err(e) => ensure!(
+            format!("{e:#}").contains("only tessera-scheduler may set or change the annotation"),
+            "the scheduler's forged pod was refused with {e:#}"
+        ),
+    }
+
+    // Deleted, the SharePod takes its pod with it (the garbage collector).
+    sharepods
+        .delete("sharepod1", &DeleteParams::default())
+        .await?;
+    let pods: Api<Pod> = Api::namespaced(cluster.client().await?, "default");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while pods.get_opt("sharepod1").await?.is_some() {
+        ensure!(
+            Instant::now() < deadline,
+            "sharepod1's pod outlived its SharePod by 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
     }
     Ok(())
 }

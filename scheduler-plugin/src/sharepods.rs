@@ -1,0 +1,196 @@
+//! KubeShare's SharePods served: each SharePod (`kubeshare.nthu/v1`) gets its
+//! pod ([`tessera_api::sharepod::pod_for`]), owned by it (deleted with it), and
+//! the pod's phase and status are copied to the SharePod's status, as KubeShare's
+//! device manager did. A SharePod that makes no pod gets `status.phase: Failed`
+//! and the reason in `status.message`.
+//!
+//! Only the leading replica acts. Events come from two watches: the SharePods,
+//! and the pods made from them (labelled [`tessera_api::sharepod::POD_LABEL`]).
+//! Where the SharePod CRD is not installed the watch fails, is logged once, and
+//! is retried with backoff, so installing it later needs no restart.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
+use kube::runtime::watcher;
+use kube::{Client, ResourceExt};
+use serde_json::{Value, json};
+use tessera_api::sharepod::{GROUP, KIND, PLURAL, POD_LABEL, VERSION, pod_for};
+
+use crate::leader::Leader;
+
+/// The SharePod resource, for dynamic clients.
+pub fn resource() -> ApiResource {
+    ApiResource {
+        group: GROUP.into(),
+        version: VERSION.into(),
+        api_version: format!("{GROUP}/{VERSION}"),
+        kind: KIND.into(),
+        plural: PLURAL.into(),
+    }
+}
+
+/// The status a SharePod should show: its pod's phase and status, or why it
+/// has none.
+pub fn status_of(pod: Result<&Pod, &str>) -> Value {
+    match pod {
+        Ok(pod) => {
+            let status = pod.status.clone().unwrap_or_default();
+            json!({
+                "phase": status.phase.clone().unwrap_or_else(|| "Pending".into()),
+                "podName": pod.name_any(),
+                "podStatus": status,
+            })
+        }
+        Err(message) => json!({"phase": "Failed", "message": message}),
+    }
+}
+
+/// Makes and follows SharePods' pods until the process ends.
+pub async fn run(client: Client, leader: Arc<Leader>) {
+    let sharepods: Api<DynamicObject> = Api::all_with(client.clone(), &resource());
+    let pods: Api<Pod> = Api::all(client.clone());
+    let mut backoff = Duration::from_secs(1);
+    let mut said = false;
+    loop {
+        let mut shares = std::pin::pin!(watcher(sharepods.clone(), watcher::Config::default()));
+        let mut made = std::pin::pin!(watcher(
+            pods.clone(),
+            watcher::Config::default().labels(POD_LABEL)
+        ));
+        loop {
+            let sharepod = tokio::select! {
+                event = shares.next() => match event {
+                    Some(Ok(watcher::Event::Apply(object) | watcher::Event::InitApply(object))) => Some(object),
+                    Some(Ok(_)) => None,
+                    Some(Err(error)) => {
+                        if !said {
+                            tracing::info!(%error, "SharePods not served (is the kubeshare.nthu SharePod CRD installed?); retrying");
+                            said = true;
+                        }
+                        break;
+                    }
+                    None => break,
+                },
+                event = made.next() => match event {
+                    Some(Ok(watcher::Event::Apply(pod))) => owner_of(&client, &pod).await,
+                    Some(Ok(_)) => None,
+                    Some(Err(_)) | None => break,
+                },
+            };
+            backoff = Duration::from_secs(1);
+            let Some(sharepod) = sharepod else { continue };
+            if !leader.leading() {
+                continue;
+            }
+            if let Err(error) = reconcile(&client, &sharepod).await {
+                tracing::warn!(sharepod = %format!("{}/{}", sharepod.namespace().unwrap_or_default(), sharepod.name_any()), %error, "SharePod not reconciled; next event retries");
+            }
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(300));
+    }
+}
+
+/// The SharePod that made `pod`.
+async fn owner_of(client: &Client, pod: &Pod) -> Option<DynamicObject> {
+    let name = pod.labels().get(POD_LABEL)?;
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), &pod.namespace()?, &resource());
+    api.get_opt(name).await.ok().flatten()
+}
+
+/// Makes the SharePod's pod if it has none, and shows the pod's status (or why
+/// there is none) on the SharePod.
+async fn reconcile(client: &Client, sharepod: &DynamicObject) -> Result<(), kube::Error> {
+    if sharepod.metadata.deletion_timestamp.is_some() {
+        return Ok(());
+    }
+    let namespace = sharepod.namespace().unwrap_or_default();
+    let name = sharepod.name_any();
+    let uid = sharepod.uid().unwrap_or_default();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
+    let object = serde_json::to_value(sharepod).unwrap_or_default();
+    let status = match pod_for(&object) {
+        Err(refused) => status_of(Err(&refused.problem)),
+        Ok(pod) => {
+            let existing = match pods.get_opt(&name).await? {
+                Some(existing) => existing,
+                None => match pods.create(&PostParams::default(), &pod).await {
+                    Ok(created) => {
+                        tracing::info!(pod = %format!("{namespace}/{name}"), "pod made from its SharePod");
+                        created
+                    }
+                    // Admission refused it (a bad share, a policy): the SharePod says why.
+                    Err(kube::Error::Api(refusal)) if refusal.code != 409 => {
+                        let why = format!("its pod was refused: {}", refusal.message);
+                        patch_status(client, sharepod, status_of(Err(&why))).await?;
+                        return Ok(());
+                    }
+                    Err(error) => return Err(error),
+                },
+            };
+            let owned = existing
+                .owner_references()
+                .iter()
+                .any(|owner| owner.uid == uid);
+            if owned {
+                status_of(Ok(&existing))
+            } else {
+                status_of(Err(&format!(
+                    "a pod named {name} exists in {namespace} and is not this SharePod's"
+                )))
+            }
+        }
+    };
+    if sharepod.data.get("status") != Some(&status) {
+        patch_status(client, sharepod, status).await?;
+    }
+    Ok(())
+}
+
+async fn patch_status(
+    client: &Client,
+    sharepod: &DynamicObject,
+    status: Value,
+) -> Result<(), kube::Error> {
+    let api: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        &sharepod.namespace().unwrap_or_default(),
+        &resource(),
+    );
+    api.patch_status(
+        &sharepod.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": status})),
+    )
+    .await
+    .map(drop)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_status_is_the_pods_or_why_there_is_none() {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p"},
+            "status": {"phase": "Running", "podIP": "10.0.0.1"}
+        }))
+        .expect("pod");
+        let status = status_of(Ok(&pod));
+        assert_eq!(status["phase"], "Running");
+        assert_eq!(status["podName"], "p");
+        assert_eq!(status["podStatus"]["podIP"], "10.0.0.1");
+        let failed = status_of(Err("no"));
+        assert_eq!(
+            (failed["phase"].as_str(), failed["message"].as_str()),
+            (Some("Failed"), Some("no"))
+        );
+        assert_eq!(resource().api_version, "kubeshare.nthu/v1");
+    }
+}
