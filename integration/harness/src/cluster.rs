@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail};
+use anyhow::{Context, bail, ensure};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
 use kube::api::{DynamicObject, Patch, PatchParams};
@@ -1596,6 +1596,59 @@ impl Cluster {
                 )
             })
             .collect())
+    }
+
+    /// Waits (`timeout`) until the events about pod `namespace/name` hold one
+    /// containing each of `wants`; returns them.
+    pub async fn wait_events_in(
+        &self,
+        namespace: &str,
+        name: &str,
+        wants: &[&str],
+        timeout: Duration,
+    ) -> anyhow::Result<Vec<String>> {
+        let started = Instant::now();
+        loop {
+            let events = self.events_in(namespace, name).await?;
+            if wants
+                .iter()
+                .all(|want| events.iter().any(|e| e.contains(want)))
+            {
+                return Ok(events);
+            }
+            if started.elapsed() > timeout {
+                bail!(
+                    "pod {namespace}/{name}: no events saying {wants:?} after {timeout:?}: {events:?}"
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    /// Creating `spec` in `namespace` as `identity` is refused with a message
+    /// containing each of `wants`; a pod created anyway is deleted and fails.
+    pub async fn expect_refused(
+        &mut self,
+        identity: &str,
+        namespace: &str,
+        spec: &Value,
+        wants: &[&str],
+    ) -> anyhow::Result<()> {
+        let name = spec["metadata"]["name"].as_str().unwrap_or_default();
+        match self.create_pod_in(identity, namespace, spec).await {
+            Ok(_) => {
+                self.delete_pod_in(namespace, name).await?;
+                bail!("pod {namespace}/{name} was created; want a refusal saying {wants:?}");
+            }
+            Err(error) => {
+                let text = format!("{error:#}");
+                ensure!(
+                    wants.iter().all(|want| text.contains(want)),
+                    "pod {namespace}/{name}: refused with {text:?}, want {wants:?}"
+                );
+                Ok(())
+            }
+        }
     }
 
     /// The OCI specs of a running pod's containers, by container name.

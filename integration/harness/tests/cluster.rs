@@ -1833,22 +1833,9 @@ async fn kubeshare(cluster: &mut Cluster) -> anyhow::Result<()> {
             "annotation lsalab.nthu/gpu_request \"0.001\": a fraction of one GPU, at least 0.005",
         ),
     ] {
-        match cluster
-            .create_pod("tenant", &share(name, annotations))
-            .await
-        {
-            Ok(_) => {
-                cluster.delete_pod(name).await?;
-                bail!("pod {name} was created; want a refusal saying {want:?}");
-            }
-            Err(e) => {
-                let text = format!("{e:#}");
-                ensure!(
-                    text.contains(want),
-                    "pod {name} refused with {text:?}, want {want:?}"
-                );
-            }
-        }
+        cluster
+            .expect_refused("tenant", "default", &share(name, annotations), &[want])
+            .await?;
     }
     let mut both = share("ks-both", json!({"lsalab.nthu/gpu_request": "0.5"}));
     both["spec"]["containers"][0]["resources"] =
@@ -1908,20 +1895,11 @@ async fn kubeshare_2_labels(cluster: &mut Cluster) -> anyhow::Result<()> {
             ),
         )
         .await?;
-    let deadline = Instant::now() + Duration::from_secs(30);
     let want =
         r#"lsalab.nthu/gpu_model="NVIDIA-GeForce-GTX-1080" rules out every GPU of every node"#;
-    loop {
-        let events = cluster.events_of("ks2-readme").await?;
-        if events.iter().any(|e| e.contains(want)) {
-            break;
-        }
-        ensure!(
-            Instant::now() < deadline,
-            "ks2-readme: no FailedScheduling saying the model is nowhere within 30 s: {events:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    cluster
+        .wait_events_in("default", "ks2-readme", &[want], Duration::from_secs(30))
+        .await?;
     cluster.delete_pod("ks2-readme").await?;
     // The same on this cluster's model, with a priority and a group that needs no
     // two pods at once (its README Job's 5 × 0.2).
@@ -1961,16 +1939,9 @@ async fn kubeshare_2_labels(cluster: &mut Cluster) -> anyhow::Result<()> {
             "KubeShare 2.0 coscheduling, which Tessera does not do: 3 pods would have to start together",
         ),
     ] {
-        match cluster.create_pod("tenant", &readme(name, labels)).await {
-            Ok(_) => {
-                cluster.delete_pod(name).await?;
-                bail!("pod {name} was created; want a refusal saying {want:?}");
-            }
-            Err(e) => ensure!(
-                format!("{e:#}").contains(want),
-                "pod {name} refused with {e:#}, want {want:?}"
-            ),
-        }
+        cluster
+            .expect_refused("tenant", "default", &readme(name, labels), &[want])
+            .await?;
     }
     Ok(())
 }
@@ -2129,16 +2100,14 @@ async fn sharepods(cluster: &mut Cluster) -> anyhow::Result<()> {
     let mut forged = pod("forged-by-scheduler", &[("main", json!({}))], &[]);
     forged["metadata"]["annotations"] = json!({"scheduling.koordinator.sh/device-allocated":
         "{\"gpu\":[{\"minor\":0,\"resources\":{\"koordinator.sh/gpu-core\":100}}]}"});
-    match cluster.create_pod("extender", &forged).await {
-        Ok(_) => {
-            cluster.delete_pod("forged-by-scheduler").await?;
-            bail!("tessera-scheduler's identity created a pod carrying an allocation");
-        }
-        Err(e) => ensure!(
-            format!("{e:#}").contains("only tessera-scheduler may set or change the annotation"),
-            "the scheduler's forged pod was refused with {e:#}"
-        ),
-    }
+    cluster
+        .expect_refused(
+            "extender",
+            "default",
+            &forged,
+            &["only tessera-scheduler may set or change the annotation"],
+        )
+        .await?;
 
     // Deleted, the SharePod takes its pod with it (the garbage collector).
     sharepods

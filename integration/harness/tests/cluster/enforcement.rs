@@ -977,19 +977,14 @@ pub async fn gpu_memory_use_is_reported_against_each_grant(
         })
         .await?;
         // Told on the pod.
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        let events = loop {
-            let events = cluster.events_of("gpu-memory").await?;
-            let told = |reason: &str| events.iter().any(|e| e.starts_with(reason));
-            if told("GpuMemoryAtLimit") && told("GpuUsedWithoutGrant") {
-                break events;
-            }
-            ensure!(
-                std::time::Instant::now() < deadline,
-                "gpu-memory: no Events at the limit and for the ungranted GPU within 30 s: {events:?}"
-            );
-            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-        };
+        let events = cluster
+            .wait_events_in(
+                "default",
+                "gpu-memory",
+                &["GpuMemoryAtLimit", "GpuUsedWithoutGrant"],
+                std::time::Duration::from_secs(30),
+            )
+            .await?;
         ensure!(
             events.iter().any(|e| e.contains("container main uses 19.4 GiB of its 20.0 GiB limit")),
             "gpu-memory: the limit Event does not say the use and the limit: {events:?}"

@@ -447,21 +447,9 @@ async fn refused_at_creation(
     policy: &str,
     want: &str,
 ) -> anyhow::Result<()> {
-    let name = spec["metadata"]["name"].as_str().unwrap_or_default();
-    match cluster.create_pod_in("admin", namespace, spec).await {
-        Ok(_) => {
-            cluster.delete_pod_in(namespace, name).await?;
-            anyhow::bail!("pod {name} was created: {spec}");
-        }
-        Err(error) => {
-            let text = format!("{error:#}");
-            ensure!(
-                text.contains(policy) && text.contains(want),
-                "pod {name}: refused, but not by {policy} with {want:?}: {text}"
-            );
-            Ok(())
-        }
-    }
+    cluster
+        .expect_refused("admin", namespace, spec, &[policy, want])
+        .await
 }
 
 /// A namespace's sharing groups hold at most their allowance of GPUs (this
@@ -507,19 +495,10 @@ pub async fn sharing_groups_hold_no_more_gpus_than_their_namespaces_allowance(
     cluster
         .create_pod_in("admin", NAMESPACE, &member("g3"))
         .await?;
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
     let want = "sharing group \"groups/g3\" is new, and the sharing groups of namespace \"groups\" already hold 2 GPUs";
-    loop {
-        let events = cluster.events_in(NAMESPACE, "g3").await?;
-        if events.iter().any(|e| e.contains(want)) {
-            break;
-        }
-        ensure!(
-            std::time::Instant::now() < deadline,
-            "g3: no FailedScheduling naming the allowance within 30 s: {events:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    cluster
+        .wait_events_in(NAMESPACE, "g3", &[want], Duration::from_secs(30))
+        .await?;
     let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
         kube::Api::namespaced(cluster.client().await?, NAMESPACE);
     let g3 = pods.get("g3").await?;
