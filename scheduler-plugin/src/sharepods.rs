@@ -5,7 +5,9 @@
 //! and the reason in `status.message`.
 //!
 //! Only the leading replica acts. Events come from two watches: the SharePods,
-//! and the pods made from them (labelled [`tessera_api::sharepod::POD_LABEL`]).
+//! and the pods made from them (labelled [`tessera_api::sharepod::POD_LABEL`]);
+//! every [`RESYNC`] each known SharePod is looked at again (a pod made by
+//! KubeShare, unlabelled, deleted during a switch: its SharePod gets a new one).
 //! Where the SharePod CRD is not installed the watch fails, is logged once, and
 //! is retried with backoff, so installing it later needs no restart.
 
@@ -15,12 +17,15 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use tessera_api::sharepod::{GROUP, KIND, PLURAL, POD_LABEL, VERSION, pod_for};
 
 use crate::leader::Leader;
+
+/// How often every known SharePod is looked at again.
+pub const RESYNC: Duration = Duration::from_secs(60);
 
 /// The SharePod resource, for dynamic clients.
 pub fn resource() -> ApiResource {
@@ -55,17 +60,25 @@ pub async fn run(client: Client, leader: Arc<Leader>) {
     let pods: Api<Pod> = Api::all(client.clone());
     let mut backoff = Duration::from_secs(1);
     let mut said = false;
+    let mut resync = tokio::time::interval(RESYNC);
     loop {
-        let mut shares = std::pin::pin!(watcher(sharepods.clone(), watcher::Config::default()));
+        let writer = reflector::store::Writer::new(resource());
+        let known = writer.as_reader();
+        let mut shares =
+            std::pin::pin!(watcher(sharepods.clone(), watcher::Config::default()).reflect(writer));
         let mut made = std::pin::pin!(watcher(
             pods.clone(),
             watcher::Config::default().labels(POD_LABEL)
         ));
         loop {
-            let sharepod = tokio::select! {
+            let mut due: Vec<DynamicObject> = Vec::new();
+            tokio::select! {
+                _ = resync.tick() => {
+                    due.extend(known.state().iter().map(|s| (**s).clone()));
+                }
                 event = shares.next() => match event {
-                    Some(Ok(watcher::Event::Apply(object) | watcher::Event::InitApply(object))) => Some(object),
-                    Some(Ok(_)) => None,
+                    Some(Ok(watcher::Event::Apply(object) | watcher::Event::InitApply(object))) => due.push(object),
+                    Some(Ok(_)) => {}
                     Some(Err(error)) => {
                         if !said {
                             tracing::info!(%error, "SharePods not served (is the kubeshare.nthu SharePod CRD installed?); retrying");
@@ -76,18 +89,22 @@ pub async fn run(client: Client, leader: Arc<Leader>) {
                     None => break,
                 },
                 event = made.next() => match event {
-                    Some(Ok(watcher::Event::Apply(pod))) => owner_of(&client, &pod).await,
-                    Some(Ok(_)) => None,
+                    // A made pod changed or went: its SharePod shows it (or makes another).
+                    Some(Ok(watcher::Event::Apply(pod) | watcher::Event::Delete(pod))) => {
+                        due.extend(owner_of(&client, &pod).await);
+                    }
+                    Some(Ok(_)) => {}
                     Some(Err(_)) | None => break,
                 },
-            };
+            }
             backoff = Duration::from_secs(1);
-            let Some(sharepod) = sharepod else { continue };
             if !leader.leading() {
                 continue;
             }
-            if let Err(error) = reconcile(&client, &sharepod).await {
-                tracing::warn!(sharepod = %format!("{}/{}", sharepod.namespace().unwrap_or_default(), sharepod.name_any()), %error, "SharePod not reconciled; next event retries");
+            for sharepod in due {
+                if let Err(error) = reconcile(&client, &sharepod).await {
+                    tracing::warn!(sharepod = %format!("{}/{}", sharepod.namespace().unwrap_or_default(), sharepod.name_any()), %error, "SharePod not reconciled; retried at the next event or resync");
+                }
             }
         }
         tokio::time::sleep(backoff).await;
