@@ -399,6 +399,12 @@ step_torch_c() { # c: tenant 1 holds 10 GiB (in the background) while tenant 2 a
   crictl_ exec -s --timeout 90 "$(cid_of t1)" "$PY_EXE" /torchcheck.py c-hold hold 85 > "$W/res/exec-c-hold.txt" 2>&1 &
   local holder=$! i
   for i in $(seq 120); do grep -qE '"phase": "(holding|done)"' "$W/res/ctr/c-hold.json" 2>/dev/null && break; sleep 0.5; done
+  # The proxy's report of each container's GPU memory while t1 holds 10 GiB (it reads
+  # the driver every 2 s): the driver's count against the bytes held (the CUDA
+  # context's margin), and MPS clients' memory as NVML gives it.
+  sleep 3
+  cp "$W/enforce/gpu-memory.json" "$OUT/gpu-memory-c.json" 2>/dev/null \
+    || echo "no $W/enforce/gpu-memory.json" > "$OUT/gpu-memory-c.json"
   texec t2 60 c alloc
   touch "$W/res/ctr/c-hold.release"; wait "$holder"; echo "c-hold: rc=$?"; tail -2 "$W/res/exec-c-hold.txt"
 }
