@@ -16,11 +16,11 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
+use kube::api::{Api, ApiResource, DynamicObject, PostParams};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
-use tessera_api::sharepod::{GROUP, KIND, PLURAL, POD_LABEL, VERSION, pod_for};
+use tessera_api::sharepod::{GROUP, KIND, PLURAL, POD_LABEL, VERSION, owner_name, pod_for};
 
 use crate::leader::Leader;
 
@@ -54,6 +54,9 @@ pub fn status_of(pod: Result<&Pod, &str>) -> Value {
     }
 }
 
+/// A SharePod to look at: its namespace and name.
+type Due = (String, String);
+
 /// Makes and follows SharePods' pods until the process ends.
 pub async fn run(client: Client, leader: Arc<Leader>) {
     let sharepods: Api<DynamicObject> = Api::all_with(client.clone(), &resource());
@@ -61,23 +64,37 @@ pub async fn run(client: Client, leader: Arc<Leader>) {
     let mut backoff = Duration::from_secs(1);
     let mut said = false;
     let mut resync = tokio::time::interval(RESYNC);
+    // A pass longer than the period starts the next one a period after it ends.
+    resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
+        // Names only: a SharePod's spec (up to the API server's object size) is read
+        // when it is looked at, never kept.
         let writer = reflector::store::Writer::new(resource());
         let known = writer.as_reader();
-        let mut shares =
-            std::pin::pin!(watcher(sharepods.clone(), watcher::Config::default()).reflect(writer));
+        let mut shares = std::pin::pin!(
+            watcher(sharepods.clone(), watcher::Config::default())
+                .modify(|object: &mut DynamicObject| {
+                    object.data = Value::Null;
+                    object.metadata.managed_fields = None;
+                    object.metadata.annotations = None;
+                    object.metadata.labels = None;
+                })
+                .reflect(writer)
+        );
         let mut made = std::pin::pin!(watcher(
             pods.clone(),
             watcher::Config::default().labels(POD_LABEL)
         ));
         loop {
-            let mut due: Vec<DynamicObject> = Vec::new();
+            let mut due: Vec<Due> = Vec::new();
             tokio::select! {
                 _ = resync.tick() => {
-                    due.extend(known.state().iter().map(|s| (**s).clone()));
+                    due.extend(known.state().iter().filter_map(|s| Some((s.namespace()?, s.name_any()))));
                 }
                 event = shares.next() => match event {
-                    Some(Ok(watcher::Event::Apply(object) | watcher::Event::InitApply(object))) => due.push(object),
+                    Some(Ok(watcher::Event::Apply(object) | watcher::Event::InitApply(object))) => {
+                        due.extend(object.namespace().map(|ns| (ns, object.name_any())));
+                    }
                     Some(Ok(_)) => {}
                     Some(Err(error)) => {
                         if !said {
@@ -91,7 +108,8 @@ pub async fn run(client: Client, leader: Arc<Leader>) {
                 event = made.next() => match event {
                     // A made pod changed or went: its SharePod shows it (or makes another).
                     Some(Ok(watcher::Event::Apply(pod) | watcher::Event::Delete(pod))) => {
-                        due.extend(owner_of(&client, &pod).await);
+                        let owner = owner_name(pod.owner_references()).map(str::to_owned);
+                        due.extend(pod.namespace().zip(owner));
                     }
                     Some(Ok(_)) => {}
                     Some(Err(_)) | None => break,
@@ -101,9 +119,9 @@ pub async fn run(client: Client, leader: Arc<Leader>) {
             if !leader.leading() {
                 continue;
             }
-            for sharepod in due {
-                if let Err(error) = reconcile(&client, &sharepod).await {
-                    tracing::warn!(sharepod = %format!("{}/{}", sharepod.namespace().unwrap_or_default(), sharepod.name_any()), %error, "SharePod not reconciled; retried at the next event or resync");
+            for (namespace, name) in due {
+                if let Err(error) = reconcile(&client, &namespace, &name).await {
+                    tracing::warn!(sharepod = %format!("{namespace}/{name}"), %error, "SharePod not reconciled; retried at the next event or resync");
                 }
             }
         }
@@ -112,80 +130,69 @@ pub async fn run(client: Client, leader: Arc<Leader>) {
     }
 }
 
-/// The SharePod that made `pod`.
-async fn owner_of(client: &Client, pod: &Pod) -> Option<DynamicObject> {
-    let name = pod.labels().get(POD_LABEL)?;
-    let api: Api<DynamicObject> =
-        Api::namespaced_with(client.clone(), &pod.namespace()?, &resource());
-    api.get_opt(name).await.ok().flatten()
-}
-
 /// Makes the SharePod's pod if it has none, and shows the pod's status (or why
 /// there is none) on the SharePod.
-async fn reconcile(client: &Client, sharepod: &DynamicObject) -> Result<(), kube::Error> {
+async fn reconcile(client: &Client, namespace: &str, name: &str) -> Result<(), kube::Error> {
+    let sharepods: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), namespace, &resource());
+    let Some(mut sharepod) = sharepods.get_opt(name).await? else {
+        return Ok(());
+    };
     if sharepod.metadata.deletion_timestamp.is_some() {
         return Ok(());
     }
-    let namespace = sharepod.namespace().unwrap_or_default();
-    let name = sharepod.name_any();
     let uid = sharepod.uid().unwrap_or_default();
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
-    let object = serde_json::to_value(sharepod).unwrap_or_default();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let object = serde_json::to_value(&sharepod).unwrap_or_default();
     let status = match pod_for(&object) {
         Err(refused) => status_of(Err(&refused.problem)),
-        Ok(pod) => {
-            let existing = match pods.get_opt(&name).await? {
-                Some(existing) => existing,
-                None => match pods.create(&PostParams::default(), &pod).await {
-                    Ok(created) => {
+        Ok(pod) => match pods.get_opt(name).await? {
+            Some(existing) => {
+                if owner_name(existing.owner_references()).is_some()
+                    && existing.owner_references().iter().any(|o| o.uid == uid)
+                {
+                    status_of(Ok(&existing))
+                } else {
+                    status_of(Err(&format!(
+                        "a pod named {name} exists in {namespace} and is not this SharePod's"
+                    )))
+                }
+            }
+            None => {
+                // As JSON: the spec as written reaches the API server.
+                let dynamic: Api<DynamicObject> = Api::namespaced_with(
+                    client.clone(),
+                    namespace,
+                    &ApiResource::erase::<Pod>(&()),
+                );
+                let pod: DynamicObject =
+                    serde_json::from_value(pod).map_err(kube::Error::SerdeError)?;
+                match dynamic.create(&PostParams::default(), &pod).await {
+                    Ok(_) => {
                         tracing::info!(pod = %format!("{namespace}/{name}"), "pod made from its SharePod");
-                        created
+                        match pods.get_opt(name).await? {
+                            Some(created) => status_of(Ok(&created)),
+                            None => return Ok(()),
+                        }
                     }
                     // Admission refused it (a bad share, a policy): the SharePod says why.
                     Err(kube::Error::Api(refusal)) if refusal.code != 409 => {
-                        let why = format!("its pod was refused: {}", refusal.message);
-                        patch_status(client, sharepod, status_of(Err(&why))).await?;
-                        return Ok(());
+                        status_of(Err(&format!("its pod was refused: {}", refusal.message)))
                     }
                     Err(error) => return Err(error),
-                },
-            };
-            let owned = existing
-                .owner_references()
-                .iter()
-                .any(|owner| owner.uid == uid);
-            if owned {
-                status_of(Ok(&existing))
-            } else {
-                status_of(Err(&format!(
-                    "a pod named {name} exists in {namespace} and is not this SharePod's"
-                )))
+                }
             }
-        }
+        },
     };
-    if sharepod.data.get("status") != Some(&status) {
-        patch_status(client, sharepod, status).await?;
+    if sharepod.data.get("status") == Some(&status) {
+        return Ok(());
     }
-    Ok(())
-}
-
-async fn patch_status(
-    client: &Client,
-    sharepod: &DynamicObject,
-    status: Value,
-) -> Result<(), kube::Error> {
-    let api: Api<DynamicObject> = Api::namespaced_with(
-        client.clone(),
-        &sharepod.namespace().unwrap_or_default(),
-        &resource(),
-    );
-    api.patch_status(
-        &sharepod.name_any(),
-        &PatchParams::default(),
-        &Patch::Merge(json!({"status": status})),
-    )
-    .await
-    .map(drop)
+    // The whole status, replaced (a merge would keep keys of the last one).
+    sharepod.data["status"] = status;
+    sharepods
+        .replace_status(name, &PostParams::default(), &sharepod)
+        .await
+        .map(drop)
 }
 
 #[cfg(test)]

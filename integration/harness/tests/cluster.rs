@@ -2096,8 +2096,21 @@ async fn sharepods(cluster: &mut Cluster) -> anyhow::Result<()> {
         );
         sharepods.delete(name, &DeleteParams::default()).await?;
     }
-    // The scheduler's identity makes pods only without an allocation.
-    let mut forged = pod("forged-by-scheduler", &[("main", json!({}))], &[]);
+    // The scheduler's identity makes pods only from SharePods, and never with an
+    // allocation.
+    cluster
+        .expect_refused(
+            "extender",
+            "default",
+            &pod("made-by-scheduler", &[("main", json!({}))], &[]),
+            &["tessera-scheduler makes pods only from SharePods"],
+        )
+        .await?;
+    let mut forged = pod("sharepod1-forged", &[("main", json!({}))], &[]);
+    forged["metadata"]["labels"] = json!({"tessera.io/sharepod": "true"});
+    forged["metadata"]["ownerReferences"] = json!([{"apiVersion": "kubeshare.nthu/v1",
+        "kind": "SharePod", "name": "sharepod1-forged", "uid": "00000000-0000-0000-0000-000000000001",
+        "controller": true}]);
     forged["metadata"]["annotations"] = json!({"scheduling.koordinator.sh/device-allocated":
         "{\"gpu\":[{\"minor\":0,\"resources\":{\"koordinator.sh/gpu-core\":100}}]}"});
     cluster
@@ -2106,6 +2119,14 @@ async fn sharepods(cluster: &mut Cluster) -> anyhow::Result<()> {
             "default",
             &forged,
             &["only tessera-scheduler may set or change the annotation"],
+        )
+        .await?;
+    cluster
+        .expect_refused(
+            "extender",
+            "kube-system",
+            &pod("sharepod1-forged", &[("main", json!({}))], &[]),
+            &["tessera-scheduler makes"],
         )
         .await?;
 
