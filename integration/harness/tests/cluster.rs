@@ -2001,6 +2001,16 @@ async fn sharepods(cluster: &mut Cluster) -> anyhow::Result<()> {
             )?,
         )
         .await?;
+    // Made by tessera-scheduler from the SharePod's watch event: not there at once.
+    let pods: Api<Pod> = Api::namespaced(cluster.client().await?, "default");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while pods.get_opt("sharepod1").await?.is_none() {
+        ensure!(
+            Instant::now() < deadline,
+            "no pod made from SharePod sharepod1 within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
     let running = cluster.wait_running("sharepod1").await?;
     let owner = running
         .metadata
@@ -2050,7 +2060,13 @@ async fn sharepods(cluster: &mut Cluster) -> anyhow::Result<()> {
         }
         ensure!(
             Instant::now() < deadline,
-            "sharepod1 shows phase {phase:?}, not its pod's Running, after 30 s"
+            "sharepod1 shows phase {phase:?}, not its pod's Running, after 30 s; tessera-scheduler says: {}",
+            cluster
+                .log(tessera_harness::cluster::Component::Extender)
+                .lines()
+                .filter(|l| l.contains("SharePod") || l.contains("sharepod"))
+                .collect::<Vec<_>>()
+                .join(" | ")
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
