@@ -41,3 +41,26 @@ pub fn init_tracing() {
         .with_test_writer()
         .try_init();
 }
+
+/// Polls `check` every 250 ms until it says yes, or fails naming `what` after
+/// `timeout`: for a state the cluster reaches on its own time (a controller's
+/// pod made, the garbage collector's delete).
+pub async fn until<F, Fut>(
+    what: &str,
+    timeout: std::time::Duration,
+    mut check: F,
+) -> anyhow::Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<bool>>,
+{
+    let started = std::time::Instant::now();
+    while !check().await? {
+        anyhow::ensure!(
+            started.elapsed() < timeout,
+            "{what}: not within {timeout:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+    Ok(())
+}

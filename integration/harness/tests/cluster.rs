@@ -2003,14 +2003,19 @@ async fn sharepods(cluster: &mut Cluster) -> anyhow::Result<()> {
         .await?;
     // Made by tessera-scheduler from the SharePod's watch event: not there at once.
     let pods: Api<Pod> = Api::namespaced(cluster.client().await?, "default");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while pods.get_opt("sharepod1").await?.is_none() {
-        ensure!(
-            Instant::now() < deadline,
-            "no pod made from SharePod sharepod1 within 30 s"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    let exists = |name: &'static str| {
+        let pods = pods.clone();
+        move || {
+            let pods = pods.clone();
+            async move { Ok(pods.get_opt(name).await?.is_some()) }
+        }
+    };
+    tessera_harness::until(
+        "a pod made from SharePod sharepod1",
+        Duration::from_secs(30),
+        exists("sharepod1"),
+    )
+    .await?;
     let running = cluster.wait_running("sharepod1").await?;
     let owner = running
         .metadata
@@ -2150,16 +2155,16 @@ async fn sharepods(cluster: &mut Cluster) -> anyhow::Result<()> {
     sharepods
         .delete("sharepod1", &DeleteParams::default())
         .await?;
-    let pods: Api<Pod> = Api::namespaced(cluster.client().await?, "default");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while pods.get_opt("sharepod1").await?.is_some() {
-        ensure!(
-            Instant::now() < deadline,
-            "sharepod1's pod outlived its SharePod by 60 s"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    Ok(())
+    let gone = exists("sharepod1");
+    tessera_harness::until(
+        "sharepod1's pod deleted with its SharePod",
+        Duration::from_secs(60),
+        move || {
+            let exists = gone();
+            async move { Ok(!exists.await?) }
+        },
+    )
+    .await
 }
 
 fn restart_count(pod: &Pod) -> i32 {
