@@ -1895,10 +1895,15 @@ async fn kubeshare_2_labels(cluster: &mut Cluster) -> anyhow::Result<()> {
             ),
         )
         .await?;
-    let want =
+    let want_model =
         r#"lsalab.nthu/gpu_model="NVIDIA-GeForce-GTX-1080" rules out every GPU of every node"#;
     cluster
-        .wait_events_in("default", "ks2-readme", &[want], Duration::from_secs(30))
+        .wait_events_in(
+            "default",
+            "ks2-readme",
+            &[want_model],
+            Duration::from_secs(30),
+        )
         .await?;
     cluster.delete_pod("ks2-readme").await?;
     // The same on this cluster's model, with a priority and a group that needs no
@@ -1943,6 +1948,46 @@ async fn kubeshare_2_labels(cluster: &mut Cluster) -> anyhow::Result<()> {
             .expect_refused("tenant", "default", &readme(name, labels), &[want])
             .await?;
     }
+    // The labels count on a pod that asks with GPU resources of its own too.
+    let own = |name: &str, labels: Value| {
+        let mut spec = pod(
+            name,
+            &[("pytorch", json!({"koordinator.sh/gpu": "25"}))],
+            &[],
+        );
+        spec["metadata"]["labels"] = labels;
+        spec
+    };
+    cluster
+        .expect_refused(
+            "tenant",
+            "default",
+            &own(
+                "ks2-own-gang",
+                json!({"sharedgpu/group_name": "c", "sharedgpu/group_headcount": "4",
+                       "sharedgpu/group_threshold": "1"}),
+            ),
+            &["4 pods would have to start together"],
+        )
+        .await?;
+    cluster
+        .create_pod(
+            "tenant",
+            &own(
+                "ks2-own-model",
+                json!({"sharedgpu/gpu_model": "NVIDIA-GeForce-GTX-1080"}),
+            ),
+        )
+        .await?;
+    cluster
+        .wait_events_in(
+            "default",
+            "ks2-own-model",
+            &[want_model],
+            Duration::from_secs(30),
+        )
+        .await?;
+    cluster.delete_pod("ks2-own-model").await?;
     Ok(())
 }
 
