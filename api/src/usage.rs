@@ -107,30 +107,30 @@ impl NodeGpuMemory {
     /// of at most [`PUBLISHED_MAX_BYTES`] in all (the largest uses), in the file's
     /// order.
     pub fn published(&self) -> String {
-        let mut kept: Vec<(usize, ContainerGpuMemory)> = self
+        // (place in the file, entry, its bytes in the annotation)
+        let mut kept: Vec<(usize, ContainerGpuMemory, usize)> = self
             .containers
             .iter()
             .cloned()
             .map(|mut entry| {
                 entry.used = entry.used.div_ceil(PUBLISHED_STEP) * PUBLISHED_STEP;
-                entry
+                let size = serde_json::to_string(&entry).map_or(0, |text| text.len() + 1);
+                (entry, size)
             })
             .enumerate()
+            .map(|(i, (entry, size))| (i, entry, size))
             .collect();
-        let size = |entry: &ContainerGpuMemory| {
-            serde_json::to_string(entry).map_or(0, |text| text.len() + 1)
-        };
-        if kept.iter().map(|(_, e)| size(e)).sum::<usize>() > PUBLISHED_MAX_BYTES {
+        if kept.iter().map(|(_, _, size)| size).sum::<usize>() > PUBLISHED_MAX_BYTES {
             kept.sort_by(|a, b| b.1.used.cmp(&a.1.used).then(a.0.cmp(&b.0)));
             let mut total = 0;
-            kept.retain(|(_, entry)| {
-                total += size(entry);
+            kept.retain(|(_, _, size)| {
+                total += size;
                 total <= PUBLISHED_MAX_BYTES
             });
-            kept.sort_by_key(|(i, _)| *i);
+            kept.sort_by_key(|(i, _, _)| *i);
         }
         Self {
-            containers: kept.into_iter().map(|(_, e)| e).collect(),
+            containers: kept.into_iter().map(|(_, e, _)| e).collect(),
         }
         .to_json()
     }

@@ -24,13 +24,10 @@ impl std::fmt::Debug for NvmlComputeMode {
 impl NvmlComputeMode {
     /// Loads and initialises NVML from `library`.
     pub fn open(library: &Path) -> Result<Self, MpsError> {
-        let nvml = Nvml::builder()
-            .lib_path(library.as_os_str())
-            .init()
-            .map_err(|e| MpsError::ComputeMode {
-                uuid: "(all)".into(),
-                reason: format!("loading NVML from {}: {e}", library.display()),
-            })?;
+        let nvml = crate::nvml::load(library).map_err(|reason| MpsError::ComputeMode {
+            uuid: "(all)".into(),
+            reason,
+        })?;
         Ok(Self { nvml })
     }
 }

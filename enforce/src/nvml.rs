@@ -45,6 +45,14 @@ type GetFn = unsafe extern "C" fn(nvmlDevice_t, *mut GetMemoryLimitsV1) -> nvmlR
 
 const SUCCESS: nvmlReturn_t = 0;
 
+/// NVML loaded from `library` and initialised, or why not, in words.
+pub(crate) fn load(library: &Path) -> Result<Nvml, String> {
+    Nvml::builder()
+        .lib_path(library.as_os_str())
+        .init()
+        .map_err(|e| format!("loading NVML from {}: {e}", library.display()))
+}
+
 /// NVML's name of a return code, for messages.
 fn return_name(code: nvmlReturn_t) -> String {
     let name = match code {
@@ -80,12 +88,7 @@ impl NvmlMemoryLimits {
     /// once (the root cgroup's limits on the first GPU) whether it supports them:
     /// the symbols alone do not say that the kernel driver does.
     pub fn open(library: &Path) -> Result<Self, LimitError> {
-        let nvml = Nvml::builder()
-            .lib_path(library.as_os_str())
-            .init()
-            .map_err(|e| {
-                LimitError::Unsupported(format!("NVML {} did not load: {e}", library.display()))
-            })?;
+        let nvml = load(library).map_err(LimitError::Unsupported)?;
         let lib = &nvml.lib().__library;
         // SAFETY: the symbols are NVML's, with the signatures above (NVML r615's
         // header); the function pointers are copied out and used only while

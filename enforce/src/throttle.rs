@@ -213,10 +213,7 @@ impl NvmlGpuTime {
             uuid: "(all)".into(),
             reason,
         };
-        let nvml = nvml_wrapper::Nvml::builder()
-            .lib_path(library.as_os_str())
-            .init()
-            .map_err(|e| error(format!("loading NVML from {}: {e}", library.display())))?;
+        let nvml = crate::nvml::load(library).map_err(error)?;
         let count = nvml.device_count().map_err(|e| error(e.to_string()))?;
         for index in 0..count {
             let device = nvml

@@ -62,11 +62,9 @@ impl std::fmt::Debug for NvmlGpuMemory {
 impl NvmlGpuMemory {
     /// Loads NVML from `library`.
     pub fn open(library: &Path) -> Result<Self, UsageError> {
-        let nvml = nvml_wrapper::Nvml::builder()
-            .lib_path(library.as_os_str())
-            .init()
-            .map_err(|e| UsageError(format!("loading {}: {e}", library.display())))?;
-        Ok(Self { nvml })
+        Ok(Self {
+            nvml: crate::nvml::load(library).map_err(UsageError)?,
+        })
     }
 }
 

@@ -257,10 +257,7 @@ pub fn legacy_entries(
     resources: &[String],
     gpus: &NodeGpus,
 ) -> Vec<LegacyDeviceEntry> {
-    checkpoint
-        .entries
-        .iter()
-        .filter(|e| resources.contains(&e.resource_name))
+    entries_of(checkpoint, resources)
         .filter(|e| {
             pods.iter()
                 .any(|p| p.uid == e.pod_uid && !p.tessera_allocated)
@@ -269,14 +266,43 @@ pub fn legacy_entries(
         .collect()
 }
 
-/// One checkpoint entry as the Device CR publishes it, indices mapped through `gpus`.
-pub fn legacy_entry(entry: &CheckpointEntry, gpus: &NodeGpus) -> LegacyDeviceEntry {
-    let published = entry.legacy_entry(|index| {
+/// Every grant of `resources` kubelet's checkpoint records, whoever's pod, GPUs
+/// by UUID as [`legacy_entries`] names them (unmapped indices are said there, once
+/// a publish, not here).
+pub fn plugin_grants(
+    checkpoint: &Checkpoint,
+    resources: &[String],
+    gpus: &NodeGpus,
+) -> Vec<LegacyDeviceEntry> {
+    entries_of(checkpoint, resources)
+        .map(|e| by_uuid(e, gpus))
+        .collect()
+}
+
+/// The checkpoint's entries of `resources`.
+fn entries_of<'a>(
+    checkpoint: &'a Checkpoint,
+    resources: &'a [String],
+) -> impl Iterator<Item = &'a CheckpointEntry> {
+    checkpoint
+        .entries
+        .iter()
+        .filter(|e| resources.contains(&e.resource_name))
+}
+
+/// One checkpoint entry, indices mapped through `gpus`.
+fn by_uuid(entry: &CheckpointEntry, gpus: &NodeGpus) -> LegacyDeviceEntry {
+    entry.legacy_entry(|index| {
         gpus.gpus
             .iter()
             .find(|gpu| gpu.index == index)
             .map(|gpu| gpu.uuid.clone())
-    });
+    })
+}
+
+/// One checkpoint entry as the Device CR publishes it, indices mapped through `gpus`.
+pub fn legacy_entry(entry: &CheckpointEntry, gpus: &NodeGpus) -> LegacyDeviceEntry {
+    let published = by_uuid(entry, gpus);
     for id in &published.device_ids {
         if gpu_index(id).is_some() {
             tracing::warn!(

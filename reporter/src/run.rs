@@ -16,7 +16,7 @@ use crate::metrics::{PublishOutcome, PublishedObject, ReporterMetrics};
 use crate::publish::Publisher;
 use crate::report::{
     CapacityOptions, device_annotations, device_spec, legacy_entries, node_capacity, node_labels,
-    read_enforcement, switch_unproven, with_enforcement, with_switch,
+    plugin_grants, read_enforcement, switch_unproven, with_enforcement, with_switch,
 };
 use crate::usage::{MemoryAlerts, read_usage, with_legacy};
 
@@ -215,18 +215,16 @@ fn observe_usage(
     // Judged again each time, file changed or not: against the checkpoint as it is
     // now, and so that a suspicion is confirmed or cleared at the next reading.
     // Every device-plugin grant kubelet recorded, whoever's pod: no pod list needed.
-    let legacy: Vec<LegacyDeviceEntry> = last
-        .checkpoint
-        .entries
-        .iter()
-        .filter(|e| config.legacy_resources.contains(&e.resource_name))
-        .map(|e| crate::report::legacy_entry(e, gpus))
-        .collect();
+    let legacy = plugin_grants(&last.checkpoint, &config.legacy_resources, gpus);
     let usage = last.usage.clone().map(|usage| with_legacy(usage, &legacy));
     metrics.record_gpu_memory(usage.as_ref());
     if let Some(usage) = &usage {
-        let backends =
-            tessera_api::enforcement::joined(&read_enforcement(&config.enforcement_file));
+        // Named only in a limit's Event: read only when a container is at one.
+        let backends = if usage.containers.iter().any(|c| c.at_limit()) {
+            tessera_api::enforcement::joined(&read_enforcement(&config.enforcement_file))
+        } else {
+            String::new()
+        };
         for event in last.alerts.changes(usage, &backends, Instant::now()) {
             events.send(event);
         }

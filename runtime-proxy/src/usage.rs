@@ -7,7 +7,7 @@
 //! it was not granted is reported with no grant, for the reporter to raise; a
 //! trusted GPU agent's (`--trusted-gpu-agents`) as trusted.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -137,12 +137,12 @@ impl Report {
         }
         self.failed = failed;
         let mut containers = Vec::new();
-        let mut seen = Vec::new();
+        let mut seen = HashSet::new();
         for ((container_id, gpu), used) in sums {
             let Some((container, Some(pod))) = self.store.container(&container_id) else {
                 continue;
             };
-            seen.push(container_id.clone());
+            seen.insert(container_id.clone());
             let grant = if self
                 .trusted
                 .iter()

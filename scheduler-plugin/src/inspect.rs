@@ -462,9 +462,9 @@ mod tests {
         assert!(render(&reports).contains("NODE n3  shares held by: driver-memory"));
     }
 
-    #[test]
-    fn shows_each_containers_share() {
-        let text = r#"
+    /// Node n1 with one 16 GiB GPU, and pod default/two whose containers a and b
+    /// hold a quarter of it each (its sidecar nothing).
+    const TWO_CONTAINERS: &str = r#"
 apiVersion: v1
 kind: List
 items:
@@ -487,6 +487,10 @@ items:
     containers: [{name: a, image: x}, {name: b, image: x}, {name: sidecar, image: x}]
   status: {phase: Running}
 "#;
+
+    #[test]
+    fn shows_each_containers_share() {
+        let text = TWO_CONTAINERS;
         let snapshot = crate::simulate::parse_snapshot(text, "cluster").expect("parses");
         let reports = report(&[], &snapshot.devices, &snapshot.pods);
         let tenant = &reports[0].gpus[0].pods[0];
@@ -518,35 +522,16 @@ items:
     #[test]
     fn shows_each_containers_memory_use_and_use_not_granted() {
         let used = r#"{"containers":[{"namespace":"default","pod":"two","podUid":"u1","container":"a","gpu":"GPU-a","used":3758096384,"grant":{"share":4294967296}},{"namespace":"default","pod":"two","podUid":"u1","container":"sidecar","gpu":"GPU-a","used":536870912}]}"#;
-        let text = format!(
-            r#"
-apiVersion: v1
-kind: List
-items:
-- apiVersion: scheduling.koordinator.sh/v1alpha1
-  kind: Device
-  metadata:
-    name: n1
-    annotations:
-      tessera.io/gpu-memory-used: '{used}'
-  spec:
-    devices:
-    - {{type: gpu, id: GPU-a, minor: 0, health: true, resources: {{koordinator.sh/gpu-memory: "17179869184"}}}}
-- apiVersion: v1
-  kind: Pod
-  metadata:
-    name: two
-    namespace: default
-    uid: u1
-    annotations:
-      scheduling.koordinator.sh/device-allocated: '{{"gpu":[{{"minor":0,"id":"GPU-a","resources":{{"koordinator.sh/gpu-core":50,"koordinator.sh/gpu-memory-ratio":50}},"extension":{{"containers":{{"a":{{"koordinator.sh/gpu-core":25,"koordinator.sh/gpu-memory-ratio":25}},"b":{{"koordinator.sh/gpu-core":25,"koordinator.sh/gpu-memory-ratio":25}}}}}}}}]}}'
-  spec:
-    nodeName: n1
-    containers: [{{name: a, image: x}}, {{name: b, image: x}}, {{name: sidecar, image: x}}]
-  status: {{phase: Running}}
-"#
-        );
-        let snapshot = crate::simulate::parse_snapshot(&text, "cluster").expect("parses");
+        let mut snapshot =
+            crate::simulate::parse_snapshot(TWO_CONTAINERS, "cluster").expect("parses");
+        snapshot.devices[0]
+            .metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(
+                tessera_api::usage::DEVICE_ANNOTATION.to_owned(),
+                used.to_owned(),
+            );
         let reports = report(&[], &snapshot.devices, &snapshot.pods);
         let gpu = &reports[0].gpus[0];
         assert_eq!(gpu.pods[0].memory_used, Some(3584 << 20));

@@ -168,12 +168,13 @@ async fn reconcile(client: &Client, namespace: &str, name: &str) -> Result<(), k
                 let pod: DynamicObject =
                     serde_json::from_value(pod).map_err(kube::Error::SerdeError)?;
                 match dynamic.create(&PostParams::default(), &pod).await {
-                    Ok(_) => {
+                    Ok(created) => {
                         tracing::info!(pod = %format!("{namespace}/{name}"), "pod made from its SharePod");
-                        match pods.get_opt(name).await? {
-                            Some(created) => status_of(Ok(&created)),
-                            None => return Ok(()),
-                        }
+                        // The API server's answer is the pod as made.
+                        let created: Pod = serde_json::to_value(created)
+                            .and_then(serde_json::from_value)
+                            .map_err(kube::Error::SerdeError)?;
+                        status_of(Ok(&created))
                     }
                     // Admission refused it (a bad share, a policy): the SharePod says why.
                     Err(kube::Error::Api(refusal)) if refusal.code != 409 => {

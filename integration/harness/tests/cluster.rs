@@ -1744,13 +1744,7 @@ async fn kubeshare(cluster: &mut Cluster) -> anyhow::Result<()> {
     let mut gpus = std::collections::BTreeMap::new();
     for (name, group, request) in pods {
         let running = cluster.wait_running(name).await?;
-        let limits = running
-            .spec
-            .as_ref()
-            .and_then(|s| s.containers.first())
-            .and_then(|c| c.resources.as_ref())
-            .and_then(|r| r.limits.clone())
-            .unwrap_or_default();
+        let limits = first_limits(&running);
         let core = (request.parse::<f64>()? * 100.0).round() as u64;
         ensure!(
             limits.get("koordinator.sh/gpu-core").map(|q| q.0.as_str())
@@ -1797,13 +1791,8 @@ async fn kubeshare(cluster: &mut Cluster) -> anyhow::Result<()> {
         )
         .await?;
     let burst = cluster.wait_running("ks-burst").await?;
-    let booked = burst
-        .spec
-        .as_ref()
-        .and_then(|s| s.containers.first())
-        .and_then(|c| c.resources.as_ref())
-        .and_then(|r| r.limits.as_ref())
-        .and_then(|l| l.get("koordinator.sh/gpu-core"))
+    let booked = first_limits(&burst)
+        .get("koordinator.sh/gpu-core")
         .map(|q| q.0.clone());
     let specs = cluster.container_specs(&burst)?;
     let spec = specs.get("main").context("no spec")?;
@@ -2074,13 +2063,7 @@ async fn sharepods(cluster: &mut Cluster) -> anyhow::Result<()> {
         owner.kind == "SharePod" && owner.name == "sharepod1",
         "sharepod1's pod is owned by {owner:?}"
     );
-    let limits = running
-        .spec
-        .as_ref()
-        .and_then(|s| s.containers.first())
-        .and_then(|c| c.resources.as_ref())
-        .and_then(|r| r.limits.clone())
-        .unwrap_or_default();
+    let limits = first_limits(&running);
     ensure!(
         limits.get("koordinator.sh/gpu-core").map(|q| q.0.as_str()) == Some("50")
             && limits
@@ -2210,6 +2193,18 @@ async fn sharepods(cluster: &mut Cluster) -> anyhow::Result<()> {
         },
     )
     .await
+}
+
+/// The limits of a pod's first container (where KubeShare's admission puts the share).
+fn first_limits(
+    pod: &Pod,
+) -> std::collections::BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity> {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.containers.first())
+        .and_then(|c| c.resources.as_ref())
+        .and_then(|r| r.limits.clone())
+        .unwrap_or_default()
 }
 
 fn restart_count(pod: &Pod) -> i32 {
