@@ -40,6 +40,14 @@ pub enum Backend {
     /// the GPU; work already queued on the GPU is charged, not stopped, so the
     /// share holds over time, not within each kernel.
     GpuTime,
+    /// GPU memory held by the node's OOM kill: each shared container's memory on
+    /// each GPU, as the driver counts it (NVML's per-process memory, every process
+    /// of its cgroup, however it reached the GPU), may not pass its grant plus the
+    /// node's margin; past it, its largest users there are killed, as the kernel's
+    /// OOM killer does past a memory limit. It holds after the fact: for up to one
+    /// sampling round (0.5 s) an allocation past the grant stands, and a
+    /// neighbour's own allocation may fail meanwhile.
+    OomKill,
     /// HAMi-core (`libvgpu.so`, supplied by the operator) preloaded through
     /// `/etc/ld.so.preload`: memory, enforced inside the container's processes, so
     /// cooperative against a process that avoids the loader. Its compute limit is
@@ -51,10 +59,11 @@ pub enum Backend {
 
 impl Backend {
     /// Every backend, strongest first.
-    pub const ALL: [Backend; 4] = [
+    pub const ALL: [Backend; 5] = [
         Backend::DriverMemory,
         Backend::Mps,
         Backend::GpuTime,
+        Backend::OomKill,
         Backend::HamiCore,
     ];
 
@@ -64,6 +73,7 @@ impl Backend {
             Backend::DriverMemory => "driver-memory",
             Backend::Mps => "mps",
             Backend::GpuTime => "gpu-time",
+            Backend::OomKill => "oom-kill",
             Backend::HamiCore => "hami-core",
         }
     }
@@ -84,6 +94,10 @@ impl Backend {
                 memory: false,
                 compute: true,
             },
+            Backend::OomKill => Holds {
+                memory: true,
+                compute: false,
+            },
             // Its compute limit did not hold on an H100 (see the variant's docs).
             Backend::HamiCore => Holds {
                 memory: true,
@@ -101,7 +115,9 @@ impl fmt::Display for Backend {
 
 /// A backend name that is not one.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown enforcement backend {0:?}: expected driver-memory, mps, gpu-time or hami-core")]
+#[error(
+    "unknown enforcement backend {0:?}: expected driver-memory, mps, gpu-time, oom-kill or hami-core"
+)]
 pub struct UnknownBackend(pub String);
 
 impl FromStr for Backend {
@@ -217,7 +233,7 @@ mod tests {
         assert_eq!(joined(&[]), "none");
         assert!(parse_joined("driver-memory+gemini").is_err());
         assert_eq!(
-            parse_joined("hami-core+gpu-time+mps+driver-memory"),
+            parse_joined("hami-core+gpu-time+mps+driver-memory+oom-kill"),
             Ok(Backend::ALL.to_vec())
         );
         // GPU time holds compute, with HAMi-core's memory: both parts.
@@ -254,6 +270,18 @@ mod tests {
             2
         );
         assert!(Holds::of(&[]).labels().is_empty());
+        // The OOM kill holds memory, on any driver.
+        assert_eq!(
+            Holds::of(&[Backend::GpuTime, Backend::OomKill]),
+            Holds {
+                memory: true,
+                compute: true
+            }
+        );
+        assert_eq!(
+            joined(&[Backend::GpuTime, Backend::OomKill]),
+            "gpu-time+oom-kill"
+        );
     }
 
     #[test]

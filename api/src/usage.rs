@@ -84,6 +84,57 @@ impl ContainerGpuMemory {
 pub struct NodeGpuMemory {
     /// One entry per container and GPU it uses, ordered by pod, container, GPU.
     pub containers: Vec<ContainerGpuMemory>,
+    /// The OOM kill's kills of the last [`KILLS_KEPT_SECONDS`], oldest first (the
+    /// proxy's file only: the reporter tells each on its pod once).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kills: Vec<GpuMemoryKill>,
+}
+
+/// How long the proxy's file keeps a kill, for a reporter that polls or
+/// restarts to see it.
+pub const KILLS_KEPT_SECONDS: u64 = 600;
+
+/// A kill's pod UID, container, GPU, time and processes.
+pub type KillKey = (String, String, String, u64, Vec<u32>);
+
+/// Processes of a shared container killed because it held more of a GPU's
+/// memory than its grant plus the node's margin.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuMemoryKill {
+    /// Its pod's namespace.
+    pub namespace: String,
+    /// Its pod's name.
+    pub pod: String,
+    /// Its pod's UID.
+    pub pod_uid: String,
+    /// Its name.
+    pub container: String,
+    /// The GPU's UUID.
+    pub gpu: String,
+    /// Bytes its processes held there, as the driver counted them.
+    pub used: u64,
+    /// Its grant there, in bytes.
+    pub limit: u64,
+    /// The node's margin above the grant (`--oom-kill-margin`).
+    pub margin: u64,
+    /// The processes killed (host PIDs), largest first.
+    pub pids: Vec<u32>,
+    /// When, in seconds since the Unix epoch.
+    pub at: u64,
+}
+
+impl GpuMemoryKill {
+    /// What identifies this kill among others.
+    pub fn key(&self) -> KillKey {
+        (
+            self.pod_uid.clone(),
+            self.container.clone(),
+            self.gpu.clone(),
+            self.at,
+            self.pids.clone(),
+        )
+    }
 }
 
 /// Why a usage file or annotation was not understood.
@@ -131,6 +182,7 @@ impl NodeGpuMemory {
         }
         Self {
             containers: kept.into_iter().map(|(_, e, _)| e).collect(),
+            kills: Vec::new(),
         }
         .to_json()
     }
@@ -160,8 +212,23 @@ mod tests {
                 entry("b", 2, MemoryGrant::Whole),
                 entry("c", 3, MemoryGrant::None),
             ],
+            kills: vec![GpuMemoryKill {
+                namespace: "default".into(),
+                pod: "p".into(),
+                pod_uid: "u".into(),
+                container: "a".into(),
+                gpu: "GPU-0".into(),
+                used: 30 << 30,
+                limit: 20 << 30,
+                margin: 1 << 30,
+                pids: vec![7],
+                at: 1_800_000_000,
+            }],
         };
         let text = node.to_json();
+        assert!(text.contains(r#""pids":[7]"#), "{text}");
+        // None: no key at all (the file reads as before the OOM kill).
+        assert!(!NodeGpuMemory::default().to_json().contains("kills"));
         assert!(text.contains(r#""grant":{"share":21474836480}"#), "{text}");
         assert!(text.contains(r#""grant":"whole""#), "{text}");
         assert_eq!(NodeGpuMemory::parse(&text).expect("parses"), node);
@@ -193,6 +260,7 @@ mod tests {
                 entry("b", PUBLISHED_STEP, MemoryGrant::Whole),
                 entry("c", 0, MemoryGrant::Whole),
             ],
+            kills: Vec::new(),
         };
         let published = NodeGpuMemory::parse(&node.published()).expect("parses");
         let used: Vec<u64> = published.containers.iter().map(|e| e.used).collect();
@@ -202,6 +270,7 @@ mod tests {
             containers: (0..2000u64)
                 .map(|i| entry(&format!("c{i:04}"), i * PUBLISHED_STEP, MemoryGrant::Whole))
                 .collect(),
+            kills: Vec::new(),
         };
         let text = many.published();
         assert!(

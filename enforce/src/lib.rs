@@ -26,6 +26,7 @@ pub mod compute;
 pub mod hami;
 pub mod mps;
 pub mod nvml;
+pub mod oom;
 mod process;
 pub mod throttle;
 pub mod usage;

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use crate::throttle::{Lookup, Processes};
+use crate::throttle::Processes;
 
 /// One process's memory on one GPU.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -112,21 +112,25 @@ impl GpuMemory for NvmlGpuMemory {
 }
 
 /// Bytes per (container ID, GPU UUID), from `processes` traced through
-/// `lookup`. Processes of no container (the node's, an MPS server's) and gone
-/// ones are left out; a container with processes whose memory the driver does
-/// not give is still listed (0 bytes), for it is on the GPU.
+/// `lookup` ([`crate::oom::trace`]). Processes of no container (the node's, an
+/// MPS server's) and gone ones are left out; a container with processes whose
+/// memory the driver does not give is still listed (0 bytes), for it is on the
+/// GPU.
 pub fn per_container(
     processes: &[ProcessMemory],
     lookup: &dyn Processes,
 ) -> BTreeMap<(String, String), u64> {
+    sums(&crate::oom::trace(processes, lookup))
+}
+
+/// Bytes per (container ID, GPU UUID) of processes already traced.
+pub fn sums(traced: &[crate::oom::Traced]) -> BTreeMap<(String, String), u64> {
     let mut sums = BTreeMap::new();
-    for process in processes {
-        if let Lookup::Container(cgroup) = lookup.cgroup(process.pid) {
-            let sum: &mut u64 = sums
-                .entry((cgroup.container_id, process.gpu.clone()))
-                .or_default();
-            *sum = sum.saturating_add(process.used);
-        }
+    for t in traced {
+        let sum: &mut u64 = sums
+            .entry((t.container_id.clone(), t.process.gpu.clone()))
+            .or_default();
+        *sum = sum.saturating_add(t.process.used);
     }
     sums
 }
@@ -134,7 +138,7 @@ pub fn per_container(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::throttle::ProcessCgroup;
+    use crate::throttle::{Lookup, ProcessCgroup};
 
     struct Table;
 

@@ -107,6 +107,22 @@ pub struct GpuHookArgs {
     /// them; off: never
     #[arg(long, value_enum, value_name = "auto|on|off", default_value_t = Switch::Auto)]
     pub gpu_time: Switch,
+    /// GPU memory held by an OOM kill (runtime proxy only): every 0.5 s the proxy
+    /// reads each GPU's processes and their memory from NVML (any driver), and a
+    /// shared container whose processes hold more of a GPU than its grant plus
+    /// --oom-kill-margin loses its largest ones there (SIGKILL), as the kernel's OOM
+    /// killer does past a memory limit. It counts every process, however it reached
+    /// the GPU, but after the fact: an allocation past the grant stands for up to
+    /// one reading. auto: on where NVML loads; on: the proxy does not start without
+    /// it; off: never
+    #[arg(long, value_enum, value_name = "auto|on|off", default_value_t = Switch::Auto)]
+    pub oom_kill: Switch,
+    /// What a shared container may hold of a GPU beyond its grant before the OOM
+    /// kill acts, as a Kubernetes quantity: the driver counts each process's CUDA
+    /// context (about 0.5 GiB on an H100), which a limiter in the container may
+    /// not, and the allocator's rounding
+    #[arg(long, value_name = "BYTES", default_value = "1Gi", value_parser = parse_bytes)]
+    pub oom_kill_margin: u64,
     /// NVIDIA's MPS control program, through which the proxy makes servers and
     /// namespaces (runtime proxy only)
     #[arg(long, value_name = "PATH", default_value = "nvidia-cuda-mps-control")]
@@ -115,6 +131,15 @@ pub struct GpuHookArgs {
     /// (runtime proxy only)
     #[arg(long, value_name = "DIR", default_value = tessera_enforce::mps::DEFAULT_PIPE_DIR)]
     pub mps_pipe_dir: PathBuf,
+}
+
+/// A byte count written as a Kubernetes quantity (`1Gi`, `512Mi`, `1073741824`).
+fn parse_bytes(text: &str) -> Result<u64, String> {
+    let quantity = tessera_api::quantity::Quantity::parse(text).map_err(|e| e.to_string())?;
+    if quantity.milli_value() % 1000 != 0 {
+        return Err(format!("{text:?} is not a whole number of bytes"));
+    }
+    Ok(quantity.value())
 }
 
 /// An on/off setting that can also follow what the node supports.
@@ -149,6 +174,8 @@ impl Default for GpuHookArgs {
             cdi_spec_dir: None,
             mps: Switch::Off,
             gpu_time: Switch::Auto,
+            oom_kill: Switch::Auto,
+            oom_kill_margin: 1 << 30,
             mps_control: "nvidia-cuda-mps-control".into(),
             mps_pipe_dir: tessera_enforce::mps::DEFAULT_PIPE_DIR.into(),
         }
@@ -170,6 +197,7 @@ impl GpuHookArgs {
                 driver_memory: false,
                 mps: None,
                 gpu_time: false,
+                oom_kill: false,
                 hami_core: self.hami_core_files(),
             },
             ..GpuHookConfig::default()

@@ -171,6 +171,7 @@ pub async fn run(out: &mut (dyn Write + Send)) -> anyhow::Result<DemoSummary> {
                 driver_memory: false,
                 mps: None,
                 gpu_time: false,
+                oom_kill: false,
                 hami_core: Some(hami),
             },
             ..GpuHookConfig::default()

@@ -153,8 +153,8 @@ impl ReporterEvent {
         match self {
             Self::Health(change) => change.uuid().to_owned(),
             Self::Memory(event) => {
-                let entry = event.entry();
-                format!("{}/{}/{}", entry.namespace, entry.pod, entry.container)
+                let about = event.container();
+                format!("{}/{}/{}", about.namespace, about.pod, about.container)
             }
         }
     }

@@ -128,6 +128,10 @@ pub struct ReporterMetrics {
     /// `tessera_reporter_container_gpu_ungranted{...}`: 1 for each container on a
     /// GPU it was not granted (a breach).
     pub gpu_ungranted: Family<ContainerGpuLabels, Gauge>,
+    /// `tessera_reporter_container_gpu_memory_oom_kills{...}`: the node's OOM kills
+    /// of each container's processes on each GPU in the last ten minutes (as the
+    /// proxy keeps them).
+    pub gpu_memory_oom_kills: Family<ContainerGpuLabels, Gauge>,
 }
 
 impl Default for ReporterMetrics {
@@ -149,6 +153,7 @@ impl Default for ReporterMetrics {
             gpu_memory_used: Family::default(),
             gpu_memory_limit: Family::default(),
             gpu_ungranted: Family::default(),
+            gpu_memory_oom_kills: Family::default(),
         };
         registry.register(
             "publishes",
@@ -220,6 +225,11 @@ impl Default for ReporterMetrics {
             "1 for each container using a GPU it was not granted",
             metrics.gpu_ungranted.clone(),
         );
+        registry.register(
+            "container_gpu_memory_oom_kills",
+            "OOM kills of each container's processes on each GPU in the last ten minutes, for holding more than its grant",
+            metrics.gpu_memory_oom_kills.clone(),
+        );
         Self {
             registry: Arc::new(registry),
             ..metrics
@@ -235,6 +245,17 @@ impl ReporterMetrics {
         self.gpu_memory_used.clear();
         self.gpu_memory_limit.clear();
         self.gpu_ungranted.clear();
+        self.gpu_memory_oom_kills.clear();
+        for kill in usage.map(|u| u.kills.as_slice()).unwrap_or_default() {
+            self.gpu_memory_oom_kills
+                .get_or_create(&ContainerGpuLabels {
+                    namespace: kill.namespace.clone(),
+                    pod: kill.pod.clone(),
+                    container: kill.container.clone(),
+                    gpu: kill.gpu.clone(),
+                })
+                .inc();
+        }
         for entry in usage.map(|u| u.containers.as_slice()).unwrap_or_default() {
             let labels = ContainerGpuLabels {
                 namespace: entry.namespace.clone(),

@@ -791,6 +791,7 @@ mod tests {
                 ),
                 entry("train", "uid-t", "sidecar", "GPU-1", GIB, MemoryGrant::None),
             ],
+            kills: Vec::new(),
         };
         let file = dir.path().join(tessera_api::usage::USAGE_FILE);
         std::fs::write(&file, usage.to_json()).expect("usage");
@@ -814,9 +815,10 @@ mod tests {
                 .expect("not poisoned")
                 .iter()
                 .filter_map(|e| match e {
-                    ReporterEvent::Memory(m) => {
-                        Some((m.kind().reason.to_owned(), m.entry().container.clone()))
-                    }
+                    ReporterEvent::Memory(m) => Some((
+                        m.kind().reason.to_owned(),
+                        m.container().container.to_owned(),
+                    )),
                     ReporterEvent::Health(_) => None,
                 })
                 .collect()

@@ -16,12 +16,15 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::ObjectReference;
 use tessera_api::LegacyDeviceEntry;
 use tessera_api::events::{EventKind, EventSpec};
-use tessera_api::usage::{ContainerGpuMemory, MemoryGrant, NodeGpuMemory};
+use tessera_api::usage::{ContainerGpuMemory, GpuMemoryKill, MemoryGrant, NodeGpuMemory};
 
 /// Reason of the Event a container gets when its use reaches its limit.
 pub const REASON_AT_LIMIT: &str = "GpuMemoryAtLimit";
 /// Reason of the Event a container gets when it uses a GPU it was not granted.
 pub const REASON_UNGRANTED: &str = "GpuUsedWithoutGrant";
+/// Reason of the Event a container gets when the node's OOM kill killed its
+/// processes for holding more of a GPU than its grant.
+pub const REASON_OOM_KILLED: &str = "GpuMemoryOomKilled";
 /// A container whose use reached its limit is told again only after its use
 /// fell below this fraction of it.
 const REARM: f64 = 0.9;
@@ -83,13 +86,42 @@ pub enum MemoryEvent {
         /// Its use.
         entry: ContainerGpuMemory,
     },
+    /// The node's OOM kill killed its processes on a GPU.
+    OomKilled {
+        /// The kill, as the proxy recorded it.
+        kill: GpuMemoryKill,
+    },
+}
+
+/// The container an Event is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PodContainer<'a> {
+    /// Its pod's namespace.
+    pub namespace: &'a str,
+    /// Its pod's name.
+    pub pod: &'a str,
+    /// Its pod's UID.
+    pub pod_uid: &'a str,
+    /// Its name.
+    pub container: &'a str,
 }
 
 impl MemoryEvent {
-    /// Its use.
-    pub fn entry(&self) -> &ContainerGpuMemory {
+    /// The container it is about.
+    pub fn container(&self) -> PodContainer<'_> {
         match self {
-            Self::AtLimit { entry, .. } | Self::Ungranted { entry } => entry,
+            Self::AtLimit { entry, .. } | Self::Ungranted { entry } => PodContainer {
+                namespace: &entry.namespace,
+                pod: &entry.pod,
+                pod_uid: &entry.pod_uid,
+                container: &entry.container,
+            },
+            Self::OomKilled { kill } => PodContainer {
+                namespace: &kill.namespace,
+                pod: &kill.pod,
+                pod_uid: &kill.pod_uid,
+                container: &kill.container,
+            },
         }
     }
 
@@ -98,6 +130,7 @@ impl MemoryEvent {
         match self {
             Self::AtLimit { .. } => EventKind::warning(REASON_AT_LIMIT, "Measure"),
             Self::Ungranted { .. } => EventKind::warning(REASON_UNGRANTED, "Measure"),
+            Self::OomKilled { .. } => EventKind::warning(REASON_OOM_KILLED, "Kill"),
         }
     }
 
@@ -128,20 +161,39 @@ impl MemoryEvent {
                 gib(entry.used),
                 entry.gpu
             ),
+            Self::OomKilled { kill } => format!(
+                "container {} held {} on GPU {}, past its {} grant and the node's {} margin: its process{} {} killed (oom-kill)",
+                kill.container,
+                gib(kill.used),
+                kill.gpu,
+                gib(kill.limit),
+                gib(kill.margin),
+                if kill.pids.len() == 1 { "" } else { "es" },
+                kill.pids
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+                    + if kill.pids.len() == 1 {
+                        " was"
+                    } else {
+                        " were"
+                    }
+            ),
         }
     }
 
     /// The Event, on the pod, related to `node`'s Device CR.
     pub fn spec(&self, node: &str) -> EventSpec {
-        let entry = self.entry();
+        let about = self.container();
         EventSpec {
-            namespace: entry.namespace.clone(),
+            namespace: about.namespace.to_owned(),
             regarding: ObjectReference {
                 api_version: Some("v1".to_owned()),
                 kind: Some("Pod".to_owned()),
-                name: Some(entry.pod.clone()),
-                namespace: Some(entry.namespace.clone()),
-                uid: Some(entry.pod_uid.clone()),
+                name: Some(about.pod.to_owned()),
+                namespace: Some(about.namespace.to_owned()),
+                uid: Some(about.pod_uid.to_owned()),
                 ..ObjectReference::default()
             },
             related: Some(crate::events::device_reference(node)),
@@ -164,6 +216,8 @@ pub struct MemoryAlerts {
     suspected: BTreeSet<AlertKey>,
     /// When each was last told.
     last: BTreeMap<AlertKey, Instant>,
+    /// The OOM kills told, while the proxy's file keeps them.
+    kills: BTreeSet<tessera_api::usage::KillKey>,
 }
 
 impl MemoryAlerts {
@@ -232,6 +286,16 @@ impl MemoryAlerts {
                 },
             });
         }
+        // Each kill once, while the proxy keeps it on record.
+        let mut kills = BTreeSet::new();
+        for kill in &usage.kills {
+            let key = kill.key();
+            if !self.kills.contains(&key) {
+                events.push(MemoryEvent::OomKilled { kill: kill.clone() });
+            }
+            kills.insert(key);
+        }
+        self.kills = kills;
         self.told = still;
         self.suspected = suspected;
         self.last
@@ -261,6 +325,7 @@ mod tests {
     fn node(entries: Vec<ContainerGpuMemory>) -> NodeGpuMemory {
         NodeGpuMemory {
             containers: entries,
+            kills: Vec::new(),
         }
     }
 
@@ -352,5 +417,45 @@ mod tests {
         assert_eq!(spec.regarding.kind.as_deref(), Some("Pod"));
         assert_eq!(spec.regarding.uid.as_deref(), Some("uid-1"));
         assert_eq!(spec.regarding.name.as_deref(), Some("train"));
+    }
+
+    #[test]
+    fn each_oom_kill_is_told_once_while_on_record() {
+        let kill = GpuMemoryKill {
+            namespace: "default".into(),
+            pod: "p".into(),
+            pod_uid: "u".into(),
+            container: "main".into(),
+            gpu: "GPU-0".into(),
+            used: 22 * GIB,
+            limit: 20 * GIB,
+            margin: GIB,
+            pids: vec![41, 42],
+            at: 1_800_000_000,
+        };
+        let mut usage = node(vec![entry("main", GIB, MemoryGrant::Share(20 * GIB))]);
+        usage.kills = vec![kill.clone()];
+        let mut alerts = MemoryAlerts::default();
+        let now = Instant::now();
+        let told = alerts.changes(&usage, "oom-kill", now);
+        assert_eq!(told, [MemoryEvent::OomKilled { kill: kill.clone() }]);
+        assert_eq!(told[0].kind().reason, REASON_OOM_KILLED);
+        assert_eq!(
+            told[0].note(),
+            "container main held 22.0 GiB on GPU GPU-0, past its 20.0 GiB grant and the node's 1.0 GiB margin: its processes 41, 42 were killed (oom-kill)"
+        );
+        assert_eq!(told[0].container().pod_uid, "u");
+        // Read again: not told again. A second kill is.
+        assert!(alerts.changes(&usage, "oom-kill", now).is_empty());
+        let again = GpuMemoryKill {
+            at: kill.at + 5,
+            pids: vec![43],
+            ..kill.clone()
+        };
+        usage.kills.push(again.clone());
+        assert_eq!(
+            alerts.changes(&usage, "oom-kill", now),
+            [MemoryEvent::OomKilled { kill: again }]
+        );
     }
 }

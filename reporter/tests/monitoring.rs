@@ -28,6 +28,18 @@ fn reporter_samples() -> BTreeSet<String> {
             entry("a", tessera_api::usage::MemoryGrant::Share(2)),
             entry("b", tessera_api::usage::MemoryGrant::None),
         ],
+        kills: vec![tessera_api::usage::GpuMemoryKill {
+            namespace: "n".into(),
+            pod: "p".into(),
+            pod_uid: "u".into(),
+            container: "a".into(),
+            gpu: "GPU-0".into(),
+            used: 3,
+            limit: 2,
+            margin: 0,
+            pids: vec![1],
+            at: 0,
+        }],
     }));
     metrics
         .events

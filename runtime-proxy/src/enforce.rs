@@ -131,6 +131,9 @@ pub enum SetupError {
     /// `--gpu-time=on` on a node that cannot hold GPU time.
     #[error("--gpu-time=on: {0}")]
     GpuTime(String),
+    /// `--oom-kill=on` on a node whose GPUs' processes cannot be read.
+    #[error("--oom-kill=on: {0}")]
+    OomKill(String),
     /// The node's backends could not be written for the reporter.
     #[error("writing {0} (--enforcement-dir): {1}")]
     BackendsFile(PathBuf, std::io::Error),
@@ -147,6 +150,9 @@ pub struct NodeEnforcement {
     pub mps: Option<Mps>,
     /// The GPU-time hold, when on (not yet ticking).
     pub gpu_time: Option<GpuTimeHold>,
+    /// What reads each container's GPU memory (and, with the OOM kill on, kills),
+    /// where NVML loads.
+    pub usage: Option<crate::usage::Sampler>,
 }
 
 /// The node's enforcement from the GPU hook's flags: driver memory limits where
@@ -224,12 +230,14 @@ pub fn node(
             );
         }
     }
+    let (usage, oom_kill) = node_usage(args)?;
     let enforcement = Enforcement {
         driver_memory: driver.is_some(),
         mps: mps.as_ref().map(|m| tessera_hooks::gpu::MpsFiles {
             pipe_dir: m.pipe_dir().to_owned(),
         }),
         gpu_time: gpu_time.is_some(),
+        oom_kill,
         hami_core,
     };
     let backends = tessera_enforce::joined(&enforcement.backends());
@@ -249,7 +257,35 @@ pub fn node(
         driver,
         mps,
         gpu_time,
+        usage,
     })
+}
+
+/// The reader of each container's GPU memory, where NVML loads, and whether it
+/// kills (`--oom-kill`).
+fn node_usage(
+    args: &tessera_hooks::args::GpuHookArgs,
+) -> Result<(Option<crate::usage::Sampler>, bool), SetupError> {
+    use tessera_hooks::args::Switch;
+    let mut sampler = match crate::usage::Sampler::open(&args.nvml_library) {
+        Ok(sampler) => sampler,
+        Err(error) if args.oom_kill == Switch::On => return Err(SetupError::OomKill(error)),
+        Err(error) => {
+            tracing::info!(%error, "GPU memory use not read: neither reported nor held by the OOM kill");
+            return Ok((None, false));
+        }
+    };
+    if args.oom_kill == Switch::Off {
+        return Ok((Some(sampler), false));
+    }
+    match sampler.kill_host_processes() {
+        Ok(()) => Ok((Some(sampler), true)),
+        Err(error) if args.oom_kill == Switch::On => Err(SetupError::OomKill(error)),
+        Err(error) => {
+            tracing::info!(%error, "OOM kill off: the node's processes cannot be found by container");
+            Ok((Some(sampler), false))
+        }
+    }
 }
 
 /// How often the MPS daemon is asked at start (every 0.5 s) before `--mps`

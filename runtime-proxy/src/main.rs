@@ -73,6 +73,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
             driver,
             mps,
             gpu_time: hold,
+            usage: sampler,
         } = enforcement::node(gpu, Arc::new(runtime.clone()))?;
         mps_gc = mps.clone();
         if let Some(hold) = &hold {
@@ -80,6 +81,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
             hold.start(Arc::clone(&metrics))
                 .context("starting the GPU-time thread")?;
         }
+        let oom_kill = enforcement.oom_kill;
         let mut hook_config = gpu.config();
         hook_config.enforcement = enforcement.clone();
         let trusted_agents = hook_config.trusted_agents.clone();
@@ -104,20 +106,21 @@ async fn run(config: Config) -> anyhow::Result<()> {
                 .with_gpu_time(hold),
         );
         enforce_hook = Some(Arc::clone(&enforce));
-        // What each container holds of each GPU's memory, for the reporter.
-        match tessera_runtime_proxy::usage::Sampler::open(&gpu.nvml_library) {
-            Ok(sampler) => {
-                usage = Some(tessera_runtime_proxy::usage::Report::new(
-                    sampler,
-                    Arc::clone(&enforce),
-                    Arc::clone(&store),
-                    trusted_agents,
-                    &gpu.enforcement_dir,
-                ));
-            }
-            Err(error) => {
-                tracing::info!(%error, "GPU memory use not reported");
-            }
+        // What each container holds of each GPU's memory, for the reporter, and
+        // the OOM kill that holds it.
+        if let Some(sampler) = sampler {
+            let report = tessera_runtime_proxy::usage::Report::new(
+                sampler,
+                Arc::clone(&enforce),
+                Arc::clone(&store),
+                trusted_agents,
+                &gpu.enforcement_dir,
+            );
+            usage = Some(if oom_kill {
+                report.with_oom_kill(gpu.oom_kill_margin)
+            } else {
+                report
+            });
         }
         hooks.push(enforce);
     }

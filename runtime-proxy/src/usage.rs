@@ -1,37 +1,49 @@
-//! The report of GPU memory use: every [`EVERY`], what each container's
-//! processes hold of each GPU (the driver's count, `tessera_enforce::usage`),
-//! against what its pod's grant gives it, written whole to
-//! `<enforcement-dir>/gpu-memory.json` ([`tessera_api::usage`]) for
-//! tessera-reporter. Containers the proxy does not know (not made through it),
-//! and those whose grant cannot be read now, are left out; a container on a GPU
-//! it was not granted is reported with no grant, for the reporter to raise; a
-//! trusted GPU agent's (`--trusted-gpu-agents`) as trusted.
+//! The report of GPU memory use, and the OOM kill that holds it: every
+//! [`EVERY`], what each container's processes hold of each GPU (the driver's
+//! count, `tessera_enforce::usage`), against what its pod's grant gives it,
+//! written whole to `<enforcement-dir>/gpu-memory.json` ([`tessera_api::usage`])
+//! for tessera-reporter. Containers the proxy does not know (not made through
+//! it), and those whose grant cannot be read now, are left out; a container on a
+//! GPU it was not granted is reported with no grant, for the reporter to raise; a
+//! trusted GPU agent's (`--trusted-gpu-agents`) as trusted. With the OOM kill on
+//! (`--oom-kill`), a shared container holding more of a GPU than its grant plus
+//! the margin loses its largest processes there (`tessera_enforce::oom`), and the
+//! kill is kept in the file for the reporter to tell on the pod.
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use tessera_api::usage::{ContainerGpuMemory, MemoryGrant, NodeGpuMemory};
+use tessera_api::usage::{ContainerGpuMemory, GpuMemoryKill, MemoryGrant, NodeGpuMemory};
+use tessera_enforce::oom::{HostKiller, KillError, Killer, Traced, trace, victims};
 use tessera_enforce::throttle::{HostProcesses, Processes};
-use tessera_enforce::usage::{GpuMemory, NvmlGpuMemory, per_container};
+use tessera_enforce::usage::{GpuMemory, NvmlGpuMemory, sums};
 use tessera_hooks::gpu::TrustedGpuAgent;
 
 use crate::enforce::EnforceHook;
 use crate::store::PodStore;
 
-/// How often the GPUs are read.
-pub const EVERY: Duration = Duration::from_secs(2);
+/// How often the GPUs are read: also the longest an allocation past a grant
+/// stands before the OOM kill sees it.
+pub const EVERY: Duration = Duration::from_millis(500);
+
+/// How long a killed process is not counted (nor killed again) while the driver
+/// still lists it: freeing a large context takes the driver a moment.
+const DYING: Duration = Duration::from_secs(10);
 
 /// The driver and the node's processes, read off the async threads.
 pub struct Sampler {
     gpu: Box<dyn GpuMemory>,
     processes: Box<dyn Processes>,
+    killer: Option<Box<dyn Killer>>,
 }
 
 impl std::fmt::Debug for Sampler {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Sampler").finish_non_exhaustive()
+        f.debug_struct("Sampler")
+            .field("kills", &self.killer.is_some())
+            .finish_non_exhaustive()
     }
 }
 
@@ -42,9 +54,25 @@ impl Sampler {
         Ok(Self::new(Box::new(gpu), Box::new(HostProcesses::host()?)))
     }
 
-    /// One over `gpu` and `processes`.
+    /// One over `gpu` and `processes`, which kills nothing.
     pub fn new(gpu: Box<dyn GpuMemory>, processes: Box<dyn Processes>) -> Self {
-        Self { gpu, processes }
+        Self {
+            gpu,
+            processes,
+            killer: None,
+        }
+    }
+
+    /// Kills the host's processes for the OOM kill from now on.
+    pub fn kill_host_processes(&mut self) -> Result<(), String> {
+        self.killer = Some(Box::new(HostKiller::new(HostProcesses::host()?)));
+        Ok(())
+    }
+
+    /// This one, killing through `killer` for the OOM kill.
+    pub fn killing(mut self, killer: Box<dyn Killer>) -> Self {
+        self.killer = Some(killer);
+        self
     }
 }
 
@@ -63,6 +91,12 @@ pub struct Report {
     written: Option<Option<String>>,
     /// The GPUs that could not be read last round, as said in the log.
     failed: Vec<String>,
+    /// The OOM kill's margin above a grant, when it is on.
+    margin: Option<u64>,
+    /// Processes killed, by pid, not counted until [`DYING`] has passed.
+    dying: HashMap<u32, Instant>,
+    /// Kills of the last [`tessera_api::usage::KILLS_KEPT_SECONDS`], for the file.
+    kills: Vec<GpuMemoryKill>,
 }
 
 impl Report {
@@ -84,7 +118,17 @@ impl Report {
             grants: HashMap::new(),
             written: None,
             failed: Vec::new(),
+            margin: None,
+            dying: HashMap::new(),
+            kills: Vec::new(),
         }
+    }
+
+    /// With the OOM kill on, at `margin` bytes above each grant (the sampler must
+    /// be [`Sampler::killing`]).
+    pub fn with_oom_kill(mut self, margin: u64) -> Self {
+        self.margin = Some(margin);
+        self
     }
 
     /// Reads the GPUs every [`EVERY`], for ever.
@@ -110,21 +154,22 @@ impl Report {
         }
     }
 
-    /// Reads the GPUs once and writes the file if what it says changed. When the
-    /// driver cannot be read, the file goes: no report is better than an old one.
+    /// Reads the GPUs once, kills what holds more than its grant allows (with the
+    /// OOM kill on), and writes the file if what it says changed. When the driver
+    /// cannot be read, the file goes: no report is better than an old one.
     pub async fn round(&mut self) -> Result<(), String> {
         let sampler = Arc::clone(&self.sampler);
-        let sums = tokio::task::spawn_blocking(move || {
+        let read = tokio::task::spawn_blocking(move || {
             let mut sampler = sampler.lock().unwrap_or_else(|e| e.into_inner());
             let read = sampler.gpu.processes()?;
             Ok::<_, tessera_enforce::usage::UsageError>((
-                per_container(&read.processes, sampler.processes.as_ref()),
+                trace(&read.processes, sampler.processes.as_ref()),
                 read.failed,
             ))
         })
         .await
         .map_err(|e| format!("GPU memory task failed: {e}"))?;
-        let (sums, failed) = match sums {
+        let (mut traced, failed) = match read {
             Ok(read) => read,
             Err(error) => {
                 self.write(None).await;
@@ -136,9 +181,13 @@ impl Report {
             tracing::warn!(gpus = %failed.join("; "), "GPU memory use not read on some GPUs; the others are reported");
         }
         self.failed = failed;
-        let mut containers = Vec::new();
+        // A process killed moments ago may still be listed while the driver frees
+        // its memory: neither counted nor killed again.
+        self.dying.retain(|_, at| at.elapsed() < DYING);
+        traced.retain(|t| !self.dying.contains_key(&t.process.pid));
+        let mut entries: Vec<(String, ContainerGpuMemory)> = Vec::new();
         let mut seen = HashSet::new();
-        for ((container_id, gpu), used) in sums {
+        for ((container_id, gpu), used) in sums(&traced) {
             let Some((container, Some(pod))) = self.store.container(&container_id) else {
                 continue;
             };
@@ -168,17 +217,27 @@ impl Report {
                     .find(|(uuid, _)| *uuid == gpu)
                     .map_or(MemoryGrant::None, |(_, grant)| *grant)
             };
-            containers.push(ContainerGpuMemory {
-                namespace: pod.namespace.clone(),
-                pod: pod.name.clone(),
-                pod_uid: pod.uid.clone(),
-                container: container.name,
-                gpu,
-                used,
-                grant,
-            });
+            entries.push((
+                container_id,
+                ContainerGpuMemory {
+                    namespace: pod.namespace.clone(),
+                    pod: pod.name.clone(),
+                    pod_uid: pod.uid.clone(),
+                    container: container.name,
+                    gpu,
+                    used,
+                    grant,
+                },
+            ));
         }
         self.grants.retain(|id, _| seen.contains(id));
+        if let Some(margin) = self.margin {
+            self.oom_kill(&entries, &traced, margin).await;
+        }
+        let now = unix_now();
+        self.kills
+            .retain(|k| now.saturating_sub(k.at) < tessera_api::usage::KILLS_KEPT_SECONDS);
+        let mut containers: Vec<ContainerGpuMemory> = entries.into_iter().map(|(_, e)| e).collect();
         containers.sort_by(|a, b| {
             (&a.namespace, &a.pod, &a.container, &a.gpu).cmp(&(
                 &b.namespace,
@@ -187,9 +246,124 @@ impl Report {
                 &b.gpu,
             ))
         });
-        self.write(Some(NodeGpuMemory { containers }.to_json()))
-            .await;
+        self.write(Some(
+            NodeGpuMemory {
+                containers,
+                kills: self.kills.clone(),
+            }
+            .to_json(),
+        ))
+        .await;
         Ok(())
+    }
+
+    /// Kills, in each shared container over its grant plus `margin` on a GPU, its
+    /// largest processes there until the rest fit; each kill is logged and kept
+    /// for the file. Only shares are held: a whole GPU, a trusted agent's and an
+    /// ungranted use (the reporter's to judge against kubelet's checkpoint) are not.
+    async fn oom_kill(
+        &mut self,
+        entries: &[(String, ContainerGpuMemory)],
+        traced: &[Traced],
+        margin: u64,
+    ) {
+        let mut orders = Vec::new();
+        for (container_id, entry) in entries {
+            let MemoryGrant::Share(limit) = entry.grant else {
+                continue;
+            };
+            let allowance = limit.saturating_add(margin);
+            if entry.used <= allowance {
+                continue;
+            }
+            let processes: Vec<(u32, u64)> = traced
+                .iter()
+                .filter(|t| t.container_id == *container_id && t.process.gpu == entry.gpu)
+                .map(|t| (t.process.pid, t.process.used))
+                .collect();
+            orders.push((
+                container_id.clone(),
+                entry.clone(),
+                victims(&processes, allowance),
+            ));
+        }
+        if orders.is_empty() {
+            return;
+        }
+        let sampler = Arc::clone(&self.sampler);
+        let done = tokio::task::spawn_blocking(move || {
+            let sampler = sampler.lock().unwrap_or_else(|e| e.into_inner());
+            orders
+                .into_iter()
+                .map(|(container_id, entry, pids)| {
+                    let results: Vec<(u32, Result<(), KillError>)> = pids
+                        .into_iter()
+                        .map(|pid| {
+                            let result = match &sampler.killer {
+                                Some(killer) => killer.kill(pid, &container_id),
+                                None => Err(KillError::Failed(
+                                    pid,
+                                    std::io::Error::other("the sampler has no killer"),
+                                )),
+                            };
+                            (pid, result)
+                        })
+                        .collect();
+                    (entry, results)
+                })
+                .collect::<Vec<_>>()
+        })
+        .await;
+        let done = match done {
+            Ok(done) => done,
+            Err(error) => {
+                tracing::warn!(%error, "OOM kill task failed");
+                return;
+            }
+        };
+        let at = unix_now();
+        for (entry, results) in done {
+            let limit = entry.limit().unwrap_or_default();
+            let mut killed = Vec::new();
+            for (pid, result) in results {
+                match result {
+                    Ok(()) => {
+                        self.dying.insert(pid, Instant::now());
+                        killed.push(pid);
+                    }
+                    // Gone on its own: nothing held any more.
+                    Err(KillError::Gone(..)) => {}
+                    Err(error) => {
+                        tracing::error!(pod = %format!("{}/{}", entry.namespace, entry.pod), container = %entry.container, gpu = %entry.gpu, %error, "GPU memory over its grant, and its process could not be killed");
+                    }
+                }
+            }
+            if killed.is_empty() {
+                continue;
+            }
+            tracing::warn!(
+                pod = %format!("{}/{}", entry.namespace, entry.pod),
+                container = %entry.container,
+                gpu = %entry.gpu,
+                used = entry.used,
+                limit,
+                margin,
+                pids = ?killed,
+                "GPU memory over the container's grant: its largest processes on that GPU killed"
+            );
+            self.kills.push(GpuMemoryKill {
+                namespace: entry.namespace,
+                pod: entry.pod,
+                pod_uid: entry.pod_uid,
+                container: entry.container,
+                gpu: entry.gpu,
+                used: entry.used,
+                limit,
+                margin,
+                pids: killed,
+                at,
+            });
+        }
     }
 
     /// Writes `text` whole (or removes the file for `None`) when it changed.
@@ -215,4 +389,11 @@ impl Report {
             Err(error) => tracing::warn!(%error, "GPU memory report task failed"),
         }
     }
+}
+
+/// Seconds since the Unix epoch (0 on a clock before it).
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }

@@ -132,6 +132,10 @@ pub struct Enforcement {
     /// GPU time: the runtime proxy freezes each shared container's cgroup while
     /// it has used more than its compute share of its GPUs.
     pub gpu_time: bool,
+    /// The GPU memory OOM kill: the runtime proxy kills a shared container's
+    /// largest processes on a GPU while they hold more than its grant there plus
+    /// the node's margin, as the driver counts them.
+    pub oom_kill: bool,
     /// HAMi-core, preloaded from these host files.
     pub hami_core: Option<HamiCoreFiles>,
 }
@@ -156,6 +160,9 @@ impl Enforcement {
         }
         if self.gpu_time {
             backends.push(Backend::GpuTime);
+        }
+        if self.oom_kill {
+            backends.push(Backend::OomKill);
         }
         if self.hami_core.is_some() {
             backends.push(Backend::HamiCore);

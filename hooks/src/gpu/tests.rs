@@ -1657,6 +1657,7 @@ mod enforcement {
                 driver_memory: true,
                 mps: None,
                 gpu_time: false,
+                oom_kill: false,
                 hami_core: Some(files()),
             },
             ..GpuHookConfig::default()
@@ -1836,6 +1837,7 @@ mod enforcement {
                     pipe_dir: "/run/tessera/mps/pipe".into(),
                 }),
                 gpu_time: false,
+                oom_kill: false,
                 hami_core: None,
             },
             ..GpuHookConfig::default()
@@ -1981,6 +1983,7 @@ mod enforcement {
                 driver_memory: false,
                 mps: None,
                 gpu_time: false,
+                oom_kill: false,
                 hami_core: Some(files.clone()),
             },
             ..GpuHookConfig::default()

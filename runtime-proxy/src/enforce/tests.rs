@@ -48,6 +48,7 @@ fn hook(runtime: Result<RuntimeCdi, String>, spec_dir: Option<PathBuf>) -> Enfor
             driver_memory: true,
             mps: None,
             gpu_time: false,
+            oom_kill: false,
             hami_core: None,
         },
         Some(DriverMemory {
@@ -349,6 +350,7 @@ async fn a_shared_container_with_a_pipe_directory_gets_its_namespace_until_its_p
                 pipe_dir: "/run/nvidia-mps".into(),
             }),
             gpu_time: false,
+            oom_kill: false,
             hami_core: None,
         },
         None,
@@ -762,4 +764,163 @@ async fn memory_report_names_each_containers_use_against_its_grant() {
     *driver.lock().expect("not poisoned") = Ok(vec![process(GPU_A, 1, 1)]);
     report.round().await.expect("a round");
     assert_eq!(read().containers.len(), 1);
+}
+
+/// Records each kill; a pid in `gone` has already exited.
+#[derive(Clone, Default)]
+struct Kills {
+    done: Arc<std::sync::Mutex<Vec<(u32, String)>>>,
+    gone: Vec<u32>,
+}
+
+impl tessera_enforce::oom::Killer for Kills {
+    fn kill(&self, pid: u32, container_id: &str) -> Result<(), tessera_enforce::oom::KillError> {
+        if self.gone.contains(&pid) {
+            return Err(tessera_enforce::oom::KillError::Gone(
+                pid,
+                container_id.to_owned(),
+            ));
+        }
+        self.done
+            .lock()
+            .expect("not poisoned")
+            .push((pid, container_id.to_owned()));
+        Ok(())
+    }
+}
+
+/// pid N runs in the container whose ID is its first digit repeated (pids 1,
+/// 11 and 12 share one).
+struct FirstDigit;
+
+impl tessera_enforce::throttle::Processes for FirstDigit {
+    fn cgroup(&self, pid: u32) -> tessera_enforce::throttle::Lookup {
+        use tessera_enforce::throttle::{Lookup, ProcessCgroup};
+        let first = pid.to_string()[..1].to_owned();
+        Lookup::Container(ProcessCgroup {
+            container_id: first.repeat(64),
+            dir: "/sys/fs/cgroup/x".into(),
+        })
+    }
+}
+
+#[tokio::test]
+async fn oom_kill_takes_a_shares_largest_processes_past_its_grant_and_margin() {
+    use tessera_api::usage::NodeGpuMemory;
+    use tessera_enforce::usage::ProcessMemory;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Arc::new(crate::store::PodStore::default());
+    store.insert_pod(PodInfo {
+        sandbox_id: "sandbox".into(),
+        ..(*pod()).clone()
+    });
+    for (id, name) in [(1, "main"), (2, "whole"), (3, "sidecar")] {
+        store.insert_container(crate::store::ContainerInfo {
+            id: id.to_string().repeat(64),
+            name: name.into(),
+            sandbox_id: "sandbox".into(),
+        });
+    }
+    let process = |gpu: &str, pid, used: u64| ProcessMemory {
+        gpu: gpu.into(),
+        pid,
+        used,
+    };
+    let gib = |n: u64| n << 30;
+    // main (a 20 GiB share of GPU A) holds 22 GiB in three processes: past its
+    // grant and a 1 GiB margin. whole holds 30 GiB of its own GPU; the sidecar
+    // 1 GiB of a GPU it was not granted (the reporter's to judge).
+    let driver = Arc::new(std::sync::Mutex::new(Ok(vec![
+        process(GPU_A, 1, gib(16)),
+        process(GPU_A, 11, gib(5)),
+        process(GPU_A, 12, gib(1)),
+        process(GPU_B, 2, gib(30)),
+        process(GPU_A, 3, gib(1)),
+    ])));
+    let kills = Kills::default();
+    let report = |margin: Option<u64>| {
+        let report = crate::usage::Report::new(
+            crate::usage::Sampler::new(Box::new(Driver(Arc::clone(&driver))), Box::new(FirstDigit))
+                .killing(Box::new(kills.clone())),
+            Arc::new(hook(Err("unused".into()), None)),
+            Arc::clone(&store),
+            Vec::new(),
+            dir.path(),
+        );
+        match margin {
+            Some(margin) => report.with_oom_kill(margin),
+            None => report,
+        }
+    };
+    let file = dir.path().join(tessera_api::usage::USAGE_FILE);
+    let read = || {
+        NodeGpuMemory::parse(&std::fs::read_to_string(&file).expect("the report"))
+            .expect("a report")
+    };
+    // Off: measured, nothing killed.
+    report(None).round().await.expect("a round");
+    assert!(kills.done.lock().expect("not poisoned").is_empty());
+    assert!(read().kills.is_empty());
+
+    // On: the 16 GiB process alone brings it within 21 GiB.
+    let mut on = report(Some(gib(1)));
+    on.round().await.expect("a round");
+    assert_eq!(
+        *kills.done.lock().expect("not poisoned"),
+        [(1, "1".repeat(64))]
+    );
+    let told = read().kills;
+    assert_eq!(told.len(), 1, "{told:?}");
+    let kill = &told[0];
+    assert_eq!(
+        (
+            kill.pod.as_str(),
+            kill.container.as_str(),
+            kill.gpu.as_str(),
+            kill.used,
+            kill.limit,
+            kill.margin,
+            kill.pids.as_slice()
+        ),
+        (
+            "train",
+            "main",
+            GPU_A,
+            gib(22),
+            gib(20),
+            gib(1),
+            &[1u32][..]
+        )
+    );
+    // Still listed by the driver while it dies: neither counted nor killed again,
+    // and the kill stays on record.
+    on.round().await.expect("a round");
+    assert_eq!(kills.done.lock().expect("not poisoned").len(), 1);
+    let now = read();
+    assert_eq!(now.kills, told);
+    assert!(
+        now.containers
+            .iter()
+            .any(|c| c.container == "main" && c.used == gib(6)),
+        "{now:?}"
+    );
+
+    // A process that exits before its kill is no kill.
+    let gone = Kills {
+        gone: vec![11],
+        ..Kills::default()
+    };
+    *driver.lock().expect("not poisoned") = Ok(vec![process(GPU_A, 11, gib(25))]);
+    let mut exiting = crate::usage::Report::new(
+        crate::usage::Sampler::new(Box::new(Driver(Arc::clone(&driver))), Box::new(FirstDigit))
+            .killing(Box::new(gone.clone())),
+        Arc::new(hook(Err("unused".into()), None)),
+        Arc::clone(&store),
+        Vec::new(),
+        dir.path(),
+    )
+    .with_oom_kill(gib(1));
+    exiting.round().await.expect("a round");
+    assert!(gone.done.lock().expect("not poisoned").is_empty());
+    assert!(read().kills.is_empty());
 }

@@ -1024,6 +1024,63 @@ pub async fn gpu_memory_use_is_reported_against_each_grant(
             "gpu-memory: tessera inspect does not show the use:\n{table}{}",
             String::from_utf8_lossy(&inspect.stderr)
         );
+        // Past its grant and the node's 1 GiB margin (--oom-kill-margin's
+        // default): the OOM kill kills its process, the container's own, so
+        // kubelet starts it again; the pod is told, and the metric counts it.
+        ensure!(
+            !cluster
+                .log(tessera_harness::cluster::Component::RuntimeProxy)
+                .contains("largest processes on that GPU killed"),
+            "gpu-memory: the OOM kill acted within the grant"
+        );
+        let over = limit + (2u64 << 30);
+        std::fs::write(cluster.gpu_processes_file(), format!("{minor} {main} {over}\n"))?;
+        let killed = cluster
+            .wait_events_in(
+                "default",
+                "gpu-memory",
+                &["GpuMemoryOomKilled"],
+                std::time::Duration::from_secs(30),
+            )
+            .await?;
+        let told = format!(
+            "container main held 22.0 GiB on GPU {uuid}, past its 20.0 GiB grant and the node's 1.0 GiB margin: its process {main} was killed (oom-kill)"
+        );
+        ensure!(
+            killed.iter().any(|e| e.contains(&told)),
+            "gpu-memory: the OOM kill's Event does not say what was killed: {killed:?}"
+        );
+        let restarted = cluster
+            .wait_pod(
+                "gpu-memory",
+                std::time::Duration::from_secs(60),
+                "main restarted after its OOM kill",
+                |pod| {
+                    pod.status
+                        .as_ref()
+                        .and_then(|s| s.container_statuses.as_ref())
+                        .is_some_and(|all| {
+                            all.iter().any(|c| c.name == "main" && c.restart_count >= 1)
+                        })
+                },
+            )
+            .await?;
+        let again = cluster.container_pid(&container_id(&restarted, "main")?)?;
+        ensure!(again != main, "gpu-memory: main's process was not replaced");
+        // The sidecar, with no grant to hold, was left alone.
+        ensure!(
+            std::path::Path::new(&format!("/proc/{sidecar}")).exists(),
+            "gpu-memory: the sidecar's process went too"
+        );
+        let (_, metrics) = tessera_harness::monitoring::scrape("127.0.0.1:9465").await?;
+        let kills = format!(
+            "tessera_reporter_container_gpu_memory_oom_kills{}",
+            labels("main")
+        );
+        ensure!(
+            tessera_harness::monitoring::sample(&metrics, &kills).is_some_and(|v| v >= 1.0),
+            "gpu-memory: the reporter does not count the OOM kill ({kills})"
+        );
         Ok(())
     }
     .await;
