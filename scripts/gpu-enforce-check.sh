@@ -11,6 +11,9 @@
 #   c  tenant 2 (another pod, 25 % of the same GPU) gets its own 10 GiB while tenant 1 holds 10
 #   f  two tenants at once (25 % each, 20 s): each one's rate and their sum
 #   g  two processes at once in one 25 % container: their sum (a share is the container's)
+#   k  the OOM kill: t1 filled to HAMi-core's limit is not killed (the driver's count against
+#      the grant: the margin's measure); a tenant's user namespace hiding /etc/ld.so.preload;
+#      a host process without HAMi-core in t2's cgroup allocating 30 GiB is killed
 #   d  each container's OCI spec (OUT/specs.json): TESSERA_ENFORCEMENT, limiter env,
 #      HAMi-core's mounts, the tessera-enforce createRuntime hook
 #   e  with driver-memory on (r615+): nvmlDeviceGetMemoryLimits_v1 on each shared cgroup
@@ -28,12 +31,13 @@
 #   GPU_CHECK_FAKE=1 bash scripts/gpu-enforce-check.sh   no GPU: the fake NVML (memoryLimits on;
 #       GPU_CHECK_FAKE_LIMITS=0: off, as driver 580), mknod'ed device nodes; the torch steps
 #       report "no GPU", the spec checks must PASS
-# Env: OUT (default /tmp/gpu-enforce-out; at most 6 files are written there), GPU_CHECK_BUDGET
+# Env: OUT (default /tmp/gpu-enforce-out; at most 7 files are written there), GPU_CHECK_BUDGET
 # (420: no step starts after it, none runs past it; cleanup and summary still run),
 # GPU_CHECK_WORK (/tmp/gpu-enforce-work), GPU_CHECK_PACK, TESSERA_BIN_DIR, HAMI_CORE_SRC (a
 # HAMi-core work tree), HAMI_CORE_LIB (a built libvgpu.so), GPU_CHECK_PYTHON (python3),
 # K8S_BIN (containerd's binaries, plain or .xz), GPU_CHECK_MPS (1: MPS v3 on a real GPU, which
-# sets its compute mode while shares run and DEFAULT after; otherwise MPS is left off there).
+# sets its compute mode while shares run and DEFAULT after; otherwise MPS is left off there),
+# GPU_CHECK_SKIP (step names, space-separated: e.g. "torch-b" when time is short).
 set -uo pipefail
 
 SELF=$(realpath "$0"); ROOT=$(cd "$(dirname "$SELF")/.." && pwd); HELP=$ROOT/scripts/gpu
@@ -161,13 +165,14 @@ step_facts() {
     local fl=${FAKE_NVML_LIB:-$(find_in libtessera_fake_nvml.so "$ROOT/target/debug" "${CARGO_TARGET_DIR:-/tmp/gpucheck-target}/debug")} uvm
     [ -f "$fl" ] || { echo "no libtessera_fake_nvml.so: cargo build -p tessera-fake-nvml"; return 1; }
     mkdir -p "$W/fakelib" "$W/dev"; cp "$fl" "$W/fakelib/libnvidia-ml.so.1"
-    python3 - "$W/fakelib/fake-nvml.json" "$W/res/memory-limits.jsonl" "${GPU_CHECK_FAKE_LIMITS:-1}" "$W/res/compute-mode.jsonl" <<'EOF'
+    python3 - "$W/fakelib/fake-nvml.json" "$W/res/memory-limits.jsonl" "${GPU_CHECK_FAKE_LIMITS:-1}" "$W/res/compute-mode.jsonl" "$W/res/fake-processes" <<'EOF'
 import json, sys
 gpu = lambda i, p: {"uuid": "GPU-fa4e0000-0000-4000-8000-00000000000%d" % i, "minor": i, "name": "NVIDIA H100 80GB HBM3",
                     "memoryBytes": 85899345920, "busId": "00000000:%02X:00.0" % (0x18 + i * 0x10), "numaNode": i // 2,
                     "pcieSwitch": "sw%d" % (i // 2), "nvlinks": [{"link": 0, "peerBusId": "00000000:%02X:00.0" % (0x18 + p * 0x10)}]}
 json.dump({"driverVersion": "550.54.15", "cudaDriverVersion": 12040, "gpus": [gpu(0, 1), gpu(1, 0), gpu(2, 3), gpu(3, 2)],
-           "xidEvents": [], "memoryLimits": sys.argv[3] != "0", "memoryLimitsLog": sys.argv[2], "computeModeLog": sys.argv[4]},
+           "xidEvents": [], "memoryLimits": sys.argv[3] != "0", "memoryLimitsLog": sys.argv[2], "computeModeLog": sys.argv[4],
+           "processUtilization": sys.argv[5]},
           open(sys.argv[1], "w"), indent=1)
 EOF
     uvm=$(awk '$2 == "nvidia-uvm" {print $1}' /proc/devices); uvm=${uvm:-510}
@@ -403,8 +408,8 @@ step_torch_c() { # c: tenant 1 holds 10 GiB (in the background) while tenant 2 a
   # the driver every 2 s): the driver's count against the bytes held (the CUDA
   # context's margin), and MPS clients' memory as NVML gives it.
   sleep 3
-  cp "$W/enforce/gpu-memory.json" "$OUT/gpu-memory-c.json" 2>/dev/null \
-    || echo "no $W/enforce/gpu-memory.json" > "$OUT/gpu-memory-c.json"
+  cp "$W/enforce/gpu-memory.json" "$W/res/gpu-memory-c.json" 2>/dev/null \
+    || echo "no $W/enforce/gpu-memory.json" > "$W/res/gpu-memory-c.json"
   texec t2 60 c alloc
   touch "$W/res/ctr/c-hold.release"; wait "$holder"; echo "c-hold: rc=$?"; tail -2 "$W/res/exec-c-hold.txt"
 }
@@ -419,6 +424,44 @@ step_torch_two() { # f: two tenants at once (t1, t2: 25 % each); g: two processe
   crictl_ exec -s --timeout 80 "$(cid_of t1)" "$PY_EXE" /torchcheck.py g1 full 20 > "$W/res/exec-g1.txt" 2>&1 &
   crictl_ exec -s --timeout 80 "$(cid_of t1)" "$PY_EXE" /torchcheck.py g2 full 20 > "$W/res/exec-g2.txt" 2>&1 &
   wait; tail -n 2 "$W/res/exec-g1.txt" "$W/res/exec-g2.txt"
+}
+
+step_torch_kill() { # k: the OOM kill (oom-kill), in three parts:
+  # k1  t1 fills its share to HAMi-core's limit and holds it: not killed; the driver's count
+  #     then, against the grant, is what --oom-kill-margin must cover (OUT/gpu-memory.json)
+  # k2  in t2, a tenant's own user namespace bind-mounts /dev/null over /etc/ld.so.preload and
+  #     allocates 30 GiB: does HAMi-core still load, and if not, does the OOM kill take it
+  # k3  a host process without HAMi-core, moved into t2's cgroup, allocates 30 GiB in 1 GiB
+  #     blocks: killed by the OOM kill, and how far it got (OUT/gpu-memory.json)
+  local p i pid cpid cg
+  for p in t1 t2; do [ -n "$(cid_of $p)" ] || { echo "k: no container $p"; return 1; }; done
+  crictl_ exec -s --timeout 60 "$(cid_of t1)" "$PY_EXE" /torchcheck.py k1 fill 40 > "$W/res/exec-k1.txt" 2>&1 &
+  pid=$!
+  for i in $(seq 120); do grep -qE '"phase": "(holding|done)"' "$W/res/ctr/k1.json" 2>/dev/null && break; sleep 0.5; done
+  sleep 2 # four of the proxy's readings
+  cp "$W/enforce/gpu-memory.json" "$W/res/gpu-memory-k1.json" 2>/dev/null || echo "no report" > "$W/res/gpu-memory-k1.json"
+  touch "$W/res/ctr/k1.release"; wait "$pid"; echo "k1: rc=$?"; tail -2 "$W/res/exec-k1.txt"
+  # $0 of the inner shell is the python: no quoting of a path inside the quoted script.
+  crictl_ exec -s --timeout 60 "$(cid_of t2)" unshare -Urm sh -c \
+    'mount --bind /dev/null /etc/ld.so.preload && exec "$0" /torchcheck.py k2 over 8' "$PY_EXE" > "$W/res/exec-k2.txt" 2>&1
+  echo $? > "$W/res/k2-rc"; echo "k2: rc=$(cat "$W/res/k2-rc")"; tail -3 "$W/res/exec-k2.txt"
+  sleep 1
+  cpid=$(crictl_ inspect "$(cid_of t2)" | python3 -c 'import json, sys; print(json.load(sys.stdin)["info"]["pid"])') || return 1
+  cg=$(awk '$3 == "cgroup2" {print $2; exit}' /proc/mounts)$(awk -F: '$1 == "0" {print $3}' "/proc/$cpid/cgroup")
+  [ -d "$cg" ] || { echo "k3: no cgroup $cg"; return 1; }
+  echo "k3: t2's cgroup $cg"
+  # Fake mode: no torch; a sleep that the fake NVML says holds 30 GiB of GPU 0.
+  local run=("$PY_EXE" "$HELP/torchcheck.py" k3 over 8)
+  [ -n "$FAKE" ] && run=(sleep 8)
+  ( echo "$BASHPID" > "$cg/cgroup.procs" &&
+    exec env -i PATH=/usr/bin:/bin TORCHCHECK_OUT="$W/res/ctr" LD_LIBRARY_PATH="$DRIVER_DIR" "${run[@]}" ) > "$W/res/exec-k3.txt" 2>&1 &
+  pid=$!
+  [ -n "$FAKE" ] && echo "0 $pid $((30 << 30))" > "$W/res/fake-processes"
+  # The report while it allocates, until it ends (killed, or done after 8 s).
+  while kill -0 "$pid" 2>/dev/null; do cp "$W/enforce/gpu-memory.json" "$W/res/gpu-memory-k3.json" 2>/dev/null; sleep 0.1; done
+  date +%s.%N > "$W/res/k3-ended"
+  wait "$pid"; echo $? > "$W/res/k3-rc"; echo "k3: rc=$(cat "$W/res/k3-rc") (137: SIGKILL)"; tail -3 "$W/res/exec-k3.txt"
+  sleep 1; cp "$W/enforce/gpu-memory.json" "$W/res/gpu-memory-k3.json" 2>/dev/null
 }
 
 down() { # stops what this script started: pods (through the proxy first, so its cleanup
@@ -456,7 +499,7 @@ case "${1:-}" in
 esac
 [ "$(id -u)" = 0 ] || { echo "run as root (containerd, runc, mknod, mounts)"; exit 1; }
 export T0=$(date +%s) GPU_CHECK_T0=$(date +%s)
-mkdir -p "$OUT"; rm -f "$OUT"/{log.txt,summary.txt,specs.json,torch.jsonl,limits.json,daemons.txt}
+mkdir -p "$OUT"; rm -f "$OUT"/{log.txt,summary.txt,specs.json,torch.jsonl,limits.json,daemons.txt,gpu-memory.json}
 [ -f "$W/state.env" ] && timeout 60 bash "$SELF" --step cleanup > /dev/null 2>&1 # an earlier run's leftovers
 rm -rf "$W"; mkdir -p "$W/res"; : > "$W/state.env"; : > "$W/steps.txt"
 log "gpu-enforce-check: checkout $ROOT, work $W, out $OUT, budget ${BUDGET}s${FAKE:+, FAKE MODE (no GPU)}"
@@ -473,6 +516,7 @@ fi
   [ -d "$sp/torch" ] && timeout 120 find "$sp/torch/lib" "$sp/nvidia" -name '*.so*' -type f -exec cat {} + ) > /dev/null 2>&1 &
 step() { # NAME LIMIT [always]: in its own process under `timeout`; its failure is logged, the rest run
   local name=$1 limit=$2 left t rc
+  case " ${GPU_CHECK_SKIP:-} " in *" $name "*) log "SKIP $name: GPU_CHECK_SKIP"; echo "$name skipped" >> "$W/steps.txt"; return;; esac
   left=$(( BUDGET - $(el) ))
   if [ "${3:-}" != always ]; then
     if (( left < 10 )); then log "SKIP $name: the ${BUDGET}s budget is spent"; echo "$name skipped" >> "$W/steps.txt"; return; fi
@@ -499,6 +543,7 @@ step torch-a 100
 step torch-b 160
 step torch-c 100
 step torch-two 120
+step torch-kill 90
 step cleanup 40 always
 step summary 30 always
 trap - EXIT

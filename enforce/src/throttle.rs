@@ -240,8 +240,10 @@ impl GpuTime for NvmlGpuTime {
     fn samples(&mut self, uuid: &str, since_us: u64) -> Result<Vec<Sample>, ThrottleError> {
         let device = self.nvml.device_by_uuid(uuid).map_err(nvml_error(uuid))?;
         match device.process_utilization_stats(since_us) {
+            // Unused slots come back as pid 0 at time 0 (driver 580): not samples.
             Ok(samples) => Ok(samples
                 .into_iter()
+                .filter(|s| s.pid != 0 && s.timestamp != 0)
                 .map(|s| Sample {
                     pid: s.pid,
                     timestamp_us: s.timestamp,
@@ -383,13 +385,30 @@ impl Account {
     }
 }
 
+/// Samples within this of an instant's first are of that instant (the driver
+/// samples the whole GPU at once).
+const INSTANT_US: u64 = 20_000;
+/// How many gaps between instants estimate the driver's sampling period.
+const GAPS_KEPT: usize = 16;
+
 /// What one GPU's sampling remembers.
 #[derive(Debug, Default)]
 struct GpuSampling {
-    /// The newest sample's time.
+    /// The newest sampling instant's time.
     last_us: u64,
-    /// Each process's newest sample's time.
-    pids: HashMap<u32, u64>,
+    /// The latest gaps between instants, newest last.
+    gaps: std::collections::VecDeque<u64>,
+}
+
+impl GpuSampling {
+    /// The driver's sampling period, as the gaps between its instants show it:
+    /// their lower quartile, so that a stretch with no sample (a stalled sampler)
+    /// does not lengthen it.
+    fn period_us(&self) -> Option<u64> {
+        let mut gaps: Vec<u64> = self.gaps.iter().copied().collect();
+        gaps.sort_unstable();
+        gaps.get(gaps.len() / 4).copied()
+    }
 }
 
 /// A granted container's state, for `tessera inspect`-like reports and tests.
@@ -823,52 +842,61 @@ impl Throttle {
 
     /// Charges `samples` of GPU `uuid` to the containers they belong to.
     ///
-    /// Each sample is charged the period since its process's previous one at its
-    /// utilization. Processes time-sliced on one GPU can each be reported busy for
-    /// the same period (measured on an H100, driver 580: two processes of one 25 %
-    /// container ran at 0.15 of the GPU together, two 25 % tenants at once at 0.29
-    /// together); a GPU's time is one, so when the charges of a round's samples
-    /// add up to more than the time they cover, each is scaled down to its part.
+    /// The driver samples the whole GPU at instants one sampling period apart
+    /// (0.2 s on an H100, driver 580), and gives each process that held the GPU
+    /// over the window before an instant its utilization there; while the GPU is
+    /// idle, the process that ran last gets 0 %. Time-sliced processes take the
+    /// GPU in turns, one per window (`scripts/gpu/nvml-samples-probe.py`,
+    /// docs/gpu-runs/h100-2026-11-27c/). So a sample is charged its window (the
+    /// time since the GPU's previous instant, at most one period) at its
+    /// utilization, never the time since its own process's previous sample, which
+    /// would charge a process for the windows the other tenant held. A GPU's time
+    /// is one: when the charges of one instant add up to more than its window
+    /// (processes reported busy at once), each is scaled down to its part.
     fn charge(&mut self, uuid: &str, mut samples: Vec<Sample>, now: f64) {
         samples.sort_by_key(|s| s.timestamp_us);
         let sampling = self.sampling.entry(uuid.to_owned()).or_default();
         let since = sampling.last_us;
-        // (pid, seconds of the whole GPU it used), and the span they cover.
+        // (pid, seconds of the whole GPU it used).
         let mut used: Vec<(u32, f64)> = Vec::with_capacity(samples.len());
-        let (mut first_us, mut last_us) = (u64::MAX, 0u64);
-        for sample in samples {
-            // NVML answers with samples after `since`; one that is not is old.
-            if sample.timestamp_us <= since && since != 0 {
-                continue;
-            }
-            // The period a sample covers: since the process's previous sample,
-            // or, for its first, since the GPU's (nothing on the very first round).
-            let previous = sampling.pids.get(&sample.pid).copied().unwrap_or(since);
-            let gap = if previous == 0 {
+        // NVML answers with samples after `since`; one that is not is old.
+        samples.retain(|s| s.timestamp_us > since && s.pid != 0);
+        let mut rest = samples.as_slice();
+        while let Some(first) = rest.first() {
+            let size = rest
+                .iter()
+                .take_while(|s| s.timestamp_us - first.timestamp_us <= INSTANT_US)
+                .count();
+            let (instant, next) = rest.split_at(size);
+            rest = next;
+            let at = instant
+                .last()
+                .map_or(first.timestamp_us, |s| s.timestamp_us);
+            // Nothing before the very first instant: its window is unknown.
+            let window = if sampling.last_us == 0 {
                 0.0
             } else {
-                (sample.timestamp_us.saturating_sub(previous) as f64 / 1e6)
-                    .min(MAX_SAMPLE_GAP_SECONDS)
+                let gap = at.saturating_sub(sampling.last_us);
+                sampling.gaps.push_back(gap);
+                if sampling.gaps.len() > GAPS_KEPT {
+                    sampling.gaps.pop_front();
+                }
+                let period = sampling.period_us().unwrap_or(gap);
+                (gap.min(period) as f64 / 1e6).min(MAX_SAMPLE_GAP_SECONDS)
             };
-            if gap > 0.0 {
-                let start = sample.timestamp_us.saturating_sub((gap * 1e6) as u64);
-                first_us = first_us.min(start);
-                last_us = last_us.max(sample.timestamp_us);
-            }
-            sampling.pids.insert(sample.pid, sample.timestamp_us);
-            sampling.last_us = sampling.last_us.max(sample.timestamp_us);
-            used.push((
-                sample.pid,
-                gap * f64::from(sample.sm_percent.min(100)) / 100.0,
-            ));
+            sampling.last_us = sampling.last_us.max(at);
+            let busy: f64 = instant
+                .iter()
+                .map(|s| f64::from(s.sm_percent.min(100)) / 100.0)
+                .sum();
+            let scale = if busy > 1.0 { 1.0 / busy } else { 1.0 };
+            used.extend(instant.iter().map(|s| {
+                (
+                    s.pid,
+                    window * f64::from(s.sm_percent.min(100)) / 100.0 * scale,
+                )
+            }));
         }
-        let span = last_us.saturating_sub(first_us) as f64 / 1e6;
-        let total: f64 = used.iter().map(|(_, seconds)| seconds).sum();
-        let scale = if total > span && total > 0.0 {
-            span / total
-        } else {
-            1.0
-        };
         for (pid, seconds) in used {
             let Some(cgroup) = self.cgroup_of(pid, now) else {
                 continue;
@@ -898,13 +926,8 @@ impl Throttle {
                 }
             }
             if let Some(credit) = account.credit.get_mut(uuid) {
-                *credit -= seconds * scale;
+                *credit -= seconds;
             }
-        }
-        if let Some(sampling) = self.sampling.get_mut(uuid) {
-            sampling
-                .pids
-                .retain(|pid, _| self.pid_cache.contains_key(pid));
         }
     }
 }

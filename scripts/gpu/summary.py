@@ -177,7 +177,7 @@ else:
 # a, b, c: what processes in the containers got
 T = {}
 with open(os.path.join(OUT, "torch.jsonl"), "w") as f:
-    for lab in ("base", "a", "b", "b-join", "c-hold", "c", "f1", "f2", "g1", "g2"):
+    for lab in ("base", "a", "b", "b-join", "c-hold", "c", "f1", "f2", "g1", "g2", "k1", "k2", "k3"):
         r = rj(os.path.join(R, "ctr", lab + ".json"))
         if r is not None:
             r["execTail"] = rd("exec-%s.txt" % lab)[-400:]
@@ -264,10 +264,87 @@ if gpu_part("c", "c tenant 2 while tenant 1 holds 10 GiB") is None:
     out("PASS" if ok else "FAIL", "c tenant 2's own 10 GiB %s while tenant 1 holds 10 GiB (tenant 1's %s, %s); "
         "its 30 GiB %s" % (short(c.get("alloc10")), short(h.get("alloc10")),
                            "held throughout" if during else "NOT held at that moment", short(c.get("alloc30"))))
+# k: the OOM kill. Its margin is the proxy's default unless its command line names one.
+margin = 1 << 30
+mm = re.search(r"--oom-kill-margin[= ](\d+)", rd("proxy.cmd"))
+if mm:
+    margin = int(mm.group(1))
+kill_on = "oom-kill" in backends.split("+")
+
+
+def report(name):
+    try:
+        return json.load(open(os.path.join(R, name)))
+    except (OSError, ValueError):
+        return {}
+
+
+# The proxy's report at each moment the steps copied it, in one file.
+with open(os.path.join(OUT, "gpu-memory.json"), "w") as f:
+    json.dump({k: report("gpu-memory-%s.json" % k) or rd("gpu-memory-%s.json" % k)[:2000] or None
+               for k in ("c", "k1", "k3")}, f, indent=1)
+
+
+def entry(rep, pod):
+    return next((c for c in rep.get("containers", []) if c.get("pod") == pod), None)
+
+
+def kills(rep, pod):
+    return [k for k in rep.get("kills", []) if k.get("pod") == pod]
+
+
+if "k1" in T or "k3" in T or rd("exec-k1.txt"):
+    if not kill_on:
+        out("INFO", "k oom-kill is not among the node's backends (%s): the OOM kill was not checked" % backends)
+    k1, rep1 = T.get("k1") or {}, report("gpu-memory-k1.json")
+    e1 = entry(rep1, "gpucheck-t1")
+    if gpu_part("k1", "k1 t1 filled to its limit") is None or (fake and e1):
+        grant = ((e1 or {}).get("grant") or {}).get("share") if isinstance((e1 or {}).get("grant"), dict) else None
+        used = (e1 or {}).get("used")
+        over = (used - grant) if used is not None and grant else None
+        alive = k1.get("phase") == "done" and not kills(rep1, "gpucheck-t1")
+        out("PASS" if alive and kill_on else ("INFO" if not kill_on else "FAIL"),
+            "k1 t1 filled its share (%s): torch held %.2f GiB; the driver counted %s against its %s grant (%s); %s" % (
+                short(k1.get("stoppedBy", "?")), k1.get("held", 0) / GIB,
+                "%.2f GiB" % (used / GIB) if used is not None else "nothing",
+                "%.1f GiB" % (grant / GIB) if grant else "no",
+                "%+d MiB over it, margin %d MiB" % (over >> 20, margin >> 20) if over is not None else "?",
+                "not killed" if alive else "KILLED or not done (phase %s, kills %s)" % (k1.get("phase"), kills(rep1, "gpucheck-t1"))))
+    k2 = T.get("k2") or {}
+    k2rc = rd("k2-rc").strip()
+    if not k2:
+        out("INFO", "k2 a tenant's user namespace over /etc/ld.so.preload: it did not run (rc %s): %s" % (
+            k2rc, why(rd("exec-k2.txt"))[:240]))
+    else:
+        bypassed = not k2.get("libvgpuMapped")
+        reached = k2.get("held", 0) / GIB
+        killed = k2rc == "137" or (k2.get("phase") != "done" and k2rc not in ("0", ""))
+        bad = bypassed and reached > 21 and not killed
+        out("FAIL" if bad else ("PASS" if bypassed and killed else "INFO"),
+            "k2 a tenant's user namespace over /etc/ld.so.preload: libvgpu.so %s; it reached %.0f GiB (%s); %s (rc %s)" % (
+                "NOT mapped (HAMi-core bypassed)" if bypassed else "still mapped", reached,
+                short(k2.get("stoppedBy", "no failure")), "killed" if killed else "not killed", k2rc))
+    k3, rep3 = T.get("k3") or {}, report("gpu-memory-k3.json")
+    k3rc = rd("k3-rc").strip()
+    if k3 or k3rc:
+        blocks = k3.get("blocks") or []
+        allowance = (20 << 30) + margin
+        past = next((t for g, t in blocks if (g << 30) > allowance), None)
+        try:
+            ended = float(rd("k3-ended").strip())
+        except ValueError:
+            ended = None
+        told = kills(rep3, "gpucheck-t2")
+        took = "%.2f s after it passed %.0f GiB" % (ended - past, allowance / GIB) if past and ended else "?"
+        ok = k3rc == "137" and bool(told)
+        out("PASS" if ok else ("INFO" if fake or not kill_on else "FAIL"),
+            "k3 a process without HAMi-core in t2's cgroup: reached %d GiB; %s (rc %s), %s; the proxy's record: %s" % (
+                blocks[-1][0] if blocks else 0, "killed" if k3rc == "137" else "NOT killed", k3rc, took,
+                json.dumps(told[-1]) if told else "none"))
 st = rd(os.path.join(W, "steps.txt"))
 bad = [l for l in st.splitlines() if " rc=0 " not in l + " "]
 L.append("steps: %d, not clean: %s" % (len(st.splitlines()), "; ".join(bad) if bad else "none"))
-L.append("files: summary.txt log.txt specs.json torch.jsonl limits.json daemons.txt")
+L.append("files: summary.txt log.txt specs.json torch.jsonl limits.json daemons.txt gpu-memory.json")
 text = "\n".join(L) + "\n"
 open(os.path.join(OUT, "summary.txt"), "w").write(text)
 print(text)
@@ -283,7 +360,7 @@ with open(os.path.join(OUT, "daemons.txt"), "w") as f:
         body = rd(name, limit)
         if body:
             f.write("===== %s\n%s\n" % (title, body.rstrip("\n")))
-    for lab in ("base", "a", "b", "b-join", "c-hold", "c", "f1", "f2", "g1", "g2"):
+    for lab in ("base", "a", "b", "b-join", "c-hold", "c", "f1", "f2", "g1", "g2", "k1", "k2", "k3"):
         body = rd("exec-%s.txt" % lab, 20000)
         if body:
             f.write("===== exec %s\n%s\n" % (lab, body.rstrip("\n")))

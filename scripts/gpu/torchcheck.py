@@ -3,13 +3,17 @@
 
 MODE full: 10 GiB then 30 GiB, then bf16 8192^3 matmuls for SECONDS (default 5);
      alloc: the two allocations only; hold: holds 10 GiB until /out/LABEL.release exists
-     (at most SECONDS after the start).
+     (at most SECONDS after the start); fill: 1 GiB blocks, then 64 MiB ones, until an
+     allocation fails, then holds them like hold; over: up to 30 GiB in 1 GiB blocks, saving
+     after each (a process killed part-way leaves how far it got), then holds them.
+TORCHCHECK_OUT names another folder than /out (a process run on the host).
 Before torch it records what needs no GPU: its env (how many variables, the limiter's),
 /etc/ld.so.preload and whether libvgpu.so is mapped into it. Each phase rewrites
 /out/LABEL.json (a host folder) and prints it as one line "TORCHCHECK {json}"."""
 import json, os, sys, time
 
 label, mode = sys.argv[1], sys.argv[2]
+OUTDIR = os.environ.get("TORCHCHECK_OUT", "/out")
 secs = float(sys.argv[3]) if len(sys.argv) > 3 else 5.0
 t0 = time.time()
 r = {"label": label, "mode": mode, "pid": os.getpid(), "envKeys": sorted(os.environ),
@@ -25,9 +29,9 @@ def save(phase):
     r["phase"], r["t"] = phase, round(time.time() - t0, 2)
     text = json.dumps(r)
     try:
-        with open("/out/%s.json.tmp" % label, "w") as f:
+        with open("%s/%s.json.tmp" % (OUTDIR, label), "w") as f:
             f.write(text)
-        os.replace("/out/%s.json.tmp" % label, "/out/%s.json" % label)
+        os.replace("%s/%s.json.tmp" % (OUTDIR, label), "%s/%s.json" % (OUTDIR, label))
     except OSError as e:
         r["outError"] = str(e)
     print("TORCHCHECK " + text, flush=True)
@@ -53,10 +57,34 @@ try:
     r["device"] = torch.cuda.get_device_name(0)
     free, total = torch.cuda.mem_get_info(0)
     r["memGetInfo"] = {"free": free, "total": total}
-    if mode == "hold":
+    if mode in ("fill", "over"):
+        blocks, r["blocks"], step, top = [], [], 1 << 30, (30 << 30 if mode == "over" else 1 << 40)
+        r["held"] = 0
+        while r["held"] < top:
+            try:
+                blocks.append(torch.empty(step, dtype=torch.uint8, device="cuda"))
+                torch.cuda.synchronize()
+            except Exception as e:  # noqa: BLE001
+                torch.cuda.empty_cache()
+                r["stoppedBy"] = "%s: %s" % (type(e).__name__, str(e).splitlines()[0][:160] if str(e) else "")
+                if step > 64 << 20 and mode == "fill":
+                    step = 64 << 20
+                    continue
+                break
+            r["held"] += step
+            if mode == "over":
+                r["blocks"].append([r["held"] >> 30, round(time.time(), 3)])
+                save("allocating")
+        r["alloc10"] = "ok" if r["held"] >= 10 << 30 else "held %d bytes" % r["held"]
+        save("holding")
+        while time.time() - t0 < secs and not os.path.exists("%s/%s.release" % (OUTDIR, label)):
+            time.sleep(0.2)
+        r["releasedAt"] = time.time()
+        del blocks
+    elif mode == "hold":
         x, r["alloc10"] = alloc(10)
         save("holding")
-        while time.time() - t0 < secs and not os.path.exists("/out/%s.release" % label):
+        while time.time() - t0 < secs and not os.path.exists("%s/%s.release" % (OUTDIR, label)):
             time.sleep(0.2)  # held until the script says the other tenant is done, or SECONDS
         r["releasedAt"] = time.time()
         del x

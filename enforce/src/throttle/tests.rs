@@ -653,3 +653,156 @@ fn a_gpu_that_cannot_be_sampled_is_counted_until_it_can() {
     t.tick(1.2, &mut NodeGpu(node.clone()));
     assert_eq!(t.totals().unsampled_gpus, 0);
 }
+
+/// The GPU as NVML reported it on an H100 (driver 580, `scripts/gpu/nvml-samples-probe.py`,
+/// docs/gpu-runs/h100-2026-11-27c/probe-*.json): one sampling instant every 0.2 s for the
+/// whole GPU; at each, a sample (99 %) for the one process that held the GPU over the
+/// window before it, none for the others; while none runs, a 0 % sample for the one that
+/// ran last. Runnable processes take turns in slices of two windows. It also keeps the
+/// truth: the seconds each container's processes ran.
+#[derive(Clone, Default)]
+struct SlicedGpu {
+    node: Node,
+    state: Arc<Mutex<SlicedState>>,
+}
+
+#[derive(Default)]
+struct SlicedState {
+    next_instant: f64,
+    turn: usize,
+    in_slice: u32,
+    last: Option<u32>,
+    ran: HashMap<String, f64>,
+    samples: Vec<Sample>,
+}
+
+const WINDOW: f64 = 0.2;
+
+impl SlicedGpu {
+    fn advance(&self, now: f64) {
+        let mut state = lock(&self.state);
+        if state.next_instant == 0.0 {
+            state.next_instant = now + WINDOW;
+        }
+        while state.next_instant <= now + 1e-9 {
+            let at = state.next_instant;
+            let frozen = lock(&self.node.frozen).clone();
+            let frozen_at = lock(&self.node.frozen_at).clone();
+            let mut runnable: Vec<(u32, String)> = lock(&self.node.pids)
+                .iter()
+                .filter(|(_, (id, _))| {
+                    let dir = dir_of(id);
+                    !frozen.get(&dir).copied().unwrap_or(false)
+                        || frozen_at
+                            .get(&dir)
+                            .is_some_and(|t| at - t < self.node.queued)
+                })
+                .map(|(pid, (id, _))| (*pid, id.clone()))
+                .collect();
+            runnable.sort();
+            if !runnable.is_empty() {
+                if state.in_slice >= 2 {
+                    state.turn += 1;
+                    state.in_slice = 0;
+                }
+                let (pid, id) = runnable[state.turn % runnable.len()].clone();
+                state.in_slice += 1;
+                state.last = Some(pid);
+                *state.ran.entry(id).or_default() += WINDOW;
+                state.samples.push(Sample {
+                    pid,
+                    timestamp_us: (at * 1e6) as u64,
+                    sm_percent: 99,
+                });
+            } else if let Some(pid) = state.last {
+                state.samples.push(Sample {
+                    pid,
+                    timestamp_us: (at * 1e6) as u64,
+                    sm_percent: 0,
+                });
+            }
+            state.next_instant += WINDOW;
+        }
+    }
+}
+
+impl GpuTime for SlicedGpu {
+    fn samples(&mut self, _uuid: &str, since_us: u64) -> Result<Vec<Sample>, ThrottleError> {
+        let now = *lock(&self.node.now);
+        self.advance(now);
+        Ok(lock(&self.state)
+            .samples
+            .iter()
+            .filter(|s| s.timestamp_us > since_us)
+            .cloned()
+            .collect())
+    }
+}
+
+/// Runs `seconds` of 100 ms rounds against a [`SlicedGpu`]; the fraction of the GPU
+/// each of `ids` ran.
+fn run_sliced(node: &Node, grants: &[(&str, u64)], pids: &[(u32, &str)], seconds: f64) -> Vec<f64> {
+    let dir = tempfile::tempdir().expect("test setup");
+    let mut t = throttle(dir.path(), node);
+    for (id, percent) in grants {
+        t.grant(grant(id, &format!("pod-{id}"), *percent))
+            .expect("test setup");
+    }
+    for (pid, id) in pids {
+        node.add(*pid, id, 1.0);
+    }
+    let mut gpu = SlicedGpu {
+        node: node.clone(),
+        state: Arc::default(),
+    };
+    for _ in 0..(seconds * 10.0) as usize {
+        let now = {
+            let mut now = lock(&node.now);
+            *now += 0.1;
+            *now
+        };
+        t.tick(now, &mut gpu);
+    }
+    let ran = lock(&gpu.state).ran.clone();
+    grants
+        .iter()
+        .map(|(id, _)| ran.get(*id).copied().unwrap_or(0.0) / seconds)
+        .collect()
+}
+
+#[test]
+fn on_a_gpu_sampled_as_the_h100_was_each_share_holds() {
+    // Alone, with work queued past each freeze.
+    let node = Node {
+        queued: 0.05,
+        ..Node::default()
+    };
+    let alone = run_sliced(&node, &[(ID_A, 25)], &[(100, ID_A)], 60.0);
+    // Two tenants at once: each its own share, neither starved (the H100 gave the
+    // first 0.09 and the second 0.25 when a sample was charged the time since its
+    // process's previous one, its freezes included).
+    let two = run_sliced(
+        &Node::default(),
+        &[(ID_A, 25), (ID_B, 25)],
+        &[(100, ID_A), (200, ID_B)],
+        60.0,
+    );
+    // Two processes of one container: their sum (the H100 gave 0.13 together).
+    let one = run_sliced(
+        &Node::default(),
+        &[(ID_A, 25)],
+        &[(100, ID_A), (101, ID_A)],
+        60.0,
+    );
+    for (what, used) in [
+        ("alone", alone[0]),
+        ("tenant A of two", two[0]),
+        ("tenant B of two", two[1]),
+        ("two processes of one container", one[0]),
+    ] {
+        assert!(
+            (0.2..=0.3).contains(&used),
+            "{what}: ran {used:.3} of the GPU at a 25 % share (alone {alone:?}, two {two:?}, one {one:?})"
+        );
+    }
+}
