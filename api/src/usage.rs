@@ -102,20 +102,10 @@ pub type KillKey = (String, String, String, u64, Vec<u32>);
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct GpuMemoryKill {
-    /// Its pod's namespace.
-    pub namespace: String,
-    /// Its pod's name.
-    pub pod: String,
-    /// Its pod's UID.
-    pub pod_uid: String,
-    /// Its name.
-    pub container: String,
-    /// The GPU's UUID.
-    pub gpu: String,
-    /// Bytes its processes held there, as the driver counted them.
-    pub used: u64,
-    /// Its grant there, in bytes.
-    pub limit: u64,
+    /// The container, GPU, what its processes held there (as the driver counted
+    /// them) and its grant (a share).
+    #[serde(flatten)]
+    pub entry: ContainerGpuMemory,
     /// The node's margin above the grant (`--oom-kill-margin`).
     pub margin: u64,
     /// The processes killed (host PIDs), largest first.
@@ -128,9 +118,9 @@ impl GpuMemoryKill {
     /// What identifies this kill among others.
     pub fn key(&self) -> KillKey {
         (
-            self.pod_uid.clone(),
-            self.container.clone(),
-            self.gpu.clone(),
+            self.entry.pod_uid.clone(),
+            self.entry.container.clone(),
+            self.entry.gpu.clone(),
             self.at,
             self.pids.clone(),
         )
@@ -213,13 +203,7 @@ mod tests {
                 entry("c", 3, MemoryGrant::None),
             ],
             kills: vec![GpuMemoryKill {
-                namespace: "default".into(),
-                pod: "p".into(),
-                pod_uid: "u".into(),
-                container: "a".into(),
-                gpu: "GPU-0".into(),
-                used: 30 << 30,
-                limit: 20 << 30,
+                entry: entry("a", 30 << 30, MemoryGrant::Share(20 << 30)),
                 margin: 1 << 30,
                 pids: vec![7],
                 at: 1_800_000_000,

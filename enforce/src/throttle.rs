@@ -40,10 +40,14 @@ pub struct Grant {
     pub pod_uid: String,
     /// The runtime's container ID (64 hex digits), as its cgroup's name carries it.
     pub container_id: String,
-    /// Its percent of each of its GPUs' time (1–99).
+    /// Its percent of each of its GPUs' time (1–99): the highest of
+    /// [`Grant::percents`] when those are given.
     pub percent: u64,
     /// Its GPUs' UUIDs.
     pub gpus: Vec<String>,
+    /// Its percent of each GPU, in the order of `gpus` (1–100; 100: that GPU is
+    /// not held), when its shares of its GPUs differ; empty: `percent` on each.
+    pub percents: Vec<u64>,
 }
 
 /// One sample of one process's use of one GPU.
@@ -266,6 +270,16 @@ impl GpuTime for NvmlGpuTime {
 }
 
 impl Grant {
+    /// Its percent of GPU `uuid`'s time.
+    pub fn percent_on(&self, uuid: &str) -> u64 {
+        self.gpus
+            .iter()
+            .position(|g| g == uuid)
+            .and_then(|i| self.percents.get(i))
+            .copied()
+            .unwrap_or(self.percent)
+    }
+
     fn file_name(&self) -> String {
         format!("{}_{}", self.pod_uid, self.container_id)
     }
@@ -305,11 +319,25 @@ impl Grant {
                 self.gpus
             )));
         }
+        if !self.percents.is_empty()
+            && (self.percents.len() != self.gpus.len()
+                || !self.percents.iter().all(|p| (1..=100).contains(p)))
+        {
+            return Err(ThrottleError::Grant(format!(
+                "percents {:?} are not one share (1-100) for each of GPUs {:?}",
+                self.percents, self.gpus
+            )));
+        }
         Ok(self)
     }
 
     fn to_text(&self, cgroup: Option<&Path>) -> String {
         let mut text = format!("percent={}\ngpus={}\n", self.percent, self.gpus.join(","));
+        // A file without it (an older proxy's) holds `percent` on each GPU.
+        if !self.percents.is_empty() {
+            let each: Vec<String> = self.percents.iter().map(u64::to_string).collect();
+            text.push_str(&format!("percents={}\n", each.join(",")));
+        }
         if let Some(dir) = cgroup {
             text.push_str(&format!("cgroup={}\n", dir.display()));
         }
@@ -331,11 +359,20 @@ impl Grant {
         let gpus = field("gpus")
             .map(|g| g.split(',').map(str::to_owned).collect())
             .unwrap_or_default();
+        let percents = match field("percents") {
+            None => Vec::new(),
+            Some(list) => list
+                .split(',')
+                .map(|p| p.parse().ok())
+                .collect::<Option<Vec<u64>>>()
+                .ok_or_else(|| ThrottleError::Grant(format!("{name}: percents={list}")))?,
+        };
         let grant = Grant {
             pod_uid: pod_uid.to_owned(),
             container_id: container_id.to_owned(),
             percent,
             gpus,
+            percents,
         }
         .check()?;
         let cgroup = field("cgroup").map(PathBuf::from);
@@ -370,7 +407,13 @@ struct Account {
 
 impl Account {
     fn new(grant: Grant, cgroup: Option<PathBuf>) -> Self {
-        let credit = grant.gpus.iter().map(|g| (g.clone(), 0.0)).collect();
+        // A GPU it may use whole is not held (and never owed on).
+        let credit = grant
+            .gpus
+            .iter()
+            .filter(|g| grant.percent_on(g) < 100)
+            .map(|g| (g.clone(), 0.0))
+            .collect();
         Self {
             grant,
             credit,
@@ -760,8 +803,8 @@ impl Throttle {
 
         let mut changes = Vec::new();
         for account in self.accounts.values_mut() {
-            let rate = account.grant.percent as f64 / 100.0;
-            for credit in account.credit.values_mut() {
+            for (uuid, credit) in account.credit.iter_mut() {
+                let rate = account.grant.percent_on(uuid) as f64 / 100.0;
                 *credit = (*credit + rate * elapsed).min(BURST_SECONDS);
             }
             if account.frozen {

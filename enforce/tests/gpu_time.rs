@@ -110,6 +110,7 @@ fn a_busy_container_gets_its_share_and_is_thawed_when_released() -> anyhow::Resu
         container_id: ID.into(),
         percent: 25,
         gpus: vec![GPU0.into()],
+        percents: Vec::new(),
     })?;
     let held = hold(&mut throttle, &mut gpu, cgroup.child.id(), 8.0)?;
     let frozen = throttle.accounts()[0].frozen_seconds;

@@ -364,6 +364,9 @@ impl Bench {
             if route != Route::GpuTime {
                 args.push("--gpu-time=off".into());
             }
+            // The OOM kill adds nothing to a create or start (it reads the GPUs every
+            // 0.5 s, apart from any call): off, so each route is its one backend.
+            args.push("--oom-kill=off".into());
             let log = dir.path().join(format!("proxy{index}.log"));
             let what = format!("{} ({})", proxy.display(), route.name());
             let child = spawn_serving(&proxy, &args, &log, &socket, &what).await?;

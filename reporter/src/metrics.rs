@@ -249,10 +249,10 @@ impl ReporterMetrics {
         for kill in usage.map(|u| u.kills.as_slice()).unwrap_or_default() {
             self.gpu_memory_oom_kills
                 .get_or_create(&ContainerGpuLabels {
-                    namespace: kill.namespace.clone(),
-                    pod: kill.pod.clone(),
-                    container: kill.container.clone(),
-                    gpu: kill.gpu.clone(),
+                    namespace: kill.entry.namespace.clone(),
+                    pod: kill.entry.pod.clone(),
+                    container: kill.entry.container.clone(),
+                    gpu: kill.entry.gpu.clone(),
                 })
                 .inc();
         }

@@ -109,19 +109,15 @@ pub struct PodContainer<'a> {
 impl MemoryEvent {
     /// The container it is about.
     pub fn container(&self) -> PodContainer<'_> {
-        match self {
-            Self::AtLimit { entry, .. } | Self::Ungranted { entry } => PodContainer {
-                namespace: &entry.namespace,
-                pod: &entry.pod,
-                pod_uid: &entry.pod_uid,
-                container: &entry.container,
-            },
-            Self::OomKilled { kill } => PodContainer {
-                namespace: &kill.namespace,
-                pod: &kill.pod,
-                pod_uid: &kill.pod_uid,
-                container: &kill.container,
-            },
+        let entry = match self {
+            Self::AtLimit { entry, .. } | Self::Ungranted { entry } => entry,
+            Self::OomKilled { kill } => &kill.entry,
+        };
+        PodContainer {
+            namespace: &entry.namespace,
+            pod: &entry.pod,
+            pod_uid: &entry.pod_uid,
+            container: &entry.container,
         }
     }
 
@@ -163,10 +159,10 @@ impl MemoryEvent {
             ),
             Self::OomKilled { kill } => format!(
                 "container {} held {} on GPU {}, past its {} grant and the node's {} margin: its process{} {} killed (oom-kill)",
-                kill.container,
-                gib(kill.used),
-                kill.gpu,
-                gib(kill.limit),
+                kill.entry.container,
+                gib(kill.entry.used),
+                kill.entry.gpu,
+                gib(kill.entry.limit().unwrap_or_default()),
                 gib(kill.margin),
                 if kill.pids.len() == 1 { "" } else { "es" },
                 kill.pids
@@ -422,13 +418,7 @@ mod tests {
     #[test]
     fn each_oom_kill_is_told_once_while_on_record() {
         let kill = GpuMemoryKill {
-            namespace: "default".into(),
-            pod: "p".into(),
-            pod_uid: "u".into(),
-            container: "main".into(),
-            gpu: "GPU-0".into(),
-            used: 22 * GIB,
-            limit: 20 * GIB,
+            entry: entry("main", 22 * GIB, MemoryGrant::Share(20 * GIB)),
             margin: GIB,
             pids: vec![41, 42],
             at: 1_800_000_000,
@@ -444,7 +434,7 @@ mod tests {
             told[0].note(),
             "container main held 22.0 GiB on GPU GPU-0, past its 20.0 GiB grant and the node's 1.0 GiB margin: its processes 41, 42 were killed (oom-kill)"
         );
-        assert_eq!(told[0].container().pod_uid, "u");
+        assert_eq!(told[0].container().pod_uid, "uid-1");
         // Read again: not told again. A second kill is.
         assert!(alerts.changes(&usage, "oom-kill", now).is_empty());
         let again = GpuMemoryKill {

@@ -29,13 +29,7 @@ fn reporter_samples() -> BTreeSet<String> {
             entry("b", tessera_api::usage::MemoryGrant::None),
         ],
         kills: vec![tessera_api::usage::GpuMemoryKill {
-            namespace: "n".into(),
-            pod: "p".into(),
-            pod_uid: "u".into(),
-            container: "a".into(),
-            gpu: "GPU-0".into(),
-            used: 3,
-            limit: 2,
+            entry: entry("a", tessera_api::usage::MemoryGrant::Share(2)),
             margin: 0,
             pids: vec![1],
             at: 0,
@@ -162,6 +156,10 @@ fn alerts_cover_what_operators_page_on() {
         (
             "TesseraGpuUsedWithoutGrant",
             "tessera_reporter_container_gpu_ungranted{",
+        ),
+        (
+            "TesseraGpuMemoryOomKill",
+            "tessera_reporter_container_gpu_memory_oom_kills{",
         ),
         (
             "TesseraProxyHookFailures",

@@ -425,11 +425,22 @@ impl EnforceHook {
             if limits.is_empty() {
                 continue;
             }
+            // Each GPU its own share (a GPU with none is not held).
+            let percents: Vec<u64> = limits
+                .compute_by_gpu
+                .iter()
+                .map(|p| p.filter(|p| *p < 100).unwrap_or(100))
+                .collect();
             let grant = Grant {
                 pod_uid: pod.uid.clone(),
                 container_id: container.id.clone(),
                 percent,
                 gpus: limits.memory.iter().map(|m| m.uuid.clone()).collect(),
+                percents: if percents.iter().all(|p| *p == percent) {
+                    Vec::new()
+                } else {
+                    percents
+                },
             };
             let hold = hold.clone();
             new |= blocking(move || hold.grant(grant))

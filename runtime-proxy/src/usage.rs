@@ -352,13 +352,7 @@ impl Report {
                 "GPU memory over the container's grant: its largest processes on that GPU killed"
             );
             self.kills.push(GpuMemoryKill {
-                namespace: entry.namespace,
-                pod: entry.pod,
-                pod_uid: entry.pod_uid,
-                container: entry.container,
-                gpu: entry.gpu,
-                used: entry.used,
-                limit,
+                entry,
                 margin,
                 pids: killed,
                 at,

@@ -168,6 +168,7 @@ fn grant(id: &str, pod: &str, percent: u64) -> Grant {
         container_id: id.into(),
         percent,
         gpus: vec![GPU.into()],
+        percents: Vec::new(),
     }
 }
 
@@ -805,4 +806,71 @@ fn on_a_gpu_sampled_as_the_h100_was_each_share_holds() {
             "{what}: ran {used:.3} of the GPU at a 25 % share (alone {alone:?}, two {two:?}, one {one:?})"
         );
     }
+}
+
+#[test]
+fn each_gpu_of_a_grant_is_held_to_its_own_share() {
+    // 25 % of GPU-0 and the whole of GPU-1 (a memory-only share there): 40 % of
+    // GPU-0 is over its share there, 99 % of GPU-1 never is.
+    let dir = tempfile::tempdir().expect("test setup");
+    let node = Node::default();
+    node.add(1, ID_A, 1.0);
+    let mut t = throttle(dir.path(), &node);
+    let both = Grant {
+        gpus: vec!["GPU-0".into(), "GPU-1".into()],
+        percents: vec![25, 100],
+        ..grant(ID_A, "pod-a", 25)
+    };
+    assert_eq!(
+        (both.percent_on("GPU-0"), both.percent_on("GPU-1")),
+        (25, 100)
+    );
+    t.grant(both.clone()).expect("test setup");
+    // Kept whole in its file: a restarted proxy holds the same shares.
+    let file = dir.path().join(both.file_name());
+    let (read, _) = Grant::from_file(
+        &both.file_name(),
+        &std::fs::read_to_string(&file).expect("grant file"),
+    )
+    .expect("parses");
+    assert_eq!(read, both);
+    // An older proxy's file (no percents): its percent on each GPU.
+    let (old, _) =
+        Grant::from_file(&both.file_name(), "percent=25\ngpus=GPU-0,GPU-1\n").expect("parses");
+    assert_eq!((old.percent_on("GPU-0"), old.percent_on("GPU-1")), (25, 25));
+    assert!(
+        Grant::from_file(
+            &both.file_name(),
+            "percent=25\ngpus=GPU-0,GPU-1\npercents=25\n"
+        )
+        .is_err()
+    );
+
+    let samples = |at: f64, gpu0: u32, gpu1: u32| -> Vec<GpuSamples> {
+        let one = |sm| {
+            Ok(vec![Sample {
+                pid: 1,
+                timestamp_us: (at * 1e6) as u64,
+                sm_percent: sm,
+            }])
+        };
+        vec![("GPU-0".into(), one(gpu0)), ("GPU-1".into(), one(gpu1))]
+    };
+    let frozen_on = |t: &mut Throttle, gpu0: u32, gpu1: u32, from: f64| {
+        let mut ever = false;
+        for i in 0..50 {
+            let at = from + f64::from(i) * 0.2;
+            t.apply(at, samples(at, gpu0, gpu1));
+            ever |= node.is_frozen(ID_A);
+        }
+        ever
+    };
+    assert!(
+        !frozen_on(&mut t, 0, 99, 1.0),
+        "held on the GPU it may use whole"
+    );
+    assert!(
+        frozen_on(&mut t, 40, 0, 20.0),
+        "40 % of GPU-0 went unheld at 25 %"
+    );
 }

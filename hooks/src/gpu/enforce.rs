@@ -416,8 +416,12 @@ pub(super) fn granted_bytes(gpu: &ResolvedGpu<'_>) -> Option<u64> {
 pub struct SharedLimits {
     /// Its bytes of each GPU, in the order the container sees the GPUs.
     pub memory: Vec<MemoryLimit>,
-    /// The compute it may use, in percent of each GPU (`None`: memory only).
+    /// The compute it may use, in percent of each GPU (`None`: memory only); the
+    /// highest of [`SharedLimits::compute_by_gpu`].
     pub compute_percent: Option<u64>,
+    /// The compute it may use of each GPU, in the order of `memory` (`None`: no
+    /// compute share of that GPU).
+    pub compute_by_gpu: Vec<Option<u64>>,
     /// The device minors of its GPUs, in the same order as `memory`.
     pub minors: Vec<u32>,
 }
@@ -512,6 +516,14 @@ fn limits_of<S: std::hash::BuildHasher>(
     Ok(SharedLimits {
         memory,
         compute_percent: super::compute_percent(gpus, pod_annotations),
+        // KubeShare's ceiling is of one GPU; several GPUs each keep their core share.
+        compute_by_gpu: if gpus.len() == 1 {
+            vec![super::compute_percent(gpus, pod_annotations)]
+        } else {
+            gpus.iter()
+                .map(|gpu| gpu.allocation.gpu_core().filter(|core| *core > 0))
+                .collect()
+        },
         minors: gpus.iter().map(|g| g.minor).collect(),
     })
 }

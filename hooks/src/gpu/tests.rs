@@ -1924,6 +1924,12 @@ mod enforcement {
         ]);
         let burst = shared_limits("ml/train-0", SHARE, "main", &node(), Some(&kubeshare))?;
         assert_eq!(burst.compute_percent, Some(60));
+        assert_eq!(burst.compute_by_gpu, [Some(60)]);
+        // Shares of two GPUs: each GPU its own core share (none: memory only there).
+        let two = r#"{"gpu":[{"minor":0,"id":"GPU-00000000-0000-0000-0000-000000000000","resources":{"koordinator.sh/gpu-core":25,"koordinator.sh/gpu-memory-ratio":25}},{"minor":1,"id":"GPU-11111111-1111-1111-1111-111111111111","resources":{"koordinator.sh/gpu-memory-ratio":50}}]}"#;
+        let both = shared_limits("ml/train-0", two, "main", &node(), Some(&kubeshare))?;
+        assert_eq!(both.compute_percent, Some(25));
+        assert_eq!(both.compute_by_gpu, [Some(25), None]);
         assert!(shared_limits("ml/train-0", WHOLE, "main", &node(), none)?.is_empty());
         // A ratio on a GPU of unknown size cannot be held: refused, not skipped.
         let unknown = NodeDevices {

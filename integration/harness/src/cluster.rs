@@ -1012,8 +1012,15 @@ impl Cluster {
                 "--gpu-time=on".to_owned(),
             ]);
         } else {
-            // Not on the host's own /run/tessera, which it would be by default.
+            // Not on the host's own /run/tessera, which it would be by default: the
+            // node's backends file and GPU memory report go to the cluster's folder.
+            // No backend at all: the OOM kill off too.
             args.push("--gpu-time=off".to_owned());
+            args.push("--oom-kill=off".to_owned());
+            args.push(format!(
+                "--enforcement-dir={}",
+                dir.join("enforce").display()
+            ));
         }
         if options.enforcement && options.mps {
             let control = tessera_binary("fake-mps-control")?;

@@ -499,6 +499,38 @@ mod gpu_time {
     }
 
     #[tokio::test]
+    async fn shares_of_several_gpus_are_each_held_to_their_own()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let (hook, hold) = held(dir.path())?;
+        // 25 % of GPU A, 50 % of GPU B's memory and no compute share there.
+        let annotation = format!(
+            r#"{{"gpu":[{{"minor":0,"id":"{GPU_A}","resources":{{"koordinator.sh/gpu-core":25,"koordinator.sh/gpu-memory-ratio":25}}}},{{"minor":1,"id":"{GPU_B}","resources":{{"koordinator.sh/gpu-memory-ratio":50}}}}]}}"#
+        );
+        let pod = Arc::new(PodInfo {
+            annotations: HashMap::from([(DEVICE_ALLOCATED.to_owned(), annotation)]),
+            ..(*pod()).clone()
+        });
+        let ctx = HookContext {
+            pod: Some(Arc::clone(&pod)),
+            container: Some(ContainerInfo {
+                id: id('e'),
+                name: "main".into(),
+                ..ContainerInfo::default()
+            }),
+        };
+        hook.pre(&ctx, &mut start('e')).await?;
+        assert_eq!(hold.accounts().len(), 1);
+        let file = dir.path().join(format!("{}_{}", pod.uid, id('e')));
+        let text = std::fs::read_to_string(&file)?;
+        assert!(
+            text.contains(&format!("gpus={GPU_A},{GPU_B}\n")) && text.contains("percents=25,100\n"),
+            "{text}"
+        );
+        Ok(())
+    }
+
+    #[tokio::test]
     async fn a_compute_share_is_held_from_its_start_until_its_stop()
     -> Result<(), Box<dyn std::error::Error>> {
         let dir = tempfile::tempdir()?;
@@ -575,6 +607,7 @@ mod gpu_time {
             container_id: id('f'),
             percent: 25,
             gpus: vec![GPU_A.into()],
+            percents: Vec::new(),
         })?;
         assert_eq!(hook.resync_gpu_time(&store).await, (1, 1));
         let accounts = hold.accounts();
@@ -874,11 +907,11 @@ async fn oom_kill_takes_a_shares_largest_processes_past_its_grant_and_margin() {
     let kill = &told[0];
     assert_eq!(
         (
-            kill.pod.as_str(),
-            kill.container.as_str(),
-            kill.gpu.as_str(),
-            kill.used,
-            kill.limit,
+            kill.entry.pod.as_str(),
+            kill.entry.container.as_str(),
+            kill.entry.gpu.as_str(),
+            kill.entry.used,
+            kill.entry.limit().unwrap_or_default(),
             kill.margin,
             kill.pids.as_slice()
         ),

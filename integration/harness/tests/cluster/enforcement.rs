@@ -139,8 +139,9 @@ pub async fn driver_memory_limits_on_the_containers_own_cgroup(
         .remove("main")
         .context("no spec")?;
     ensure!(
-        env_values(&spec, "TESSERA_ENFORCEMENT") == ["driver-memory+mps+gpu-time+hami-core"],
-        "enforced: TESSERA_ENFORCEMENT {:?}, want [driver-memory+mps+gpu-time+hami-core]",
+        env_values(&spec, "TESSERA_ENFORCEMENT")
+            == ["driver-memory+mps+gpu-time+oom-kill+hami-core"],
+        "enforced: TESSERA_ENFORCEMENT {:?}, want [driver-memory+mps+gpu-time+oom-kill+hami-core]",
         env_values(&spec, "TESSERA_ENFORCEMENT")
     );
     let hooks = spec["hooks"]["createRuntime"].to_string();
@@ -403,7 +404,7 @@ pub async fn required_enforcement_places_only_where_held(
             }
         }
     };
-    wait_labels("driver-memory+mps+gpu-time+hami-core", true).await?;
+    wait_labels("driver-memory+mps+gpu-time+oom-kill+hami-core", true).await?;
 
     let requiring = |name: &str, value: &str| {
         let mut pod = pod(name, &[("main", json!({"koordinator.sh/gpu": "10"}))], &[]);
@@ -452,7 +453,7 @@ pub async fn required_enforcement_places_only_where_held(
     std::fs::write(&file, before)?;
     outcome?;
     // Held again: the waiting pod places.
-    wait_labels("driver-memory+mps+gpu-time+hami-core", true).await?;
+    wait_labels("driver-memory+mps+gpu-time+oom-kill+hami-core", true).await?;
     cluster.wait_running("needs-compute").await?;
 
     // A value that names neither part is refused with the annotation named.
@@ -582,7 +583,7 @@ pub async fn mps_holds_each_shared_container_in_its_own_namespace(
         ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "0=20480M"),
         (
             "TESSERA_ENFORCEMENT",
-            "driver-memory+mps+gpu-time+hami-core",
+            "driver-memory+mps+gpu-time+oom-kill+hami-core",
         ),
     ] {
         ensure!(
