@@ -61,6 +61,8 @@ BAD_VALUES = [
     ({"scheduler": {"replicas": 0}}, "/scheduler/replicas"),
     ({"scheduler": {"gpushareMemoryUnit": "KiB"}}, "/scheduler/gpushareMemoryUnit"),
     ({"scheduler": {"maxGroupGpusPerNamespace": -1}}, "/scheduler/maxGroupGpusPerNamespace"),
+    ({"scheduler": {"networkPolicy": {"enabled": True}}}, "scheduler.networkPolicy.extenderFrom"),
+    ({"scheduler": {"networkPolicy": {"extenderFrom": ["10.0.0.0/24"]}}}, "/scheduler/networkPolicy/extenderFrom/0"),
     ({"scheduler": {"replicas": "2"}}, "/scheduler/replicas"),
     ({"scheduler": {"serviceAccount": {"name": "Tessera_Scheduler"}}}, "/scheduler/serviceAccount/name"),
     ({"scheduler": {"podDisruptionBudget": {"maxUnavailable": "half"}}}, "/scheduler/podDisruptionBudget/maxUnavailable"),

@@ -454,10 +454,27 @@ async fn upgrade_and_uninstall(cluster: &mut Cluster, installed: Installed) -> a
     // Upgrade: a changed setting reaches the scheduler, which rolls, and still places.
     let mut upgrade: Vec<&str> = installer.iter().map(String::as_str).collect();
     upgrade.push("scheduler.gpuPolicy=spread");
+    // And the replicas' NetworkPolicy on: the API server takes it as rendered (this
+    // cluster's bridge network does not enforce it; kube-scheduler here is a host
+    // process, so its source is the node's loopback and address range).
+    upgrade.extend([
+        "scheduler.networkPolicy.enabled=true",
+        "scheduler.networkPolicy.extenderFrom[0].ipBlock.cidr=0.0.0.0/0",
+    ]);
     let output = chart(cluster, "upgrade", &upgrade)?;
     println!("upgrade: {}", output.trim());
     use_scheduler_pod(cluster, "--gpu-policy=spread").await?;
     fractional_pod(cluster, "upgraded-quarter").await?;
+    let policies: Api<k8s_openapi::api::networking::v1::NetworkPolicy> =
+        Api::namespaced(cluster.client().await?, NAMESPACE);
+    let policy = policies.get("tessera-scheduler").await?;
+    let rules = serde_json::to_value(policy.spec.as_ref().map(|s| &s.ingress))?;
+    ensure!(
+        rules.to_string().contains("\"port\":\"extender\"")
+            && rules.to_string().contains("\"app\":\"tessera-scheduler\"")
+            && rules.to_string().contains("0.0.0.0/0"),
+        "the scheduler's NetworkPolicy admits other than the replicas and extenderFrom: {rules}"
+    );
 
     // Cleaning the node while the reporter runs is refused: it would publish it all again.
     let cleanup = tessera_cleanup(cluster)?;
