@@ -19,6 +19,9 @@ pub struct Traced {
     pub container_id: String,
     /// The process and its memory there.
     pub process: ProcessMemory,
+    /// When it started (see [`Processes::start_time`]): the pid with it names this
+    /// process, not a later one given the same pid.
+    pub start: Option<u64>,
 }
 
 /// `processes` traced to their containers through `lookup`: processes of no
@@ -30,6 +33,7 @@ pub fn trace(processes: &[ProcessMemory], lookup: &dyn Processes) -> Vec<Traced>
             Lookup::Container(cgroup) => Some(Traced {
                 container_id: cgroup.container_id,
                 process: process.clone(),
+                start: lookup.start_time(process.pid),
             }),
             Lookup::NotContainer | Lookup::Gone => None,
         })
@@ -71,13 +75,14 @@ pub enum KillError {
 
 /// Kills a container's process.
 pub trait Killer: Send {
-    /// Sends SIGKILL to `pid`, if it still runs in container `container_id`.
-    fn kill(&self, pid: u32, container_id: &str) -> Result<(), KillError>;
+    /// Sends SIGKILL to `pid`, if it is still the process that started at `start`
+    /// (when known) and runs in container `container_id`.
+    fn kill(&self, pid: u32, start: Option<u64>, container_id: &str) -> Result<(), KillError>;
 }
 
 /// The host's processes, killed through a pidfd: the process is pinned first,
-/// then checked to be in the container, so a pid reused in between is never
-/// the one killed.
+/// then checked to be the one traced (its start time) and in the container, so a
+/// pid reused since it was traced is never the one killed.
 #[derive(Debug)]
 pub struct HostKiller {
     processes: HostProcesses,
@@ -89,13 +94,16 @@ impl HostKiller {
         Self { processes }
     }
 
-    fn in_container(&self, pid: u32, container_id: &str) -> bool {
-        matches!(self.processes.cgroup(pid), Lookup::Container(c) if c.container_id == container_id)
+    /// Whether `pid` is still the traced process (its start time, when known) and
+    /// in the container.
+    fn still(&self, pid: u32, start: Option<u64>, container_id: &str) -> bool {
+        start.is_none_or(|start| self.processes.start_time(pid) == Some(start))
+            && matches!(self.processes.cgroup(pid), Lookup::Container(c) if c.container_id == container_id)
     }
 }
 
 impl Killer for HostKiller {
-    fn kill(&self, pid: u32, container_id: &str) -> Result<(), KillError> {
+    fn kill(&self, pid: u32, start: Option<u64>, container_id: &str) -> Result<(), KillError> {
         let gone = || KillError::Gone(pid, container_id.to_owned());
         let raw = i32::try_from(pid).map_err(|_| gone())?;
         let Some(id) = rustix::process::Pid::from_raw(raw) else {
@@ -103,7 +111,7 @@ impl Killer for HostKiller {
         };
         match rustix::process::pidfd_open(id, rustix::process::PidfdFlags::empty()) {
             Ok(fd) => {
-                if !self.in_container(pid, container_id) {
+                if !self.still(pid, start, container_id) {
                     return Err(gone());
                 }
                 match rustix::process::pidfd_send_signal(fd.as_fd(), rustix::process::Signal::KILL)
@@ -114,10 +122,11 @@ impl Killer for HostKiller {
                 }
             }
             Err(rustix::io::Errno::SRCH) => Err(gone()),
-            // A kernel before 5.3 has no pidfds: checked, then killed by pid, with
-            // the reuse window of a plain kill(2).
-            Err(rustix::io::Errno::NOSYS) => {
-                if !self.in_container(pid, container_id) {
+            // A kernel before 5.3 has no pidfds, and an old seccomp filter may refuse
+            // the call: checked, then killed by pid, with the reuse window of a
+            // plain kill(2) between the two.
+            Err(rustix::io::Errno::NOSYS | rustix::io::Errno::PERM) => {
+                if !self.still(pid, start, container_id) {
                     return Err(gone());
                 }
                 match rustix::process::kill_process(id, rustix::process::Signal::KILL) {
@@ -175,13 +184,19 @@ mod tests {
         std::fs::create_dir_all(file.parent().expect("parent")).expect("proc dir");
         std::fs::write(&file, format!("0::/kubepods/cri-containerd-{id}.scope\n"))
             .expect("cgroup file");
+        std::fs::copy(format!("/proc/{pid}/stat"), file.with_file_name("stat")).expect("stat");
         let killer = HostKiller::new(processes);
-        // Another container's: refused, and the child still runs.
-        let refused = killer.kill(pid, &"cd".repeat(32));
+        // Another container's: refused, and the child still runs; so is another
+        // process given its pid (another start time).
+        let refused = killer.kill(pid, None, &"cd".repeat(32));
         assert!(matches!(refused, Err(KillError::Gone(..))), "{refused:?}");
+        let start = HostProcesses::host().expect("host").start_time(pid);
+        assert!(start.is_some(), "no start time of {pid}");
+        let other = killer.kill(pid, start.map(|s| s + 1), &id);
+        assert!(matches!(other, Err(KillError::Gone(..))), "{other:?}");
         assert!(child.try_wait().expect("wait").is_none(), "killed anyway");
         // Its own: killed by SIGKILL.
-        killer.kill(pid, &id).expect("killed");
+        killer.kill(pid, start, &id).expect("killed");
         let status = child.wait().expect("wait");
         assert_eq!(
             std::os::unix::process::ExitStatusExt::signal(&status),
@@ -189,9 +204,12 @@ mod tests {
             "{status:?}"
         );
         // Gone now, and a pid that never was: nothing to kill.
-        assert!(matches!(killer.kill(pid, &id), Err(KillError::Gone(..))));
         assert!(matches!(
-            killer.kill(i32::MAX as u32, &id),
+            killer.kill(pid, None, &id),
+            Err(KillError::Gone(..))
+        ));
+        assert!(matches!(
+            killer.kill(i32::MAX as u32, None, &id),
             Err(KillError::Gone(..))
         ));
     }

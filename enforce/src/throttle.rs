@@ -114,6 +114,13 @@ pub enum Lookup {
 pub trait Processes: Send {
     /// Where process `pid` runs.
     fn cgroup(&self, pid: u32) -> Lookup;
+
+    /// When process `pid` started (in clock ticks since boot, as `/proc/<pid>/stat`
+    /// gives it), which tells it from a later process given the same pid; `None`
+    /// when it cannot be read.
+    fn start_time(&self, _pid: u32) -> Option<u64> {
+        None
+    }
 }
 
 /// Freezes and thaws cgroups.
@@ -166,6 +173,19 @@ impl Processes for HostProcesses {
             Err(CgroupError::Read { .. } | CgroupError::Missing { .. }) => Lookup::Gone,
             Err(CgroupError::NotV2 { .. } | CgroupError::Root { .. }) => Lookup::NotContainer,
         }
+    }
+
+    fn start_time(&self, pid: u32) -> Option<u64> {
+        let stat =
+            std::fs::read_to_string(self.proc_root.join(pid.to_string()).join("stat")).ok()?;
+        // Fields after the command name, which may hold spaces and parentheses: the
+        // 22nd field of the line, `starttime`, is the 20th after it.
+        stat.rsplit_once(')')?
+            .1
+            .split_whitespace()
+            .nth(19)?
+            .parse()
+            .ok()
     }
 }
 
@@ -428,11 +448,18 @@ impl Account {
     }
 }
 
-/// Samples within this of an instant's first are of that instant (the driver
-/// samples the whole GPU at once).
-const INSTANT_US: u64 = 20_000;
+/// Samples within this of an instant's first are of that instant: the driver
+/// samples the whole GPU at once, and its period is 1/6 s or more (NVML's
+/// documentation), so samples this close can only be stamped apart within one.
+const INSTANT_US: u64 = 50_000;
 /// How many gaps between instants estimate the driver's sampling period.
 const GAPS_KEPT: usize = 16;
+/// The gaps needed before they are trusted as the period; until then a window is
+/// at most [`FIRST_PERIOD_US`] (an idle stretch before the first samples must not
+/// be charged as use).
+const GAPS_TRUSTED: usize = 4;
+/// The longest window charged before the period is known: the H100's (driver 580).
+const FIRST_PERIOD_US: u64 = 200_000;
 
 /// What one GPU's sampling remembers.
 #[derive(Debug, Default)]
@@ -441,6 +468,8 @@ struct GpuSampling {
     last_us: u64,
     /// The latest gaps between instants, newest last.
     gaps: std::collections::VecDeque<u64>,
+    /// The window of the newest instant, in seconds.
+    last_window: f64,
 }
 
 impl GpuSampling {
@@ -448,6 +477,9 @@ impl GpuSampling {
     /// their lower quartile, so that a stretch with no sample (a stalled sampler)
     /// does not lengthen it.
     fn period_us(&self) -> Option<u64> {
+        if self.gaps.len() < GAPS_TRUSTED {
+            return None;
+        }
         let mut gaps: Vec<u64> = self.gaps.iter().copied().collect();
         gaps.sort_unstable();
         gaps.get(gaps.len() / 4).copied()
@@ -526,7 +558,30 @@ const PID_LOOKUP_SECONDS: f64 = 5.0;
 /// The grants in `dir`, read at start: each valid one with the cgroup it
 /// recorded. Unreadable or invalid files are removed (a torn write cannot be one:
 /// files are written whole), each with a warning.
-fn read_grants(dir: &Path) -> Vec<(Grant, Option<PathBuf>)> {
+/// The cgroup a grant file that is not one still names, when it is the file's
+/// container's: it may be frozen, and nothing else would thaw it.
+fn orphan_cgroup(name: &str, text: &str) -> Option<PathBuf> {
+    let (_, container_id) = name.split_once('_')?;
+    let dir = PathBuf::from(text.lines().find_map(|l| l.strip_prefix("cgroup="))?);
+    (dir.is_absolute()
+        && !dir
+            .components()
+            .any(|c| c == std::path::Component::ParentDir)
+        && container_id_of(&dir).as_deref() == Some(container_id))
+    .then_some(dir)
+}
+
+/// Thaws the cgroup a removed grant file named (see [`orphan_cgroup`]).
+fn thaw_orphan(name: &str, text: &str, freezer: &dyn Freezer) {
+    if let Some(dir) = orphan_cgroup(name, text)
+        && let Err(error) = freezer.set(&dir, false)
+        && error.kind() != std::io::ErrorKind::NotFound
+    {
+        tracing::warn!(cgroup = %dir.display(), %error, "could not thaw the cgroup of a GPU-time grant file that is not one");
+    }
+}
+
+fn read_grants(dir: &Path, freezer: &dyn Freezer) -> Vec<(Grant, Option<PathBuf>)> {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return Vec::new();
     };
@@ -539,11 +594,18 @@ fn read_grants(dir: &Path) -> Vec<(Grant, Option<PathBuf>)> {
             let _ = std::fs::remove_file(&path);
             continue;
         }
-        let read = std::fs::read_to_string(&path).map_err(|e| e.to_string());
-        match read.and_then(|text| Grant::from_file(&name, &text).map_err(|e| e.to_string())) {
+        let text = std::fs::read_to_string(&path).map_err(|e| e.to_string());
+        match text
+            .as_ref()
+            .map_err(Clone::clone)
+            .and_then(|text| Grant::from_file(&name, text).map_err(|e| e.to_string()))
+        {
             Ok(grant) => grants.push(grant),
             Err(error) => {
                 tracing::warn!(file = %path.display(), %error, "GPU-time grant file ignored and removed");
+                if let Ok(text) = &text {
+                    thaw_orphan(&name, text, freezer);
+                }
                 let _ = std::fs::remove_file(&path);
             }
         }
@@ -573,7 +635,7 @@ pub type GpuSamples = (String, Result<Vec<Sample>, ThrottleError>);
 /// node where GPU time is off now but was on before (a proxy that stopped with a
 /// container frozen must not leave it so). Returns how many grants there were.
 pub fn thaw_leftovers(dir: &Path, freezer: &dyn Freezer) -> usize {
-    let grants = read_grants(dir);
+    let grants = read_grants(dir, freezer);
     for (grant, cgroup) in &grants {
         if let Some(cgroup) = cgroup
             && let Err(error) = freezer.set(cgroup, false)
@@ -601,7 +663,7 @@ impl Throttle {
             source,
         })?;
         let mut accounts = BTreeMap::new();
-        for (grant, cgroup) in read_grants(&dir) {
+        for (grant, cgroup) in read_grants(&dir, freezer.as_ref()) {
             let mut account = Account::new(grant, cgroup);
             if let Some(cgroup) = &account.cgroup {
                 match freezer.set(cgroup, false) {
@@ -916,17 +978,21 @@ impl Throttle {
                 .last()
                 .map_or(first.timestamp_us, |s| s.timestamp_us);
             // Nothing before the very first instant: its window is unknown.
+            let gap = at.saturating_sub(sampling.last_us);
             let window = if sampling.last_us == 0 {
                 0.0
+            } else if gap <= INSTANT_US {
+                // More of the newest instant, read a round later: its window.
+                sampling.last_window
             } else {
-                let gap = at.saturating_sub(sampling.last_us);
                 sampling.gaps.push_back(gap);
                 if sampling.gaps.len() > GAPS_KEPT {
                     sampling.gaps.pop_front();
                 }
-                let period = sampling.period_us().unwrap_or(gap);
+                let period = sampling.period_us().unwrap_or(FIRST_PERIOD_US);
                 (gap.min(period) as f64 / 1e6).min(MAX_SAMPLE_GAP_SECONDS)
             };
+            sampling.last_window = window;
             sampling.last_us = sampling.last_us.max(at);
             let busy: f64 = instant
                 .iter()

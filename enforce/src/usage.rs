@@ -1,6 +1,7 @@
 //! What each container holds of each GPU's memory: the driver's per-process
-//! count (`nvmlDeviceGetComputeRunningProcesses`), each process traced to its
-//! container by its cgroup, summed per container and GPU. It works on every
+//! count (`nvmlDeviceGetComputeRunningProcesses` and
+//! `nvmlDeviceGetGraphicsRunningProcesses`, so that memory held through Vulkan,
+//! EGL or OpenGL counts too), each process traced to its container by its cgroup, summed per container and GPU. It works on every
 //! driver and with every backend (or none): it is what a share's limit is
 //! measured against, not what holds it.
 
@@ -79,16 +80,37 @@ impl GpuMemory for NvmlGpuMemory {
             let read = || -> Result<Vec<ProcessMemory>, nvml_wrapper::error::NvmlError> {
                 let device = self.nvml.device_by_index(index)?;
                 let uuid = device.uuid()?;
-                Ok(device
+                // A process with compute and graphics contexts is in both lists,
+                // with its memory in each: counted once, the larger.
+                let mut by_pid: BTreeMap<u32, u64> = BTreeMap::new();
+                let graphics = match device.running_graphics_processes() {
+                    Ok(list) => list,
+                    // A GPU with no graphics (some data-centre parts) says so; an
+                    // NVML without the call has none to list.
+                    Err(
+                        nvml_wrapper::error::NvmlError::NotSupported
+                        | nvml_wrapper::error::NvmlError::FailedToLoadSymbol(_),
+                    ) => Vec::new(),
+                    Err(e) => return Err(e),
+                };
+                for process in device
                     .running_compute_processes()?
                     .into_iter()
-                    .map(|process| ProcessMemory {
+                    .chain(graphics)
+                {
+                    let used = match process.used_gpu_memory {
+                        nvml_wrapper::enums::device::UsedGpuMemory::Used(bytes) => bytes,
+                        nvml_wrapper::enums::device::UsedGpuMemory::Unavailable => 0,
+                    };
+                    let entry = by_pid.entry(process.pid).or_default();
+                    *entry = (*entry).max(used);
+                }
+                Ok(by_pid
+                    .into_iter()
+                    .map(|(pid, used)| ProcessMemory {
                         gpu: uuid.clone(),
-                        pid: process.pid,
-                        used: match process.used_gpu_memory {
-                            nvml_wrapper::enums::device::UsedGpuMemory::Used(bytes) => bytes,
-                            nvml_wrapper::enums::device::UsedGpuMemory::Unavailable => 0,
-                        },
+                        pid,
+                        used,
                     })
                     .collect())
             };

@@ -165,11 +165,12 @@ fn gpu_memory_is_traced_to_the_container_that_holds_it() -> anyhow::Result<()> {
     };
     let dir = tempfile::tempdir()?;
     let pids = dir.path().join("pids");
-    // The container's process on GPU 0 and 1; this test's own (no container's) on 0.
+    // The container's process on GPU 0 and 1, with a graphics context too on 2
+    // (Vulkan, say); this test's own (no container's) on 0.
     std::fs::write(
         &pids,
         format!(
-            "0 {pid} 3221225472\n1 {pid} 1024\n0 {me} 999\n",
+            "0 {pid} 3221225472\n1 {pid} 1024\n2 {pid} 4096 graphics\n0 {me} 999\n",
             pid = cgroup.child.id(),
             me = std::process::id()
         ),
@@ -180,7 +181,7 @@ fn gpu_memory_is_traced_to_the_container_that_holds_it() -> anyhow::Result<()> {
     let read = NvmlGpuMemory::open(&library)?.processes()?;
     assert!(read.failed.is_empty(), "{:?}", read.failed);
     let processes = read.processes;
-    assert_eq!(processes.len(), 3, "{processes:?}");
+    assert_eq!(processes.len(), 4, "{processes:?}");
     let sums = per_container(
         &processes,
         &HostProcesses::host().map_err(anyhow::Error::msg)?,
@@ -192,8 +193,10 @@ fn gpu_memory_is_traced_to_the_container_that_holds_it() -> anyhow::Result<()> {
             (gpu.as_str(), *used)
         })
         .collect();
-    assert_eq!(mine.len(), 2, "{sums:?}");
+    assert_eq!(mine.len(), 3, "{sums:?}");
     assert!(mine.contains(&(GPU0, 3 << 30)), "{sums:?}");
     assert!(mine.iter().any(|(_, used)| *used == 1024), "{sums:?}");
+    // Memory held through a graphics context is counted.
+    assert!(mine.iter().any(|(_, used)| *used == 4096), "{sums:?}");
     Ok(())
 }

@@ -419,7 +419,14 @@ impl EnforceHook {
     ) -> Result<bool, HookRejection> {
         let mut new = false;
         for (_, limits) in self.limits(pod, vec![container.name.clone()]).await? {
-            let Some(percent) = limits.compute_percent.filter(|p| *p < 100) else {
+            // Held where any GPU's share is below the whole; `percent` is the
+            // highest such share, each GPU its own below.
+            let Some(percent) = limits
+                .compute_by_gpu
+                .iter()
+                .filter_map(|p| p.filter(|p| *p < 100))
+                .max()
+            else {
                 continue;
             };
             if limits.is_empty() {

@@ -28,6 +28,9 @@ use crate::store::PodStore;
 /// stands before the OOM kill sees it.
 pub const EVERY: Duration = Duration::from_millis(500);
 
+/// A process chosen to be killed: its pid and start time.
+type Victim = (u32, Option<u64>);
+
 /// How long a killed process is not counted (nor killed again) while the driver
 /// still lists it: freeing a large context takes the driver a moment.
 const DYING: Duration = Duration::from_secs(10);
@@ -93,8 +96,11 @@ pub struct Report {
     failed: Vec<String>,
     /// The OOM kill's margin above a grant, when it is on.
     margin: Option<u64>,
-    /// Processes killed, by pid, not counted until [`DYING`] has passed.
-    dying: HashMap<u32, Instant>,
+    /// Processes killed, by pid and start time, not counted until [`DYING`] has
+    /// passed (a later process given the same pid is).
+    dying: HashMap<Victim, Instant>,
+    /// Containers whose processes could not be killed, said once each in the log.
+    unkillable: HashSet<String>,
     /// Kills of the last [`tessera_api::usage::KILLS_KEPT_SECONDS`], for the file.
     kills: Vec<GpuMemoryKill>,
 }
@@ -120,6 +126,7 @@ impl Report {
             failed: Vec::new(),
             margin: None,
             dying: HashMap::new(),
+            unkillable: HashSet::new(),
             kills: Vec::new(),
         }
     }
@@ -184,7 +191,7 @@ impl Report {
         // A process killed moments ago may still be listed while the driver frees
         // its memory: neither counted nor killed again.
         self.dying.retain(|_, at| at.elapsed() < DYING);
-        traced.retain(|t| !self.dying.contains_key(&t.process.pid));
+        traced.retain(|t| !self.dying.contains_key(&(t.process.pid, t.start)));
         let mut entries: Vec<(String, ContainerGpuMemory)> = Vec::new();
         let mut seen = HashSet::new();
         for ((container_id, gpu), used) in sums(&traced) {
@@ -231,6 +238,7 @@ impl Report {
             ));
         }
         self.grants.retain(|id, _| seen.contains(id));
+        self.unkillable.retain(|id| seen.contains(id));
         if let Some(margin) = self.margin {
             self.oom_kill(&entries, &traced, margin).await;
         }
@@ -276,16 +284,26 @@ impl Report {
             if entry.used <= allowance {
                 continue;
             }
-            let processes: Vec<(u32, u64)> = traced
+            let processes: Vec<&Traced> = traced
                 .iter()
                 .filter(|t| t.container_id == *container_id && t.process.gpu == entry.gpu)
+                .collect();
+            let sizes: Vec<(u32, u64)> = processes
+                .iter()
                 .map(|t| (t.process.pid, t.process.used))
                 .collect();
-            orders.push((
-                container_id.clone(),
-                entry.clone(),
-                victims(&processes, allowance),
-            ));
+            // Each victim with its start time: a pid reused since is never killed.
+            let chosen: Vec<Victim> = victims(&sizes, allowance)
+                .into_iter()
+                .map(|pid| {
+                    let start = processes
+                        .iter()
+                        .find(|t| t.process.pid == pid)
+                        .and_then(|t| t.start);
+                    (pid, start)
+                })
+                .collect();
+            orders.push((container_id.clone(), entry.clone(), chosen));
         }
         if orders.is_empty() {
             return;
@@ -296,20 +314,20 @@ impl Report {
             orders
                 .into_iter()
                 .map(|(container_id, entry, pids)| {
-                    let results: Vec<(u32, Result<(), KillError>)> = pids
+                    let results: Vec<(Victim, Result<(), KillError>)> = pids
                         .into_iter()
-                        .map(|pid| {
+                        .map(|(pid, start)| {
                             let result = match &sampler.killer {
-                                Some(killer) => killer.kill(pid, &container_id),
+                                Some(killer) => killer.kill(pid, start, &container_id),
                                 None => Err(KillError::Failed(
                                     pid,
                                     std::io::Error::other("the sampler has no killer"),
                                 )),
                             };
-                            (pid, result)
+                            ((pid, start), result)
                         })
                         .collect();
-                    (entry, results)
+                    (container_id, entry, results)
                 })
                 .collect::<Vec<_>>()
         })
@@ -322,20 +340,22 @@ impl Report {
             }
         };
         let at = unix_now();
-        for (entry, results) in done {
+        for (container_id, entry, results) in done {
             let limit = entry.limit().unwrap_or_default();
             let mut killed = Vec::new();
-            for (pid, result) in results {
+            for ((pid, start), result) in results {
                 match result {
                     Ok(()) => {
-                        self.dying.insert(pid, Instant::now());
+                        self.dying.insert((pid, start), Instant::now());
                         killed.push(pid);
                     }
-                    // Gone on its own: nothing held any more.
+                    // Gone on its own (or its pid now another's): nothing to kill.
                     Err(KillError::Gone(..)) => {}
-                    Err(error) => {
+                    // Said once per container: it is tried again every reading.
+                    Err(error) if self.unkillable.insert(container_id.clone()) => {
                         tracing::error!(pod = %format!("{}/{}", entry.namespace, entry.pod), container = %entry.container, gpu = %entry.gpu, %error, "GPU memory over its grant, and its process could not be killed");
                     }
+                    Err(error) => tracing::debug!(%error, "OOM kill failed again"),
                 }
             }
             if killed.is_empty() {

@@ -582,6 +582,23 @@ fn leftovers_are_thawed_and_removed_and_bad_files_dropped() {
     assert_eq!(std::fs::read_dir(dir.path()).expect("dir").count(), 0);
 }
 
+#[test]
+fn a_grant_file_that_is_not_one_still_has_its_cgroup_thawed() {
+    // A's cgroup frozen, and its file spoilt (a percents= line that does not
+    // parse): the file goes, and the cgroup it names is thawed.
+    let dir = tempfile::tempdir().expect("test setup");
+    let (node, t) = frozen_a(dir.path());
+    drop(t);
+    assert!(node.is_frozen(ID_A));
+    let file = dir.path().join(format!("pod-a_{ID_A}"));
+    let text = std::fs::read_to_string(&file).expect("grant file");
+    std::fs::write(&file, format!("{text}percents=x\n")).expect("test setup");
+    let t = throttle(dir.path(), &node);
+    assert!(t.accounts().is_empty());
+    assert!(!node.is_frozen(ID_A), "left frozen");
+    assert!(!file.exists());
+}
+
 /// A GPU listing `running` as its processes, with the samples it is given.
 struct Listing(Arc<Mutex<Vec<Sample>>>, Arc<Mutex<Vec<u32>>>);
 impl GpuTime for Listing {
@@ -615,19 +632,20 @@ fn a_process_gone_before_its_samples_is_charged_to_its_container() {
         sm_percent: 0,
     }];
     t.tick(1.0, &mut gpu);
-    // Round 2: it has exited; its last 0.5 s of work is sampled only now.
+    // Round 2: it has exited; its last 0.2 s of work (one sampling window) is
+    // sampled only now.
     lock(&node.pids).clear();
     *lock(&running) = vec![];
     *lock(&queue) = vec![Sample {
         pid: 7,
-        timestamp_us: at(1.5),
+        timestamp_us: at(1.2),
         sm_percent: 100,
     }];
-    t.tick(1.5, &mut gpu);
+    t.tick(1.2, &mut gpu);
     let credit = t.accounts()[0].credit;
     assert!(
-        (credit - (0.1 * 0.5 - 0.5)).abs() < 1e-9,
-        "the gone process's 0.5 s was not charged to its container: credit {credit}"
+        (credit - (0.1 * 0.2 - 0.2)).abs() < 1e-9,
+        "the gone process's 0.2 s was not charged to its container: credit {credit}"
     );
 }
 
@@ -810,7 +828,8 @@ fn on_a_gpu_sampled_as_the_h100_was_each_share_holds() {
 
 #[test]
 fn each_gpu_of_a_grant_is_held_to_its_own_share() {
-    // 25 % of GPU-0 and the whole of GPU-1 (a memory-only share there): 40 % of
+    // 25 % of GPU-0 and the whole of GPU-1 (a memory-only share there), with a
+    // highest share of 50 (another GPU's) that GPU-0 must not be held to: 40 % of
     // GPU-0 is over its share there, 99 % of GPU-1 never is.
     let dir = tempfile::tempdir().expect("test setup");
     let node = Node::default();
@@ -819,7 +838,7 @@ fn each_gpu_of_a_grant_is_held_to_its_own_share() {
     let both = Grant {
         gpus: vec!["GPU-0".into(), "GPU-1".into()],
         percents: vec![25, 100],
-        ..grant(ID_A, "pod-a", 25)
+        ..grant(ID_A, "pod-a", 50)
     };
     assert_eq!(
         (both.percent_on("GPU-0"), both.percent_on("GPU-1")),
@@ -873,4 +892,41 @@ fn each_gpu_of_a_grant_is_held_to_its_own_share() {
         frozen_on(&mut t, 40, 0, 20.0),
         "40 % of GPU-0 went unheld at 25 %"
     );
+}
+
+#[test]
+fn samples_of_one_instant_stamped_apart_share_its_window() {
+    // Two tenants each reported at 50 % of every 0.2 s window, stamped 30 ms
+    // apart (a driver that samples processes one after the other): each used half
+    // the GPU, twice its 25 % share, and is held.
+    let dir = tempfile::tempdir().expect("test setup");
+    let node = Node::default();
+    node.add(1, ID_A, 1.0);
+    node.add(2, ID_B, 1.0);
+    let mut t = throttle(dir.path(), &node);
+    t.grant(grant(ID_A, "pod-a", 25)).expect("test setup");
+    t.grant(grant(ID_B, "pod-b", 25)).expect("test setup");
+    let (mut frozen_a, mut frozen_b) = (false, false);
+    for i in 1..=50 {
+        let at = 1.0 + f64::from(i) * 0.2;
+        let sample = |pid, offset: f64| Sample {
+            pid,
+            timestamp_us: ((at + offset) * 1e6) as u64,
+            sm_percent: 50,
+        };
+        t.apply(
+            at + 0.05,
+            vec![(GPU.into(), Ok(vec![sample(1, 0.0), sample(2, 0.03)]))],
+        );
+        frozen_a |= node.is_frozen(ID_A);
+        frozen_b |= node.is_frozen(ID_B);
+    }
+    let credits: Vec<f64> = t.accounts().iter().map(|a| a.credit).collect();
+    assert!(
+        frozen_a && frozen_b,
+        "a tenant over its share was never frozen: credits {credits:?}"
+    );
+    // Charged about 0.1 s a window each (0.5 of 0.2 s), refilled 0.05: about -0.05
+    // a window, far below zero after 50.
+    assert!(credits.iter().all(|c| *c < -1.0), "credits {credits:?}");
 }

@@ -36,7 +36,9 @@
 //! No listed process, or none newer than `lastSeenTimeStamp`:
 //! `NVML_ERROR_NOT_FOUND`, as the driver answers while no process runs.
 //! `nvmlDeviceGetComputeRunningProcesses_v3` lists the living ones among them,
-//! with their bytes as `usedGpuMemory`.
+//! with their bytes as `usedGpuMemory`; a line with a fourth field `graphics`
+//! names a process with a graphics context instead (Vulkan, EGL, OpenGL), listed
+//! by `nvmlDeviceGetGraphicsRunningProcesses_v3` alone.
 //!
 //! Only the functions Tessera's reporter, its node agent and NVIDIA's
 //! k8s-device-plugin call exist; callers report any other as missing. XID events
@@ -1076,6 +1078,12 @@ fn listed_processes(node: &FakeNode, index: usize) -> Vec<u32> {
 
 /// The processes `processUtilization` lists on GPU `index`, with their bytes.
 fn listed_memory(node: &FakeNode, index: usize) -> Vec<(u32, u64)> {
+    listed_contexts(node, index, None)
+}
+
+/// The processes `processUtilization` lists on GPU `index` with their bytes: of
+/// one kind of context (`Some(true)`: graphics), or all.
+fn listed_contexts(node: &FakeNode, index: usize, graphics: Option<bool>) -> Vec<(u32, u64)> {
     node.process_utilization
         .as_deref()
         .and_then(|path| std::fs::read_to_string(path).ok())
@@ -1086,7 +1094,8 @@ fn listed_memory(node: &FakeNode, index: usize) -> Vec<(u32, u64)> {
             let gpu: usize = fields.next()?.parse().ok()?;
             let pid: u32 = fields.next()?.parse().ok()?;
             let bytes: u64 = fields.next().map_or(Some(0), |b| b.parse().ok())?;
-            (gpu == index).then_some((pid, bytes))
+            let is_graphics = fields.next() == Some("graphics");
+            (gpu == index && graphics.is_none_or(|g| g == is_graphics)).then_some((pid, bytes))
         })
         .collect()
 }
@@ -1099,12 +1108,33 @@ pub extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
     count: *mut c_uint,
     infos: *mut nvmlProcessInfo_t,
 ) -> nvmlReturn_t {
+    running_processes(device, count, infos, false)
+}
+
+/// The living processes listed on the GPU with `graphics`, as processes with a
+/// graphics context.
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlDeviceGetGraphicsRunningProcesses_v3(
+    device: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_t,
+) -> nvmlReturn_t {
+    running_processes(device, count, infos, true)
+}
+
+/// The living listed processes of one kind of context, as NVML's two lists give them.
+fn running_processes(
+    device: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_t,
+    graphics: bool,
+) -> nvmlReturn_t {
     status(with_state(|s| {
         let index = gpu_index(s, device)?;
         if count.is_null() {
             return Err(ERROR_INVALID_ARGUMENT);
         }
-        let living: Vec<(u32, u64)> = listed_memory(&s.node, index)
+        let living: Vec<(u32, u64)> = listed_contexts(&s.node, index, Some(graphics))
             .into_iter()
             .filter(|(pid, _)| Path::new(&format!("/proc/{pid}")).exists())
             .collect();

@@ -503,9 +503,10 @@ mod gpu_time {
     -> Result<(), Box<dyn std::error::Error>> {
         let dir = tempfile::tempdir()?;
         let (hook, hold) = held(dir.path())?;
-        // 25 % of GPU A, 50 % of GPU B's memory and no compute share there.
+        // 25 % of GPU A, and all of GPU B's compute with half its memory: held
+        // on GPU A alone.
         let annotation = format!(
-            r#"{{"gpu":[{{"minor":0,"id":"{GPU_A}","resources":{{"koordinator.sh/gpu-core":25,"koordinator.sh/gpu-memory-ratio":25}}}},{{"minor":1,"id":"{GPU_B}","resources":{{"koordinator.sh/gpu-memory-ratio":50}}}}]}}"#
+            r#"{{"gpu":[{{"minor":0,"id":"{GPU_A}","resources":{{"koordinator.sh/gpu-core":25,"koordinator.sh/gpu-memory-ratio":25}}}},{{"minor":1,"id":"{GPU_B}","resources":{{"koordinator.sh/gpu-core":100,"koordinator.sh/gpu-memory-ratio":50}}}}]}}"#
         );
         let pod = Arc::new(PodInfo {
             annotations: HashMap::from([(DEVICE_ALLOCATED.to_owned(), annotation)]),
@@ -807,7 +808,12 @@ struct Kills {
 }
 
 impl tessera_enforce::oom::Killer for Kills {
-    fn kill(&self, pid: u32, container_id: &str) -> Result<(), tessera_enforce::oom::KillError> {
+    fn kill(
+        &self,
+        pid: u32,
+        _start: Option<u64>,
+        container_id: &str,
+    ) -> Result<(), tessera_enforce::oom::KillError> {
         if self.gone.contains(&pid) {
             return Err(tessera_enforce::oom::KillError::Gone(
                 pid,
