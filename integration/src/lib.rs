@@ -14,6 +14,7 @@ pub use tessera_harness::{
 
 pub mod bench_cluster;
 pub mod bench_enforce;
+pub mod bench_flood;
 pub mod bench_pods;
 pub mod demo;
 pub mod hook_server;

@@ -72,6 +72,25 @@ enum Command {
         #[arg(long, default_value_t = 5000)]
         nodes: usize,
     },
+    /// tessera-scheduler's mutual-TLS extender port under a flood: filter and bind
+    /// p50/p99/max with nothing else on the port, then while `--idle` connections that
+    /// never start a handshake are kept open and a verified client keeps sending
+    /// `--body-mib` MiB bodies; met when every flooded call is answered within
+    /// kube-scheduler's 5 s httpTimeout.
+    Flood {
+        /// Idle TCP connections kept open during the flood.
+        #[arg(long, default_value_t = 2000)]
+        idle: usize,
+        /// MiB of each body sent during the flood (refused at 16 MiB).
+        #[arg(long, default_value_t = 100)]
+        body_mib: usize,
+        /// Filter and bind calls timed per phase.
+        #[arg(long, default_value_t = 200)]
+        calls: usize,
+        /// Nodes in the synthetic cluster.
+        #[arg(long, default_value_t = 1000)]
+        nodes: usize,
+    },
     /// tessera-scheduler's simulate on a synthetic cluster (8 GPUs per node, 40,000
     /// running quarter-GPU pods): pods placed per second and peak RSS, kube-scheduler's
     /// adaptive node sampling vs every node scored (percentageOfNodesToScore 100, a
@@ -213,6 +232,20 @@ async fn run(command: Command) -> anyhow::Result<()> {
             extender_bench(iterations, nodes, &[500, nodes]).await
         }
         Command::Cluster { pods } => tessera_integration::bench_cluster::run(pods).await,
+        Command::Flood {
+            idle,
+            body_mib,
+            calls,
+            nodes,
+        } => {
+            tessera_integration::bench_flood::run(tessera_integration::bench_flood::Options {
+                idle,
+                body_mib,
+                calls,
+                nodes,
+            })
+            .await
+        }
         Command::Enforce {
             rounds,
             containers,
