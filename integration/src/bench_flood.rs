@@ -273,11 +273,12 @@ async fn keep_idle(addr: SocketAddr, want: usize, open: Arc<AtomicUsize>, stop: 
                 // Held until the server closes it (its handshake deadline) or the end.
                 let mut byte = [0u8; 1];
                 while !stop.load(Ordering::Relaxed) {
-                    match tokio::time::timeout(Duration::from_millis(200), stream.read(&mut byte))
-                        .await
-                    {
-                        Ok(Ok(0) | Err(_)) => break,
-                        Ok(Ok(_)) | Err(_) => {}
+                    let read =
+                        tokio::time::timeout(Duration::from_millis(200), stream.read(&mut byte))
+                            .await;
+                    // Closed by the server (or broken): open another.
+                    if let Ok(Ok(0) | Err(_)) = read {
+                        break;
                     }
                 }
                 open.fetch_sub(1, Ordering::Relaxed);
