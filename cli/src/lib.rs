@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::ListParams;
 use kube::{Api, Client};
 use tessera_api::Device;
-use tessera_scheduler::inspect::{render, report};
+use tessera_scheduler::inspect::{only_pod, render, report};
 
 pub mod images;
 pub mod node;
@@ -37,6 +37,10 @@ pub enum Command {
         /// Only this node.
         #[arg(long)]
         node: Option<String>,
+        /// Only the GPUs this pod holds (NAMESPACE/NAME, or NAME in `default`):
+        /// each container's share, the backends that hold it, and what it uses.
+        #[arg(long, value_name = "NAMESPACE/NAME")]
+        pod: Option<String>,
         /// Print JSON instead of the table.
         #[arg(long)]
         json: bool,
@@ -269,7 +273,12 @@ pub async fn client(kubeconfig: Option<PathBuf>) -> anyhow::Result<Client> {
 }
 
 /// The inspect output for the cluster behind `client`.
-pub async fn inspect(client: Client, node: Option<&str>, json: bool) -> anyhow::Result<String> {
+pub async fn inspect(
+    client: Client,
+    node: Option<&str>,
+    pod: Option<&str>,
+    json: bool,
+) -> anyhow::Result<String> {
     let devices = Api::<Device>::all(client.clone())
         .list(&ListParams::default())
         .await
@@ -292,6 +301,20 @@ pub async fn inspect(client: Client, node: Option<&str>, json: bool) -> anyhow::
     if let Some(node) = node {
         reports.retain(|r| r.name == node);
     }
+    if let Some(pod) = pod {
+        let pod = if pod.contains('/') {
+            pod.to_owned()
+        } else {
+            format!("default/{pod}")
+        };
+        reports = only_pod(reports, &pod);
+        if reports.is_empty() {
+            anyhow::bail!(
+                "pod {pod} holds no GPU{}: not found, not placed yet, or it asked for none",
+                node.map(|n| format!(" on node {n}")).unwrap_or_default()
+            );
+        }
+    }
     Ok(if json {
         serde_json::to_string_pretty(&reports)? + "\n"
     } else {
@@ -302,9 +325,12 @@ pub async fn inspect(client: Client, node: Option<&str>, json: bool) -> anyhow::
 /// Runs the CLI.
 pub async fn run(cli: Cli, prepared: Prepared) -> anyhow::Result<()> {
     match cli.command {
-        Command::Inspect { node, json } => {
+        Command::Inspect { node, pod, json } => {
             let client = client(cli.kubeconfig).await?;
-            print!("{}", inspect(client, node.as_deref(), json).await?);
+            print!(
+                "{}",
+                inspect(client, node.as_deref(), pod.as_deref(), json).await?
+            );
         }
         Command::Node(command) => node_command(cli.kubeconfig, prepared, command).await?,
         Command::Image(ImageCommand::Build {

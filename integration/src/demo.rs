@@ -333,7 +333,7 @@ pub async fn run(out: &mut (dyn Write + Send)) -> anyhow::Result<DemoSummary> {
 
     // The reporter keeps the Device CR current; give the scheduler's watch a moment.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    summary.table = tessera_cli::inspect(client, None, false).await?;
+    summary.table = tessera_cli::inspect(client, None, None, false).await?;
     say!("$ tessera inspect\n{}", summary.table);
     say!(
         "{:<18} {:<24} {:<44} {:<34} {:<10} {}",

@@ -304,6 +304,23 @@ fn gib(bytes: u64) -> f64 {
     bytes as f64 / f64::from(1u32 << 30)
 }
 
+/// The report cut down to pod `pod` (`namespace/name`): the GPUs it holds, with
+/// it alone among their tenants (the GPU's allocated totals stay the GPU's), and
+/// the uses of GPUs it was not granted. Empty when it holds none.
+pub fn only_pod(reports: Vec<NodeReport>, pod: &str) -> Vec<NodeReport> {
+    reports
+        .into_iter()
+        .filter_map(|mut node| {
+            node.gpus.retain_mut(|gpu| {
+                gpu.pods.retain(|tenant| tenant.pod == pod);
+                gpu.ungranted.retain(|used| used.pod == pod);
+                !gpu.pods.is_empty() || !gpu.ungranted.is_empty()
+            });
+            (!node.gpus.is_empty()).then_some(node)
+        })
+        .collect()
+}
+
 /// The report as a text table.
 pub fn render(reports: &[NodeReport]) -> String {
     let mut out = String::new();
@@ -556,5 +573,27 @@ items:
         );
         let json = serde_json::to_string(&reports).expect("json");
         assert!(json.contains(r#""memoryUsed":3758096384"#), "{json}");
+    }
+
+    #[test]
+    fn one_pods_gpus_alone() {
+        let snapshot = crate::simulate::parse_snapshot(
+            include_str!("../../docs/examples/cluster.yaml"),
+            "cluster",
+        )
+        .expect("parses");
+        let reports = report(&[], &snapshot.devices, &snapshot.pods);
+        let mine = only_pod(reports.clone(), "default/n3-a");
+        assert_eq!(mine.len(), 1);
+        assert_eq!(mine[0].name, "n3");
+        assert_eq!(mine[0].gpus.len(), 1);
+        assert_eq!(mine[0].gpus[0].pods.len(), 1);
+        assert_eq!(mine[0].gpus[0].pods[0].pod, "default/n3-a");
+        // Its GPU's totals are the GPU's, whoever else holds it.
+        assert_eq!(
+            mine[0].gpus[0].memory_allocated,
+            reports[2].gpus[0].memory_allocated
+        );
+        assert!(only_pod(reports, "default/nobody").is_empty());
     }
 }

@@ -1025,6 +1025,30 @@ pub async fn gpu_memory_use_is_reported_against_each_grant(
             "gpu-memory: tessera inspect does not show the use:\n{table}{}",
             String::from_utf8_lossy(&inspect.stderr)
         );
+        // The pod's own GPUs alone (`--pod`), and a pod with none said so.
+        let only = |pod: &str| {
+            std::process::Command::new(tessera_harness::cluster::tessera_binary("tessera")?)
+                .arg("--kubeconfig")
+                .arg(cluster.kubeconfig())
+                .args(["inspect", "--pod", pod])
+                .output()
+                .map_err(anyhow::Error::from)
+        };
+        let mine = only("default/gpu-memory")?;
+        let table = String::from_utf8_lossy(&mine.stdout);
+        ensure!(
+            mine.status.success()
+                && table.contains(&uuid)
+                && table.contains("default/gpu-memory (25%")
+                && table.lines().filter(|l| l.contains("GPU-")).count() == 1,
+            "gpu-memory: tessera inspect --pod shows other GPUs or not the pod's:\n{table}"
+        );
+        let none = only("default/no-such-pod")?;
+        ensure!(
+            !none.status.success()
+                && String::from_utf8_lossy(&none.stderr).contains("pod default/no-such-pod holds no GPU"),
+            "gpu-memory: tessera inspect --pod of a pod with no GPU: {none:?}"
+        );
         // Past its grant and the node's 1 GiB margin (--oom-kill-margin's
         // default): the OOM kill kills its process, the container's own, so
         // kubelet starts it again; the pod is told, and the metric counts it.
