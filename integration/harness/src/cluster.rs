@@ -2161,7 +2161,7 @@ async fn apply(client: &kube::Client, discovery: &Discovery, doc: &Value) -> any
     Ok(())
 }
 
-/// RBAC for the test identities: the tenant may manage pods (and SharePods) in
+/// RBAC for the test identities: the tenant may manage pods, StatefulSets (and SharePods) in
 /// `default` (as a namespace admin may), the second scheduler may bind and patch pods anywhere.
 async fn apply_test_rbac(client: &kube::Client) -> anyhow::Result<()> {
     let discovery = discover(client).await?;
@@ -2169,6 +2169,9 @@ async fn apply_test_rbac(client: &kube::Client) -> anyhow::Result<()> {
         json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
                "metadata": {"name": "tenant", "namespace": "default"},
                "rules": [{"apiGroups": [""], "resources": ["pods", "pods/status", "pods/binding", "bindings"],
+                          "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]},
+                         // Workloads, as the migration guides' examples have them.
+                         {"apiGroups": ["apps"], "resources": ["statefulsets"],
                           "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]}]}),
         json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
                "metadata": {"name": "tenant", "namespace": "default"},

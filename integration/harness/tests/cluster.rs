@@ -32,6 +32,8 @@ mod enforcement;
 mod faults;
 #[path = "cluster/integrity.rs"]
 mod integrity;
+#[path = "cluster/migration.rs"]
+mod migration;
 #[path = "cluster/observability.rs"]
 mod observability;
 #[path = "cluster/preemption.rs"]
@@ -99,6 +101,9 @@ fn scenarios() -> Vec<(&'static str, Scenario)> {
         ),
         ("kubeshare_sharepods_are_made_into_their_pods", |c| {
             Box::pin(sharepods(c))
+        }),
+        ("migration_guides_examples_run_as_written", |c| {
+            Box::pin(migration::migration_guides_examples_run_as_written(c))
         }),
         (
             "shared_containers_get_driver_memory_limits_on_their_own_cgroup",
@@ -207,6 +212,7 @@ const ON_CHART: &[&str] = &[
     "each_container_gets_its_own_share_and_a_sidecar_none",
     "trusted_gpu_agents_keep_their_env_privileged_gpu_pods_are_refused",
     "kubeshare_annotation_pods_are_translated_at_admission_and_share_by_group",
+    "migration_guides_examples_run_as_written",
 ];
 
 /// The chart suite's own steps, around the scenarios it runs.

@@ -178,27 +178,12 @@ async fn fractional_pod(cluster: &mut Cluster, name: &str) -> anyhow::Result<()>
     cluster.delete_pod(name).await
 }
 
-/// HAMi's documented example (`nvidia.com/gpu: 1` with `nvidia.com/gpumem: 3000`)
-/// on a node where Tessera serves nvidia.com/gpu: one GPU, 3000 MiB of it, and
-/// kubelet hands out no device-plugin GPU besides; then HAMi's split count.
+/// HAMi's guide's example (`docs/migrate-hami.md`: `nvidia.com/gpu: 1` with
+/// `nvidia.com/gpumem: 3000`) on a node where Tessera serves nvidia.com/gpu: one
+/// GPU, 3000 MiB of it, and kubelet hands out no device-plugin GPU besides; then
+/// HAMi's split count.
 async fn hami_documented_pod(cluster: &mut Cluster) -> anyhow::Result<()> {
-    let name = "hami-example";
-    let limits = json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3000"});
-    let running = one_gpu_pod(
-        cluster,
-        name,
-        limits,
-        ("CUDA_DEVICE_MEMORY_LIMIT_0", "3000m"),
-    )
-    .await?;
-    let checkpoint =
-        std::fs::read_to_string(tessera_harness::cluster::KUBELET_CHECKPOINT).unwrap_or_default();
-    let uid = running.metadata.uid.clone().unwrap_or_default();
-    ensure!(
-        !checkpoint.contains(&uid),
-        "kubelet's checkpoint gives pod {name} a device-plugin device: {checkpoint}"
-    );
-    cluster.delete_pod(name).await?;
+    super::migration::hami_guide_examples_run_as_written(cluster).await?;
     hami_split_pods_share_gpus(cluster).await
 }
 

@@ -1,0 +1,497 @@
+//! The migration guides' examples (`docs/migrate-*.md`, each guide's section
+//! "Examples the tests apply"), read from the guides themselves and applied to the
+//! real cluster as a tenant, so that a guide cannot promise what the cluster does
+//! not do. Each is applied as written but for what this cluster cannot run: the
+//! image (no registry: the CUDA-like probe, whose own `NVIDIA_VISIBLE_DEVICES=all`
+//! the grant must overrule), its command, and CPU and memory (two cores).
+//!
+//! The guide is the manifest; what each example must get is here, in the guide's
+//! order, and a guide with an example this table lacks (or the reverse) fails.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail, ensure};
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use serde_json::Value;
+use tessera_harness::cluster::{
+    Cluster, KUBELET_CHECKPOINT, NODE_NAME, allocated_gpus, device_api, gpu_device_minors,
+    is_running, runtime_env,
+};
+use tessera_harness::image::CUDA_PROBE_IMAGE;
+
+/// What a container of an example must run with.
+struct Container {
+    name: &'static str,
+    /// How many GPUs (distinct), 0 for none.
+    gpus: usize,
+    /// `CUDA_DEVICE_SM_LIMIT`, or `None` for unset.
+    sm: Option<&'static str>,
+    /// `CUDA_DEVICE_MEMORY_LIMIT_<i>` on each of its GPUs, or `None` for unset.
+    memory: Option<&'static str>,
+    /// Another system's env, `{index}` standing for the GPU's index on the node.
+    env: &'static [(&'static str, &'static str)],
+}
+
+/// What applying an example must come to.
+enum Outcome {
+    /// It runs (every replica of a StatefulSet), each container as listed.
+    Runs(&'static [Container]),
+    /// As `Runs` on a node without MPS; where MPS holds shares (one GPU's per
+    /// container) it stays Pending, the reason saying so.
+    RunsWithoutMps(&'static [Container]),
+    /// The API server refuses it at creation, with a message containing this.
+    Refused(&'static str),
+}
+
+/// Why a pod with a container holding shares of several GPUs waits on an MPS node.
+const MPS_REASON: &str = "not where MPS holds shares, one GPU per container";
+
+/// Every other system's env the GPU hook may set: set only where a container asked
+/// in that system's names.
+const SYSTEM_ENV: [&str; 6] = [
+    "ALIYUN_COM_GPU_MEM_IDX",
+    "ALIYUN_COM_GPU_MEM_POD",
+    "ALIYUN_COM_GPU_MEM_CONTAINER",
+    "ALIYUN_COM_GPU_MEM_DEV",
+    "VOLCANO_GPU_ALLOCATED",
+    "VOLCANO_GPU_MEMORY_TOTAL",
+];
+
+const fn whole(name: &'static str, gpus: usize) -> Container {
+    Container {
+        name,
+        gpus,
+        sm: None,
+        memory: None,
+        env: &[],
+    }
+}
+
+/// A guide's examples in its order: (kind/name, outcome).
+type Examples = &'static [(&'static str, Outcome)];
+
+/// HAMi's guide, on the chart suite's cluster: there Tessera, not NVIDIA's device
+/// plugin, serves `nvidia.com/gpu` (as the guide's switch has it).
+const HAMI: Examples = &[(
+    "Pod/gpu-pod",
+    Outcome::Runs(&[Container {
+        name: "ubuntu-container",
+        gpus: 1,
+        sm: None,
+        memory: Some("3000m"),
+        env: &[],
+    }]),
+)];
+
+/// The guides the main suite applies.
+const GUIDES: &[(&str, Examples)] = &[
+    (
+        "migrate-gpushare.md",
+        &[(
+            "StatefulSet/binpack-1",
+            Outcome::Runs(&[Container {
+                name: "binpack-1",
+                gpus: 1,
+                sm: None,
+                memory: Some("3072m"),
+                env: &[
+                    ("ALIYUN_COM_GPU_MEM_IDX", "{index}"),
+                    ("ALIYUN_COM_GPU_MEM_POD", "3"),
+                    ("ALIYUN_COM_GPU_MEM_CONTAINER", "3"),
+                    ("ALIYUN_COM_GPU_MEM_DEV", "80"),
+                ],
+            }]),
+        )],
+    ),
+    (
+        "migrate-volcano.md",
+        &[
+            ("Pod/gpu-pod1", Outcome::Runs(&[whole("cuda-container", 1)])),
+            (
+                "Pod/gpu-pod1",
+                Outcome::Runs(&[Container {
+                    name: "cuda-container",
+                    gpus: 1,
+                    sm: None,
+                    memory: Some("1024m"),
+                    env: &[
+                        ("VOLCANO_GPU_ALLOCATED", "1024"),
+                        ("VOLCANO_GPU_MEMORY_TOTAL", "81920"),
+                    ],
+                }]),
+            ),
+            (
+                "Pod/hami-pod",
+                Outcome::Runs(&[Container {
+                    name: "cuda-container",
+                    gpus: 1,
+                    sm: Some("50"),
+                    memory: Some("3000m"),
+                    env: &[],
+                }]),
+            ),
+            (
+                "Pod/gpu-pod12",
+                Outcome::RunsWithoutMps(&[
+                    Container {
+                        name: "ubuntu-container",
+                        gpus: 2,
+                        sm: None,
+                        memory: Some("2000m"),
+                        env: &[],
+                    },
+                    whole("ubuntu-container0", 0),
+                    Container {
+                        name: "ubuntu-container1",
+                        gpus: 2,
+                        sm: None,
+                        memory: Some("3000m"),
+                        env: &[],
+                    },
+                ]),
+            ),
+        ],
+    ),
+    (
+        "migrate-koordinator.md",
+        &[
+            (
+                "Pod/pod-example",
+                Outcome::Runs(&[Container {
+                    name: "curlimage",
+                    gpus: 1,
+                    sm: Some("50"),
+                    memory: Some("40960m"),
+                    env: &[],
+                }]),
+            ),
+            (
+                "Pod/pod-example",
+                Outcome::Refused("write koordinator.sh/gpu: 100 instead"),
+            ),
+            ("Pod/pod-example", Outcome::Runs(&[whole("curlimage", 1)])),
+        ],
+    ),
+];
+
+/// Applies the gpushare, Volcano and Koordinator guides' examples.
+pub(super) async fn migration_guides_examples_run_as_written(
+    cluster: &mut Cluster,
+) -> anyhow::Result<()> {
+    for (guide, expected) in GUIDES {
+        run_guide(cluster, guide, expected).await?;
+    }
+    Ok(())
+}
+
+/// Applies the HAMi guide's examples (the chart suite's cluster).
+pub(super) async fn hami_guide_examples_run_as_written(
+    cluster: &mut Cluster,
+) -> anyhow::Result<()> {
+    run_guide(cluster, "migrate-hami.md", HAMI).await
+}
+
+/// Applies a guide's examples, one at a time (two may share a name), and checks
+/// each against what it must get.
+async fn run_guide(cluster: &mut Cluster, guide: &str, expected: Examples) -> anyhow::Result<()> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../docs")
+        .join(guide);
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let examples = examples(&text).with_context(|| format!("docs/{guide}"))?;
+    let found: Vec<String> = examples.iter().map(kind_name).collect();
+    let want: Vec<&str> = expected.iter().map(|(what, _)| *what).collect();
+    ensure!(
+        found == want,
+        "docs/{guide}'s examples are {found:?}, but migration.rs expects {want:?}: keep them in step"
+    );
+    let mps = node_has_mps(cluster).await?;
+    for (example, (what, outcome)) in examples.into_iter().zip(expected.iter()) {
+        apply(cluster, as_test_cluster(example)?, outcome, mps)
+            .await
+            .with_context(|| format!("docs/{guide}: {what}"))?;
+    }
+    Ok(())
+}
+
+/// The YAML documents of the code blocks under "## Examples the tests apply".
+fn examples(guide: &str) -> anyhow::Result<Vec<Value>> {
+    let section = guide
+        .split("\n## ")
+        .find(|s| s.starts_with("Examples the tests apply"))
+        .context("no section \"## Examples the tests apply\"")?;
+    let mut docs = Vec::new();
+    for block in section.split("```yaml\n").skip(1) {
+        let (yaml, _) = block
+            .split_once("\n```")
+            .context("a yaml block never closed")?;
+        for doc in serde_yaml::Deserializer::from_str(yaml) {
+            let value: Value = serde::Deserialize::deserialize(doc)?;
+            docs.push(value);
+        }
+    }
+    Ok(docs)
+}
+
+fn kind_name(doc: &Value) -> String {
+    format!(
+        "{}/{}",
+        doc["kind"].as_str().unwrap_or("?"),
+        doc["metadata"]["name"].as_str().unwrap_or("?")
+    )
+}
+
+/// The example as this cluster can run it: the probe image in place of the
+/// example's (and no command, which the probe's entrypoint is), and no CPU or
+/// memory request, which a two-core node may not hold.
+fn as_test_cluster(mut doc: Value) -> anyhow::Result<Value> {
+    let spec = match doc["kind"].as_str() {
+        Some("Pod") => &mut doc["spec"],
+        Some("StatefulSet") => &mut doc["spec"]["template"]["spec"],
+        other => bail!("kind {other:?}: the scenario applies Pods and StatefulSets"),
+    };
+    spec["terminationGracePeriodSeconds"] = 0.into();
+    for container in spec["containers"]
+        .as_array_mut()
+        .context("no containers")?
+        .iter_mut()
+    {
+        let container = container.as_object_mut().context("a container")?;
+        container.insert("image".into(), CUDA_PROBE_IMAGE.into());
+        container.insert("imagePullPolicy".into(), "Never".into());
+        container.remove("command");
+        container.remove("args");
+        for list in ["limits", "requests"] {
+            if let Some(map) = container
+                .get_mut("resources")
+                .and_then(|r| r.get_mut(list))
+                .and_then(Value::as_object_mut)
+            {
+                map.remove("cpu");
+                map.remove("memory");
+            }
+        }
+    }
+    Ok(doc)
+}
+
+/// Whether the node's GPUs carry MPS's label (the proxy runs `--mps on`).
+async fn node_has_mps(cluster: &Cluster) -> anyhow::Result<bool> {
+    let device = device_api(&cluster.client().await?).get(NODE_NAME).await?;
+    Ok(device.data["spec"]["devices"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|gpu| gpu["labels"]["tessera.io/enforce-mps"] == "true"))
+}
+
+/// Applies one example as the tenant and checks it against `outcome` (on a node
+/// with MPS or not), then removes it.
+async fn apply(
+    cluster: &mut Cluster,
+    doc: Value,
+    outcome: &Outcome,
+    mps: bool,
+) -> anyhow::Result<()> {
+    let name = doc["metadata"]["name"]
+        .as_str()
+        .context("no name")?
+        .to_owned();
+    let statefulset = doc["kind"] == "StatefulSet";
+    let created = if statefulset {
+        let sets: Api<StatefulSet> = Api::namespaced(cluster.client_as("tenant").await?, "default");
+        let set: StatefulSet = serde_json::from_value(doc.clone())?;
+        sets.create(&Default::default(), &set)
+            .await
+            .map(drop)
+            .map_err(anyhow::Error::from)
+    } else {
+        cluster.create_pod("tenant", &doc).await.map(drop)
+    };
+    let containers = match (outcome, created) {
+        (Outcome::Refused(want), Err(e)) => {
+            let message = format!("{e:#}");
+            ensure!(
+                message.contains(want),
+                "refused, but not saying {want:?}: {message}"
+            );
+            return Ok(());
+        }
+        (Outcome::Refused(want), Ok(())) => {
+            let _ = cluster.delete_pod(&name).await;
+            bail!("created, though it should be refused ({want:?})");
+        }
+        (Outcome::Runs(_) | Outcome::RunsWithoutMps(_), Err(e)) => {
+            return Err(e.context("refused at creation"));
+        }
+        (Outcome::RunsWithoutMps(_), Ok(())) if mps => {
+            let waits = waits_for(cluster, &name, MPS_REASON).await;
+            cluster.delete_pod(&name).await?;
+            return waits;
+        }
+        (Outcome::Runs(containers) | Outcome::RunsWithoutMps(containers), Ok(())) => containers,
+    };
+    let pods: Vec<String> = if statefulset {
+        let replicas = doc["spec"]["replicas"].as_u64().unwrap_or(1);
+        (0..replicas).map(|i| format!("{name}-{i}")).collect()
+    } else {
+        vec![name.clone()]
+    };
+    let mut outcome = Ok(());
+    for pod in &pods {
+        outcome = match wait_running(cluster, pod).await {
+            Ok(running) => check(cluster, &running, containers),
+            Err(e) => Err(e),
+        };
+        if outcome.is_err() {
+            break;
+        }
+    }
+    if statefulset {
+        let sets: Api<StatefulSet> = Api::namespaced(cluster.client().await?, "default");
+        sets.delete(&name, &Default::default()).await?;
+    }
+    for pod in &pods {
+        cluster.delete_pod(pod).await?;
+    }
+    outcome
+}
+
+/// Waits for pod `default/name`'s FailedScheduling event naming `reason`.
+async fn waits_for(cluster: &Cluster, name: &str, reason: &str) -> anyhow::Result<()> {
+    let started = Instant::now();
+    loop {
+        let events = cluster.events_of(name).await?;
+        if events
+            .iter()
+            .any(|e| e.starts_with("FailedScheduling") && e.contains(reason))
+        {
+            return Ok(());
+        }
+        if started.elapsed() > Duration::from_secs(60) {
+            bail!("pod {name}: no FailedScheduling event saying {reason:?} after 60 s: {events:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Waits for pod `default/name` to run, also while a controller has yet to make it.
+async fn wait_running(cluster: &Cluster, name: &str) -> anyhow::Result<Pod> {
+    let pods: Api<Pod> = Api::namespaced(cluster.client().await?, "default");
+    let started = Instant::now();
+    loop {
+        let pod = pods.get_opt(name).await?;
+        if let Some(pod) = &pod
+            && is_running(pod)
+        {
+            return Ok(pod.clone());
+        }
+        if started.elapsed() > Duration::from_secs(90) {
+            let status = pod.map(|p| serde_json::to_string(&p.status).unwrap_or_default());
+            let events = cluster.events_of(name).await.unwrap_or_default();
+            bail!("pod {name} not running after 90 s: status {status:?}; events {events:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Each container's OCI spec against what it must get: the GPUs the toolkit will
+/// expose (the last `NVIDIA_VISIBLE_DEVICES`, overruling the image's `all`) and
+/// their device nodes, the limiter env, and another system's env only where wanted.
+fn check(cluster: &Cluster, pod: &Pod, containers: &[Container]) -> anyhow::Result<()> {
+    let name = pod.metadata.name.as_deref().unwrap_or_default();
+    let granted: BTreeMap<String, u64> = if containers.iter().any(|c| c.gpus > 0) {
+        allocated_gpus(pod)?.into_iter().collect()
+    } else {
+        BTreeMap::new()
+    };
+    let specs = cluster.container_specs(pod)?;
+    let mut given = BTreeMap::new();
+    for want in containers {
+        let spec = specs
+            .get(want.name)
+            .with_context(|| format!("pod {name}: no container {}", want.name))?;
+        let at = format!("pod {name} container {}", want.name);
+        let visible = runtime_env(spec, "NVIDIA_VISIBLE_DEVICES").unwrap_or_default();
+        let mine: BTreeMap<String, u64> = if want.gpus == 0 {
+            ensure!(
+                visible == "void",
+                "{at}: NVIDIA_VISIBLE_DEVICES {visible:?}, want void"
+            );
+            BTreeMap::new()
+        } else {
+            visible
+                .split(',')
+                .map(|uuid| {
+                    granted
+                        .get_key_value(uuid)
+                        .map(|(k, v)| (k.clone(), *v))
+                        .with_context(|| {
+                            format!("{at}: sees {uuid:?}, not one of the pod's GPUs {granted:?}")
+                        })
+                })
+                .collect::<anyhow::Result<_>>()?
+        };
+        ensure!(
+            mine.len() == want.gpus,
+            "{at}: NVIDIA_VISIBLE_DEVICES {visible:?}, want {} distinct GPUs",
+            want.gpus
+        );
+        let minors = gpu_device_minors(spec);
+        ensure!(
+            minors == mine.values().copied().collect(),
+            "{at}: GPU device nodes {minors:?}, want those of {mine:?}"
+        );
+        let sm = runtime_env(spec, "CUDA_DEVICE_SM_LIMIT");
+        ensure!(
+            sm.as_deref() == want.sm,
+            "{at}: CUDA_DEVICE_SM_LIMIT {sm:?}, want {:?}",
+            want.sm
+        );
+        for i in 0..want.gpus.max(1) {
+            let key = format!("CUDA_DEVICE_MEMORY_LIMIT_{i}");
+            let memory = runtime_env(spec, &key);
+            let expected = if want.gpus == 0 { None } else { want.memory };
+            ensure!(
+                memory.as_deref() == expected,
+                "{at}: {key} {memory:?}, want {expected:?}"
+            );
+        }
+        let index = mine.values().next().map(u64::to_string).unwrap_or_default();
+        for key in SYSTEM_ENV {
+            let expected = want
+                .env
+                .iter()
+                .find(|(k, _)| *k == key)
+                .map(|(_, v)| v.replace("{index}", &index));
+            let value = runtime_env(spec, key);
+            ensure!(
+                value == expected,
+                "{at}: {key} {value:?}, want {expected:?}"
+            );
+        }
+        given.extend(mine);
+    }
+    // Tessera's grant alone: kubelet handed out no device-plugin GPU besides.
+    let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+    let checkpoint = std::fs::read_to_string(KUBELET_CHECKPOINT).unwrap_or_default();
+    ensure!(
+        uid.is_empty() || !checkpoint.contains(uid),
+        "pod {name}: kubelet's checkpoint gives it a device-plugin device: {checkpoint}"
+    );
+    ensure!(
+        given == granted,
+        "pod {name}: its containers see {given:?}, but it was granted {granted:?}"
+    );
+    ensure!(
+        specs.len() == containers.len(),
+        "pod {name}: containers {:?}, want only {:?}",
+        specs.keys().collect::<Vec<_>>(),
+        containers.iter().map(|c| c.name).collect::<Vec<_>>()
+    );
+    Ok(())
+}
