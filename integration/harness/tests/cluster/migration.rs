@@ -12,9 +12,9 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
-use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
+use kube::api::{ApiResource, DynamicObject};
 use serde_json::Value;
 use tessera_harness::cluster::{
     Cluster, KUBELET_CHECKPOINT, NODE_NAME, allocated_gpus, device_api, gpu_device_minors,
@@ -44,6 +44,8 @@ enum Outcome {
     RunsWithoutMps(&'static [Container]),
     /// The API server refuses it at creation, with a message containing this.
     Refused(&'static str),
+    /// It stays Pending, a FailedScheduling event containing this.
+    Waits(&'static str),
 }
 
 /// Why a pod with a container holding shares of several GPUs waits on an MPS node.
@@ -88,6 +90,28 @@ const HAMI: Examples = &[(
 
 /// The guides the main suite applies.
 const GUIDES: &[(&str, Examples)] = &[
+    (
+        "migrate-kubeshare.md",
+        &[
+            (
+                // Half the compute booked, all of it the ceiling (gpu_limit 1.0).
+                "SharePod/sharepod1",
+                Outcome::Runs(&[Container {
+                    name: "cuda",
+                    gpus: 1,
+                    sm: Some("100"),
+                    memory: Some("1024m"),
+                    env: &[],
+                }]),
+            ),
+            (
+                "Pod/mnist",
+                Outcome::Waits(
+                    "lsalab.nthu/gpu_model=\"NVIDIA-GeForce-GTX-1080\" rules out every GPU of every node",
+                ),
+            ),
+        ],
+    ),
     (
         "migrate-gpushare.md",
         &[(
@@ -250,9 +274,9 @@ fn kind_name(doc: &Value) -> String {
 /// memory request, which a two-core node may not hold.
 fn as_test_cluster(mut doc: Value) -> anyhow::Result<Value> {
     let spec = match doc["kind"].as_str() {
-        Some("Pod") => &mut doc["spec"],
+        Some("Pod" | "SharePod") => &mut doc["spec"],
         Some("StatefulSet") => &mut doc["spec"]["template"]["spec"],
-        other => bail!("kind {other:?}: the scenario applies Pods and StatefulSets"),
+        other => bail!("kind {other:?}: the scenario applies Pods, StatefulSets and SharePods"),
     };
     spec["terminationGracePeriodSeconds"] = 0.into();
     for container in spec["containers"]
@@ -301,18 +325,24 @@ async fn apply(
         .as_str()
         .context("no name")?
         .to_owned();
-    let statefulset = doc["kind"] == "StatefulSet";
-    let created = if statefulset {
-        let sets: Api<StatefulSet> = Api::namespaced(cluster.client_as("tenant").await?, "default");
-        let set: StatefulSet = serde_json::from_value(doc.clone())?;
-        sets.create(&Default::default(), &set)
+    let kind = doc["kind"].as_str().unwrap_or_default().to_owned();
+    let owner = owner_api(cluster.client_as("tenant").await?, &kind);
+    let created = match &owner {
+        Some(api) => api
+            .create(&Default::default(), &serde_json::from_value(doc.clone())?)
             .await
             .map(drop)
-            .map_err(anyhow::Error::from)
-    } else {
-        cluster.create_pod("tenant", &doc).await.map(drop)
+            .map_err(anyhow::Error::from),
+        None => cluster.create_pod("tenant", &doc).await.map(drop),
     };
-    let containers = match (outcome, created) {
+    // The pods it makes: a StatefulSet's by ordinal, a SharePod's of its own name.
+    let pods: Vec<String> = if kind == "StatefulSet" {
+        let replicas = doc["spec"]["replicas"].as_u64().unwrap_or(1);
+        (0..replicas).map(|i| format!("{name}-{i}")).collect()
+    } else {
+        vec![name.clone()]
+    };
+    let outcome = match (outcome, created) {
         (Outcome::Refused(want), Err(e)) => {
             let message = format!("{e:#}");
             ensure!(
@@ -321,44 +351,50 @@ async fn apply(
             );
             return Ok(());
         }
-        (Outcome::Refused(want), Ok(())) => {
-            let _ = cluster.delete_pod(&name).await;
-            bail!("created, though it should be refused ({want:?})");
+        (_, Err(e)) => return Err(e.context("refused at creation")),
+        (Outcome::Refused(want), Ok(())) => Err(anyhow::anyhow!(
+            "created, though it should be refused ({want:?})"
+        )),
+        (Outcome::Waits(reason), Ok(())) => waits_for(cluster, &name, reason).await,
+        (Outcome::RunsWithoutMps(_), Ok(())) if mps => waits_for(cluster, &name, MPS_REASON).await,
+        (Outcome::Runs(containers) | Outcome::RunsWithoutMps(containers), Ok(())) => {
+            let mut outcome = Ok(());
+            for pod in &pods {
+                outcome = match wait_running(cluster, pod).await {
+                    Ok(running) => check(cluster, &running, containers),
+                    Err(e) => Err(e),
+                };
+                if outcome.is_err() {
+                    break;
+                }
+            }
+            outcome
         }
-        (Outcome::Runs(_) | Outcome::RunsWithoutMps(_), Err(e)) => {
-            return Err(e.context("refused at creation"));
-        }
-        (Outcome::RunsWithoutMps(_), Ok(())) if mps => {
-            let waits = waits_for(cluster, &name, MPS_REASON).await;
-            cluster.delete_pod(&name).await?;
-            return waits;
-        }
-        (Outcome::Runs(containers) | Outcome::RunsWithoutMps(containers), Ok(())) => containers,
     };
-    let pods: Vec<String> = if statefulset {
-        let replicas = doc["spec"]["replicas"].as_u64().unwrap_or(1);
-        (0..replicas).map(|i| format!("{name}-{i}")).collect()
-    } else {
-        vec![name.clone()]
-    };
-    let mut outcome = Ok(());
-    for pod in &pods {
-        outcome = match wait_running(cluster, pod).await {
-            Ok(running) => check(cluster, &running, containers),
-            Err(e) => Err(e),
-        };
-        if outcome.is_err() {
-            break;
-        }
-    }
-    if statefulset {
-        let sets: Api<StatefulSet> = Api::namespaced(cluster.client().await?, "default");
-        sets.delete(&name, &Default::default()).await?;
+    if let Some(api) = owner_api(cluster.client().await?, &kind) {
+        api.delete(&name, &Default::default()).await?;
     }
     for pod in &pods {
         cluster.delete_pod(pod).await?;
     }
     outcome
+}
+
+/// The API of a kind that makes pods (`None` for a Pod itself).
+fn owner_api(client: kube::Client, kind: &str) -> Option<Api<DynamicObject>> {
+    let (group, version, plural) = match kind {
+        "StatefulSet" => ("apps", "v1", "statefulsets"),
+        "SharePod" => ("kubeshare.nthu", "v1", "sharepods"),
+        _ => return None,
+    };
+    let resource = ApiResource {
+        group: group.into(),
+        version: version.into(),
+        api_version: format!("{group}/{version}"),
+        kind: kind.into(),
+        plural: plural.into(),
+    };
+    Some(Api::namespaced_with(client, "default", &resource))
 }
 
 /// Waits for pod `default/name`'s FailedScheduling event naming `reason`.
