@@ -5,6 +5,7 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use tessera_api::request::selection::TopologyScope;
 use tessera_api::request::{
     ContainerGpuRequest, ContainerRole, GpuMemory, GpuRequest, GpuSelection, PlacementPolicy,
     PodGpuRequest,
@@ -834,6 +835,48 @@ fn as_selected<'a>(node: &'a NodeState, request: &PodGpuRequest) -> Cow<'a, Node
     Cow::Owned(node)
 }
 
+/// The node as the pod may use it ([`as_selected`]), once per place of the scope
+/// its selection requires (Koordinator's `requiredTopologyScope`): each view
+/// leaves only one PCIe switch's or one NUMA node's GPUs usable, so a placement on
+/// a view keeps all the pod's GPUs together there. A GPU whose switch or NUMA node
+/// is not reported is a place of its own: it can hold a one-GPU pod, never share one
+/// with another GPU. One view, the node, when there is no scope.
+fn views<'a>(node: &'a NodeState, request: &PodGpuRequest) -> Vec<Cow<'a, NodeState>> {
+    let selected = as_selected(node, request);
+    let Some(scope) = request.selection.scope.as_ref() else {
+        return vec![selected];
+    };
+    let place = |gpu: &GpuState| match scope.scope {
+        TopologyScope::PcieSwitch if !gpu.pcie.is_empty() => format!("pcie {}", gpu.pcie),
+        TopologyScope::NumaNode if gpu.numa >= 0 => format!("numa {:09}", gpu.numa),
+        _ => format!("gpu {}", gpu.uuid),
+    };
+    let places: std::collections::BTreeSet<String> = selected.gpus.iter().map(place).collect();
+    places
+        .into_iter()
+        .map(|here| {
+            let mut view = selected.clone().into_owned();
+            for gpu in &mut view.gpus {
+                gpu.excluded |= place(gpu) != here;
+            }
+            Cow::Owned(view)
+        })
+        .collect()
+}
+
+/// Why the pod, which fits on the node as a whole, fits in no single place of its
+/// required scope.
+fn scope_unfit(request: &PodGpuRequest) -> Option<String> {
+    let scope = request.selection.scope.as_ref()?;
+    Some(format!(
+        "{}={:?} requires all of the pod's GPUs under one {}, and no {} of this node has room for them",
+        scope.annotation,
+        scope.value,
+        scope.scope.noun(),
+        scope.scope.noun()
+    ))
+}
+
 /// `reason`, saying what the pod's selection and sharing group leave it of the node.
 fn with_selection(reason: String, node: &NodeState, request: &PodGpuRequest) -> String {
     let total = node.gpus.len();
@@ -978,21 +1021,65 @@ pub fn allocate_pod(
     request: &PodGpuRequest,
     policy: Policy,
 ) -> Result<PodPlacement, String> {
-    let node = as_selected(node, request);
-    let mut placement = allocate_pod_on(&node, request, gpu_policy_of(request, policy))
-        .map_err(|reason| with_selection(reason, &node, request))?;
-    placement.booked.group.clone_from(&request.sharing_group);
-    Ok(placement)
+    let policy = gpu_policy_of(request, policy);
+    let views = views(node, request);
+    if let [view] = views.as_slice() {
+        // No scope, or one place of it: as it is, with no ranking to do.
+        let mut placement = allocate_pod_on(view, request, policy).map_err(|reason| {
+            unfit_in_scope(node, request, policy)
+                .unwrap_or_else(|| with_selection(reason, view, request))
+        })?;
+        placement.booked.group.clone_from(&request.sharing_group);
+        return Ok(placement);
+    }
+    let mut best: Option<(i64, PodPlacement)> = None;
+    let mut first_reason = None;
+    for view in views {
+        match allocate_pod_on(&view, request, policy) {
+            // Of the scope's places, the one the GPU policy prefers (the first on a tie).
+            Ok(placement) => {
+                let rank = score(&view, &placement.booked, policy);
+                if best.as_ref().is_none_or(|(b, _)| rank > *b) {
+                    best = Some((rank, placement));
+                }
+            }
+            Err(reason) => {
+                first_reason.get_or_insert_with(|| with_selection(reason, &view, request));
+            }
+        }
+    }
+    match best {
+        Some((_, mut placement)) => {
+            placement.booked.group.clone_from(&request.sharing_group);
+            Ok(placement)
+        }
+        None => Err(unfit_in_scope(node, request, policy)
+            .or(first_reason)
+            .unwrap_or_else(|| "no GPU".into())),
+    }
+}
+
+/// Why a pod with a required scope fits nowhere on the node: the scope's reason
+/// when the node as a whole would hold it, `None` (the allocator's own reason
+/// stands) otherwise or with no scope.
+fn unfit_in_scope(node: &NodeState, request: &PodGpuRequest, policy: Policy) -> Option<String> {
+    request.selection.scope.as_ref()?;
+    let whole = as_selected(node, request);
+    allocate_pod_on(&whole, request, policy)
+        .ok()
+        .and_then(|_| scope_unfit(request))
+        .map(|reason| with_selection(reason, &whole, request))
 }
 
 /// Whether the pod fits on `node` when placed by `policy`, as bind will place it
 /// (for one container, as cheap as [`fits`]).
 pub fn fits_pod(node: &NodeState, request: &PodGpuRequest, policy: Policy) -> bool {
-    let node = as_selected(node, request);
-    match request.containers.as_slice() {
-        [only] => fits(&node, &only.gpu),
-        _ => allocate_pod_on(&node, request, gpu_policy_of(request, policy)).is_ok(),
-    }
+    views(node, request)
+        .iter()
+        .any(|view| match request.containers.as_slice() {
+            [only] => fits(view, &only.gpu),
+            _ => allocate_pod_on(view, request, gpu_policy_of(request, policy)).is_ok(),
+        })
 }
 
 /// The one container's request when the pod sees `node` as it is: one container,
@@ -1068,6 +1155,9 @@ fn score_one_loaded(
 
 /// Why the pod does not fit on `node`, naming the container that does not.
 pub fn unfit_reason_pod(node: &NodeState, request: &PodGpuRequest, policy: Policy) -> String {
+    if let Some(reason) = unfit_in_scope(node, request, gpu_policy_of(request, policy)) {
+        return reason;
+    }
     let node = as_selected(node, request);
     let reason = match request.containers.as_slice() {
         [only] => container_unfit(only, &unfit_reason(&node, &only.gpu)),
@@ -1127,7 +1217,29 @@ pub fn never_fits(node: &NodeState, request: &GpuRequest) -> Option<String> {
 /// called for nodes the pod does not fit now. GPUs the pod's selection rules out
 /// never count: no eviction changes a GPU's model or UUID.
 pub fn never_fits_pod(node: &NodeState, request: &PodGpuRequest, policy: Policy) -> Option<String> {
-    let node = as_selected(node, request);
+    if request.selection.scope.is_some() {
+        // Some place of the scope that could ever hold the pod: preemption may help.
+        let first = views(node, request)
+            .iter()
+            .map(|view| never_fits_on(view, request, policy))
+            .collect::<Option<Vec<String>>>()?
+            .into_iter()
+            .next();
+        return match (
+            scope_unfit(request),
+            never_fits_on(&as_selected(node, request), request, policy),
+        ) {
+            // The node emptied would hold it, only not in one place of the scope.
+            (Some(scope), None) => Some(format!("never fits: {scope}, even with nothing running")),
+            (_, reason) => reason.or(first),
+        };
+    }
+    never_fits_on(&as_selected(node, request), request, policy)
+}
+
+/// [`never_fits_pod`] on a node view as the pod may use it.
+fn never_fits_on(node: &NodeState, request: &PodGpuRequest, policy: Policy) -> Option<String> {
+    let node = Cow::Borrowed(node);
     let reason = match request.containers.as_slice() {
         [only] => never_fits(&node, &only.gpu).map(|reason| container_unfit(only, &reason)),
         _ => {
@@ -1156,17 +1268,19 @@ pub fn score_pod(
     gpu_policy: Policy,
     node_policy: Policy,
 ) -> Option<i64> {
-    let node = as_selected(node, request);
     let (gpu_policy, node_policy) = (
         gpu_policy_of(request, gpu_policy),
         node_policy_of(request, node_policy),
     );
-    match request.containers.as_slice() {
-        [only] => score_request(&node, &only.gpu, gpu_policy, node_policy),
-        _ => allocate_pod_on(&node, request, gpu_policy)
-            .ok()
-            .map(|placement| score(&node, &placement.booked, node_policy)),
-    }
+    views(node, request)
+        .iter()
+        .filter_map(|view| match request.containers.as_slice() {
+            [only] => score_request(view, &only.gpu, gpu_policy, node_policy),
+            _ => allocate_pod_on(view, request, gpu_policy)
+                .ok()
+                .map(|placement| score(view, &placement.booked, node_policy)),
+        })
+        .max()
 }
 
 // === Preemption: victims per GPU ===

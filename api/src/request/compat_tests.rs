@@ -692,8 +692,8 @@ spec:
             r#"gpu.allocateStrategy "ApplyForAll": not supported; the GPU count comes from the resources"#,
         ),
         (
-            r#"{"gpu": {"requiredTopologyScope": "PCIe"}}"#,
-            r#"gpu.requiredTopologyScope "PCIe": not supported (Tessera prefers NVLink, PCIe switch, NUMA node, but does not require them)"#,
+            r#"{"gpu": {"requiredTopologyScope": "Device"}}"#,
+            r#"gpu.requiredTopologyScope "Device": expected Node, NUMANode or PCIe (Device scopes a GPU with its RDMA devices, which Tessera does not allocate)"#,
         ),
         (
             r#"{"gpu": {"exclusivePolicy": "DeviceLevel"}}"#,
@@ -742,6 +742,52 @@ spec:
         .expect("valid")
         .expect("asks for GPUs");
     assert!(request.selection.is_empty());
+}
+
+/// Koordinator's required topology scopes, as its v1.6 release shows them
+/// (koordinator-sh/website@48752606 blog/2025-02-24-release/index.md: "Allocate GPUs on the same
+/// PCIe", "… on the same NUMA Node"): all the pod's GPUs under one PCIe switch or
+/// on one NUMA node; `Node` is every placement.
+#[test]
+fn koordinator_required_topology_scopes() {
+    use selection::TopologyScope;
+    let pcie = r#"
+apiVersion: v1
+kind: Pod
+metadata:
+  annotations:
+    scheduling.koordinator.sh/device-allocate-hint: |-
+      {
+        "gpu": {
+          "requiredTopologyScope": "PCIe"
+        }
+      }
+spec:
+  containers:
+    - resources:
+        limits:
+          koordinator.sh/gpu: 200
+"#;
+    // "… on the same NUMA Node": the same pod with that scope and four GPUs.
+    let numa = pcie
+        .replace("\"PCIe\"", "\"NUMANode\"")
+        .replace("gpu: 200", "gpu: 400");
+    for (manifest, count, scope) in [
+        (pcie, 2, Some(TopologyScope::PcieSwitch)),
+        (&numa, 4, Some(TopologyScope::NumaNode)),
+        (&pcie.replace("PCIe", "Node"), 2, None),
+    ] {
+        let request = parse(manifest, &RequestOptions::default())
+            .expect("valid")
+            .expect("asks for GPUs");
+        assert_eq!(request.containers[0].gpu.count, count);
+        assert_eq!(request.selection.scope.as_ref().map(|s| s.scope), scope);
+        assert!(
+            request.selection.rules.is_empty(),
+            "a scope selects no GPU by itself"
+        );
+        assert_eq!(request.selection.is_empty(), scope.is_none());
+    }
 }
 
 /// `koordinator.sh/gpu.shared` (koordinator-sh/koordinator@a7a1b76b: the deviceshare

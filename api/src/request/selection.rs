@@ -134,17 +134,50 @@ impl GpuRule {
     }
 }
 
-/// Which GPUs a pod may get: those every rule allows; every GPU when there is no rule.
+/// Where all of a pod's GPUs must be, together (Koordinator's `requiredTopologyScope`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TopologyScope {
+    /// Under one PCIe switch (`PCIe`).
+    PcieSwitch,
+    /// On one NUMA node (`NUMANode`).
+    NumaNode,
+}
+
+impl TopologyScope {
+    /// What one such place is called, for messages.
+    pub fn noun(self) -> &'static str {
+        match self {
+            Self::PcieSwitch => "PCIe switch",
+            Self::NumaNode => "NUMA node",
+        }
+    }
+}
+
+/// A required topology scope and the annotation it came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScopeRule {
+    /// The annotation's key.
+    pub annotation: String,
+    /// The annotation's value, as written.
+    pub value: String,
+    /// The scope every GPU of the pod must share.
+    pub scope: TopologyScope,
+}
+
+/// Which GPUs a pod may get: those every rule allows; every GPU when there is no
+/// rule. With a scope, all of them together in one such place of the node.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct GpuSelection {
     /// The rules, all of which a GPU must pass.
     pub rules: Vec<GpuRule>,
+    /// Where the pod's GPUs must all be, together.
+    pub scope: Option<ScopeRule>,
 }
 
 impl GpuSelection {
-    /// Whether the pod may get any GPU.
+    /// Whether the pod may get any GPU, anywhere on a node.
     pub fn is_empty(&self) -> bool {
-        self.rules.is_empty()
+        self.rules.is_empty() && self.scope.is_none()
     }
 
     /// Whether the GPU `uuid` with `labels` may be given to the pod.
@@ -155,11 +188,20 @@ impl GpuSelection {
     /// The annotations and values of the rules, for messages:
     /// `nvidia.com/use-gputype="A100"`.
     pub fn describe(&self) -> String {
-        self.rules
+        let mut seen = Vec::new();
+        for (annotation, value) in self
+            .rules
             .iter()
-            .map(|rule| format!("{}={:?}", rule.annotation, rule.value))
-            .collect::<Vec<_>>()
-            .join(", ")
+            .map(|r| (&r.annotation, &r.value))
+            .chain(self.scope.iter().map(|s| (&s.annotation, &s.value)))
+        {
+            let entry = format!("{annotation}={value:?}");
+            // A hint with both a selector and a scope is one annotation.
+            if !seen.contains(&entry) {
+                seen.push(entry);
+            }
+        }
+        seen.join(", ")
     }
 }
 
@@ -271,14 +313,19 @@ impl DeviceHint {
     }
 }
 
-/// Koordinator's `device-allocate-hint`: the GPU selector, as label requirements.
-/// Hints Tessera cannot honour are refused: other device types, VF selectors,
-/// allocate strategies, exclusive policies, a topology scope narrower than the node.
-fn koordinator_hint(value: &str) -> Result<Option<Vec<LabelRequirement>>, RequestError> {
+/// What a Koordinator hint asks of GPUs: label requirements, and a scope.
+type Hint = (Option<Vec<LabelRequirement>>, Option<TopologyScope>);
+
+/// Koordinator's `device-allocate-hint`: the GPU selector, as label requirements,
+/// and the required topology scope. Hints Tessera cannot honour are refused: other
+/// device types, VF selectors, allocate strategies, exclusive policies, the Device
+/// scope.
+fn koordinator_hint(value: &str) -> Result<Hint, RequestError> {
     let key = KOORDINATOR_DEVICE_ALLOCATE_HINT;
     let hints: BTreeMap<String, Option<DeviceHint>> = serde_json::from_str(value)
         .map_err(|e| refuse(key, value, format!("not a map of device type to hint: {e}")))?;
     let mut gpu = None;
+    let mut scope = None;
     for (device_type, hint) in hints {
         let Some(hint) = hint.filter(|h| !h.is_empty()) else {
             continue;
@@ -307,16 +354,20 @@ fn koordinator_hint(value: &str) -> Result<Option<Vec<LabelRequirement>>, Reques
                 ),
             ));
         }
-        if !matches!(hint.required_topology_scope.as_str(), "" | "Node") {
-            return Err(refuse(
-                key,
-                value,
-                format!(
-                    "gpu.requiredTopologyScope {:?}: not supported (Tessera prefers NVLink, PCIe switch, NUMA node, but does not require them)",
-                    hint.required_topology_scope
-                ),
-            ));
-        }
+        scope = match hint.required_topology_scope.as_str() {
+            "" | "Node" => None,
+            "PCIe" => Some(TopologyScope::PcieSwitch),
+            "NUMANode" => Some(TopologyScope::NumaNode),
+            other => {
+                return Err(refuse(
+                    key,
+                    value,
+                    format!(
+                        "gpu.requiredTopologyScope {other:?}: expected Node, NUMANode or PCIe (Device scopes a GPU with its RDMA devices, which Tessera does not allocate)"
+                    ),
+                ));
+            }
+        };
         if !hint.exclusive_policy.is_empty() {
             return Err(refuse(
                 key,
@@ -331,7 +382,7 @@ fn koordinator_hint(value: &str) -> Result<Option<Vec<LabelRequirement>>, Reques
             gpu = Some(requirements(&selector).map_err(|problem| refuse(key, value, problem))?);
         }
     }
-    Ok(gpu)
+    Ok((gpu, scope))
 }
 
 /// A Kubernetes label selector as requirements, checked as `LabelSelectorAsSelector` checks it.
@@ -431,13 +482,19 @@ impl PodRules {
             });
         }
         if let Some(value) = get(KOORDINATOR_DEVICE_ALLOCATE_HINT) {
-            if let Some(requirements) = koordinator_hint(value)? {
+            let (requirements, scope) = koordinator_hint(value)?;
+            if let Some(requirements) = requirements {
                 rules.selection.rules.push(GpuRule {
                     annotation: KOORDINATOR_DEVICE_ALLOCATE_HINT.to_owned(),
                     value: value.to_owned(),
                     matches: GpuMatch::Labels(requirements),
                 });
             }
+            rules.selection.scope = scope.map(|scope| ScopeRule {
+                annotation: KOORDINATOR_DEVICE_ALLOCATE_HINT.to_owned(),
+                value: value.to_owned(),
+                scope,
+            });
         }
         if let Some(value) = get(crate::enforcement::REQUIRE_ENFORCEMENT) {
             let key = crate::enforcement::REQUIRE_ENFORCEMENT;

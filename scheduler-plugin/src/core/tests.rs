@@ -964,3 +964,95 @@ proptest! {
         );
     }
 }
+
+// === Koordinator's required topology scope ===
+
+fn on(mut gpu: GpuState, numa: i32, pcie: &str) -> GpuState {
+    gpu.numa = numa;
+    gpu.pcie = pcie.into();
+    gpu
+}
+
+const PCIE_HINT: &str = r#"{"gpu": {"requiredTopologyScope": "PCIe"}}"#;
+const NUMA_HINT: &str = r#"{"gpu": {"requiredTopologyScope": "NUMANode"}}"#;
+
+/// Two switches of two GPUs, one NUMA node each. GPUs 0 and 2 are partly used, so
+/// the free pairs are split across switches: two whole GPUs fit on the node, but
+/// under no one switch, and the reason says so; once GPU 2 is free, switch b holds them.
+#[test]
+fn a_required_scope_keeps_the_pods_gpus_under_one_switch() {
+    let hint = [(
+        tessera_api::request::selection::KOORDINATOR_DEVICE_ALLOCATE_HINT,
+        PCIE_HINT,
+    )];
+    let request = with_rules(&hint, whole_gpus(2));
+    let mut n = node(
+        "n",
+        vec![
+            on(gpu(0, 16384, 8192), 0, "a"),
+            on(gpu(1, 16384, 16384), 0, "a"),
+            on(gpu(2, 16384, 8192), 1, "b"),
+            on(gpu(3, 16384, 16384), 1, "b"),
+        ],
+    );
+    let plain = with_rules(&[], whole_gpus(2));
+    assert!(
+        fits_pod(&n, &plain, Policy::Binpack),
+        "the node holds two whole GPUs"
+    );
+    assert!(!fits_pod(&n, &request, Policy::Binpack));
+    assert_eq!(
+        score_pod(&n, &request, Policy::Binpack, Policy::Binpack),
+        None
+    );
+    let reason = allocate_pod(&n, &request, Policy::Binpack).expect_err("no switch has room");
+    assert!(
+        reason.contains("requires all of the pod's GPUs under one PCIe switch"),
+        "{reason}"
+    );
+    assert_eq!(unfit_reason_pod(&n, &request, Policy::Binpack), reason);
+    // Emptied, switch a would hold them: preemption may help.
+    assert_eq!(never_fits_pod(&n, &request, Policy::Binpack), None);
+
+    n.gpus[2].memory_used = 0;
+    let placement = allocate_pod(&n, &request, Policy::Binpack).expect("switch b has room");
+    assert_eq!(chosen(&placement), ["GPU-2", "GPU-3"]);
+    assert!(fits_pod(&n, &request, Policy::Binpack));
+    assert!(score_pod(&n, &request, Policy::Binpack, Policy::Binpack).is_some());
+}
+
+/// NUMANode: four GPUs on one NUMA node (across its two switches) fit; a NUMA node
+/// of two never holds four, whatever is evicted; a GPU whose NUMA node is not
+/// reported holds a one-GPU pod alone, never beside another.
+#[test]
+fn a_numa_scope_spans_switches_but_not_nodes() {
+    let hint = [(
+        tessera_api::request::selection::KOORDINATOR_DEVICE_ALLOCATE_HINT,
+        NUMA_HINT,
+    )];
+    let four = with_rules(&hint, whole_gpus(4));
+    // Switches a and b, b on NUMA node `numa_of_b` (a on 0), all GPUs free.
+    let two_switches = |numa_of_b: i32| {
+        let gpus = (0..4)
+            .map(|i| {
+                let (numa, pcie) = if i < 2 { (0, "a") } else { (numa_of_b, "b") };
+                on(gpu(i, 16384, 16384), numa, pcie)
+            })
+            .collect();
+        node("n", gpus)
+    };
+    let placement =
+        allocate_pod(&two_switches(0), &four, Policy::Binpack).expect("one NUMA node of four");
+    assert_eq!(chosen(&placement).len(), 4);
+
+    let split = two_switches(1);
+    let never = never_fits_pod(&split, &four, Policy::Binpack).expect("never fits");
+    assert!(
+        never.contains("under one NUMA node") && never.contains("even with nothing running"),
+        "{never}"
+    );
+
+    let unknown = node("u", vec![gpu(0, 16384, 16384), gpu(1, 16384, 16384)]);
+    assert!(allocate_pod(&unknown, &with_rules(&hint, whole_gpus(1)), Policy::Binpack).is_ok());
+    assert!(allocate_pod(&unknown, &with_rules(&hint, whole_gpus(2)), Policy::Binpack).is_err());
+}

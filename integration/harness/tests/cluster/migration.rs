@@ -197,6 +197,11 @@ const GUIDES: &[(&str, Examples)] = &[
                 Outcome::Refused("write koordinator.sh/gpu: 100 instead"),
             ),
             ("Pod/pod-example", Outcome::Runs(&[whole("curlimage", 1)])),
+            ("Pod/gpus-on-one-switch", Outcome::Runs(&[whole("main", 2)])),
+            (
+                "Pod/gpus-on-one-numa-node",
+                Outcome::Waits("requires all of the pod's GPUs under one NUMA node"),
+            ),
         ],
     ),
 ];
