@@ -966,6 +966,13 @@ pub fn group_over_allowance<'a>(
     if home.is_some() {
         return None;
     }
+    if allowance == 0 {
+        return Some(format!(
+            "sharing group {group:?}: sharing groups are off in this cluster (--max-group-gpus-per-namespace=0), so no pod that names one is placed: drop its {} or {} annotation",
+            tessera_api::request::selection::SHARING_GROUP,
+            tessera_api::request::selection::KUBESHARE_GPUID
+        ));
+    }
     // Group keys are `namespace/name` (tessera_api::request).
     let namespace = group.split_once('/').map_or("", |(namespace, _)| namespace);
     let prefix = format!("{namespace}/");
@@ -1032,13 +1039,13 @@ pub fn allocate_pod(
         placement.booked.group.clone_from(&request.sharing_group);
         return Ok(placement);
     }
-    let mut best: Option<(i64, PodPlacement)> = None;
+    let mut best: Option<(f64, PodPlacement)> = None;
     let mut first_reason = None;
     for view in views {
         match allocate_pod_on(&view, request, policy) {
             // Of the scope's places, the one the GPU policy prefers (the first on a tie).
             Ok(placement) => {
-                let rank = score(&view, &placement.booked, policy);
+                let rank = place_rank(&view, &placement.booked, policy);
                 if best.as_ref().is_none_or(|(b, _)| rank > *b) {
                     best = Some((rank, placement));
                 }
@@ -1056,6 +1063,31 @@ pub fn allocate_pod(
         None => Err(unfit_in_scope(node, request, policy)
             .or(first_reason)
             .unwrap_or_else(|| "no GPU".into())),
+    }
+}
+
+/// How much the GPU policy prefers a place of a scope for `placement`: the mean
+/// fullness of the place's GPUs with it booked, higher for binpack (the fuller
+/// place), lower for spread.
+fn place_rank(view: &NodeState, placement: &Placement, policy: Policy) -> f64 {
+    let mut after = view.clone();
+    account(&mut after, placement, true);
+    let none = Take {
+        core: 0,
+        memory: 0,
+        ratio: 0,
+    };
+    let (sum, count) = after
+        .gpus
+        .iter()
+        .filter(|gpu| !gpu.excluded)
+        .fold((0.0, 0_u32), |(sum, count), gpu| {
+            (sum + fullness_after(gpu, none), count + 1)
+        });
+    let mean = sum / f64::from(count.max(1));
+    match policy {
+        Policy::Binpack => mean,
+        Policy::Spread => -mean,
     }
 }
 

@@ -1827,11 +1827,61 @@ async fn kubeshare(cluster: &mut Cluster) -> anyhow::Result<()> {
             json!({"lsalab.nthu/gpu_request": "0.001"}),
             "annotation lsalab.nthu/gpu_request \"0.001\": a fraction of one GPU, at least 0.005",
         ),
+        (
+            "ks-over",
+            json!({"lsalab.nthu/gpu_request": "1.5"}),
+            "annotation lsalab.nthu/gpu_request \"1.5\": a fraction of one GPU, at least 0.005 (1%) and at most 1",
+        ),
+        (
+            "ks-no-request",
+            json!({"lsalab.nthu/gpu_mem": "1073741824"}),
+            "annotation lsalab.nthu/gpu_request missing: a fraction of one GPU",
+        ),
+        (
+            "ks-mem-unit",
+            json!({"lsalab.nthu/gpu_request": "0.5", "lsalab.nthu/gpu_mem": "1Gi"}),
+            "annotation lsalab.nthu/gpu_mem \"1Gi\": bytes of GPU memory, a whole number",
+        ),
+        (
+            "ks-limit-word",
+            json!({"lsalab.nthu/gpu_request": "0.5", "lsalab.nthu/gpu_limit": "lots"}),
+            "annotation lsalab.nthu/gpu_limit \"lots\": the compute ceiling",
+        ),
     ] {
         cluster
             .expect_refused("tenant", "default", &share(name, annotations), &[want])
             .await?;
     }
+    // Admission keeps what else the container asks for and sets the share as
+    // requests too; an annotation the pod sets wins over its 2.0 label.
+    let mut mixed = share(
+        "ks-mixed",
+        json!({"lsalab.nthu/gpu_request": "0.3",
+        "lsalab.nthu/gpu_mem": "1073741824"}),
+    );
+    mixed["metadata"]["labels"] = json!({"sharedgpu/gpu_request": "0.5"});
+    mixed["spec"]["containers"][0]["resources"] = json!({"limits": {"cpu": "100m"}});
+    let created = cluster.create_pod("tenant", &mixed).await?;
+    let resources = created
+        .spec
+        .as_ref()
+        .and_then(|s| s.containers.first())
+        .and_then(|c| c.resources.clone())
+        .unwrap_or_default();
+    let get = |list: &Option<
+        std::collections::BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
+    >,
+               key: &str| {
+        list.as_ref().and_then(|l| l.get(key)).map(|q| q.0.clone())
+    };
+    ensure!(
+        get(&resources.limits, "cpu").as_deref() == Some("100m")
+            && get(&resources.limits, "koordinator.sh/gpu-core").as_deref() == Some("30")
+            && get(&resources.requests, "koordinator.sh/gpu-core").as_deref() == Some("30"),
+        "ks-mixed: admission gave {resources:?}; want cpu kept, gpu-core 30 (the annotation's, not the label's 50) as limit and request"
+    );
+    cluster.delete_pod("ks-mixed").await?;
+
     let mut both = share("ks-both", json!({"lsalab.nthu/gpu_request": "0.5"}));
     both["spec"]["containers"][0]["resources"] =
         json!({"limits": {"koordinator.sh/gpu-core": "30"}});

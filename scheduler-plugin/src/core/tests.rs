@@ -661,6 +661,12 @@ fn selection_rules_out_gpus_by_model_and_uuid() {
         chosen(&place(&[("nvidia.com/use-gpuuuid", "GPU-2, GPU-9")]).expect("fits")),
         ["GPU-2"]
     );
+    // A type as a person writes it, spaces included, is made label-safe before
+    // it is matched (compat.md: "Tesla V100" matches Tesla-V100-PCIE-16GB).
+    assert_eq!(
+        chosen(&place(&[("nvidia.com/use-gputype", "Tesla V100")]).expect("fits")),
+        ["GPU-0"]
+    );
     let error = place(&[("nvidia.com/use-gputype", "A100")]).expect_err("no A100 here");
     assert_eq!(
         error,
@@ -775,6 +781,11 @@ fn a_sharing_group_holds_one_gpu_while_it_has_pods() {
     // Another group: the other idle GPU.
     let other = place_and_book(&mut n, &in_group("b", quarter_share()), Policy::Binpack);
     assert_eq!(other.gpus[0].uuid, "GPU-2");
+    // A plain pod that only the groups' GPUs could hold is busy there, not
+    // unresolvable: the groups' pods leaving frees them.
+    let big = pod(&[("main", ContainerRole::App, mib(12288))]);
+    assert!(!fits_pod(&n, &big, Policy::Binpack));
+    assert_eq!(never_fits_pod(&n, &big, Policy::Binpack), None);
     // A third group finds no idle GPU: busy, not impossible (evictions free one).
     let third = in_group("c", quarter_share());
     assert!(!fits_pod(&n, &third, Policy::Binpack));
@@ -1055,4 +1066,76 @@ fn a_numa_scope_spans_switches_but_not_nodes() {
     let unknown = node("u", vec![gpu(0, 16384, 16384), gpu(1, 16384, 16384)]);
     assert!(allocate_pod(&unknown, &with_rules(&hint, whole_gpus(1)), Policy::Binpack).is_ok());
     assert!(allocate_pod(&unknown, &with_rules(&hint, whole_gpus(2)), Policy::Binpack).is_err());
+}
+
+/// An allowance of 0 turns groups off: a pod naming a new group is refused, and the
+/// reason says groups are off, not that it waits for others to end.
+#[test]
+fn an_allowance_of_zero_turns_sharing_groups_off() {
+    let n = node("n", vec![gpu(0, 16384, 16384)]);
+    let request = PodGpuRequest {
+        sharing_group: Some("team/a".into()),
+        ..pod(&[("main", ContainerRole::App, mib(1024))])
+    };
+    let why = group_over_allowance([&n], &request, None, 0).expect("off");
+    assert!(
+        why.contains("sharing groups are off") && why.contains("tessera.io/sharing-group"),
+        "{why}"
+    );
+    assert_eq!(group_over_allowance([&n], &request, None, 1), None);
+}
+
+/// A scope holds every container's GPUs together (two one-GPU containers, the
+/// node's free GPUs one under each switch: unfit); among switches that hold the
+/// pod, the GPU policy picks (binpack the fuller, spread the emptier).
+#[test]
+fn a_scope_spans_the_pods_containers_and_the_policy_picks_among_switches() {
+    let hint = [(
+        tessera_api::request::selection::KOORDINATOR_DEVICE_ALLOCATE_HINT,
+        PCIE_HINT,
+    )];
+    let two = PodGpuRequest {
+        selection: with_rules(&hint, whole_gpus(1)).selection,
+        ..pod(&[
+            ("a", ContainerRole::App, whole_gpus(1)),
+            ("b", ContainerRole::App, whole_gpus(1)),
+        ])
+    };
+    let split = node(
+        "split",
+        vec![
+            on(gpu(0, 16384, 0), 0, "a"),
+            on(gpu(1, 16384, 16384), 0, "a"),
+            on(gpu(2, 16384, 0), 1, "b"),
+            on(gpu(3, 16384, 16384), 1, "b"),
+        ],
+    );
+    let reason = allocate_pod(&split, &two, Policy::Binpack).expect_err("one free GPU per switch");
+    assert!(reason.contains("under one PCIe switch"), "{reason}");
+
+    let quarter = with_rules(&hint, mib(4096));
+    let both = node(
+        "both",
+        vec![
+            on(gpu(0, 16384, 8192), 0, "a"),
+            on(gpu(1, 16384, 16384), 0, "a"),
+            on(gpu(2, 16384, 16384), 1, "b"),
+            on(gpu(3, 16384, 16384), 1, "b"),
+        ],
+    );
+    let two_quarters = PodGpuRequest {
+        selection: quarter.selection.clone(),
+        ..pod(&[(
+            "main",
+            ContainerRole::App,
+            GpuRequest {
+                count: 2,
+                ..mib(4096)
+            },
+        )])
+    };
+    let binpack = allocate_pod(&both, &two_quarters, Policy::Binpack).expect("fits");
+    assert_eq!(chosen(&binpack), ["GPU-0", "GPU-1"], "the fuller switch");
+    let spread = allocate_pod(&both, &two_quarters, Policy::Spread).expect("fits");
+    assert_eq!(chosen(&spread), ["GPU-2", "GPU-3"], "the emptier switch");
 }
