@@ -1951,15 +1951,15 @@ async fn kubeshare_2_labels(cluster: &mut Cluster) -> anyhow::Result<()> {
         )
         .await?;
     cluster.delete_pod("ks2-readme").await?;
-    // The same on this cluster's model, with a priority and a group that needs no
-    // two pods at once (its README Job's 5 × 0.2).
+    // The same on this cluster's model, with the lowest priority (still placed as
+    // guaranteed) and a group that needs no two pods at once (its README Job's 5 × 0.2).
     cluster
         .create_pod(
             "tenant",
             &readme(
                 "ks2-h100",
                 json!({"sharedgpu/gpu_request": "0.5", "sharedgpu/gpu_limit": "1.0",
-                       "sharedgpu/gpu_model": "NVIDIA-H100-80GB-HBM3", "sharedgpu/priority": "100",
+                       "sharedgpu/gpu_model": "NVIDIA-H100-80GB-HBM3", "sharedgpu/priority": "0",
                        "sharedgpu/group_name": "a", "sharedgpu/group_headcount": "5",
                        "sharedgpu/group_threshold": "0.2"}),
             ),
@@ -1985,6 +1985,13 @@ async fn kubeshare_2_labels(cluster: &mut Cluster) -> anyhow::Result<()> {
         (
             "ks2-gang",
             json!({"sharedgpu/gpu_request": "0.5", "sharedgpu/gpu_limit": "1.0", "sharedgpu/group_name": "b",
+                   "sharedgpu/group_headcount": "5", "sharedgpu/group_threshold": "0.6"}),
+            "KubeShare 2.0 coscheduling, which Tessera does not do: 3 pods would have to start together",
+        ),
+        (
+            // Its README's name for the group.
+            "ks2-gang-readme",
+            json!({"sharedgpu/gpu_request": "0.5", "sharedgpu/gpu_limit": "1.0", "sharedgpu/pod_group_name": "b",
                    "sharedgpu/group_headcount": "5", "sharedgpu/group_threshold": "0.6"}),
             "KubeShare 2.0 coscheduling, which Tessera does not do: 3 pods would have to start together",
         ),
@@ -2160,7 +2167,21 @@ async fn sharepods(cluster: &mut Cluster) -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
 
-    // Refused: no pod, and the SharePod says why.
+    // Its pod deleted alone is made again, at once.
+    let first_uid = running.metadata.uid.clone();
+    cluster.delete_pod("sharepod1").await?;
+    let again = cluster.wait_running("sharepod1").await?;
+    ensure!(
+        again.metadata.uid != first_uid,
+        "sharepod1's pod deleted alone was not made again"
+    );
+
+    // A pod of the SharePod's name that is not its own is left alone, and the
+    // SharePod says so.
+    cluster
+        .create_pod("admin", &pod("sharepod-taken", &[("main", json!({}))], &[]))
+        .await?;
+    // Refused: no pod (none of its own), and the SharePod says why.
     for (name, annotations, want) in [
         (
             "sharepod-tag",
@@ -2173,6 +2194,22 @@ async fn sharepods(cluster: &mut Cluster) -> anyhow::Result<()> {
             json!({"kubeshare/gpu_request": "0.5", "kubeshare/gpu_limit": "0.5",
                    "scheduling.koordinator.sh/device-allocated": "{\"gpu\":[{\"minor\":0,\"resources\":{\"koordinator.sh/gpu-core\":100}}]}"}),
             "annotation scheduling.koordinator.sh/device-allocated: only the scheduler writes it",
+        ),
+        (
+            "sharepod-half",
+            json!({"kubeshare/gpu_request": "half", "kubeshare/gpu_mem": "1073741824"}),
+            "its pod was refused:",
+        ),
+        (
+            "sharepod-taken",
+            json!({"kubeshare/gpu_request": "0.5", "kubeshare/gpu_mem": "1073741824"}),
+            "a pod named sharepod-taken exists in default and is not this SharePod's",
+        ),
+        (
+            "sharepod-anti",
+            json!({"kubeshare/gpu_request": "0.5", "kubeshare/gpu_mem": "1073741824",
+                   "kubeshare/sched_anti-affinity": "blue"}),
+            "annotation kubeshare/sched_anti-affinity \"blue\": KubeShare's scheduling tags are not Tessera's",
         ),
     ] {
         sharepods
@@ -2195,12 +2232,17 @@ async fn sharepods(cluster: &mut Cluster) -> anyhow::Result<()> {
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
         let pods: Api<Pod> = Api::namespaced(cluster.client().await?, "default");
-        ensure!(
-            pods.get_opt(name).await?.is_none(),
-            "{name}: a pod was made from a refused SharePod"
-        );
+        let made = pods.get_opt(name).await?.is_some_and(|pod| {
+            pod.metadata
+                .owner_references
+                .unwrap_or_default()
+                .iter()
+                .any(|owner| owner.kind == "SharePod")
+        });
+        ensure!(!made, "{name}: a pod was made from a refused SharePod");
         sharepods.delete(name, &DeleteParams::default()).await?;
     }
+    cluster.delete_pod("sharepod-taken").await?;
     // The scheduler's identity makes pods only from SharePods, and never with an
     // allocation.
     cluster
