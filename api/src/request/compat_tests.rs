@@ -160,6 +160,73 @@ spec:
                 "container c: nvidia.com/gpumem-percentage 150: at most 100 (percent of each GPU's memory)",
             ),
         ),
+        (
+            "gpumem 0 reads as unset, as in HAMi",
+            r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: gpu-pod}
+spec:
+  containers:
+    - name: c
+      image: ubuntu:18.04
+      resources:
+        limits:
+          nvidia.com/gpu: 1
+          nvidia.com/gpumem: 0
+          nvidia.com/gpucores: 20
+"#,
+            Ok(vec![gpus(1, 20, GpuMemory::Ratio(100))]),
+        ),
+        (
+            "gpucores above 100",
+            r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: gpu-pod}
+spec:
+  containers:
+    - name: c
+      image: ubuntu:18.04
+      resources:
+        limits:
+          nvidia.com/gpu: 1
+          nvidia.com/gpucores: 150
+"#,
+            Err("container c: nvidia.com/gpucores 150: at most 100 (percent of one GPU)"),
+        ),
+        (
+            "HAMi names with a koordinator share",
+            r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: both}
+spec:
+  containers:
+    - name: c
+      image: x
+      resources: {limits: {nvidia.com/gpumem: 1000, koordinator.sh/gpu-core: 50, koordinator.sh/gpu-memory-ratio: 50}}
+"#,
+            Err(
+                "container c: HAMi's nvidia.com/gpumem, nvidia.com/gpumem-percentage and nvidia.com/gpucores cannot be combined with koordinator.sh/* GPU resources",
+            ),
+        ),
+        (
+            "HAMi names with volcano.sh/gpu-number",
+            r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: both}
+spec:
+  containers:
+    - name: c
+      image: x
+      resources: {limits: {volcano.sh/gpu-number: 1, nvidia.com/gpumem: 1000}}
+"#,
+            Err(
+                "container c: volcano.sh/gpu-number cannot be combined with HAMi's names: the count is nvidia.com/gpu",
+            ),
+        ),
     ];
     check("HAMi", cases, &RequestOptions::default());
 }
@@ -230,6 +297,30 @@ spec:
         request.selection.describe(),
         r#"nvidia.com/use-gputype="A100,V100", nvidia.com/nouse-gpuuuid="GPU-123456""#
     );
+
+    let with = |key: &str, value: &str| {
+        let annotated = format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: gpu-pod\n  annotations: {{{key}: {value:?}}}\nspec:\n  containers:\n  - {{name: c, image: x, resources: {{limits: {{nvidia.com/gpu: 1}}}}}}\n"
+        );
+        parse(&annotated, &RequestOptions::default())
+            .expect("valid")
+            .expect("asks for GPUs")
+    };
+    // HAMi's own type string (`NVIDIA-` + NVML's name) matches no model here.
+    let hami_type = with("nvidia.com/use-gputype", "NVIDIA-NVIDIA A100-SXM4-80GB");
+    assert!(
+        !hami_type
+            .selection
+            .allows("GPU-a", &model("NVIDIA-A100-SXM4-80GB"))
+    );
+    // A GPU with no model reported is never ruled out by nouse-gputype.
+    let not_v100 = with("nvidia.com/nouse-gputype", "V100");
+    assert!(not_v100.selection.allows("GPU-a", &BTreeMap::new()));
+    assert!(
+        !not_v100
+            .selection
+            .allows("GPU-a", &model("Tesla-V100-PCIE-32GB"))
+    );
 }
 
 #[test]
@@ -263,8 +354,9 @@ fn hami_annotations_refused() {
         ("nvidia.com/use-gputype", "A100,  ", ""),
         ("nvidia.com/use-gpuuuid", "  ", ""),
         ("hami.io/gpu-scheduler-policy", "spread,topology-aware", ""),
+        ("hami.io/gpu-scheduler-policy", "binpack,numa", ""),
     ];
-    for (key, value, expected) in cases {
+    let annotated = |key: &str, value: &str| {
         let mut pod: Pod = serde_yaml::from_str(
             r#"
 apiVersion: v1
@@ -278,12 +370,25 @@ spec:
 "#,
         )
         .expect("pod");
-        pod.metadata.annotations = Some([((*key).to_owned(), (*value).to_owned())].into());
-        let got = pod_gpu_request(&pod, &RequestOptions::default());
-        match got {
+        pod.metadata.annotations = Some([(key.to_owned(), value.to_owned())].into());
+        pod_gpu_request(&pod, &RequestOptions::default())
+    };
+    for (key, value, expected) in cases {
+        match annotated(key, value) {
             Ok(_) => assert_eq!(*expected, "", "{key}={value:?} was accepted"),
             Err(error) => assert_eq!(error.to_string(), *expected, "{key}={value:?}"),
         }
+    }
+    // topology-aware and numa change nothing: the policy is binpack or spread alone.
+    for (value, policy) in [
+        ("binpack,numa", PlacementPolicy::Binpack),
+        ("spread,topology-aware", PlacementPolicy::Spread),
+    ] {
+        let request = annotated("hami.io/gpu-scheduler-policy", value)
+            .expect("valid")
+            .expect("asks for GPUs");
+        assert_eq!(request.gpu_policy, Some(policy), "{value}");
+        assert!(request.selection.is_empty(), "{value}");
     }
 }
 
@@ -291,6 +396,22 @@ spec:
 
 #[test]
 fn volcano() {
+    let gpu_memory = r#"
+apiVersion: v1
+kind: Pod
+metadata:
+  name: gpu-pod1
+spec:
+  schedulerName: volcano
+  containers:
+    - name: cuda-container
+      image: nvidia/cuda:9.0-devel
+      command: ["sleep"]
+      args: ["100000"]
+      resources:
+        limits:
+          volcano.sh/gpu-memory: 1024 # requesting 1024MB GPU memory
+"#;
     let cases: &[(&str, &str, Expected)] = &[
         (
             "gpu-number",
@@ -331,22 +452,7 @@ spec:
         ),
         (
             "gpu-memory",
-            r#"
-apiVersion: v1
-kind: Pod
-metadata:
-  name: gpu-pod1
-spec:
-  schedulerName: volcano
-  containers:
-    - name: cuda-container
-      image: nvidia/cuda:9.0-devel
-      command: ["sleep"]
-      args: ["100000"]
-      resources:
-        limits:
-          volcano.sh/gpu-memory: 1024 # requesting 1024MB GPU memory
-"#,
+            gpu_memory,
             Ok(vec![gpus(1, 0, GpuMemory::Bytes(1024 * MIB))]),
         ),
         (
@@ -397,8 +503,53 @@ spec:
                 "container c: volcano.sh/gpu-number cannot be combined with koordinator.sh/* GPU resources",
             ),
         ),
+        (
+            "gpu-number with gpushare's memory",
+            r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: both}
+spec:
+  containers:
+    - name: c
+      image: x
+      resources: {limits: {volcano.sh/gpu-number: 1, aliyun.com/gpu-mem: 2}}
+"#,
+            Err(
+                "container c: aliyun.com/gpu-mem cannot be combined with other GPU memory resources",
+            ),
+        ),
+        (
+            "gpu-number with HAMi's memory",
+            r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: both}
+spec:
+  containers:
+    - name: c
+      image: x
+      resources: {limits: {volcano.sh/gpu-number: 1, nvidia.com/gpumem: 1000}}
+"#,
+            Err(
+                "container c: volcano.sh/gpu-number cannot be combined with HAMi's names: the count is nvidia.com/gpu",
+            ),
+        ),
     ];
     check("Volcano", cases, &RequestOptions::default());
+    // --volcano-memory-unit: bytes in one unit of volcano.sh/gpu-memory.
+    check(
+        "Volcano (--volcano-memory-unit 1GiB)",
+        &[(
+            "gpu-memory",
+            gpu_memory,
+            Ok(vec![gpus(1, 0, GpuMemory::Bytes(1024 * GIB))]),
+        )],
+        &RequestOptions {
+            volcano_memory_unit: GIB,
+            ..RequestOptions::default()
+        },
+    );
 }
 
 // === Volcano vGPU (volcano-sh/volcano@ed72c7c8 docs/user-guide/how_to_use_volcano_vgpu.md,
@@ -413,10 +564,7 @@ fn volcano_vgpu() {
             "apiVersion: v1\nkind: Pod\nmetadata: {{name: gpu-pod}}\nspec:\n  schedulerName: volcano\n  containers:\n  - {{name: c, image: x, resources: {{limits: {limits}}}}}\n"
         )
     };
-    let cases: &[(&str, &str, Expected)] = &[
-        (
-            "HAMI-core Usage",
-            r#"
+    let hami_core_usage = r#"
 metadata:
   name: hami-pod
   annotations:
@@ -431,7 +579,16 @@ spec:
         volcano.sh/vgpu-number: 1    # requesting 1 gpu cards
         volcano.sh/vgpu-cores: 50    # (optional)each vGPU uses 50%
         volcano.sh/vgpu-memory: 3000 # (optional)each vGPU uses 3G GPU memory
-"#,
+"#;
+    let cases: &[(&str, &str, Expected)] = &[
+        (
+            "HAMI-core Usage",
+            hami_core_usage,
+            Ok(vec![gpus(1, 50, GpuMemory::Bytes(3000 * MIB))]),
+        ),
+        (
+            "vgpu-mode: mig gets a HAMi-core share, not a MIG instance",
+            &hami_core_usage.replace(r#"vgpu-mode: "hami-core""#, r#"vgpu-mode: "mig""#),
             Ok(vec![gpus(1, 50, GpuMemory::Bytes(3000 * MIB))]),
         ),
         (
@@ -493,6 +650,30 @@ spec:
             Ok(vec![gpus(2, 0, GpuMemory::Ratio(50))]),
         ),
         (
+            "2 distinct GPUs, each 3000 MiB and 50% compute",
+            &pod(
+                "{volcano.sh/vgpu-number: 2, volcano.sh/vgpu-memory: 3000, volcano.sh/vgpu-cores: 50}",
+            ),
+            Ok(vec![gpus(2, 50, GpuMemory::Bytes(3000 * MIB))]),
+        ),
+        (
+            "number alone: the whole memory, 0% compute",
+            &pod("{volcano.sh/vgpu-number: 1}"),
+            Ok(vec![gpus(1, 0, GpuMemory::Ratio(100))]),
+        ),
+        (
+            "0 of memory and cores reads as unset",
+            &pod(
+                "{volcano.sh/vgpu-number: 1, volcano.sh/vgpu-memory: 0, volcano.sh/vgpu-cores: 0}",
+            ),
+            Ok(vec![gpus(1, 0, GpuMemory::Ratio(100))]),
+        ),
+        (
+            "0 of the memory percentage reads as unset",
+            &pod("{volcano.sh/vgpu-number: 1, volcano.sh/vgpu-memory-percentage: 0}"),
+            Ok(vec![gpus(1, 0, GpuMemory::Ratio(100))]),
+        ),
+        (
             "no memory name: each GPU's whole memory (MemPercentagereq 100)",
             &pod("{volcano.sh/vgpu-number: 1, volcano.sh/vgpu-cores: 30}"),
             Ok(vec![gpus(1, 30, GpuMemory::Ratio(100))]),
@@ -510,6 +691,13 @@ spec:
             ),
         ),
         (
+            "memory percentage alone: Volcano reads no request",
+            &pod("{volcano.sh/vgpu-memory-percentage: 50}"),
+            Err(
+                "container c: volcano.sh/vgpu-memory-percentage 50 alone asks Volcano for no vGPU (it reads one from volcano.sh/vgpu-number or volcano.sh/vgpu-memory): add volcano.sh/vgpu-number: 1",
+            ),
+        ),
+        (
             "memory and percentage",
             &pod(
                 "{volcano.sh/vgpu-number: 1, volcano.sh/vgpu-memory: 3000, volcano.sh/vgpu-memory-percentage: 50}",
@@ -524,6 +712,13 @@ spec:
             Err("container c: volcano.sh/vgpu-cores 150: at most 100 (percent of one GPU)"),
         ),
         (
+            "memory percentage above 100",
+            &pod("{volcano.sh/vgpu-number: 1, volcano.sh/vgpu-memory-percentage: 150}"),
+            Err(
+                "container c: volcano.sh/vgpu-memory-percentage 150: at most 100 (percent of each GPU's memory)",
+            ),
+        ),
+        (
             "with nvidia.com/gpu",
             &pod("{volcano.sh/vgpu-memory: 3000, nvidia.com/gpu: 1}"),
             Err(
@@ -535,6 +730,20 @@ spec:
             &pod("{volcano.sh/vgpu-number: 1, koordinator.sh/gpu-core: 50}"),
             Err(
                 "container c: volcano.sh/vgpu-number cannot be combined with koordinator.sh/gpu-core: one system's names per container; Volcano's vGPU names are volcano.sh/vgpu-number, volcano.sh/vgpu-memory or volcano.sh/vgpu-memory-percentage, and volcano.sh/vgpu-cores",
+            ),
+        ),
+        (
+            "with HAMi's names",
+            &pod("{volcano.sh/vgpu-number: 1, nvidia.com/gpumem: 1000}"),
+            Err(
+                "container c: volcano.sh/vgpu-number cannot be combined with nvidia.com/gpumem: one system's names per container; Volcano's vGPU names are volcano.sh/vgpu-number, volcano.sh/vgpu-memory or volcano.sh/vgpu-memory-percentage, and volcano.sh/vgpu-cores",
+            ),
+        ),
+        (
+            "with volcano.sh/gpu-memory",
+            &pod("{volcano.sh/vgpu-number: 1, volcano.sh/gpu-memory: 1024}"),
+            Err(
+                "container c: volcano.sh/vgpu-number cannot be combined with volcano.sh/gpu-memory: one system's names per container; Volcano's vGPU names are volcano.sh/vgpu-number, volcano.sh/vgpu-memory or volcano.sh/vgpu-memory-percentage, and volcano.sh/vgpu-cores",
             ),
         ),
         (
@@ -682,7 +891,37 @@ spec:
     assert!(!request.selection.allows("GPU-a", &zone_b));
     assert!(!request.selection.allows("GPU-a", &BTreeMap::new()));
 
+    // Exists and DoesNotExist select by a label's presence alone.
+    let mut pod: Pod = serde_yaml::from_str(manifest).expect("pod");
+    pod.metadata.annotations = Some(
+        [(
+            selection::KOORDINATOR_DEVICE_ALLOCATE_HINT.to_owned(),
+            r#"{"gpu": {"selector": {"matchExpressions": [{"key": "a", "operator": "Exists"}, {"key": "b", "operator": "DoesNotExist"}]}}}"#.to_owned(),
+        )]
+        .into(),
+    );
+    let presence = pod_gpu_request(&pod, &RequestOptions::default())
+        .expect("valid")
+        .expect("asks for GPUs");
+    let labels = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    };
+    assert!(presence.selection.allows("GPU-a", &labels(&[("a", "1")])));
+    assert!(
+        !presence
+            .selection
+            .allows("GPU-a", &labels(&[("a", "1"), ("b", "1")]))
+    );
+    assert!(!presence.selection.allows("GPU-a", &labels(&[])));
+
     let refused: &[(&str, &str)] = &[
+        (
+            r#"{"gpu": {"vfSelector": {}}}"#,
+            "gpu.vfSelector: GPUs have no virtual functions here",
+        ),
         (
             r#"{"rdma": {"vfSelector": {}}}"#,
             "rdma: Tessera allocates only gpu devices",
@@ -706,6 +945,10 @@ spec:
         (
             r#"{"gpu": {"selector": {"matchExpressions": [{"key": "k", "operator": "In"}]}}}"#,
             "gpu.selector.matchExpressions[0]: In needs values",
+        ),
+        (
+            r#"{"gpu": {"selector": {"matchExpressions": [{"key": "a", "operator": "Exists", "values": ["x"]}]}}}"#,
+            "gpu.selector.matchExpressions[0]: Exists takes no values",
         ),
         (
             r#"["gpu"]"#,
@@ -857,6 +1100,13 @@ spec:
             &pod("{koordinator.sh/gpu.shared: 1}"),
             Err(
                 "container c: koordinator.sh/gpu.shared 1 asks for no GPU memory: add koordinator.sh/gpu-memory or koordinator.sh/gpu-memory-ratio, the total over its GPUs (Koordinator refuses it without one too)",
+            ),
+        ),
+        (
+            "gpu.shared with gpu-core only",
+            &pod("{koordinator.sh/gpu.shared: 2, koordinator.sh/gpu-core: 100}"),
+            Err(
+                "container c: koordinator.sh/gpu.shared 2 asks for no GPU memory: add koordinator.sh/gpu-memory or koordinator.sh/gpu-memory-ratio, the total over its GPUs (Koordinator refuses it without one too)",
             ),
         ),
         (

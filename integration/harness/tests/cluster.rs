@@ -2276,6 +2276,17 @@ async fn sharepods(cluster: &mut Cluster) -> anyhow::Result<()> {
             &["tessera-scheduler makes"],
         )
         .await?;
+    // Not even a pod shaped as a SharePod's, in the namespace Tessera exempts.
+    let mut exempt = forged.clone();
+    exempt["metadata"]["annotations"] = json!({});
+    cluster
+        .expect_refused(
+            "extender",
+            tessera_harness::cluster::REPORTER_NAMESPACE,
+            &exempt,
+            &["tessera-scheduler makes no pod in namespace tessera-system"],
+        )
+        .await?;
 
     // Deleted, the SharePod takes its pod with it (the garbage collector).
     sharepods
