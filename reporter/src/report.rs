@@ -448,6 +448,20 @@ mod tests {
         assert_eq!(labels[LABEL_DRIVER_VERSION], "550.54.15");
     }
 
+    /// A node may hold several models: the node label names the first GPU's, each
+    /// Device CR entry its own.
+    #[test]
+    fn the_node_label_names_the_first_gpus_model() {
+        let mut node = gpus();
+        node.gpus[1].model = "NVIDIA A100-SXM4-80GB".into();
+        assert_eq!(node_labels(&node)[LABEL_GPU_MODEL], "NVIDIA-H100-80GB-HBM3");
+        let spec = device_spec(&node, &BTreeSet::new());
+        assert_eq!(
+            spec.devices[1].labels[LABEL_GPU_MODEL],
+            "NVIDIA-A100-SXM4-80GB"
+        );
+    }
+
     #[test]
     fn legacy_filter_drops_gone_and_tessera_pods() {
         let entry = |uid: &str| checkpoint_entry(uid, &["GPU-0"], &[]);

@@ -92,3 +92,40 @@ fn errors_are_clear() {
         "{stderr}"
     );
 }
+
+/// `--flag`'s `[default: …]` in `--help`.
+fn help_default(help: &str, flag: &str) -> Option<String> {
+    let entry: Vec<&str> = help
+        .lines()
+        .map(str::trim)
+        .skip_while(|line| !line.starts_with(&format!("{flag} ")))
+        .enumerate()
+        .take_while(|(i, line)| *i == 0 || !line.starts_with('-'))
+        .map(|(_, line)| line)
+        .collect();
+    let rest = entry.join(" ");
+    let value = rest.split("[default: ").nth(1)?.split(']').next()?;
+    Some(value.to_owned())
+}
+
+/// docs/compat.md: `--nvidia-gpu-split` is 1 by default on tessera-reporter (the
+/// chart sets HAMi's 10), and its `--gpushare-memory-unit` is GiB, as the scheduler's.
+#[test]
+fn run_defaults_to_one_slot_per_gpu_and_gpushare_in_gib() {
+    let output = Command::new(BINARY)
+        .args(["run", "--help"])
+        .output()
+        .expect("runs");
+    assert!(output.status.success(), "{output:?}");
+    let help = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(
+        help_default(&help, "--nvidia-gpu-split").as_deref(),
+        Some("1"),
+        "{help}"
+    );
+    assert_eq!(
+        help_default(&help, "--gpushare-memory-unit").as_deref(),
+        Some("GiB"),
+        "{help}"
+    );
+}

@@ -1078,6 +1078,30 @@ mod tests {
         assert!(groups(&ledger).is_empty());
     }
 
+    /// The group is read from the allocation annotation the scheduler wrote, never
+    /// from the pod's own group annotation: a pod that changes it later does not
+    /// move its GPU to another group.
+    #[test]
+    fn a_group_annotation_changed_later_does_not_move_the_gpu() {
+        const GROUP_0: &str = r#"{"gpu":[{"minor":0,"id":"GPU-0","resources":{"koordinator.sh/gpu-core":25,"koordinator.sh/gpu-memory-ratio":25},"extension":{"sharingGroup":"a"}}]}"#;
+        let mut ledger = Ledger::default();
+        ledger.apply_device(&device("n1", 2, &[]));
+        for key in ["tessera.io/sharing-group", "lsalab.nthu/GPUID"] {
+            let mut changed = pod("p1", Some("n1"), Some(GROUP_0), "Running");
+            changed
+                .metadata
+                .annotations
+                .get_or_insert_default()
+                .insert(key.to_owned(), "b".to_owned());
+            ledger.apply_pod(&changed);
+            assert_eq!(
+                ledger.node("n1").expect("node").gpus[0].groups,
+                BTreeMap::from([("a".to_owned(), 1)]),
+                "{key}"
+            );
+        }
+    }
+
     #[test]
     fn ratios_resolve_when_the_device_arrives_after_the_pod() {
         let mut ledger = Ledger::default();

@@ -727,6 +727,63 @@ spec:
         );
     }
 
+    /// `--gpushare-memory-unit` reaches simulate: `aliyun.com/gpu-mem: 3` is 3 MiB
+    /// under MiB; 8138 under the default GiB is refused with the filter's message.
+    #[test]
+    fn simulate_reads_gpushare_in_the_unit_it_is_given() {
+        let snapshot = parse_snapshot(MIXED, "cluster").expect("parses");
+        let mib = SimulateOptions {
+            request: RequestOptions {
+                gpushare_memory_unit: tessera_api::request::MemoryUnit::MiB,
+                ..RequestOptions::default()
+            },
+            ..SimulateOptions::default()
+        };
+        let memory_of = |outcome: &Outcome| {
+            let annotation = outcome.annotation.as_deref().expect("placed");
+            tessera_api::DeviceAllocations::parse(annotation)
+                .expect("valid")
+                .gpus()[0]
+                .gpu_memory()
+        };
+        let pending = parse_snapshot(COMPAT_PODS, "pods").expect("parses").pods;
+        let mut ledger = ledger_of(&snapshot);
+        let outcomes = simulate(&mut ledger, &snapshot.node_list(), &pending, &mib);
+        assert_eq!(outcomes[3].pod, "default/gpushare", "{outcomes:?}");
+        assert_eq!(memory_of(&outcomes[3]), Some(3 << 20));
+
+        let meant_mib = parse_snapshot(
+            r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: meant-mib, namespace: default}
+spec:
+  containers:
+  - {name: binpack-1, image: x, resources: {limits: {aliyun.com/gpu-mem: 8138}}}
+"#,
+            "pods",
+        )
+        .expect("parses")
+        .pods;
+        let mut ledger = ledger_of(&snapshot);
+        let outcomes = simulate(
+            &mut ledger,
+            &snapshot.node_list(),
+            &meant_mib,
+            &SimulateOptions::default(),
+        );
+        assert_eq!(outcomes[0].node, None);
+        assert_eq!(
+            outcomes[0].reason.as_deref(),
+            Some(
+                "container binpack-1: aliyun.com/gpu-mem 8138: 8138 GiB is more than any GPU holds; gpushare counts GiB unless its device plugin runs with --memory-unit=MiB, and then tessera-scheduler needs --gpushare-memory-unit MiB"
+            )
+        );
+        let mut ledger = ledger_of(&snapshot);
+        let outcomes = simulate(&mut ledger, &snapshot.node_list(), &meant_mib, &mib);
+        assert_eq!(memory_of(&outcomes[0]), Some(8138 << 20), "{outcomes:?}");
+    }
+
     #[test]
     fn a_namespaces_sharing_groups_hold_no_more_gpus_than_its_allowance() {
         let snapshot = parse_snapshot(MIXED, "cluster").expect("parses");

@@ -200,3 +200,69 @@ fn the_extender_serves_mutual_tls_by_default_and_kube_scheduler_may_bind() {
         assert_eq!(container[probe]["httpGet"]["port"], "probes", "{probe}");
     }
 }
+
+/// `--flag`'s `[default: …]` in a binary's `--help`.
+fn help_default(help: &str, flag: &str) -> Option<String> {
+    let entry: Vec<&str> = help
+        .lines()
+        .map(str::trim)
+        .skip_while(|line| !line.starts_with(&format!("{flag} ")))
+        .enumerate()
+        .take_while(|(i, line)| *i == 0 || !line.starts_with('-'))
+        .map(|(_, line)| line)
+        .collect();
+    let rest = entry.join(" ");
+    let value = rest.split("[default: ").nth(1)?.split(']').next()?;
+    Some(value.to_owned())
+}
+
+/// deploy/ is the chart rendered with its defaults (charts/tessera/ci/deploy-values.yaml
+/// only creates the namespace), and they are docs/compat.md's: a namespace's sharing
+/// groups hold at most 4 GPUs (`scheduler.maxGroupGpusPerNamespace`), and the
+/// scheduler and the reporter both count `aliyun.com/gpu-mem` in GiB
+/// (`scheduler.gpushareMemoryUnit`), which is also tessera-scheduler's own default.
+#[test]
+fn the_deploy_caps_sharing_groups_at_4_gpus_and_counts_gpushare_in_gib() {
+    let args = |file: &str, kind: &str| -> Vec<String> {
+        let docs = documents(file);
+        let workload = docs
+            .iter()
+            .find(|d| d["kind"] == kind)
+            .unwrap_or_else(|| panic!("no {kind} in {file}"));
+        workload["spec"]["template"]["spec"]["containers"][0]["args"]
+            .as_array()
+            .expect("args")
+            .iter()
+            .filter_map(|a| a.as_str().map(str::to_owned))
+            .collect()
+    };
+    let scheduler = args("scheduler.yaml", "Deployment");
+    for flag in [
+        "--max-group-gpus-per-namespace=4",
+        "--gpushare-memory-unit=GiB",
+    ] {
+        assert!(scheduler.iter().any(|a| a == flag), "{flag}: {scheduler:?}");
+    }
+    let reporter = args("reporter.yaml", "DaemonSet");
+    assert!(
+        reporter.iter().any(|a| a == "--gpushare-memory-unit=GiB"),
+        "{reporter:?}"
+    );
+
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_tessera-scheduler"))
+        .args(["serve", "--help"])
+        .output()
+        .expect("runs");
+    assert!(output.status.success(), "{output:?}");
+    let help = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(
+        help_default(&help, "--max-group-gpus-per-namespace").as_deref(),
+        Some("4"),
+        "{help}"
+    );
+    assert_eq!(
+        help_default(&help, "--gpushare-memory-unit").as_deref(),
+        Some("GiB"),
+        "{help}"
+    );
+}

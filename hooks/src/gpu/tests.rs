@@ -202,6 +202,8 @@ fn memory_ratio_resolves_against_the_gpus_memory() {
         env(&c, "CUDA_DEVICE_MEMORY_LIMIT_0").as_deref(),
         Some("4096m")
     );
+    // Memory alone is no compute share: no SM limit (docs/compat.md, Koordinator).
+    assert_eq!(env(&c, SM_LIMIT), None);
 }
 
 #[test]
@@ -1826,6 +1828,39 @@ mod enforcement {
                 [("ALIYUN_COM_GPU_MEM_CONTAINER".to_owned(), "99".to_owned())]
             );
         }
+        Ok(())
+    }
+
+    /// `ALIYUN_COM_GPU_MEM_POD` is the pod's GPU memory: every gpushare
+    /// container's grant, while `_CONTAINER` is this container's own.
+    #[test]
+    fn gpushares_pod_env_is_the_sum_of_its_containers_grants() -> Result<(), GpuHookError> {
+        // main and side: a quarter of GPU 0's 16 GiB each.
+        let annotation = format!(
+            r#"{{"gpu":[{}]}}"#,
+            entry(UUID0, 0, 50, &[("main", 25), ("side", 25)])
+        );
+        let mut request = tenant(&annotation, "uid-4");
+        if let Some(pod) = request.pod.as_mut() {
+            pod.annotations.insert(
+                "tessera.io/requested-as".into(),
+                r#"{"main":"gpushare:1073741824","side":"gpushare:1073741824"}"#.into(),
+            );
+        }
+        let edit = rewrite(&request, &node(), &GpuHookConfig::default())?;
+        let values: Vec<(String, String)> = env(&edit, &request)
+            .into_iter()
+            .filter(|(k, _)| k.starts_with("ALIYUN_"))
+            .collect();
+        assert_eq!(
+            values,
+            [
+                ("ALIYUN_COM_GPU_MEM_IDX".to_owned(), "0".to_owned()),
+                ("ALIYUN_COM_GPU_MEM_POD".to_owned(), "8".to_owned()),
+                ("ALIYUN_COM_GPU_MEM_CONTAINER".to_owned(), "4".to_owned()),
+                ("ALIYUN_COM_GPU_MEM_DEV".to_owned(), "16".to_owned()),
+            ]
+        );
         Ok(())
     }
 

@@ -496,11 +496,16 @@ async fn fractional_pods(cluster: &mut Cluster) -> anyhow::Result<()> {
         let spec = specs.get("main").context("no spec for main")?;
         assert_grant(name, "main", spec, &gpus)?;
         let sm = env_values(spec, "CUDA_DEVICE_SM_LIMIT");
-        if let Some(want) = sm_limit {
-            ensure!(
+        match sm_limit {
+            Some(want) => ensure!(
                 sm == [want.to_string()],
                 "pod {name}: CUDA_DEVICE_SM_LIMIT {sm:?}, want [{want}]"
-            );
+            ),
+            // Memory alone, or whole GPUs: no compute limit.
+            None => ensure!(
+                sm.is_empty(),
+                "pod {name}: CUDA_DEVICE_SM_LIMIT {sm:?}, want none"
+            ),
         }
         if want_gpus == 1 {
             let memory = env_values(spec, "CUDA_DEVICE_MEMORY_LIMIT_0");

@@ -273,6 +273,36 @@ fn use_gputype_keeps_the_pod_on_gpus_of_that_model() {
     );
 }
 
+/// The GPUs a selection allows being busy is only failed (preemption may free
+/// them), while a node whose GPUs it rules out stays unresolvable.
+#[test]
+fn busy_gpus_the_selection_allows_are_failed_not_unresolvable() {
+    let extender = mixed_cluster();
+    occupy(&extender, "a100", 0, 25, 4);
+    occupy(&extender, "a100", 1, 25, 4);
+    let result = filter(
+        &extender,
+        annotated(
+            json!({"nvidia.com/use-gputype": "A100"}),
+            json!({"nvidia.com/gpu": "1"}),
+        ),
+        &["a100", "h100"],
+    );
+    assert_eq!(
+        classes(&result),
+        (vec![], vec!["a100"], vec!["h100"]),
+        "{result:?}"
+    );
+    assert_eq!(
+        result.failed_nodes["a100"],
+        "container main: 0 of 2 usable GPUs (2 total) have 100% compute and 100% memory free; 1 needed"
+    );
+    assert!(
+        result.failed_and_unresolvable_nodes["h100"].contains("ruled out"),
+        "{result:?}"
+    );
+}
+
 #[test]
 fn a_model_no_node_has_refuses_every_node_naming_the_annotation() {
     let extender = mixed_cluster();
