@@ -93,19 +93,19 @@ fn errors_are_clear() {
     );
 }
 
-/// `--flag`'s `[default: …]` in `--help`.
+/// `--flag`'s `[default: …]` in `--help`: in its text, before the next option.
 fn help_default(help: &str, flag: &str) -> Option<String> {
-    let entry: Vec<&str> = help
-        .lines()
-        .map(str::trim)
-        .skip_while(|line| !line.starts_with(&format!("{flag} ")))
-        .enumerate()
-        .take_while(|(i, line)| *i == 0 || !line.starts_with('-'))
-        .map(|(_, line)| line)
-        .collect();
-    let rest = entry.join(" ");
-    let value = rest.split("[default: ").nth(1)?.split(']').next()?;
-    Some(value.to_owned())
+    let text = &help[help.find(&format!("{flag} "))?..];
+    let own = text[flag.len()..]
+        .find("\n  -")
+        .map_or(text, |end| &text[..flag.len() + end]);
+    Some(
+        own.split_once("[default: ")?
+            .1
+            .split_once(']')?
+            .0
+            .to_owned(),
+    )
 }
 
 /// docs/compat.md: `--nvidia-gpu-split` is 1 by default on tessera-reporter (the
