@@ -846,32 +846,75 @@ fn views<'a>(node: &'a NodeState, request: &PodGpuRequest) -> Vec<Cow<'a, NodeSt
     let Some(scope) = request.selection.scope.as_ref() else {
         return vec![selected];
     };
-    let place = |gpu: &GpuState| match scope.scope {
-        TopologyScope::PcieSwitch if !gpu.pcie.is_empty() => format!("pcie {}", gpu.pcie),
-        TopologyScope::NumaNode if gpu.numa >= 0 => format!("numa {:09}", gpu.numa),
-        _ => format!("gpu {}", gpu.uuid),
-    };
-    let places: std::collections::BTreeSet<String> = selected.gpus.iter().map(place).collect();
-    places
+    let places = places_of(&selected, scope.scope);
+    // A place with fewer usable GPUs than the pod's largest container asks can never
+    // hold it: no copy of the node for it.
+    let needed = request
+        .containers
+        .iter()
+        .map(|c| c.gpu.count as usize)
+        .max()
+        .unwrap_or(0);
+    let mut usable: BTreeMap<Place<'_>, usize> = BTreeMap::new();
+    for (gpu, place) in selected.gpus.iter().zip(&places) {
+        *usable.entry(*place).or_default() += usize::from(gpu.usable());
+    }
+    usable
         .into_iter()
-        .map(|here| {
+        .filter(|(_, count)| *count >= needed.max(1))
+        .map(|(here, _)| {
             let mut view = selected.clone().into_owned();
-            for gpu in &mut view.gpus {
-                gpu.excluded |= place(gpu) != here;
+            for (gpu, place) in view.gpus.iter_mut().zip(&places) {
+                gpu.excluded |= *place != here;
             }
             Cow::Owned(view)
         })
         .collect()
 }
 
+/// Where a GPU is, for a scope: its PCIe switch, its NUMA node, or (neither
+/// reported) the GPU alone, by its index on the node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Place<'a> {
+    Switch(&'a str),
+    Numa(i32),
+    Alone(usize),
+}
+
+/// Each GPU's place for `scope`, in the node's order.
+fn places_of(node: &NodeState, scope: TopologyScope) -> Vec<Place<'_>> {
+    node.gpus
+        .iter()
+        .enumerate()
+        .map(|(index, gpu)| match scope {
+            TopologyScope::PcieSwitch if !gpu.pcie.is_empty() => Place::Switch(&gpu.pcie),
+            TopologyScope::NumaNode if gpu.numa >= 0 => Place::Numa(gpu.numa),
+            _ => Place::Alone(index),
+        })
+        .collect()
+}
+
 /// Why the pod, which fits on the node as a whole, fits in no single place of its
 /// required scope.
-fn scope_unfit(request: &PodGpuRequest) -> Option<String> {
+fn scope_unfit(node: &NodeState, request: &PodGpuRequest) -> Option<String> {
     let scope = request.selection.scope.as_ref()?;
+    let unplaced = places_of(node, scope.scope)
+        .iter()
+        .filter(|p| matches!(p, Place::Alone(_)))
+        .count();
+    let unreported = if unplaced > 0 {
+        format!(
+            " ({unplaced} of its {} GPUs report no {}, so each is one alone)",
+            node.gpus.len(),
+            scope.scope.noun()
+        )
+    } else {
+        String::new()
+    };
     Some(format!(
-        "{}={:?} requires all of the pod's GPUs under one {}, and no {} of this node has room for them",
+        "{} gpu.requiredTopologyScope {:?} requires all of the pod's GPUs under one {}, and no {} of this node has room for them{unreported}",
         scope.annotation,
-        scope.value,
+        scope.scope.name(),
         scope.scope.noun(),
         scope.scope.noun()
     ))
@@ -995,7 +1038,8 @@ pub fn selected_nowhere<'a>(
     nodes: impl IntoIterator<Item = &'a NodeState>,
     selection: &GpuSelection,
 ) -> Option<String> {
-    if selection.is_empty() {
+    // A scope alone rules out no GPU: where it is, not which.
+    if selection.rules.is_empty() {
         return None;
     }
     let mut models = std::collections::BTreeSet::new();
@@ -1040,18 +1084,12 @@ pub fn allocate_pod(
         return Ok(placement);
     }
     let mut best: Option<(f64, PodPlacement)> = None;
-    let mut first_reason = None;
     for view in views {
-        match allocate_pod_on(&view, request, policy) {
-            // Of the scope's places, the one the GPU policy prefers (the first on a tie).
-            Ok(placement) => {
-                let rank = place_rank(&view, &placement.booked, policy);
-                if best.as_ref().is_none_or(|(b, _)| rank > *b) {
-                    best = Some((rank, placement));
-                }
-            }
-            Err(reason) => {
-                first_reason.get_or_insert_with(|| with_selection(reason, &view, request));
+        // Of the scope's places, the one the GPU policy prefers (the first on a tie).
+        if let Ok(placement) = allocate_pod_on(&view, request, policy) {
+            let rank = place_rank(&view, &placement.booked, policy);
+            if best.as_ref().is_none_or(|(b, _)| rank > *b) {
+                best = Some((rank, placement));
             }
         }
     }
@@ -1060,9 +1098,14 @@ pub fn allocate_pod(
             placement.booked.group.clone_from(&request.sharing_group);
             Ok(placement)
         }
-        None => Err(unfit_in_scope(node, request, policy)
-            .or(first_reason)
-            .unwrap_or_else(|| "no GPU".into())),
+        // The reason filtering gives: the scope's, or the whole node's own.
+        None => Err(unfit_in_scope(node, request, policy).unwrap_or_else(|| {
+            let whole = as_selected(node, request);
+            allocate_pod_on(&whole, request, policy).err().map_or_else(
+                || "no GPU".into(),
+                |reason| with_selection(reason, &whole, request),
+            )
+        })),
     }
 }
 
@@ -1099,7 +1142,7 @@ fn unfit_in_scope(node: &NodeState, request: &PodGpuRequest, policy: Policy) -> 
     let whole = as_selected(node, request);
     allocate_pod_on(&whole, request, policy)
         .ok()
-        .and_then(|_| scope_unfit(request))
+        .and_then(|_| scope_unfit(node, request))
         .map(|reason| with_selection(reason, &whole, request))
 }
 
@@ -1258,7 +1301,7 @@ pub fn never_fits_pod(node: &NodeState, request: &PodGpuRequest, policy: Policy)
             .into_iter()
             .next();
         return match (
-            scope_unfit(request),
+            scope_unfit(node, request),
             never_fits_on(&as_selected(node, request), request, policy),
         ) {
             // The node emptied would hold it, only not in one place of the scope.
@@ -1472,6 +1515,18 @@ pub fn gpu_victims(
     }
     let picked = allocate_pod(&emptied, request, policy).map_err(|reason| NoVictims { reason })?;
     let mut sets: Vec<Vec<String>> = vec![picked.booked.gpus.into_iter().map(|s| s.uuid).collect()];
+    // With a scope, each place's own set too: the allocator picks one place, and
+    // another may cost less to empty.
+    if request.selection.scope.is_some() {
+        for view in views(&emptied, request) {
+            if let Ok(placed) = allocate_pod_on(&view, request, gpu_policy_of(request, policy)) {
+                let set: Vec<String> = placed.booked.gpus.into_iter().map(|s| s.uuid).collect();
+                if !sets.contains(&set) {
+                    sets.push(set);
+                }
+            }
+        }
+    }
     for gpu in &node.gpus {
         let single = vec![gpu.uuid.clone()];
         if !sets.contains(&single) {

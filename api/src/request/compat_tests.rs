@@ -1031,6 +1031,24 @@ spec:
         );
         assert_eq!(request.selection.is_empty(), scope.is_none());
     }
+    // A selector and a scope in one hint: one rule and one scope, named once.
+    let both = pcie.replace(
+        r#""requiredTopologyScope": "PCIe""#,
+        r#""requiredTopologyScope": "PCIe", "selector": {"matchLabels": {"zone": "a"}}"#,
+    );
+    let request = parse(&both, &RequestOptions::default())
+        .expect("valid")
+        .expect("asks for GPUs");
+    assert_eq!(request.selection.rules.len(), 1);
+    assert!(request.selection.scope.is_some());
+    assert_eq!(
+        request
+            .selection
+            .describe()
+            .matches("scheduling.koordinator.sh/device-allocate-hint")
+            .count(),
+        1
+    );
 }
 
 /// `koordinator.sh/gpu.shared` (koordinator-sh/koordinator@a7a1b76b: the deviceshare

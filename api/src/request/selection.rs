@@ -144,6 +144,14 @@ pub enum TopologyScope {
 }
 
 impl TopologyScope {
+    /// The scope as Koordinator writes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::PcieSwitch => "PCIe",
+            Self::NumaNode => "NUMANode",
+        }
+    }
+
     /// What one such place is called, for messages.
     pub fn noun(self) -> &'static str {
         match self {

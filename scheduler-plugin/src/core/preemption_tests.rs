@@ -230,3 +230,22 @@ fn the_answer_keeps_the_dry_runs_other_victims_and_only_tesseras_gpu_victims() {
         None
     );
 }
+
+/// With a required PCIe scope, each switch is a candidate: the cheaper one to
+/// empty is chosen, not the one the allocator would pick on the emptied node.
+#[test]
+fn a_scope_preempts_on_the_switch_that_costs_least() {
+    // GPU 0 (switch a) holds a priority-5 pod, GPU 2 (switch b) a priority-1 pod.
+    let (mut node, holders) = node_with(4, &[("mid", 5, &[(0, 100)]), ("low", 1, &[(2, 100)])]);
+    for gpu in &mut node.gpus {
+        gpu.pcie = if gpu.minor < 2 { "a" } else { "b" }.into();
+    }
+    let mut request = asking(2, 100);
+    request.selection.scope = Some(tessera_api::request::selection::ScopeRule {
+        annotation: "scheduling.koordinator.sh/device-allocate-hint".into(),
+        value: r#"{"gpu":{"requiredTopologyScope":"PCIe"}}"#.into(),
+        scope: tessera_api::request::selection::TopologyScope::PcieSwitch,
+    });
+    let victims = gpu_victims(&node, &holders, &request, 10, Policy::Binpack).expect("room");
+    assert_eq!(victims, ["low"]);
+}

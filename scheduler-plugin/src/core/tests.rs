@@ -1139,3 +1139,48 @@ fn a_scope_spans_the_pods_containers_and_the_policy_picks_among_switches() {
     let spread = allocate_pod(&both, &two_quarters, Policy::Spread).expect("fits");
     assert_eq!(chosen(&spread), ["GPU-2", "GPU-3"], "the emptier switch");
 }
+
+/// A scope alone keeps a pod off the load-only fast paths (which know no
+/// topology), rules out no GPU by itself, and says when GPUs report no place.
+#[test]
+fn a_scope_alone_takes_the_full_path_and_names_unreported_places() {
+    let hint = [(
+        tessera_api::request::selection::KOORDINATOR_DEVICE_ALLOCATE_HINT,
+        PCIE_HINT,
+    )];
+    let two = with_rules(&hint, whole_gpus(2));
+    // Free GPUs 1 and 2, under different switches: the load alone would say it fits.
+    let n = node(
+        "n",
+        vec![
+            on(gpu(0, 16384, 0), 0, "a"),
+            on(gpu(1, 16384, 16384), 0, "a"),
+            on(gpu(2, 16384, 16384), 1, "b"),
+            on(gpu(3, 16384, 0), 1, "b"),
+        ],
+    );
+    let load = NodeLoad::of(&n);
+    let loaded = LoadedNode {
+        state: &n,
+        load: &load,
+    };
+    assert!(!fits_pod_loaded(loaded, &two, Policy::Binpack));
+    assert_eq!(
+        score_pod_loaded(loaded, &two, Policy::Binpack, Policy::Binpack),
+        None
+    );
+    assert_eq!(selected_nowhere([&n], &two.selection), None);
+
+    let bare = node("bare", vec![gpu(0, 16384, 16384), gpu(1, 16384, 16384)]);
+    let reason = unfit_reason_pod(&bare, &two, Policy::Binpack);
+    assert!(
+        reason.contains(r#"gpu.requiredTopologyScope "PCIe""#)
+            && reason.contains("2 of its 2 GPUs report no PCIe switch"),
+        "{reason}"
+    );
+    assert_eq!(
+        allocate_pod(&bare, &two, Policy::Binpack).expect_err("unfit"),
+        reason,
+        "bind says what filtering says"
+    );
+}

@@ -200,7 +200,9 @@ const GUIDES: &[(&str, Examples)] = &[
             ("Pod/gpus-on-one-switch", Outcome::Runs(&[whole("main", 2)])),
             (
                 "Pod/gpus-on-one-numa-node",
-                Outcome::Waits("requires all of the pod's GPUs under one NUMA node"),
+                Outcome::Waits(
+                    "requires all of the pod's GPUs under one NUMA node, and no NUMA node of this node has room for them, even with nothing running",
+                ),
             ),
         ],
     ),
@@ -366,7 +368,10 @@ async fn apply(
             let mut outcome = Ok(());
             for pod in &pods {
                 outcome = match wait_running(cluster, pod).await {
-                    Ok(running) => check(cluster, &running, containers),
+                    Ok(running) => match check(cluster, &running, containers) {
+                        Ok(()) => extra(cluster, &running).await,
+                        Err(e) => Err(e),
+                    },
                     Err(e) => Err(e),
                 };
                 if outcome.is_err() {
@@ -376,13 +381,63 @@ async fn apply(
             outcome
         }
     };
-    if let Some(api) = owner_api(cluster.client().await?, &kind) {
-        api.delete(&name, &Default::default()).await?;
+    // Every removal tried, whatever failed before; the example's own failure first.
+    let mut removed: anyhow::Result<()> = Ok(());
+    if let Some(api) = owner.as_ref()
+        && let Err(e) = api.delete(&name, &Default::default()).await
+    {
+        removed = Err(e.into());
     }
     for pod in &pods {
-        cluster.delete_pod(pod).await?;
+        if let Err(e) = cluster.delete_pod(pod).await {
+            removed = removed.and(Err(e));
+        }
     }
-    outcome
+    outcome.and(removed)
+}
+
+/// What some examples' guides promise beyond [`check`], by pod name.
+async fn extra(cluster: &Cluster, pod: &Pod) -> anyhow::Result<()> {
+    let name = pod.metadata.name.as_deref().unwrap_or_default();
+    match name {
+        // KubeShare's README SharePod: half a GPU's compute booked (the ceiling is
+        // the limiter's, checked by `check`).
+        "sharepod1" => {
+            let limits = pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.containers.first())
+                .and_then(|c| c.resources.as_ref())
+                .and_then(|r| r.limits.as_ref());
+            let core = limits.and_then(|l| l.get("koordinator.sh/gpu-core"));
+            ensure!(
+                core.is_some_and(|q| q.0 == "50"),
+                "pod {name}: koordinator.sh/gpu-core {core:?}, want 50 (gpu_request 0.5 booked)"
+            );
+        }
+        // Koordinator's PCIe scope: both GPUs under one switch, as the Device CR says.
+        "gpus-on-one-switch" => {
+            let granted = allocated_gpus(pod)?;
+            let device = device_api(&cluster.client().await?).get(NODE_NAME).await?;
+            let switch_of = |uuid: &str| {
+                device.data["spec"]["devices"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .find(|gpu| gpu["id"] == uuid)
+                    .and_then(|gpu| gpu["topology"]["pcieID"].as_str())
+                    .map(str::to_owned)
+            };
+            let switches: std::collections::BTreeSet<Option<String>> =
+                granted.iter().map(|(uuid, _)| switch_of(uuid)).collect();
+            ensure!(
+                switches.len() == 1 && switches.iter().all(Option::is_some),
+                "pod {name}: GPUs {granted:?} under switches {switches:?}, want one"
+            );
+        }
+        _ => {}
+    }
+    Ok(())
 }
 
 /// The API of a kind that makes pods (`None` for a Pod itself).
