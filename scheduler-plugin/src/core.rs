@@ -1314,12 +1314,11 @@ pub fn never_fits_pod(node: &NodeState, request: &PodGpuRequest, policy: Policy)
 
 /// [`never_fits_pod`] on a node view as the pod may use it.
 fn never_fits_on(node: &NodeState, request: &PodGpuRequest, policy: Policy) -> Option<String> {
-    let node = Cow::Borrowed(node);
     let reason = match request.containers.as_slice() {
-        [only] => never_fits(&node, &only.gpu).map(|reason| container_unfit(only, &reason)),
+        [only] => never_fits(node, &only.gpu).map(|reason| container_unfit(only, &reason)),
         _ => {
             // Several containers share GPUs: place them all on the node emptied.
-            let mut empty = node.clone().into_owned();
+            let mut empty = node.clone();
             for gpu in &mut empty.gpus {
                 gpu.core_used = 0;
                 gpu.memory_used = 0;
@@ -1331,7 +1330,7 @@ fn never_fits_on(node: &NodeState, request: &PodGpuRequest, policy: Policy) -> O
                 .map(|reason| format!("never fits, even with nothing running: {reason}"))
         }
     }?;
-    Some(with_selection(reason, &node, request))
+    Some(with_selection(reason, node, request))
 }
 
 /// The extender score 0..=10 of placing the pod on `node`, or `None` when it

@@ -310,13 +310,20 @@ fn as_test_cluster(mut doc: Value) -> anyhow::Result<Value> {
     Ok(doc)
 }
 
-/// Whether the node's GPUs carry MPS's label (the proxy runs `--mps on`).
-async fn node_has_mps(cluster: &Cluster) -> anyhow::Result<bool> {
+/// The node's GPUs as its Device CR lists them.
+async fn device_gpus(cluster: &Cluster) -> anyhow::Result<Vec<Value>> {
     let device = device_api(&cluster.client().await?).get(NODE_NAME).await?;
     Ok(device.data["spec"]["devices"]
         .as_array()
-        .into_iter()
-        .flatten()
+        .cloned()
+        .unwrap_or_default())
+}
+
+/// Whether the node's GPUs carry MPS's label (the proxy runs `--mps on`).
+async fn node_has_mps(cluster: &Cluster) -> anyhow::Result<bool> {
+    Ok(device_gpus(cluster)
+        .await?
+        .iter()
         .any(|gpu| gpu["labels"]["tessera.io/enforce-mps"] == "true"))
 }
 
@@ -418,12 +425,9 @@ async fn extra(cluster: &Cluster, pod: &Pod) -> anyhow::Result<()> {
         // Koordinator's PCIe scope: both GPUs under one switch, as the Device CR says.
         "gpus-on-one-switch" => {
             let granted = allocated_gpus(pod)?;
-            let device = device_api(&cluster.client().await?).get(NODE_NAME).await?;
+            let gpus = device_gpus(cluster).await?;
             let switch_of = |uuid: &str| {
-                device.data["spec"]["devices"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
+                gpus.iter()
                     .find(|gpu| gpu["id"] == uuid)
                     .and_then(|gpu| gpu["topology"]["pcieID"].as_str())
                     .map(str::to_owned)
@@ -459,20 +463,16 @@ fn owner_api(client: kube::Client, kind: &str) -> Option<Api<DynamicObject>> {
 
 /// Waits for pod `default/name`'s FailedScheduling event naming `reason`.
 async fn waits_for(cluster: &Cluster, name: &str, reason: &str) -> anyhow::Result<()> {
-    let started = Instant::now();
-    loop {
-        let events = cluster.events_of(name).await?;
-        if events
+    let events = cluster
+        .wait_events_in("default", name, &[reason], Duration::from_secs(60))
+        .await?;
+    ensure!(
+        events
             .iter()
-            .any(|e| e.starts_with("FailedScheduling") && e.contains(reason))
-        {
-            return Ok(());
-        }
-        if started.elapsed() > Duration::from_secs(60) {
-            bail!("pod {name}: no FailedScheduling event saying {reason:?} after 60 s: {events:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+            .any(|e| e.starts_with("FailedScheduling") && e.contains(reason)),
+        "pod {name}: {reason:?} is in no FailedScheduling event: {events:?}"
+    );
+    Ok(())
 }
 
 /// Waits for pod `default/name` to run, also while a controller has yet to make it.
