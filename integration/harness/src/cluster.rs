@@ -2201,15 +2201,18 @@ async fn apply_test_rbac(client: &kube::Client) -> anyhow::Result<()> {
     // The suites' legacy pods, bound by another scheduler or by `nodeName` as before
     // Tessera, live in `default`: it is the namespace that still runs another GPU
     // scheduler, exempt from admission policy tessera-gpu-pods-scheduled (which
-    // scenarios prove in a namespace of their own).
+    // scenarios prove in a namespace of their own). Its privileged pods, which the GPU
+    // hook's own rule must meet, are exempt from Pod Security (the chart suite holds
+    // tenants to tessera-tenant-pod-security) as an administrator would mark them.
     let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
     namespaces
         .patch(
             "default",
             &PatchParams::default(),
-            &Patch::Merge(
-                json!({"metadata": {"labels": {"tessera.io/unscheduled-gpu-pods": "allowed"}}}),
-            ),
+            &Patch::Merge(json!({"metadata": {"labels": {
+                "tessera.io/unscheduled-gpu-pods": "allowed",
+                "pod-security.kubernetes.io/enforce": "privileged",
+            }}})),
         )
         .await
         .context("labelling namespace default")?;

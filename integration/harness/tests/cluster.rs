@@ -145,6 +145,14 @@ fn scenarios() -> Vec<(&'static str, Scenario)> {
             Box::pin(integrity::tenant_host_paths_to_node_files_are_refused(c))
         }),
         (
+            "tenant_pods_are_held_to_pod_security_where_the_chart_enforces_it",
+            |c| {
+                Box::pin(
+                    integrity::tenant_pods_are_held_to_pod_security_where_the_chart_enforces_it(c),
+                )
+            },
+        ),
+        (
             "gpu_pods_that_would_skip_tessera_scheduler_are_refused_at_creation",
             |c| Box::pin(integrity::gpu_pods_that_would_skip_tessera_scheduler_are_refused(c)),
         ),
@@ -206,6 +214,7 @@ const ON_CHART: &[&str] = &[
     "fractional_pods_get_exactly_their_grant",
     "pods_naming_koordinator_volcano_kubeshare_or_hami_schedulers_are_placed",
     "tenant_host_paths_to_node_files_are_refused",
+    "tenant_pods_are_held_to_pod_security_where_the_chart_enforces_it",
     "unfit_pod_stays_pending_with_the_extenders_reason",
     "annotation_written_by_a_tenant_is_refused",
     "annotation_forged_on_any_write_path_never_yields_a_gpu",
@@ -1021,6 +1030,15 @@ fn waiting_messages(pod: &Pod) -> Vec<String> {
 /// the scheduler granted GPUs; one that asks for none (a CNI or CSI agent) runs.
 async fn trusted_agents_and_privileged(cluster: &mut Cluster) -> anyhow::Result<()> {
     cluster.create_namespace(AGENTS_NAMESPACE).await?;
+    // Where GPU agents run privileged, an administrator exempts the namespace from
+    // Pod Security (the chart suite holds tenants to it).
+    cluster
+        .label_namespace(
+            AGENTS_NAMESPACE,
+            "pod-security.kubernetes.io/enforce",
+            "privileged",
+        )
+        .await?;
     let all = [("NVIDIA_VISIBLE_DEVICES", "all")];
     let agent = pod("gpu-agent", &[("agent", json!({}))], &all);
     let quarter = pod(

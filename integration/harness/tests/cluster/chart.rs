@@ -51,6 +51,10 @@ fn chart(cluster: &Cluster, verb: &str, extra: &[&str]) -> anyhow::Result<String
             &format!("reporter.driverLibraryDir={}", driver.display()),
             "--set",
             "reporter.advertiseNvidiaGpu=true",
+            // Tenants held to Pod Security by the chart's own policy, as a strict
+            // operator installs it (off by default).
+            "--set",
+            "admissionPolicy.tenantPodSecurity=true",
         ]);
     }
     for value in extra {

@@ -519,3 +519,230 @@ pub async fn sharing_groups_hold_no_more_gpus_than_their_namespaces_allowance(
     }
     Ok(())
 }
+
+/// The policy the chart installs with `admissionPolicy.tenantPodSecurity=true`.
+const TENANT_POD_SECURITY: &str = "tessera-tenant-pod-security";
+
+/// Whether `tessera-tenant-pod-security` is installed (the chart suite's values).
+pub async fn tenant_pod_security_installed(cluster: &Cluster) -> anyhow::Result<bool> {
+    use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
+    let policies: kube::Api<ValidatingAdmissionPolicy> = kube::Api::all(cluster.client().await?);
+    Ok(policies.get_opt(TENANT_POD_SECURITY).await?.is_some())
+}
+
+/// The chart's `tessera-tenant-pod-security` documents, rendered with it on
+/// (`python3 scripts/chart.py render`), for a cluster whose install left it off.
+fn rendered_tenant_pod_security() -> anyhow::Result<Vec<serde_json::Value>> {
+    use anyhow::Context;
+    use serde::Deserialize;
+    let output = std::process::Command::new("python3")
+        .current_dir(tessera_harness::cluster::repo_root())
+        .args([
+            "scripts/chart.py",
+            "render",
+            "--set",
+            "admissionPolicy.tenantPodSecurity=true",
+        ])
+        .output()
+        .context("running python3 scripts/chart.py render")?;
+    ensure!(
+        output.status.success(),
+        "chart.py render: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let text = String::from_utf8(output.stdout)?;
+    let mut docs = Vec::new();
+    for doc in serde_yaml::Deserializer::from_str(&text) {
+        let doc = serde_json::Value::deserialize(doc)?;
+        if doc["metadata"]["name"] == TENANT_POD_SECURITY {
+            docs.push(doc);
+        }
+    }
+    ensure!(
+        docs.len() == 2,
+        "the chart rendered {} documents named {TENANT_POD_SECURITY}, want the policy and its binding",
+        docs.len()
+    );
+    Ok(docs)
+}
+
+/// With `admissionPolicy.tenantPodSecurity` on, a tenant's pod is held to what of
+/// Pod Security "baseline" the GPU grant rests on: a privileged container (init
+/// and ephemeral ones too), a capability beyond baseline's, the host's network,
+/// PID or IPC namespace, and any hostPath are refused at creation naming the
+/// container or field; baseline's own capabilities and plain pods are admitted,
+/// and so are privileged pods in namespaces an administrator exempted. The chart
+/// suite installs it; the main suite applies the chart's rendering for this
+/// scenario alone.
+pub async fn tenant_pods_are_held_to_pod_security_where_the_chart_enforces_it(
+    cluster: &mut Cluster,
+) -> anyhow::Result<()> {
+    let applied = if tenant_pod_security_installed(cluster).await? {
+        Vec::new()
+    } else {
+        let docs = rendered_tenant_pod_security()?;
+        for doc in &docs {
+            cluster.apply(doc).await?;
+        }
+        docs
+    };
+    let outcome = pod_security_cases(cluster).await;
+    let mut cleanup = Vec::new();
+    for doc in &applied {
+        use k8s_openapi::api::admissionregistration::v1::{
+            ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+        };
+        let client = cluster.client().await?;
+        let deleted = if doc["kind"] == "ValidatingAdmissionPolicy" {
+            kube::Api::<ValidatingAdmissionPolicy>::all(client)
+                .delete(TENANT_POD_SECURITY, &Default::default())
+                .await
+                .map(drop)
+        } else {
+            kube::Api::<ValidatingAdmissionPolicyBinding>::all(client)
+                .delete(TENANT_POD_SECURITY, &Default::default())
+                .await
+                .map(drop)
+        };
+        if let Err(e) = deleted {
+            cleanup.push(format!("{}: {e}", doc["kind"]));
+        }
+    }
+    outcome?;
+    ensure!(
+        cleanup.is_empty(),
+        "removing the policy applied for this scenario: {cleanup:?}"
+    );
+    Ok(())
+}
+
+async fn pod_security_cases(cluster: &mut Cluster) -> anyhow::Result<()> {
+    const NS: &str = "baseline-tenant";
+    const EXEMPT: &str = "privileged-agents";
+    const AGENTS: &str = "labelled-agents";
+    for ns in [NS, EXEMPT, AGENTS] {
+        cluster.create_namespace(ns).await?;
+    }
+    cluster
+        .label_namespace(EXEMPT, "pod-security.kubernetes.io/enforce", "privileged")
+        .await?;
+    cluster
+        .label_namespace(AGENTS, "tessera.io/node-agents", "true")
+        .await?;
+    // The policy's binding reaches the API server's admission a moment after it is
+    // written: wait until a privileged pod is refused by it, or 30 s.
+    let privileged = |name: &str, container: &str| {
+        let mut spec = pod(name, &[("main", json!({}))], &[]);
+        if container == "setup" {
+            let mut init = spec["spec"]["containers"][0].clone();
+            init["name"] = json!("setup");
+            init["securityContext"] = json!({"privileged": true});
+            spec["spec"]["initContainers"] = json!([init]);
+        } else {
+            spec["spec"]["containers"][0]["securityContext"] = json!({"privileged": true});
+        }
+        spec
+    };
+    let started = std::time::Instant::now();
+    loop {
+        match cluster
+            .expect_refused(
+                "admin",
+                NS,
+                &privileged("privileged-main", "main"),
+                &[TENANT_POD_SECURITY],
+            )
+            .await
+        {
+            Ok(()) => break,
+            Err(e) if started.elapsed() < Duration::from_secs(30) => {
+                tracing::debug!(error = %e, "policy not in force yet");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => return Err(e.context("30 s after the policy was applied")),
+        }
+    }
+    let with = |name: &str, field: &str, value: serde_json::Value| {
+        let mut spec = pod(name, &[("main", json!({}))], &[]);
+        spec["spec"][field] = value;
+        spec
+    };
+    let mut caps = pod("caps", &[("main", json!({}))], &[]);
+    caps["spec"]["containers"][0]["securityContext"] =
+        json!({"capabilities": {"add": ["NET_BIND_SERVICE", "CAP_SYS_ADMIN"]}});
+    let mut host_path = pod("host-path", &[("main", json!({}))], &[]);
+    host_path["spec"]["volumes"] =
+        json!([{"name": "containerd", "hostPath": {"path": "/run/containerd"}}]);
+    host_path["spec"]["containers"][0]["volumeMounts"] =
+        json!([{"name": "containerd", "mountPath": "/host"}]);
+    let mut both = with("host-pid-ipc", "hostPID", json!(true));
+    both["spec"]["hostIPC"] = json!(true);
+    let refused = [
+        (
+            privileged("privileged-main", "main"),
+            "container main: securityContext.privileged",
+        ),
+        (
+            privileged("privileged-init", "setup"),
+            "container setup: securityContext.privileged",
+        ),
+        (
+            caps,
+            "container main: securityContext.capabilities.add goes beyond Pod Security baseline",
+        ),
+        (
+            with("host-network", "hostNetwork", json!(true)),
+            "spec.hostNetwork: a tenant pod may not share the host's namespaces",
+        ),
+        (both, "spec.hostPID, spec.hostIPC: a tenant pod may not"),
+        (
+            host_path,
+            "hostPath volume containerd (/run/containerd): a tenant pod may not mount node files",
+        ),
+    ];
+    for (spec, want) in &refused {
+        cluster
+            .expect_refused("admin", NS, spec, &[TENANT_POD_SECURITY, want])
+            .await?;
+    }
+    // Baseline's own capabilities, in either spelling, and a plain pod: admitted.
+    let mut plain = pod("plain", &[("main", json!({}))], &[]);
+    plain["spec"]["containers"][0]["securityContext"] =
+        json!({"capabilities": {"add": ["NET_BIND_SERVICE", "CAP_CHOWN"]}});
+    cluster.create_pod_in("admin", NS, &plain).await?;
+    // A privileged ephemeral container (`kubectl debug --profile sysadmin`) added to it.
+    let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
+        kube::Api::namespaced(cluster.client().await?, NS);
+    let debug = json!({"spec": {"ephemeralContainers": [{
+        "name": "debugger",
+        "image": plain["spec"]["containers"][0]["image"],
+        "securityContext": {"privileged": true},
+    }]}});
+    let added = pods
+        .patch_ephemeral_containers(
+            "plain",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Strategic(debug),
+        )
+        .await;
+    cluster.delete_pod_in(NS, "plain").await?;
+    match added {
+        Ok(_) => anyhow::bail!("a privileged ephemeral container was added to {NS}/plain"),
+        Err(e) => {
+            let text = e.to_string();
+            ensure!(
+                text.contains(TENANT_POD_SECURITY)
+                    && text.contains("container debugger: securityContext.privileged"),
+                "the privileged ephemeral container was refused, but not by the policy: {text}"
+            );
+        }
+    }
+    // Namespaces an administrator exempted: admitted.
+    for ns in [EXEMPT, AGENTS] {
+        cluster
+            .create_pod_in("admin", ns, &privileged("agent", "main"))
+            .await?;
+        cluster.delete_pod_in(ns, "agent").await?;
+    }
+    Ok(())
+}
