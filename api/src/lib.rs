@@ -19,6 +19,7 @@ pub mod device;
 pub mod enforcement;
 #[cfg(feature = "client")]
 pub mod events;
+pub mod kubelet_seen;
 pub mod nvlink;
 pub mod quantity;
 pub mod request;

@@ -178,10 +178,13 @@ pub async fn run(out: &mut (dyn Write + Send)) -> anyhow::Result<DemoSummary> {
         },
         Arc::new(HostProbe::with_nvml(crate::probe_paths(&gpus), &nvml)),
     );
-    let proxy = RunningProxy::start(
+    // The demo's kubelet is this process: the proxy counts its connection as
+    // kubelet's, which the reporter takes as the node's proven switch.
+    let proxy = RunningProxy::start_counting_kubelet(
         &dir.path().join("proxy.sock"),
         &containerd.socket(),
         vec![Arc::new(EmbeddedGpuHook::new(hook))],
+        &enforcement_dir,
     )
     .await?;
     let mut kubelet = KubeletDriver::connect(&proxy.socket).await?;

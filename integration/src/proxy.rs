@@ -44,13 +44,45 @@ impl RunningProxy {
         runtime: &Path,
         hooks: Vec<Arc<dyn Hook>>,
     ) -> anyhow::Result<Self> {
+        Self::start_with(mode, socket, runtime, hooks, None).await
+    }
+
+    /// [`Self::start`] that also counts the connections of this process (the
+    /// stand-in for kubelet that drives it) as kubelet's, and writes them to
+    /// `<enforcement_dir>/kubelet` for tessera-reporter, as the proxy binary does.
+    pub async fn start_counting_kubelet(
+        socket: &Path,
+        runtime: &Path,
+        hooks: Vec<Arc<dyn Hook>>,
+        enforcement_dir: &Path,
+    ) -> anyhow::Result<Self> {
+        let mode = RelayMode::for_endpoints(runtime, runtime);
+        Self::start_with(mode, socket, runtime, hooks, Some(enforcement_dir)).await
+    }
+
+    async fn start_with(
+        mode: RelayMode,
+        socket: &Path,
+        runtime: &Path,
+        hooks: Vec<Arc<dyn Hook>>,
+        enforcement_dir: Option<&Path>,
+    ) -> anyhow::Result<Self> {
         let metrics = Arc::new(Metrics::default());
         let options = ProxyOptions {
             runtime_endpoint: runtime.to_path_buf(),
             image_endpoint: runtime.to_path_buf(),
             max_message_bytes: 16 << 20,
         };
-        let proxy = Arc::new(Proxy::new(&options, hooks, Arc::clone(&metrics)));
+        let mut proxy = Proxy::new(&options, hooks, Arc::clone(&metrics));
+        if let Some(dir) = enforcement_dir {
+            let own = std::fs::read_to_string("/proc/self/comm")?;
+            let kubelet = tessera_runtime_proxy::kubelet_seen::KubeletConnections::new(vec![
+                own.trim_end().to_owned(),
+            ]);
+            tokio::spawn(Arc::clone(&kubelet).publish(dir.to_path_buf()));
+            proxy = proxy.with_kubelet_connections(kubelet);
+        }
+        let proxy = Arc::new(proxy);
         if let Err(error) = proxy.resync().await {
             tracing::warn!(%error, "runtime not reachable at proxy start");
         }

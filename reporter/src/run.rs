@@ -46,6 +46,30 @@ impl LoopConfig {
         self.enforcement_file
             .with_file_name(tessera_api::usage::USAGE_FILE)
     }
+
+    /// The runtime proxy's count of kubelet's connections to it.
+    pub fn kubelet_seen_file(&self) -> PathBuf {
+        self.enforcement_file
+            .with_file_name(tessera_api::kubelet_seen::KUBELET_SEEN_FILE)
+    }
+}
+
+/// Whether kubelet calls the runtime through the proxy now, from the proxy's file
+/// ([`tessera_api::kubelet_seen`]); why not, when it does not.
+pub fn kubelet_seen(file: &std::path::Path) -> Result<(), tessera_api::kubelet_seen::Unproven> {
+    let text = match std::fs::read_to_string(file) {
+        Ok(text) => Some(text),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => None,
+        Err(error) => {
+            return Err(tessera_api::kubelet_seen::Unproven::Unreadable(
+                error.to_string(),
+            ));
+        }
+    };
+    let now = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    tessera_api::kubelet_seen::KubeletSeen::proves(text.as_deref(), now).map(drop)
 }
 
 /// The loop's memory: the last good inputs, so a bad read never unpublishes.
@@ -60,6 +84,8 @@ struct Last {
     /// The Device CR's GPU memory annotation, as it should be now.
     usage_published: String,
     alerts: MemoryAlerts,
+    /// Why kubelet's use of the proxy was last found unproven (logged on change).
+    kubelet_unseen: Option<String>,
 }
 
 fn stamp(path: &PathBuf) -> Option<(SystemTime, u64)> {
@@ -120,7 +146,11 @@ pub async fn run_with_metrics(
     mut xids: UnboundedReceiver<XidEvent>,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
-    let mut last = Last::default();
+    // Unproven until the proxy's file has been read.
+    let mut last = Last {
+        kubelet_unseen: Some("not read yet".to_owned()),
+        ..Last::default()
+    };
     let mut health = HealthTracker::new(config.recovery_after);
     // The unhealthy GPUs (and their XIDs) the node has been told about.
     let mut announced = BTreeMap::new();
@@ -150,6 +180,7 @@ pub async fn run_with_metrics(
                 last.checkpoint_stamp = stamp(&config.checkpoint);
                 health.recover(Instant::now());
                 observe_usage(&config, &mut last, metrics, &events, true);
+                observe_kubelet(&config, &mut last);
             }
             _ = poll.tick() => {
                 let now = stamp(&config.checkpoint);
@@ -161,9 +192,12 @@ pub async fn run_with_metrics(
                 // After the checkpoint: a device plugin's new grant is known
                 // before its container's memory is judged.
                 observe_usage(&config, &mut last, metrics, &events, false);
+                // kubelet leaving the proxy publishes at once: no GPU pod may be
+                // placed where no GPU hook runs.
+                let kubelet = observe_kubelet(&config, &mut last);
                 // The usage annotation alone never publishes: it goes with the
                 // next publish (every --interval at the latest).
-                if !changed && !health.recover(Instant::now()) {
+                if !changed && !kubelet && !health.recover(Instant::now()) {
                     continue;
                 }
             }
@@ -189,6 +223,27 @@ pub async fn run_with_metrics(
             metrics.record_published_at(SystemTime::now());
         }
     }
+}
+
+/// Reads whether kubelet calls through the proxy ([`kubelet_seen`]) into `last`;
+/// true when that changed. A change is logged with why.
+fn observe_kubelet(config: &LoopConfig, last: &mut Last) -> bool {
+    let now = kubelet_seen(&config.kubelet_seen_file())
+        .err()
+        .map(|why| why.to_string());
+    if now == last.kubelet_unseen {
+        return false;
+    }
+    match &now {
+        Some(why) => tracing::warn!(
+            file = %config.kubelet_seen_file().display(),
+            %why,
+            "the node's switch to the runtime proxy is unproven: no GPU pod goes here"
+        ),
+        None => tracing::info!("kubelet calls through the runtime proxy: the switch is proven"),
+    }
+    last.kubelet_unseen = now;
+    true
 }
 
 /// Reads the runtime proxy's GPU memory report when it changed (or `force`), and
@@ -269,7 +324,7 @@ async fn publish(
     let backends = read_enforcement(&config.enforcement_file);
     metrics.record_enforcement(&backends);
     with_enforcement(&mut spec, &mut annotations, &backends);
-    let unproven = switch_unproven(&node);
+    let unproven = switch_unproven(&node) || last.kubelet_unseen.is_some();
     with_switch(&mut annotations, unproven);
     annotations.insert(
         tessera_api::usage::DEVICE_ANNOTATION.to_owned(),
@@ -619,6 +674,89 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
         panic!("never: {what}");
+    }
+
+    /// The node's switch mark follows the proxy's count of kubelet's connections,
+    /// taint or no taint: unproven with no file, proven while kubelet is connected
+    /// and the file fresh, unproven again (within a checkpoint poll, not an
+    /// interval) once kubelet is gone or the file goes stale.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_switch_is_proven_only_while_kubelet_is_connected_to_the_proxy() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let api = ApiServer::start().await.expect("api server");
+        let checkpoint = legacy_node(&api, dir.path());
+        let config = LoopConfig {
+            checkpoint,
+            legacy_resources: vec!["nvidia.com/gpu".into()],
+            interval: Duration::from_secs(3600),
+            checkpoint_poll: Duration::from_millis(20),
+            capacity: CapacityOptions::default(),
+            recovery_after: Duration::from_secs(3600),
+            enforcement_file: dir.path().join("backends"),
+        };
+        let seen_file = config.kubelet_seen_file();
+        let (_xids, stop) = spawn_loop(
+            &api,
+            "gpu-node-1",
+            config,
+            Arc::new(ReporterMetrics::default()),
+            GpuEvents::none(),
+        );
+        let devices: Api<tessera_api::Device> = Api::all(api.client().expect("client"));
+        let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(api.client().expect("client"));
+        let marked = |want: &'static str| {
+            let (devices, nodes) = (devices.clone(), nodes.clone());
+            async move {
+                for _ in 0..400 {
+                    let device = devices
+                        .get("gpu-node-1")
+                        .await
+                        .ok()
+                        .and_then(|d| d.metadata.annotations)
+                        .and_then(|a| a.get(tessera_api::resources::SWITCH_UNPROVEN).cloned());
+                    let node = nodes
+                        .get("gpu-node-1")
+                        .await
+                        .ok()
+                        .and_then(|n| n.metadata.labels)
+                        .and_then(|l| l.get(tessera_api::resources::SWITCH_UNPROVEN).cloned());
+                    if device.as_deref() == Some(want) && node.as_deref() == Some(want) {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(25)).await;
+                }
+                panic!("the switch mark never became {want}");
+            }
+        };
+        let now = || {
+            SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .expect("after 1970")
+                .as_secs()
+        };
+        // No proxy has written anything: unproven, though the node has no taint.
+        marked("true").await;
+        std::fs::write(
+            &seen_file,
+            format!(r#"{{"connections":1,"pid":4242,"at":{}}}"#, now()),
+        )
+        .expect("write");
+        marked("false").await;
+        // kubelet went back to containerd directly.
+        std::fs::write(&seen_file, format!(r#"{{"connections":0,"at":{}}}"#, now()))
+            .expect("write");
+        marked("true").await;
+        std::fs::write(&seen_file, format!(r#"{{"connections":1,"at":{}}}"#, now()))
+            .expect("write");
+        marked("false").await;
+        // The proxy that wrote it is gone (its last write over a minute old).
+        std::fs::write(
+            &seen_file,
+            format!(r#"{{"connections":1,"at":{}}}"#, now() - 61),
+        )
+        .expect("write");
+        marked("true").await;
+        let _ = stop.send(());
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -89,6 +89,13 @@ pub struct Cli {
     /// when the image endpoint is the runtime's, h2 otherwise].
     #[arg(long, value_name = "h2|frames")]
     pub relay: Option<RelayMode>,
+    /// The process names (as /proc/PID/comm gives them, at most 15 bytes) of
+    /// kubelet: a connection from one of them counts as kubelet's, and
+    /// tessera-reporter takes the node as switched only while kubelet is connected
+    /// (<enforcement-dir>/kubelet). Where kubelet runs inside another binary (k3s),
+    /// name that process; repeat the flag or separate names with ',' [default: kubelet]
+    #[arg(long, value_name = "NAME", value_delimiter = ',')]
+    pub kubelet_process: Vec<String>,
     /// Embedded GPU hook settings (flags only, except trusted_gpu_agents and
     /// privileged, which the file may also set).
     #[command(flatten, next_help_heading = "GPU hook")]
@@ -108,6 +115,7 @@ pub struct FileConfig {
     max_message_bytes: Option<usize>,
     hooks_dir: Option<PathBuf>,
     relay: Option<RelayMode>,
+    kubelet_process: Option<Vec<String>>,
     gpu_hook: Option<bool>,
     /// The GPU hook's trusted agents; `--trusted-gpu-agents` replaces the list.
     trusted_gpu_agents: Option<Vec<TrustedGpuAgent>>,
@@ -161,6 +169,11 @@ pub struct Config {
     pub hooks_dir: PathBuf,
     /// How kubelet's calls reach the runtime.
     pub relay: RelayMode,
+    /// kubelet's process names (`/proc/PID/comm`).
+    pub kubelet_processes: Vec<String>,
+    /// Where the node's files for tessera-reporter go (`--enforcement-dir`),
+    /// kubelet's connections among them, GPU hook or not.
+    pub enforcement_dir: PathBuf,
     /// The embedded GPU hook's settings; `None` when it is off.
     pub gpu_hook: Option<GpuHookArgs>,
 }
@@ -242,7 +255,26 @@ impl Config {
                 problem: format!("{max_message_bytes} is too small; at least 1024"),
             });
         }
+        let kubelet_processes = match cli.kubelet_process {
+            names if !names.is_empty() => names,
+            _ => file
+                .kubelet_process
+                .unwrap_or_else(|| vec!["kubelet".to_owned()]),
+        };
+        if let Some(name) = kubelet_processes
+            .iter()
+            .find(|n| n.is_empty() || n.len() > 15 || n.contains('/'))
+        {
+            return Err(ConfigError::Invalid {
+                setting: "kubelet-process",
+                problem: format!(
+                    "{name:?}: a process name as /proc/PID/comm gives it (1 to 15 bytes, no '/'; the kernel keeps the first 15 of a longer one)"
+                ),
+            });
+        }
         Ok(Self {
+            kubelet_processes,
+            enforcement_dir: cli.gpu.enforcement_dir.clone(),
             listen,
             runtime_endpoint,
             image_endpoint,
@@ -311,6 +343,50 @@ mod tests {
             RelayMode::Frames,
             "one runtime socket for both services: the frame relay"
         );
+    }
+
+    #[test]
+    fn kubelet_process_names_come_from_flags_or_the_file_and_must_be_comm_names() {
+        let config = Config::resolve(Cli::default()).expect("valid");
+        assert_eq!(config.kubelet_processes, ["kubelet"]);
+        assert_eq!(
+            config.enforcement_dir,
+            PathBuf::from("/run/tessera/enforce")
+        );
+        let dir = tempfile::tempdir().expect("dir");
+        let file = dir.path().join("proxy.toml");
+        std::fs::write(&file, "kubelet_process = [\"k3s-agent\"]\n").expect("write");
+        let from_file = Config::resolve(Cli {
+            config: Some(file.clone()),
+            ..Cli::default()
+        })
+        .expect("valid");
+        assert_eq!(from_file.kubelet_processes, ["k3s-agent"]);
+        let from_flags = Cli::try_parse_from([
+            "tessera-runtime-proxy",
+            "--config",
+            file.to_str().expect("utf-8"),
+            "--kubelet-process=kubelet,k3s-server",
+        ])
+        .expect("flags");
+        assert_eq!(
+            Config::resolve(from_flags)
+                .expect("valid")
+                .kubelet_processes,
+            ["kubelet", "k3s-server"]
+        );
+        for bad in ["", "/usr/bin/kubelet", "a-name-of-16-chr"] {
+            let error = Config::resolve(Cli {
+                kubelet_process: vec![bad.into()],
+                ..Cli::default()
+            })
+            .expect_err(bad)
+            .to_string();
+            assert!(
+                error.starts_with("setting kubelet-process: ") && error.contains("/proc/PID/comm"),
+                "{bad:?}: {error}"
+            );
+        }
     }
 
     #[test]

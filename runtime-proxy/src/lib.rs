@@ -21,6 +21,7 @@ pub mod grpc;
 pub mod guard;
 pub mod hook;
 pub mod hpack;
+pub mod kubelet_seen;
 pub mod metrics;
 pub mod proxy;
 pub mod relay;

@@ -136,12 +136,15 @@ async fn run(config: Config) -> anyhow::Result<()> {
         )));
     }
     hooks.push(registry);
-    let proxy = Arc::new(Proxy::with_store(
-        &options,
-        hooks,
-        Arc::clone(&metrics),
-        Arc::clone(&store),
-    ));
+    // tessera-reporter takes the node as switched only while kubelet is connected.
+    let kubelet = tessera_runtime_proxy::kubelet_seen::KubeletConnections::new(
+        config.kubelet_processes.clone(),
+    );
+    tokio::spawn(Arc::clone(&kubelet).publish(config.enforcement_dir.clone()));
+    let proxy = Arc::new(
+        Proxy::with_store(&options, hooks, Arc::clone(&metrics), Arc::clone(&store))
+            .with_kubelet_connections(kubelet),
+    );
     let (listener, source) = server::listen(&config.listen)
         .with_context(|| format!("listening on {}", config.listen.display()))?;
     tracing::info!(listen = %config.listen.display(), ?source, runtime = %config.runtime_endpoint.display(), relay = %config.relay, "serving CRI");

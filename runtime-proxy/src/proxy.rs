@@ -35,6 +35,8 @@ pub struct Proxy {
     store: Arc<PodStore>,
     metrics: Arc<Metrics>,
     max_message_bytes: usize,
+    /// kubelet's connections, counted for tessera-reporter's proof of the switch.
+    kubelet: Option<Arc<crate::kubelet_seen::KubeletConnections>>,
 }
 
 /// How to build a [`Proxy`].
@@ -75,7 +77,23 @@ impl Proxy {
             store,
             metrics,
             max_message_bytes: options.max_message_bytes,
+            kubelet: None,
         }
+    }
+
+    /// Counts kubelet's connections in `kubelet` as they are accepted and end.
+    #[must_use]
+    pub fn with_kubelet_connections(
+        mut self,
+        kubelet: Arc<crate::kubelet_seen::KubeletConnections>,
+    ) -> Self {
+        self.kubelet = Some(kubelet);
+        self
+    }
+
+    /// Where kubelet's connections are counted, if anywhere.
+    pub fn kubelet_connections(&self) -> Option<&Arc<crate::kubelet_seen::KubeletConnections>> {
+        self.kubelet.as_ref()
     }
 
     /// The pod/container store.

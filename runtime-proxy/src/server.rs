@@ -90,7 +90,18 @@ pub(crate) async fn accept_until<F, Fut>(
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
-                    connections.spawn(connection(stream, Arc::clone(&proxy), stopping.clone()));
+                    // Who is at the other end, read before the stream moves on;
+                    // counted for as long as the connection is served.
+                    let kubelet = proxy.kubelet_connections().cloned();
+                    let peer = stream.peer_cred().ok().and_then(|c| c.pid());
+                    let served = connection(stream, Arc::clone(&proxy), stopping.clone());
+                    connections.spawn(async move {
+                        let _kubelet = match kubelet {
+                            Some(kubelet) => kubelet.accepted(peer).await,
+                            None => None,
+                        };
+                        served.await;
+                    });
                 }
                 Err(error) => {
                     // EMFILE and friends: back off instead of spinning.

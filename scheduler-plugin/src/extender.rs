@@ -454,7 +454,7 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// Why a node whose switch to the runtime proxy is unproven takes no GPU pod.
-pub const SWITCH_UNPROVEN_WHY: &str = "the node's switch to tessera-runtime-proxy is not proven yet (taint tessera.io/runtime-proxy, Device CR tessera.io/switch-unproven): no GPU hook runs there to hold a grant; it takes GPU pods once tessera node switch-over (or the node installer) has proven it";
+pub const SWITCH_UNPROVEN_WHY: &str = "the node's switch to tessera-runtime-proxy is not proven yet (taint tessera.io/runtime-proxy, or kubelet not connected to the proxy: Device CR tessera.io/switch-unproven, tessera-reporter's log says which): no GPU hook runs there to hold a grant; it takes GPU pods once tessera node switch-over (or the node installer) has proven it and kubelet calls through the proxy";
 /// Why filter refuses every node while the cluster cache is not synced.
 pub const NOT_SYNCED: &str = "tessera-scheduler's cluster cache is not synced (starting, relisting or reconnecting a watch): no node is judged from a partial view; retry";
 

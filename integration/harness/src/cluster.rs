@@ -1350,6 +1350,14 @@ impl Cluster {
             .and_then(|v| v.iter_mut().find(|v| v["name"] == volume.as_str()))
             .with_context(|| format!("deploy/reporter.yaml's DaemonSet has no volume {volume}"))?;
         driver["hostPath"]["path"] = json!(self.dir.path().join("nvml").display().to_string());
+        // And this cluster's proxy writes its node files (backends, kubelet's
+        // connections) to the cluster's folder, not the host's /run/tessera.
+        let enforcement = spec["volumes"]
+            .as_array_mut()
+            .and_then(|v| v.iter_mut().find(|v| v["name"] == "enforcement"))
+            .context("deploy/reporter.yaml's DaemonSet has no volume enforcement")?;
+        enforcement["hostPath"]["path"] =
+            json!(self.dir.path().join("enforce").display().to_string());
         Ok(daemonset)
     }
 

@@ -1462,6 +1462,30 @@ async fn switch_over(cluster: &mut Cluster) -> anyhow::Result<()> {
     let backup = std::path::PathBuf::from(format!("{}.tessera-backup", config.display()));
     let containerd = cluster.containerd_socket();
     cluster.set_kubelet_endpoint(&containerd).await?;
+    // No taint, but kubelet calls containerd directly (a GPU node registered
+    // without the taint, or its taint lifted by hand): the proxy sees no kubelet,
+    // so the node is unproven all the same, and a GPU pod waits with the reason.
+    wait_switch_advertised(cluster, true).await?;
+    let unguarded = "unguarded-node";
+    cluster
+        .create_pod(
+            "admin",
+            &pod(
+                unguarded,
+                &[("main", json!({"koordinator.sh/gpu": "20"}))],
+                &[],
+            ),
+        )
+        .await?;
+    cluster
+        .wait_events_in(
+            "default",
+            unguarded,
+            &["or kubelet not connected to the proxy"],
+            Duration::from_secs(30),
+        )
+        .await?;
+    cluster.delete_pod(unguarded).await?;
     let endpoint = |cluster: &Cluster| -> anyhow::Result<String> {
         let text = std::fs::read_to_string(cluster.kubelet_config_path())?;
         let config: serde_yaml::Value = serde_yaml::from_str(&text)?;

@@ -49,6 +49,13 @@ fn chart(cluster: &Cluster, verb: &str, extra: &[&str]) -> anyhow::Result<String
             "scheduler.replicas=1",
             "--set",
             &format!("reporter.driverLibraryDir={}", driver.display()),
+            // Where this cluster's proxy writes the node's files (backends,
+            // kubelet's connections), not the host's /run/tessera.
+            "--set",
+            &format!(
+                "reporter.enforcementDir={}",
+                cluster.dir().join("enforce").display()
+            ),
             "--set",
             "reporter.advertiseNvidiaGpu=true",
             // Tenants held to Pod Security by the chart's own policy, as a strict
