@@ -374,6 +374,16 @@ fn is_nvidia_cdi(name: &str, config: &GpuHookConfig) -> bool {
         || name.starts_with(&format!("{}=", config.cdi_kind))
 }
 
+/// The CDI vendor of NVIDIA's DRA driver for GPUs (`k8s.` + its driver name
+/// `gpu.nvidia.com`): its devices are `k8s.gpu.nvidia.com/device=…` and
+/// `k8s.gpu.nvidia.com/claim=…`.
+const DRA_CDI_VENDOR: &str = "k8s.gpu.nvidia.com";
+
+/// Whether a CDI device name is one NVIDIA's DRA driver prepared for a claim.
+fn is_dra_claim(name: &str) -> bool {
+    name.split('/').next() == Some(DRA_CDI_VENDOR)
+}
+
 /// ` (container NAME)` when the name is known, for the end of a message.
 fn refused(container: &str) -> String {
     if container.is_empty() {
@@ -426,6 +436,20 @@ pub enum GpuHookError {
         value: String,
         /// `path: what is wrong`.
         reason: String,
+    },
+    /// The container holds a GPU claimed through Dynamic Resource Allocation
+    /// (a CDI device of NVIDIA's DRA driver): Tessera's ledger does not see DRA
+    /// claims, so that GPU may be another tenant's share too.
+    #[error(
+        "pod {pod}: container {container}: CDI device {device}: a GPU claimed through Dynamic Resource Allocation (NVIDIA's DRA driver) on a node whose GPUs Tessera shares; tessera-scheduler does not see DRA claims and could grant that GPU twice, so it is refused: run DRA GPU pods on nodes without tessera-runtime-proxy, or ask Tessera for the GPU (nvidia.com/gpu or koordinator.sh/gpu)"
+    )]
+    DraClaim {
+        /// `namespace/name`.
+        pod: String,
+        /// The container being created.
+        container: String,
+        /// The CDI device NVIDIA's DRA driver prepared for it.
+        device: String,
     },
     /// A device plugin gave the container GPUs, and the value of the device env
     /// the runtime would use (the last entry) names others: keeping it widens,
@@ -560,6 +584,15 @@ pub fn rewrite(
         .as_ref()
         .map(|c| c.name.as_str())
         .unwrap_or_default();
+    // A GPU claimed through DRA: Tessera's ledger does not see the claim, so the
+    // GPU could be granted twice; refused rather than silently stripped.
+    if let Some(device) = nvidia_cdi_names(container, config).find(|name| is_dra_claim(name)) {
+        return Err(GpuHookError::DraClaim {
+            pod,
+            container: name.to_owned(),
+            device: device.to_owned(),
+        });
+    }
     let allocations = allocation_of(container)
         .map(|annotation| {
             DeviceAllocations::parse(annotation).map_err(|source| GpuHookError::Annotation {

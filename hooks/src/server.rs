@@ -119,7 +119,9 @@ impl From<GpuHookError> for Status {
             | GpuHookError::Checkpoint { .. }
             | GpuHookError::Taken { .. } => Status::failed_precondition(error.to_string()),
             // The node's policy, not the request's shape, refuses it.
-            GpuHookError::Privileged { .. } => Status::permission_denied(error.to_string()),
+            GpuHookError::Privileged { .. } | GpuHookError::DraClaim { .. } => {
+                Status::permission_denied(error.to_string())
+            }
         }
     }
 }

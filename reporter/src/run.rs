@@ -84,8 +84,9 @@ struct Last {
     /// The Device CR's GPU memory annotation, as it should be now.
     usage_published: String,
     alerts: MemoryAlerts,
-    /// Why kubelet's use of the proxy was last found unproven (logged on change).
-    kubelet_unseen: Option<String>,
+    /// Which finding made kubelet's use of the proxy unproven, last time
+    /// ([`tessera_api::kubelet_seen::Unproven::kind`]; logged on change).
+    kubelet_unseen: Option<&'static str>,
 }
 
 fn stamp(path: &PathBuf) -> Option<(SystemTime, u64)> {
@@ -148,7 +149,7 @@ pub async fn run_with_metrics(
 ) {
     // Unproven until the proxy's file has been read.
     let mut last = Last {
-        kubelet_unseen: Some("not read yet".to_owned()),
+        kubelet_unseen: Some("not read yet"),
         ..Last::default()
     };
     let mut health = HealthTracker::new(config.recovery_after);
@@ -194,6 +195,8 @@ pub async fn run_with_metrics(
                 observe_usage(&config, &mut last, metrics, &events, false);
                 // kubelet leaving the proxy publishes at once: no GPU pod may be
                 // placed where no GPU hook runs.
+                // A failed publish of it is retried with the next --interval, as
+                // any other (not every poll: that would press a failing API server).
                 let kubelet = observe_kubelet(&config, &mut last);
                 // The usage annotation alone never publishes: it goes with the
                 // next publish (every --interval at the latest).
@@ -228,13 +231,13 @@ pub async fn run_with_metrics(
 /// Reads whether kubelet calls through the proxy ([`kubelet_seen`]) into `last`;
 /// true when that changed. A change is logged with why.
 fn observe_kubelet(config: &LoopConfig, last: &mut Last) -> bool {
-    let now = kubelet_seen(&config.kubelet_seen_file())
-        .err()
-        .map(|why| why.to_string());
+    let why = kubelet_seen(&config.kubelet_seen_file()).err();
+    // The finding, not its figures: a stale file's age changes every second.
+    let now = why.as_ref().map(tessera_api::kubelet_seen::Unproven::kind);
     if now == last.kubelet_unseen {
         return false;
     }
-    match &now {
+    match &why {
         Some(why) => tracing::warn!(
             file = %config.kubelet_seen_file().display(),
             %why,
@@ -695,11 +698,12 @@ mod tests {
             enforcement_file: dir.path().join("backends"),
         };
         let seen_file = config.kubelet_seen_file();
+        let metrics = Arc::new(ReporterMetrics::default());
         let (_xids, stop) = spawn_loop(
             &api,
             "gpu-node-1",
             config,
-            Arc::new(ReporterMetrics::default()),
+            Arc::clone(&metrics),
             GpuEvents::none(),
         );
         let devices: Api<tessera_api::Device> = Api::all(api.client().expect("client"));
@@ -736,26 +740,39 @@ mod tests {
         };
         // No proxy has written anything: unproven, though the node has no taint.
         marked("true").await;
-        std::fs::write(
-            &seen_file,
-            format!(r#"{{"connections":1,"pid":4242,"at":{}}}"#, now()),
-        )
-        .expect("write");
+        let write = |connections: u32, at: u64| {
+            std::fs::write(
+                &seen_file,
+                format!(
+                    r#"{{"connections":{connections},"runtime_call_at":{at},"pid":4242,"at":{at}}}"#
+                ),
+            )
+            .expect("write");
+        };
+        write(1, now());
         marked("false").await;
         // kubelet went back to containerd directly.
-        std::fs::write(&seen_file, format!(r#"{{"connections":0,"at":{}}}"#, now()))
-            .expect("write");
+        write(0, now());
         marked("true").await;
-        std::fs::write(&seen_file, format!(r#"{{"connections":1,"at":{}}}"#, now()))
-            .expect("write");
+        write(1, now());
         marked("false").await;
         // The proxy that wrote it is gone (its last write over a minute old).
-        std::fs::write(
-            &seen_file,
-            format!(r#"{{"connections":1,"at":{}}}"#, now() - 61),
-        )
-        .expect("write");
+        write(1, now() - 61);
         marked("true").await;
+        // Stale it stays: its age grows, but that is no new finding to publish.
+        let publishes = |text: &str| -> u64 {
+            text.lines()
+                .filter(|l| l.starts_with("tessera_reporter_publishes_total{object=\"device\""))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+                .sum()
+        };
+        let before = publishes(&metrics.encode());
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert_eq!(
+            publishes(&metrics.encode()),
+            before,
+            "republished a stale proof"
+        );
         let _ = stop.send(());
     }
 

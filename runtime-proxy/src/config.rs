@@ -261,6 +261,12 @@ impl Config {
                 .kubelet_process
                 .unwrap_or_else(|| vec!["kubelet".to_owned()]),
         };
+        if kubelet_processes.is_empty() {
+            return Err(ConfigError::Invalid {
+                setting: "kubelet-process",
+                problem: "an empty list: no connection would be kubelet's, and the node would never take GPU pods".into(),
+            });
+        }
         if let Some(name) = kubelet_processes
             .iter()
             .find(|n| n.is_empty() || n.len() > 15 || n.contains('/'))
@@ -362,6 +368,15 @@ mod tests {
         })
         .expect("valid");
         assert_eq!(from_file.kubelet_processes, ["k3s-agent"]);
+        std::fs::write(&file, "kubelet_process = []\n").expect("write");
+        let empty = Config::resolve(Cli {
+            config: Some(file.clone()),
+            ..Cli::default()
+        })
+        .expect_err("an empty list")
+        .to_string();
+        assert!(empty.contains("an empty list"), "{empty}");
+        std::fs::write(&file, "kubelet_process = [\"k3s-agent\"]\n").expect("write");
         let from_flags = Cli::try_parse_from([
             "tessera-runtime-proxy",
             "--config",

@@ -1,13 +1,15 @@
 //! Whether kubelet itself calls through this proxy, written for tessera-reporter
 //! ([`tessera_api::kubelet_seen`]): the process at the other end of each accepted
 //! connection is named from its peer credentials and `/proc/<pid>/comm`; kubelet's
-//! open connections are counted, and the count written to
-//! `<enforcement-dir>/kubelet` at each change and every
+//! open connections are counted, with the time of the last `RuntimeService` call,
+//! and written to `<enforcement-dir>/kubelet` at each change and every
 //! [`HEARTBEAT_SECS`](tessera_api::kubelet_seen::HEARTBEAT_SECS), so a proxy that
-//! is gone leaves a proof that goes stale.
+//! is gone leaves a proof that goes stale. The proxy needs the host's PID
+//! namespace and `/proc` for this (a systemd service has them).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tessera_api::kubelet_seen::{HEARTBEAT_SECS, KUBELET_SEEN_FILE, KubeletSeen};
@@ -26,6 +28,11 @@ pub struct KubeletConnections {
     /// Process names (`/proc/<pid>/comm`) that are kubelet.
     names: Vec<String>,
     count: watch::Sender<Count>,
+    /// The last `RuntimeService` call, seconds since the epoch (0: none yet).
+    runtime_call_at: AtomicU64,
+    /// Held while the file is written; [`Self::close`] writes the last one.
+    writing: tokio::sync::Mutex<()>,
+    closed: AtomicBool,
 }
 
 /// One open kubelet connection; dropping it (the connection ended) counts it out.
@@ -47,7 +54,25 @@ impl KubeletConnections {
         Arc::new(Self {
             names,
             count: watch::Sender::new(Count::default()),
+            runtime_call_at: AtomicU64::new(0),
+            writing: tokio::sync::Mutex::new(()),
+            closed: AtomicBool::new(false),
         })
+    }
+
+    /// A call on `path` was forwarded: a `RuntimeService` one is noted, as proof
+    /// that the runtime (not only the image service) is reached through the
+    /// proxy. The first is written at once; later ones with the heartbeat.
+    pub fn call(&self, path: &str) {
+        if !(path.starts_with("/runtime.v1.RuntimeService/")
+            || path.starts_with("/runtime.v1alpha2.RuntimeService/"))
+        {
+            return;
+        }
+        let before = self.runtime_call_at.swap(now(), Ordering::Relaxed);
+        if before == 0 {
+            self.count.send_modify(|_| {});
+        }
     }
 
     /// A connection accepted from process `pid` (its peer credentials): counted
@@ -56,7 +81,7 @@ impl KubeletConnections {
         let pid = u32::try_from(pid?).ok().filter(|p| *p > 0)?;
         // The name, not the path: kubelet's binary lives anywhere, and a process
         // cannot reach this socket without root on the node or a hostPath of
-        // /run/tessera (which the chart's admission policy refuses tenants).
+        // /run/tessera (admission policy tessera-node-files refuses tenants that).
         let comm = tokio::fs::read_to_string(format!("/proc/{pid}/comm"))
             .await
             .ok()?;
@@ -89,7 +114,14 @@ impl KubeletConnections {
         let mut failing = false;
         loop {
             let count = *changes.borrow_and_update();
-            match write(&dir, count).await {
+            let written = {
+                let _writing = self.writing.lock().await;
+                if self.closed.load(Ordering::Relaxed) {
+                    return;
+                }
+                write(&dir, count, self.runtime_call_at.load(Ordering::Relaxed)).await
+            };
+            match written {
                 Ok(()) if failing => {
                     failing = false;
                     tracing::info!(dir = %dir.display(), "kubelet's connections written again");
@@ -107,17 +139,32 @@ impl KubeletConnections {
             }
         }
     }
+
+    /// The proxy stops: no connection is kubelet's any more, said now rather
+    /// than left to go stale, and nothing is written after this.
+    pub async fn close(&self, dir: &Path) {
+        let _writing = self.writing.lock().await;
+        self.closed.store(true, Ordering::Relaxed);
+        if let Err(error) = write(dir, Count::default(), 0).await {
+            tracing::warn!(dir = %dir.display(), %error, "kubelet's connections not written at shutdown; the proof goes stale in a minute");
+        }
+    }
+}
+
+/// Seconds since the epoch.
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 /// Writes the proof whole (a temporary file renamed over it).
-async fn write(dir: &Path, count: Count) -> std::io::Result<()> {
-    let at = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
+async fn write(dir: &Path, count: Count, runtime_call_at: u64) -> std::io::Result<()> {
     let seen = KubeletSeen {
         connections: count.connections,
+        runtime_call_at: (runtime_call_at > 0).then_some(runtime_call_at),
         pid: count.pid,
-        at,
+        at: now(),
     };
     let text = serde_json::to_string(&seen).map_err(std::io::Error::other)?;
     tokio::fs::create_dir_all(dir).await?;
@@ -180,6 +227,16 @@ mod tests {
             .ok_or("own process not counted")?;
         let seen = read_until(dir.path(), |s| s.connections == 2).await?;
         assert_eq!(seen.pid, pid.and_then(|p| u32::try_from(p).ok()));
+        // Connected, but only image calls so far: not yet proof.
+        connections.call("/runtime.v1.ImageService/ListImages");
+        let text = std::fs::read_to_string(dir.path().join(KUBELET_SEEN_FILE))?;
+        assert_eq!(
+            KubeletSeen::proves(Some(&text), seen.at),
+            Err(tessera_api::kubelet_seen::Unproven::NoRuntimeCalls)
+        );
+        // The first runtime call is written at once.
+        connections.call("/runtime.v1.RuntimeService/Status");
+        let seen = read_until(dir.path(), |s| s.runtime_call_at.is_some()).await?;
         KubeletSeen::proves(
             Some(&std::fs::read_to_string(
                 dir.path().join(KUBELET_SEEN_FILE),
@@ -191,6 +248,17 @@ mod tests {
         drop(second);
         read_until(dir.path(), |s| s.connections == 0).await?;
         assert_eq!(connections.connections(), 0);
+        // A stop says no kubelet at once, and nothing is written after it.
+        let _again = connections
+            .accepted(pid)
+            .await
+            .ok_or("own process not counted")?;
+        read_until(dir.path(), |s| s.connections == 1).await?;
+        connections.close(dir.path()).await;
+        let closed = read_until(dir.path(), |s| s.connections == 0).await?;
+        assert_eq!(closed.runtime_call_at, None);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(read_until(dir.path(), |_| true).await?, closed);
         Ok(())
     }
 

@@ -141,6 +141,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
         config.kubelet_processes.clone(),
     );
     tokio::spawn(Arc::clone(&kubelet).publish(config.enforcement_dir.clone()));
+    let kubelet_closed = Arc::clone(&kubelet);
     let proxy = Arc::new(
         Proxy::with_store(&options, hooks, Arc::clone(&metrics), Arc::clone(&store))
             .with_kubelet_connections(kubelet),
@@ -200,6 +201,8 @@ async fn run(config: Config) -> anyhow::Result<()> {
         RelayMode::H2 => server::serve(listener, proxy, shutdown, config.drain_timeout).await,
         RelayMode::Frames => relay::serve(listener, proxy, shutdown, config.drain_timeout).await,
     }
+    // kubelet is no longer served here: said now, not left to go stale.
+    kubelet_closed.close(&config.enforcement_dir).await;
     // No container may stay frozen with no proxy to thaw it.
     drop(thaw_guard);
     Ok(())

@@ -128,6 +128,9 @@ impl Proxy {
     /// Serves one request from kubelet. Never fails: errors become gRPC statuses.
     pub async fn handle(self: Arc<Self>, request: Request<RecvBody>) -> Response<ProxyBody> {
         let path = request.uri().path();
+        if let Some(kubelet) = &self.kubelet {
+            kubelet.call(path);
+        }
         let method_name = path.rsplit('/').next().unwrap_or(path).to_owned();
         let intercepted = Method::from_path(path);
         let span = call_span(&method_name, intercepted.is_some());

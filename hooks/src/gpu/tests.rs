@@ -2211,6 +2211,53 @@ mod integrity {
         Ok(())
     }
 
+    /// NVIDIA's DRA driver hands a claimed GPU to the container as a CDI device of
+    /// its own vendor, in the CRI field (kubelet) or an annotation: refused,
+    /// allocated or not, trusted or not, naming the device and why.
+    #[test]
+    fn a_gpu_claimed_through_dra_is_refused_naming_the_device() {
+        let claim = "k8s.gpu.nvidia.com/claim=6c1f3a2e-0000-4000-8000-000000000000-gpu-0";
+        let device = "k8s.gpu.nvidia.com/device=gpu-0";
+        let trusting = GpuHookConfig {
+            trusted_agents: vec!["default".parse().expect("entry")],
+            ..GpuHookConfig::default()
+        };
+        let allocated = {
+            let mut c = container(Some(
+                r#"{"gpu":[{"minor":0,"id":"GPU-00000000-0000-0000-0000-000000000000","resources":{"koordinator.sh/gpu-core":50,"koordinator.sh/gpu-memory-ratio":50}}]}"#,
+            ));
+            c.cdi_devices = vec![CdiDevice { name: claim.into() }];
+            c
+        };
+        let cases = [
+            (cdi_only(&[claim], None), GpuHookConfig::default(), claim),
+            (
+                cdi_only(&[], Some(device)),
+                GpuHookConfig::default(),
+                device,
+            ),
+            (cdi_only(&[claim], None), trusting, claim),
+            (allocated, GpuHookConfig::default(), claim),
+        ];
+        for (request, config, named) in cases {
+            match rewrite(&request, &with_grants(Vec::new()), &config) {
+                Err(error @ GpuHookError::DraClaim { .. }) => {
+                    let text = error.to_string();
+                    assert!(
+                        text.contains(&format!(
+                            "CDI device {named}: a GPU claimed through Dynamic Resource Allocation"
+                        )) && text.contains("could grant that GPU twice"),
+                        "{text}"
+                    );
+                }
+                other => panic!("{named}: {other:?}"),
+            }
+        }
+        // Another vendor's `k8s.` device (a NIC's DRA driver) is not ours to judge.
+        let nic = cdi_only(&["k8s.net.example.com/claim=nic-0"], None);
+        assert!(rewrite(&nic, &with_grants(Vec::new()), &GpuHookConfig::default()).is_ok());
+    }
+
     #[test]
     fn cdi_with_an_unreadable_checkpoint_is_refused() {
         let request = cdi_only(&["nvidia.com/gpu=0"], None);

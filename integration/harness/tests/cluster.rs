@@ -1465,6 +1465,14 @@ async fn switch_over(cluster: &mut Cluster) -> anyhow::Result<()> {
     // No taint, but kubelet calls containerd directly (a GPU node registered
     // without the taint, or its taint lifted by hand): the proxy sees no kubelet,
     // so the node is unproven all the same, and a GPU pod waits with the reason.
+    let node = kube::Api::<k8s_openapi::api::core::v1::Node>::all(cluster.client().await?)
+        .get(tessera_harness::cluster::NODE_NAME)
+        .await?;
+    ensure!(
+        node_taints(&node).is_empty(),
+        "the node is tainted {:?}: the step would not show the kubelet proof",
+        node_taints(&node)
+    );
     wait_switch_advertised(cluster, true).await?;
     let unguarded = "unguarded-node";
     cluster

@@ -694,6 +694,9 @@ impl Relay {
             path,
             timeout,
         } = call;
+        if let Some(kubelet) = self.proxy.kubelet_connections() {
+            kubelet.call(&path);
+        }
         let Route { method, series } = match shared.routes.get(&path) {
             Some(route) => route.clone(),
             None => {

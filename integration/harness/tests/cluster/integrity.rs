@@ -580,13 +580,18 @@ pub async fn tenant_pods_are_held_to_pod_security_where_the_chart_enforces_it(
     let applied = if tenant_pod_security_installed(cluster).await? {
         Vec::new()
     } else {
+        // A pod made before the policy, whose later updates it must not judge.
+        cluster.create_namespace(BASELINE_NS).await?;
+        let mut before = pod("before-policy", &[("main", json!({}))], &[]);
+        before["spec"]["containers"][0]["securityContext"] = json!({"privileged": true});
+        cluster.create_pod_in("admin", BASELINE_NS, &before).await?;
         let docs = rendered_tenant_pod_security()?;
         for doc in &docs {
             cluster.apply(doc).await?;
         }
         docs
     };
-    let outcome = pod_security_cases(cluster).await;
+    let outcome = pod_security_cases(cluster, !applied.is_empty()).await;
     let mut cleanup = Vec::new();
     for doc in &applied {
         use k8s_openapi::api::admissionregistration::v1::{
@@ -616,8 +621,11 @@ pub async fn tenant_pods_are_held_to_pod_security_where_the_chart_enforces_it(
     Ok(())
 }
 
-async fn pod_security_cases(cluster: &mut Cluster) -> anyhow::Result<()> {
-    const NS: &str = "baseline-tenant";
+/// The namespace the policy scenario's tenant pods are made in.
+const BASELINE_NS: &str = "baseline-tenant";
+
+async fn pod_security_cases(cluster: &mut Cluster, made_before: bool) -> anyhow::Result<()> {
+    const NS: &str = BASELINE_NS;
     const EXEMPT: &str = "privileged-agents";
     const AGENTS: &str = "labelled-agents";
     for ns in [NS, EXEMPT, AGENTS] {
@@ -667,9 +675,11 @@ async fn pod_security_cases(cluster: &mut Cluster) -> anyhow::Result<()> {
         spec["spec"][field] = value;
         spec
     };
-    let mut caps = pod("caps", &[("main", json!({}))], &[]);
-    caps["spec"]["containers"][0]["securityContext"] =
-        json!({"capabilities": {"add": ["NET_BIND_SERVICE", "CAP_SYS_ADMIN"]}});
+    let with_caps = |name: &str, caps: serde_json::Value| {
+        let mut spec = pod(name, &[("main", json!({}))], &[]);
+        spec["spec"]["containers"][0]["securityContext"] = json!({"capabilities": {"add": caps}});
+        spec
+    };
     let mut host_path = pod("host-path", &[("main", json!({}))], &[]);
     host_path["spec"]["volumes"] =
         json!([{"name": "containerd", "hostPath": {"path": "/run/containerd"}}]);
@@ -687,7 +697,16 @@ async fn pod_security_cases(cluster: &mut Cluster) -> anyhow::Result<()> {
             "container setup: securityContext.privileged",
         ),
         (
-            caps,
+            with_caps("caps", json!(["NET_BIND_SERVICE", "CAP_SYS_ADMIN"])),
+            "container main: securityContext.capabilities.add goes beyond Pod Security baseline",
+        ),
+        // containerd reads a capability as CAP_ + its upper case: so does the policy.
+        (
+            with_caps("caps-lower", json!(["sys_ptrace"])),
+            "container main: securityContext.capabilities.add goes beyond Pod Security baseline",
+        ),
+        (
+            with_caps("caps-all", json!(["ALL"])),
             "container main: securityContext.capabilities.add goes beyond Pod Security baseline",
         ),
         (
@@ -704,6 +723,20 @@ async fn pod_security_cases(cluster: &mut Cluster) -> anyhow::Result<()> {
         cluster
             .expect_refused("admin", NS, spec, &[TENANT_POD_SECURITY, want])
             .await?;
+    }
+    // A pod made before the policy: a label change (or a finalizer's removal) is
+    // not refused for what it was made with.
+    if made_before {
+        let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
+            kube::Api::namespaced(cluster.client().await?, NS);
+        pods.patch(
+            "before-policy",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"metadata": {"labels": {"relabelled": "yes"}}})),
+        )
+        .await
+        .map_err(|e| anyhow::anyhow!("relabelling a pod made before the policy: {e}"))?;
+        cluster.delete_pod_in(NS, "before-policy").await?;
     }
     // Baseline's own capabilities, in either spelling, and a plain pod: admitted.
     let mut plain = pod("plain", &[("main", json!({}))], &[]);
@@ -737,8 +770,9 @@ async fn pod_security_cases(cluster: &mut Cluster) -> anyhow::Result<()> {
             );
         }
     }
-    // Namespaces an administrator exempted: admitted.
-    for ns in [EXEMPT, AGENTS] {
+    // Namespaces an administrator exempted, and the node agents' (kube-system is
+    // among admissionPolicy.nodeAgentNamespaces): admitted.
+    for ns in [EXEMPT, AGENTS, "kube-system"] {
         cluster
             .create_pod_in("admin", ns, &privileged("agent", "main"))
             .await?;
