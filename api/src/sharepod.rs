@@ -1,10 +1,13 @@
-//! KubeShare 1.x's `SharePod` (`kubeshare.nthu/v1`, its README's "SharePod
-//! Specification"): a pod spec with the GPU share in annotations
-//! (`kubeshare/gpu_request`, `gpu_limit`, `gpu_mem`, `GPUID`). KubeShare's device
-//! manager made a Pod of the same namespace and name from each; tessera-scheduler
-//! does the same ([`pod_for`], pure), with the share in the annotations Tessera's
-//! admission policy already turns into resources (`lsalab.nthu/*`), so the pod is
-//! placed, limited and grouped as any KubeShare pod.
+//! KubeShare's pod-making kinds ([`ShareKind`]): 1.x's `SharePod`
+//! (`kubeshare.nthu/v1`, its README's "SharePod Specification"), a pod spec with
+//! the GPU share in annotations (`kubeshare/gpu_request`, `gpu_limit`, `gpu_mem`,
+//! `GPUID`), and its predecessor K8sGPUSharing's `MtgpuPod` (`lsalab.nthu/v1`,
+//! "Multi-tenant GPU Pod"), the same with the share already in `lsalab.nthu/*`
+//! annotations. Their controllers made a Pod of the same namespace and name from
+//! each; tessera-scheduler does the same ([`ShareKind::pod_for`], pure), with the
+//! share in the annotations Tessera's admission policy already turns into
+//! resources (`lsalab.nthu/*`), so the pod is placed, limited and grouped as any
+//! KubeShare pod.
 //!
 //! The pod is made by tessera-scheduler's identity, which alone may write the
 //! allocation annotation: nothing of the SharePod's reaches the pod unless it
@@ -16,17 +19,64 @@
 
 use serde_json::{Map, Value, json};
 
-/// The SharePod's API group.
-pub const GROUP: &str = "kubeshare.nthu";
-/// Its version.
-pub const VERSION: &str = "v1";
-/// Its kind.
-pub const KIND: &str = "SharePod";
-/// Its resource.
-pub const PLURAL: &str = "sharepods";
-/// The label on a pod made from a SharePod (`"true"`; the SharePod is its
-/// controller owner reference: a name may be longer than a label value).
-pub const POD_LABEL: &str = "tessera.io/sharepod";
+/// One kind of object that makes a pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShareKind {
+    /// Its API group.
+    pub group: &'static str,
+    /// Its version.
+    pub version: &'static str,
+    /// Its kind.
+    pub kind: &'static str,
+    /// Its resource.
+    pub plural: &'static str,
+    /// The label on a pod made from one (`"true"`; the object is its controller
+    /// owner reference: a name may be longer than a label value).
+    pub pod_label: &'static str,
+    /// Its own share annotations and the pod annotations they become.
+    share_keys: &'static [(&'static str, &'static str)],
+    /// Its scheduling tags, which Tessera does not have.
+    tags: &'static [&'static str],
+    /// How its status shows the pod.
+    status: StatusShape,
+}
+
+/// How a kind's status shows its pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StatusShape {
+    /// SharePod: `phase`, `podName`, `podStatus`, or `phase: Failed` and `message`.
+    SharePod,
+    /// MtgpuPod (its Go type has no JSON tags): `PodStatus`, `PodObjectMeta`,
+    /// `BoundDeviceID` (the GPU's UUID); a refusal is a `Failed` `PodStatus`.
+    MtgpuPod,
+}
+
+/// KubeShare 1.x's SharePod.
+pub const SHARE_POD: ShareKind = ShareKind {
+    group: "kubeshare.nthu",
+    version: "v1",
+    kind: "SharePod",
+    plural: "sharepods",
+    pod_label: "tessera.io/sharepod",
+    share_keys: &SHARE_KEYS,
+    tags: &TAGS,
+    status: StatusShape::SharePod,
+};
+
+/// K8sGPUSharing's MtgpuPod (ncy9371/K8sGPUSharing, KubeShare's predecessor).
+pub const MTGPU_POD: ShareKind = ShareKind {
+    group: "lsalab.nthu",
+    version: "v1",
+    kind: "MtgpuPod",
+    plural: "mtgpupods",
+    pod_label: "tessera.io/mtgpupod",
+    share_keys: &[],
+    tags: &[],
+    status: StatusShape::MtgpuPod,
+};
+
+/// Every kind served.
+pub const KINDS: [ShareKind; 2] = [SHARE_POD, MTGPU_POD];
 
 /// KubeShare 1.x's SharePod annotations and the pod annotations they become.
 const SHARE_KEYS: [(&str, &str); 4] = [
@@ -49,10 +99,12 @@ const SCHEDULER_WRITTEN: [&str; 2] = [
     crate::asked::REQUESTED_AS,
 ];
 
-/// Why a SharePod makes no pod.
+/// Why a SharePod (or MtgpuPod) makes no pod.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("SharePod {namespace}/{name}: {problem}")]
+#[error("{kind} {namespace}/{name}: {problem}")]
 pub struct SharePodError {
+    /// Its kind.
+    pub kind: &'static str,
     /// Its namespace.
     pub namespace: String,
     /// Its name.
@@ -61,15 +113,85 @@ pub struct SharePodError {
     pub problem: String,
 }
 
-/// The pod a SharePod (as JSON, as the API server serves it) makes, as JSON:
-/// its namespace, name, labels and spec (as written: the API server checks it,
-/// and fields newer than Tessera's pod types are kept), its share as
-/// `lsalab.nthu/*` annotations, owned by the SharePod (deleted with it).
-pub fn pod_for(sharepod: &Value) -> Result<Value, SharePodError> {
-    let metadata = &sharepod["metadata"];
+impl ShareKind {
+    /// `group/version`.
+    pub fn api_version(&self) -> String {
+        format!("{}/{}", self.group, self.version)
+    }
+
+    /// The pod an object of this kind (as JSON, as the API server serves it)
+    /// makes, as JSON: its namespace, name, labels and spec (as written: the API
+    /// server checks it, and fields newer than Tessera's pod types are kept), its
+    /// share as `lsalab.nthu/*` annotations, owned by the object (deleted with it).
+    pub fn pod_for(&self, object: &Value) -> Result<Value, SharePodError> {
+        pod_for(self, object)
+    }
+
+    /// The name of the object of this kind that controls a pod (its owner
+    /// references).
+    pub fn owner_name<'a>(
+        &self,
+        owners: &'a [k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference],
+    ) -> Option<&'a str> {
+        let api_version = self.api_version();
+        owners
+            .iter()
+            .find(|o| {
+                o.controller == Some(true) && o.kind == self.kind && o.api_version == api_version
+            })
+            .map(|o| o.name.as_str())
+    }
+
+    /// The status an object of this kind shows: its pod's (`Ok`), or why it has
+    /// none (`Err`).
+    pub fn status_of(&self, pod: Result<&k8s_openapi::api::core::v1::Pod, &str>) -> Value {
+        let name =
+            |pod: &k8s_openapi::api::core::v1::Pod| pod.metadata.name.clone().unwrap_or_default();
+        match (self.status, pod) {
+            (StatusShape::SharePod, Ok(pod)) => {
+                let status = pod.status.clone().unwrap_or_default();
+                json!({
+                    "phase": status.phase.clone().unwrap_or_else(|| "Pending".into()),
+                    "podName": name(pod),
+                    "podStatus": status,
+                })
+            }
+            (StatusShape::SharePod, Err(message)) => json!({"phase": "Failed", "message": message}),
+            (StatusShape::MtgpuPod, Ok(pod)) => {
+                let mut status = pod.status.clone().unwrap_or_default();
+                status.phase.get_or_insert_with(|| "Pending".into());
+                let gpus: Vec<String> = pod
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(crate::resources::DEVICE_ALLOCATED))
+                    .and_then(|text| crate::DeviceAllocations::parse(text).ok())
+                    .map(|a| a.gpus().iter().map(|g| g.id.clone()).collect())
+                    .unwrap_or_default();
+                json!({
+                    "PodStatus": status,
+                    "PodObjectMeta": {
+                        "name": name(pod),
+                        "namespace": pod.metadata.namespace,
+                        "uid": pod.metadata.uid,
+                    },
+                    "BoundDeviceID": gpus.join(","),
+                })
+            }
+            (StatusShape::MtgpuPod, Err(message)) => json!({
+                "PodStatus": {"phase": "Failed", "reason": "NoPod", "message": message},
+                "BoundDeviceID": "",
+            }),
+        }
+    }
+}
+
+fn pod_for(kind: &ShareKind, object: &Value) -> Result<Value, SharePodError> {
+    let metadata = &object["metadata"];
     let text = |key: &str| metadata[key].as_str().unwrap_or_default().to_owned();
     let (name, namespace, uid) = (text("name"), text("namespace"), text("uid"));
     let refuse = |problem: String| SharePodError {
+        kind: kind.kind,
         namespace: namespace.clone(),
         name: name.clone(),
         problem,
@@ -77,7 +199,7 @@ pub fn pod_for(sharepod: &Value) -> Result<Value, SharePodError> {
     if name.is_empty() || namespace.is_empty() || uid.is_empty() {
         return Err(refuse("no name, namespace or UID".into()));
     }
-    let mut spec = sharepod["spec"].clone();
+    let mut spec = object["spec"].clone();
     // Checked early, so that the SharePod says what is wrong in Tessera's words.
     serde_json::from_value::<k8s_openapi::api::core::v1::PodSpec>(spec.clone())
         .map_err(|e| refuse(format!("spec: not a pod spec: {e}")))?;
@@ -88,7 +210,7 @@ pub fn pod_for(sharepod: &Value) -> Result<Value, SharePodError> {
     let mut annotations = Map::new();
     for (key, value) in &given {
         let shown = value.as_str().unwrap_or_default();
-        if TAGS.contains(&key.as_str()) {
+        if kind.tags.contains(&key.as_str()) {
             return Err(refuse(format!(
                 "annotation {key} {shown:?}: KubeShare's scheduling tags are not Tessera's; use kubeshare/GPUID to share one GPU with chosen pods, and pod (anti-)affinity for the rest"
             )));
@@ -98,7 +220,7 @@ pub fn pod_for(sharepod: &Value) -> Result<Value, SharePodError> {
                 "annotation {key}: only the scheduler writes it, on the pod"
             )));
         }
-        let key = match SHARE_KEYS.iter().find(|(from, _)| from == key) {
+        let key = match kind.share_keys.iter().find(|(from, _)| from == key) {
             Some((from, to)) => {
                 if given.get(*to).is_some_and(|v| v != value) {
                     return Err(refuse(format!(
@@ -138,13 +260,13 @@ pub fn pod_for(sharepod: &Value) -> Result<Value, SharePodError> {
     }
     let mut labels: Map<String, Value> =
         metadata["labels"].as_object().cloned().unwrap_or_default();
-    labels.insert(POD_LABEL.to_owned(), "true".into());
+    labels.insert(kind.pod_label.to_owned(), "true".into());
     let mut pod_metadata = json!({
         "name": name,
         "namespace": namespace,
         "labels": labels,
         "ownerReferences": [{
-            "apiVersion": format!("{GROUP}/{VERSION}"), "kind": KIND,
+            "apiVersion": kind.api_version(), "kind": kind.kind,
             "name": name, "uid": uid, "controller": true, "blockOwnerDeletion": true,
         }],
     });
@@ -152,20 +274,6 @@ pub fn pod_for(sharepod: &Value) -> Result<Value, SharePodError> {
         pod_metadata["annotations"] = Value::Object(annotations);
     }
     Ok(json!({"apiVersion": "v1", "kind": "Pod", "metadata": pod_metadata, "spec": spec}))
-}
-
-/// The name of the SharePod that controls `pod` (JSON metadata's owner references).
-pub fn owner_name(
-    owners: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference],
-) -> Option<&str> {
-    owners
-        .iter()
-        .find(|o| {
-            o.controller == Some(true)
-                && o.kind == KIND
-                && o.api_version == format!("{GROUP}/{VERSION}")
-        })
-        .map(|o| o.name.as_str())
 }
 
 #[cfg(test)]
@@ -188,7 +296,7 @@ mod tests {
 
     #[test]
     fn a_sharepod_makes_its_pod_with_the_share_as_kubeshare_annotations() {
-        let pod = pod_for(&readme()).expect("a pod");
+        let pod = SHARE_POD.pod_for(&readme()).expect("a pod");
         let annotations = &pod["metadata"]["annotations"];
         assert_eq!(annotations["lsalab.nthu/gpu_request"], "0.5");
         assert_eq!(annotations["lsalab.nthu/gpu_limit"], "1.0");
@@ -196,12 +304,12 @@ mod tests {
         assert_eq!(annotations["note"], "kept");
         assert!(annotations.get("kubeshare/gpu_request").is_none());
         let labels = &pod["metadata"]["labels"];
-        assert_eq!(labels[POD_LABEL], "true");
+        assert_eq!(labels[SHARE_POD.pod_label], "true");
         assert_eq!(labels["app"], "x");
         let typed: k8s_openapi::api::core::v1::Pod =
             serde_json::from_value(pod.clone()).expect("a pod");
         let owners = typed.metadata.owner_references.clone().expect("owner");
-        assert_eq!(owner_name(&owners), Some("sharepod1"));
+        assert_eq!(SHARE_POD.owner_name(&owners), Some("sharepod1"));
         assert_eq!(
             (owners[0].uid.as_str(), owners[0].controller),
             ("u-1", Some(true))
@@ -213,7 +321,7 @@ mod tests {
     fn fields_newer_than_tesseras_types_are_kept() {
         let mut newer = readme();
         newer["spec"]["containers"][0]["someFieldOfTomorrow"] = "x".into();
-        let pod = pod_for(&newer).expect("a pod");
+        let pod = SHARE_POD.pod_for(&newer).expect("a pod");
         assert_eq!(pod["spec"]["containers"][0]["someFieldOfTomorrow"], "x");
     }
 
@@ -222,7 +330,7 @@ mod tests {
         let mut pinned = readme();
         pinned["spec"]["nodeName"] = "node01".into();
         pinned["metadata"]["annotations"]["kubeshare/GPUID"] = "abcde".into();
-        let pod = pod_for(&pinned).expect("a pod");
+        let pod = SHARE_POD.pod_for(&pinned).expect("a pod");
         assert!(pod["spec"].get("nodeName").is_none());
         let terms = &pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
             ["nodeSelectorTerms"];
@@ -236,7 +344,7 @@ mod tests {
         both["spec"]["affinity"] = serde_json::json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
             {"matchExpressions": [{"key": "a", "operator": "Exists"}]},
             {"matchExpressions": [{"key": "b", "operator": "Exists"}]}]}}});
-        let pod = pod_for(&both).expect("a pod");
+        let pod = SHARE_POD.pod_for(&both).expect("a pod");
         let terms = &pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
             ["nodeSelectorTerms"];
         assert_eq!(terms[1]["matchFields"][0]["values"][0], "node01");
@@ -244,7 +352,7 @@ mod tests {
         let mut empty = readme();
         empty["spec"]["nodeName"] = "".into();
         assert!(
-            pod_for(&empty).expect("a pod")["spec"]
+            SHARE_POD.pod_for(&empty).expect("a pod")["spec"]
                 .get("affinity")
                 .is_none()
         );
@@ -269,7 +377,7 @@ mod tests {
         ] {
             let mut forged = readme();
             forged["metadata"]["annotations"][key] = value.into();
-            let refused = pod_for(&forged).expect_err(key);
+            let refused = SHARE_POD.pod_for(&forged).expect_err(key);
             assert!(
                 refused.to_string().contains(want) && refused.to_string().contains(key),
                 "{refused}"
@@ -279,14 +387,88 @@ mod tests {
         let mut hinted = readme();
         hinted["metadata"]["annotations"]["scheduling.koordinator.sh/device-allocate-hint"] =
             "{}".into();
-        assert!(pod_for(&hinted).is_ok());
+        assert!(SHARE_POD.pod_for(&hinted).is_ok());
         let mut bad = readme();
         bad["spec"] = serde_json::json!({"containers": "nope"});
         assert!(
-            pod_for(&bad)
+            SHARE_POD
+                .pod_for(&bad)
                 .expect_err("no spec")
                 .problem
                 .starts_with("spec:")
         );
+    }
+
+    /// K8sGPUSharing's README's MtgpuPod, with a UID and namespace as the API
+    /// server adds them.
+    fn mtgpupod_readme() -> serde_json::Value {
+        serde_json::json!({
+            "apiVersion": "lsalab.nthu/v1", "kind": "MtgpuPod",
+            "metadata": {"name": "pod1", "namespace": "default", "uid": "u-2",
+                "annotations": {"lsalab.nthu/gpu_request": "0.5", "lsalab.nthu/gpu_limit": "1.0",
+                    "lsalab.nthu/gpu_mem": "1073741824", "lsalab.nthu/GPUID": "abc"}},
+            "spec": {"nodeName": "node1", "containers": [{"name": "sleep",
+                "image": "nvidia/cuda:9.0-base", "command": ["sh", "-c"], "args": ["nvidia-smi -L"],
+                "resources": {"requests": {"cpu": "1", "memory": "500Mi"},
+                    "limits": {"cpu": "1", "memory": "500Mi"}}}]}
+        })
+    }
+
+    #[test]
+    fn an_mtgpupod_makes_its_pod_with_its_annotations_and_node_as_a_requirement() {
+        let pod = MTGPU_POD.pod_for(&mtgpupod_readme()).expect("a pod");
+        let annotations = &pod["metadata"]["annotations"];
+        assert_eq!(annotations["lsalab.nthu/gpu_request"], "0.5");
+        assert_eq!(annotations["lsalab.nthu/GPUID"], "abc");
+        assert_eq!(pod["metadata"]["labels"][MTGPU_POD.pod_label], "true");
+        assert!(pod["metadata"]["labels"].get(SHARE_POD.pod_label).is_none());
+        assert!(pod["spec"].get("nodeName").is_none());
+        assert_eq!(
+            pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+                ["nodeSelectorTerms"][0]["matchFields"][0]["values"][0],
+            "node1"
+        );
+        let typed: k8s_openapi::api::core::v1::Pod = serde_json::from_value(pod).expect("a pod");
+        let owners = typed.metadata.owner_references.clone().expect("owner");
+        assert_eq!(MTGPU_POD.owner_name(&owners), Some("pod1"));
+        // Each kind claims only its own pods.
+        assert_eq!(SHARE_POD.owner_name(&owners), None);
+        let refused = MTGPU_POD
+            .pod_for(&serde_json::json!({"metadata": {"name": "x"}}))
+            .expect_err("no namespace");
+        assert!(
+            refused.to_string().starts_with("MtgpuPod /x: "),
+            "{refused}"
+        );
+    }
+
+    #[test]
+    fn an_mtgpupods_status_is_its_go_types_shape() {
+        let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "pod1", "namespace": "default", "uid": "p-1", "annotations": {
+                crate::resources::DEVICE_ALLOCATED:
+                    r#"{"gpu":[{"minor":2,"id":"GPU-2","resources":{"koordinator.sh/gpu-core":50}}]}"#}},
+            "status": {"phase": "Running", "podIP": "10.0.0.1"}
+        }))
+        .expect("pod");
+        let status = MTGPU_POD.status_of(Ok(&pod));
+        assert_eq!(status["PodStatus"]["phase"], "Running");
+        assert_eq!(status["PodStatus"]["podIP"], "10.0.0.1");
+        assert_eq!(status["PodObjectMeta"]["name"], "pod1");
+        assert_eq!(status["BoundDeviceID"], "GPU-2");
+        let failed = MTGPU_POD.status_of(Err("no"));
+        assert_eq!(
+            (
+                failed["PodStatus"]["phase"].as_str(),
+                failed["PodStatus"]["message"].as_str()
+            ),
+            (Some("Failed"), Some("no"))
+        );
+        let sharepod = SHARE_POD.status_of(Ok(&pod));
+        assert_eq!(
+            (sharepod["phase"].as_str(), sharepod["podName"].as_str()),
+            (Some("Running"), Some("pod1"))
+        );
+        assert_eq!(SHARE_POD.status_of(Err("no"))["message"], "no");
     }
 }

@@ -416,11 +416,15 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
             let ledger = Arc::new(Mutex::new(Ledger::default()));
             let view = tessera_scheduler::cluster::watch(client.clone(), Arc::clone(&ledger));
             let leader = Arc::new(Leader::new(false));
-            // KubeShare's SharePods: each gets its pod (the leader makes them).
-            tokio::spawn(tessera_scheduler::sharepods::run(
-                client.clone(),
-                Arc::clone(&leader),
-            ));
+            // KubeShare's SharePods and MtgpuPods: each gets its pod (the leader
+            // makes them).
+            for kind in tessera_api::sharepod::KINDS {
+                tokio::spawn(tessera_scheduler::sharepods::run(
+                    client.clone(),
+                    Arc::clone(&leader),
+                    kind,
+                ));
+            }
             let identity = identity
                 .or_else(tessera_api::binary::hostname)
                 .unwrap_or_else(|| "tessera-scheduler".into());

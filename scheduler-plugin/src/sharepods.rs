@@ -1,15 +1,16 @@
-//! KubeShare's SharePods served: each SharePod (`kubeshare.nthu/v1`) gets its
-//! pod ([`tessera_api::sharepod::pod_for`]), owned by it (deleted with it), and
-//! the pod's phase and status are copied to the SharePod's status, as KubeShare's
-//! device manager did. A SharePod that makes no pod gets `status.phase: Failed`
-//! and the reason in `status.message`.
+//! KubeShare's SharePods (`kubeshare.nthu/v1`) and K8sGPUSharing's MtgpuPods
+//! (`lsalab.nthu/v1`) served, one controller per kind
+//! ([`tessera_api::sharepod::ShareKind`]): each object gets its pod
+//! ([`ShareKind::pod_for`]), owned by it (deleted with it), and the pod's status
+//! is copied to the object's in that kind's shape ([`ShareKind::status_of`]), as
+//! their own controllers did. One that makes no pod shows why there.
 //!
-//! Only the leading replica acts. Events come from two watches: the SharePods,
-//! and the pods made from them (labelled [`tessera_api::sharepod::POD_LABEL`]);
-//! every [`RESYNC`] each known SharePod is looked at again (a pod made by
-//! KubeShare, unlabelled, deleted during a switch: its SharePod gets a new one).
-//! Where the SharePod CRD is not installed the watch fails, is logged once, and
-//! is retried with backoff, so installing it later needs no restart.
+//! Only the leading replica acts. Events come from two watches: the objects, and
+//! the pods made from them (labelled with the kind's `pod_label`); every
+//! [`RESYNC`] each known object is looked at again (a pod made by KubeShare,
+//! unlabelled, deleted during a switch: its object gets a new one). Where the
+//! kind's CRD is not installed the watch fails, is logged once, and is retried
+//! with backoff, so installing it later needs no restart.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,47 +20,31 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ApiResource, DynamicObject, PostParams};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Client, ResourceExt};
-use serde_json::{Value, json};
-use tessera_api::sharepod::{GROUP, KIND, PLURAL, POD_LABEL, VERSION, owner_name, pod_for};
+use serde_json::Value;
+use tessera_api::sharepod::ShareKind;
 
 use crate::leader::Leader;
 
 /// How often every known SharePod is looked at again.
 pub const RESYNC: Duration = Duration::from_secs(60);
 
-/// The SharePod resource, for dynamic clients.
-pub fn resource() -> ApiResource {
+/// A kind's resource, for dynamic clients.
+pub fn resource(kind: &ShareKind) -> ApiResource {
     ApiResource {
-        group: GROUP.into(),
-        version: VERSION.into(),
-        api_version: format!("{GROUP}/{VERSION}"),
-        kind: KIND.into(),
-        plural: PLURAL.into(),
+        group: kind.group.into(),
+        version: kind.version.into(),
+        api_version: kind.api_version(),
+        kind: kind.kind.into(),
+        plural: kind.plural.into(),
     }
 }
 
-/// The status a SharePod should show: its pod's phase and status, or why it
-/// has none.
-pub fn status_of(pod: Result<&Pod, &str>) -> Value {
-    match pod {
-        Ok(pod) => {
-            let status = pod.status.clone().unwrap_or_default();
-            json!({
-                "phase": status.phase.clone().unwrap_or_else(|| "Pending".into()),
-                "podName": pod.name_any(),
-                "podStatus": status,
-            })
-        }
-        Err(message) => json!({"phase": "Failed", "message": message}),
-    }
-}
-
-/// A SharePod to look at: its namespace and name.
+/// An object to look at: its namespace and name.
 type Due = (String, String);
 
-/// Makes and follows SharePods' pods until the process ends.
-pub async fn run(client: Client, leader: Arc<Leader>) {
-    let sharepods: Api<DynamicObject> = Api::all_with(client.clone(), &resource());
+/// Makes and follows the pods of `kind`'s objects until the process ends.
+pub async fn run(client: Client, leader: Arc<Leader>, kind: ShareKind) {
+    let sharepods: Api<DynamicObject> = Api::all_with(client.clone(), &resource(&kind));
     let pods: Api<Pod> = Api::all(client.clone());
     let mut backoff = Duration::from_secs(1);
     let mut said = false;
@@ -69,7 +54,7 @@ pub async fn run(client: Client, leader: Arc<Leader>) {
     loop {
         // Names only: a SharePod's spec (up to the API server's object size) is read
         // when it is looked at, never kept.
-        let writer = reflector::store::Writer::new(resource());
+        let writer = reflector::store::Writer::new(resource(&kind));
         let known = writer.as_reader();
         let mut shares = std::pin::pin!(
             watcher(sharepods.clone(), watcher::Config::default())
@@ -83,7 +68,7 @@ pub async fn run(client: Client, leader: Arc<Leader>) {
         );
         let mut made = std::pin::pin!(watcher(
             pods.clone(),
-            watcher::Config::default().labels(POD_LABEL)
+            watcher::Config::default().labels(kind.pod_label)
         ));
         loop {
             let mut due: Vec<Due> = Vec::new();
@@ -98,7 +83,7 @@ pub async fn run(client: Client, leader: Arc<Leader>) {
                     Some(Ok(_)) => {}
                     Some(Err(error)) => {
                         if !said {
-                            tracing::info!(%error, "SharePods not served (is the kubeshare.nthu SharePod CRD installed?); retrying");
+                            tracing::info!(%error, kind = kind.kind, "not served (is its CRD, {}.{}, installed?); retrying", kind.plural, kind.group);
                             said = true;
                         }
                         break;
@@ -108,7 +93,7 @@ pub async fn run(client: Client, leader: Arc<Leader>) {
                 event = made.next() => match event {
                     // A made pod changed or went: its SharePod shows it (or makes another).
                     Some(Ok(watcher::Event::Apply(pod) | watcher::Event::Delete(pod))) => {
-                        let owner = owner_name(pod.owner_references()).map(str::to_owned);
+                        let owner = kind.owner_name(pod.owner_references()).map(str::to_owned);
                         due.extend(pod.namespace().zip(owner));
                     }
                     Some(Ok(_)) => {}
@@ -120,8 +105,8 @@ pub async fn run(client: Client, leader: Arc<Leader>) {
                 continue;
             }
             for (namespace, name) in due {
-                if let Err(error) = reconcile(&client, &namespace, &name).await {
-                    tracing::warn!(sharepod = %format!("{namespace}/{name}"), %error, "SharePod not reconciled; retried at the next event or resync");
+                if let Err(error) = reconcile(&client, &kind, &namespace, &name).await {
+                    tracing::warn!(kind = kind.kind, object = %format!("{namespace}/{name}"), %error, "not reconciled; retried at the next event or resync");
                 }
             }
         }
@@ -130,11 +115,16 @@ pub async fn run(client: Client, leader: Arc<Leader>) {
     }
 }
 
-/// Makes the SharePod's pod if it has none, and shows the pod's status (or why
-/// there is none) on the SharePod.
-async fn reconcile(client: &Client, namespace: &str, name: &str) -> Result<(), kube::Error> {
+/// Makes the object's pod if it has none, and shows the pod's status (or why
+/// there is none) on the object.
+async fn reconcile(
+    client: &Client,
+    kind: &ShareKind,
+    namespace: &str,
+    name: &str,
+) -> Result<(), kube::Error> {
     let sharepods: Api<DynamicObject> =
-        Api::namespaced_with(client.clone(), namespace, &resource());
+        Api::namespaced_with(client.clone(), namespace, &resource(kind));
     let Some(mut sharepod) = sharepods.get_opt(name).await? else {
         return Ok(());
     };
@@ -144,17 +134,18 @@ async fn reconcile(client: &Client, namespace: &str, name: &str) -> Result<(), k
     let uid = sharepod.uid().unwrap_or_default();
     let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
     let object = serde_json::to_value(&sharepod).unwrap_or_default();
-    let status = match pod_for(&object) {
-        Err(refused) => status_of(Err(&refused.problem)),
+    let status = match kind.pod_for(&object) {
+        Err(refused) => kind.status_of(Err(&refused.problem)),
         Ok(pod) => match pods.get_opt(name).await? {
             Some(existing) => {
-                if owner_name(existing.owner_references()).is_some()
+                if kind.owner_name(existing.owner_references()).is_some()
                     && existing.owner_references().iter().any(|o| o.uid == uid)
                 {
-                    status_of(Ok(&existing))
+                    kind.status_of(Ok(&existing))
                 } else {
-                    status_of(Err(&format!(
-                        "a pod named {name} exists in {namespace} and is not this SharePod's"
+                    kind.status_of(Err(&format!(
+                        "a pod named {name} exists in {namespace} and is not this {}'s",
+                        kind.kind
                     )))
                 }
             }
@@ -169,16 +160,16 @@ async fn reconcile(client: &Client, namespace: &str, name: &str) -> Result<(), k
                     serde_json::from_value(pod).map_err(kube::Error::SerdeError)?;
                 match dynamic.create(&PostParams::default(), &pod).await {
                     Ok(created) => {
-                        tracing::info!(pod = %format!("{namespace}/{name}"), "pod made from its SharePod");
+                        tracing::info!(pod = %format!("{namespace}/{name}"), kind = kind.kind, "pod made from its object");
                         // The API server's answer is the pod as made.
                         let created: Pod = serde_json::to_value(created)
                             .and_then(serde_json::from_value)
                             .map_err(kube::Error::SerdeError)?;
-                        status_of(Ok(&created))
+                        kind.status_of(Ok(&created))
                     }
-                    // Admission refused it (a bad share, a policy): the SharePod says why.
+                    // Admission refused it (a bad share, a policy): the object says why.
                     Err(kube::Error::Api(refusal)) if refusal.code != 409 => {
-                        status_of(Err(&format!("its pod was refused: {}", refusal.message)))
+                        kind.status_of(Err(&format!("its pod was refused: {}", refusal.message)))
                     }
                     Err(error) => return Err(error),
                 }
@@ -201,21 +192,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_status_is_the_pods_or_why_there_is_none() {
-        let pod: Pod = serde_json::from_value(json!({
-            "metadata": {"name": "p"},
-            "status": {"phase": "Running", "podIP": "10.0.0.1"}
-        }))
-        .expect("pod");
-        let status = status_of(Ok(&pod));
-        assert_eq!(status["phase"], "Running");
-        assert_eq!(status["podName"], "p");
-        assert_eq!(status["podStatus"]["podIP"], "10.0.0.1");
-        let failed = status_of(Err("no"));
+    fn each_kind_is_its_own_resource() {
+        use tessera_api::sharepod::{MTGPU_POD, SHARE_POD};
+        assert_eq!(resource(&SHARE_POD).api_version, "kubeshare.nthu/v1");
+        let mtgpu = resource(&MTGPU_POD);
         assert_eq!(
-            (failed["phase"].as_str(), failed["message"].as_str()),
-            (Some("Failed"), Some("no"))
+            (
+                mtgpu.api_version.as_str(),
+                mtgpu.plural.as_str(),
+                mtgpu.kind.as_str()
+            ),
+            ("lsalab.nthu/v1", "mtgpupods", "MtgpuPod")
         );
-        assert_eq!(resource().api_version, "kubeshare.nthu/v1");
     }
 }

@@ -102,6 +102,9 @@ fn scenarios() -> Vec<(&'static str, Scenario)> {
         ("kubeshare_sharepods_are_made_into_their_pods", |c| {
             Box::pin(sharepods(c))
         }),
+        ("k8sgpusharing_mtgpupods_are_made_into_their_pods", |c| {
+            Box::pin(mtgpupods(c))
+        }),
         ("migration_guides_examples_run_as_written", |c| {
             Box::pin(migration::migration_guides_examples_run_as_written(c))
         }),
@@ -2159,50 +2162,10 @@ async fn sharepods(cluster: &mut Cluster) -> anyhow::Result<()> {
         let pods = pods.clone();
         move || {
             let pods = pods.clone();
-            async move { Ok(pods.get_opt(name).await?.is_some()) }
+            async move { Ok::<_, anyhow::Error>(pods.get_opt(name).await?.is_some()) }
         }
     };
-    tessera_harness::until(
-        "a pod made from SharePod sharepod1",
-        Duration::from_secs(30),
-        exists("sharepod1"),
-    )
-    .await?;
-    let running = cluster.wait_running("sharepod1").await?;
-    let owner = running
-        .metadata
-        .owner_references
-        .clone()
-        .unwrap_or_default()
-        .into_iter()
-        .next()
-        .context("sharepod1's pod has no owner")?;
-    ensure!(
-        owner.kind == "SharePod" && owner.name == "sharepod1",
-        "sharepod1's pod is owned by {owner:?}"
-    );
-    let limits = first_limits(&running);
-    ensure!(
-        limits.get("koordinator.sh/gpu-core").map(|q| q.0.as_str()) == Some("50")
-            && limits
-                .get("koordinator.sh/gpu-memory")
-                .map(|q| q.0.as_str())
-                == Some("1073741824"),
-        "sharepod1's pod has limits {limits:?}, want gpu-core 50 and gpu-memory 1073741824"
-    );
-    ensure!(
-        allocated_gpus(&running)?.len() == 1,
-        "sharepod1's pod was not given one GPU"
-    );
-    let specs = cluster.container_specs(&running)?;
-    let spec = specs.get("cuda").context("no spec")?;
-    ensure!(
-        runtime_env(spec, "CUDA_DEVICE_SM_LIMIT").as_deref() == Some("100")
-            && runtime_env(spec, "CUDA_DEVICE_MEMORY_LIMIT_0").as_deref() == Some("1024m"),
-        "sharepod1: limiter env SM {:?} memory {:?}, want the ceiling 100 and 1024m",
-        env_values(spec, "CUDA_DEVICE_SM_LIMIT"),
-        env_values(spec, "CUDA_DEVICE_MEMORY_LIMIT_0")
-    );
+    let (running, _) = made_pod_holds_its_share(cluster, "SharePod", "sharepod1", "cuda").await?;
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let (phase, _) = phase_of("sharepod1").await?;
@@ -2357,6 +2320,191 @@ async fn sharepods(cluster: &mut Cluster) -> anyhow::Result<()> {
         },
     )
     .await
+}
+
+/// K8sGPUSharing's MtgpuPod (`lsalab.nthu/v1`, KubeShare's predecessor), as its
+/// README's "Using Shareable GPU" writes one, created by a tenant: the image is the
+/// cluster's probe (no registry), and `spec.nodeName`, which that README says
+/// "must be assigned", names this cluster's node rather than its `node1`.
+/// tessera-scheduler makes its pod, which admission gives the share's resources
+/// and the GPU hook limits; the MtgpuPod's status shows the pod's in that
+/// project's shape (`PodStatus`, `BoundDeviceID`: the GPU granted). One that would
+/// forge a grant makes no pod and says why; deleted, it takes its pod with it.
+async fn mtgpupods(cluster: &mut Cluster) -> anyhow::Result<()> {
+    use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, PostParams};
+    let resource = ApiResource {
+        group: "lsalab.nthu".into(),
+        version: "v1".into(),
+        api_version: "lsalab.nthu/v1".into(),
+        kind: "MtgpuPod".into(),
+        plural: "mtgpupods".into(),
+    };
+    let mtgpupods: Api<DynamicObject> =
+        Api::namespaced_with(cluster.client_as("tenant").await?, "default", &resource);
+    let mtgpupod = |name: &str, annotations: Value| -> anyhow::Result<DynamicObject> {
+        Ok(serde_json::from_value(json!({
+            "apiVersion": "lsalab.nthu/v1", "kind": "MtgpuPod",
+            "metadata": {"name": name, "annotations": annotations},
+            "spec": {"nodeName": tessera_harness::cluster::NODE_NAME,
+                "terminationGracePeriodSeconds": 0, "containers": [{"name": "sleep",
+                "image": "tessera.local/probe:1", "imagePullPolicy": "Never",
+                "resources": {"requests": {"cpu": "1", "memory": "500Mi"},
+                    "limits": {"cpu": "1", "memory": "500Mi"}}}]}
+        }))?)
+    };
+    let status_of = |name: &'static str| {
+        let mtgpupods = mtgpupods.clone();
+        async move { Ok::<_, anyhow::Error>(mtgpupods.get(name).await?.data["status"].clone()) }
+    };
+    mtgpupods
+        .create(
+            &PostParams::default(),
+            &mtgpupod(
+                "pod1",
+                json!({"lsalab.nthu/gpu_request": "0.5", "lsalab.nthu/gpu_limit": "1.0",
+                       "lsalab.nthu/gpu_mem": "1073741824", "lsalab.nthu/GPUID": "abc"}),
+            )?,
+        )
+        .await?;
+    let pods: Api<Pod> = Api::namespaced(cluster.client().await?, "default");
+    let exists = |name: &'static str| {
+        let pods = pods.clone();
+        move || {
+            let pods = pods.clone();
+            async move { Ok::<_, anyhow::Error>(pods.get_opt(name).await?.is_some()) }
+        }
+    };
+    let (_, gpus) = made_pod_holds_its_share(cluster, "MtgpuPod", "pod1", "sleep").await?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let status = status_of("pod1").await?;
+        if status["PodStatus"]["phase"] == "Running" {
+            ensure!(
+                status["BoundDeviceID"] == gpus[0].0.as_str()
+                    && status["PodObjectMeta"]["name"] == "pod1",
+                "pod1's status {status}: want BoundDeviceID {} and its pod's name",
+                gpus[0].0
+            );
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "pod1 shows {status} after 30 s, not its pod's Running"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+
+    // One that would forge a grant makes no pod, and says why.
+    mtgpupods
+        .create(
+            &PostParams::default(),
+            &mtgpupod(
+                "pod-forged",
+                json!({"lsalab.nthu/gpu_request": "0.5",
+                       "scheduling.koordinator.sh/device-allocated": "{\"gpu\":[{\"minor\":0,\"resources\":{\"koordinator.sh/gpu-core\":100}}]}"}),
+            )?,
+        )
+        .await?;
+    let want =
+        "annotation scheduling.koordinator.sh/device-allocated: only the scheduler writes it";
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let status = status_of("pod-forged").await?;
+        if status["PodStatus"]["phase"] == "Failed" {
+            ensure!(
+                status["PodStatus"]["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains(want)),
+                "pod-forged: {status}, want a message saying {want:?}"
+            );
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "pod-forged shows {status} after 30 s, want Failed saying {want:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    ensure!(
+        pods.get_opt("pod-forged").await?.is_none(),
+        "a pod was made from a refused MtgpuPod"
+    );
+    mtgpupods
+        .delete("pod-forged", &DeleteParams::default())
+        .await?;
+
+    // Deleted, the MtgpuPod takes its pod with it (the garbage collector).
+    mtgpupods.delete("pod1", &DeleteParams::default()).await?;
+    let gone = exists("pod1");
+    tessera_harness::until(
+        "pod1's pod deleted with its MtgpuPod",
+        Duration::from_secs(60),
+        move || {
+            let exists = gone();
+            async move { Ok(!exists.await?) }
+        },
+    )
+    .await
+}
+
+/// The pod `name` made from the `kind` object of its name, which asked 0.5 of a
+/// GPU with a ceiling of 1.0 and 1 GiB: it appears (tessera-scheduler makes it from
+/// a watch event, not at once), runs, is controlled by that object, holds
+/// gpu-core 50 and 1 GiB on one GPU, and its `container` gets the ceiling and the
+/// memory as limiter env. Returns it and its GPUs.
+async fn made_pod_holds_its_share(
+    cluster: &mut Cluster,
+    kind: &str,
+    name: &'static str,
+    container: &str,
+) -> anyhow::Result<(Pod, Vec<(String, u64)>)> {
+    let pods: kube::Api<Pod> = kube::Api::namespaced(cluster.client().await?, "default");
+    tessera_harness::until(
+        &format!("a pod made from {kind} {name}"),
+        Duration::from_secs(30),
+        || {
+            let pods = pods.clone();
+            async move { Ok::<_, anyhow::Error>(pods.get_opt(name).await?.is_some()) }
+        },
+    )
+    .await?;
+    let running = cluster.wait_running(name).await?;
+    let owner = running
+        .metadata
+        .owner_references
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .next()
+        .with_context(|| format!("{name}'s pod has no owner"))?;
+    ensure!(
+        owner.kind == kind && owner.name == name,
+        "{name}'s pod is owned by {owner:?}"
+    );
+    let limits = first_limits(&running);
+    ensure!(
+        limits.get("koordinator.sh/gpu-core").map(|q| q.0.as_str()) == Some("50")
+            && limits
+                .get("koordinator.sh/gpu-memory")
+                .map(|q| q.0.as_str())
+                == Some("1073741824"),
+        "{name}'s pod has limits {limits:?}, want gpu-core 50 and gpu-memory 1073741824"
+    );
+    let gpus = allocated_gpus(&running)?;
+    ensure!(
+        gpus.len() == 1,
+        "{name}'s pod was granted {gpus:?}, want one GPU"
+    );
+    let specs = cluster.container_specs(&running)?;
+    let spec = specs.get(container).context("no spec")?;
+    ensure!(
+        runtime_env(spec, "CUDA_DEVICE_SM_LIMIT").as_deref() == Some("100")
+            && runtime_env(spec, "CUDA_DEVICE_MEMORY_LIMIT_0").as_deref() == Some("1024m"),
+        "{name}: limiter env SM {:?} memory {:?}, want the ceiling 100 and 1024m",
+        env_values(spec, "CUDA_DEVICE_SM_LIMIT"),
+        env_values(spec, "CUDA_DEVICE_MEMORY_LIMIT_0")
+    );
+    Ok((running, gpus))
 }
 
 /// The limits of a pod's first container (where KubeShare's admission puts the share).
