@@ -14,7 +14,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
 use crate::quantity::Quantity;
 use crate::resources::{
     DEPRECATED_GPU_NAMES, GPU_CORE, GPU_MEMORY, GPU_MEMORY_RATIO, GPU_SHARED, GPU_SHARED_COUNT,
-    NVIDIA_GPU,
+    MISSPELLED_GPU_NAMES, NVIDIA_GPU,
 };
 
 pub mod selection;
@@ -255,6 +255,17 @@ fn amounts(
             });
         }
     }
+    for (wrong, meant) in MISSPELLED_GPU_NAMES {
+        if let Some(quantity) = pick(wrong) {
+            return Err(RequestError::Container {
+                container: who.to_owned(),
+                problem: format!(
+                    "{wrong} {q}: no such resource (Koordinator's v1.6 release notes spell it so; no node offers it, and the pod would wait forever): write {meant}: {q}, the number of GPUs the share is spread over",
+                    q = quantity.0
+                ),
+            });
+        }
+    }
     let mut out = BTreeMap::new();
     for key in MANAGED_RESOURCES {
         if let Some(quantity) = pick(key) {
@@ -313,9 +324,12 @@ fn container_request(
         return volcano_vgpu(amounts, who).map(Some);
     }
     let mut sums = Sums::default();
+    // 0 of a HAMi name is unset, as in HAMi: only HAMi names above 0 make the
+    // request HAMi's (so `nvidia.com/gpu: 1` with `gpumem: 0` is a whole GPU, as
+    // without it, not a memory-only share).
     let hami = [HAMI_GPU_MEM, HAMI_GPU_MEM_PERCENTAGE, HAMI_GPU_CORES]
         .iter()
-        .any(|key| get(key).is_some());
+        .any(|key| get(key).is_some_and(|v| v > 0));
     if let Some(count) = get(GPU_SHARED_COUNT) {
         sums = koordinator_shared(count, amounts, who)?;
     } else {

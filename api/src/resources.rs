@@ -24,6 +24,12 @@ pub const DEPRECATED_GPU_NAMES: &[(&str, &str)] = &[
     ("kubernetes.io/gpu-memory-ratio", GPU_MEMORY_RATIO),
 ];
 
+/// Names that look like Koordinator's but are served by nothing, and the name
+/// meant: `koordinator.sh/gpu-shared`, as Koordinator's v1.6 release blog spells
+/// `gpu.shared`. Left alone, such a pod waits forever on "Insufficient …".
+pub const MISSPELLED_GPU_NAMES: &[(&str, &str)] =
+    &[("koordinator.sh/gpu-shared", GPU_SHARED_COUNT)];
+
 /// Pod annotation holding the scheduler's device allocation.
 pub const DEVICE_ALLOCATED: &str = "scheduling.koordinator.sh/device-allocated";
 /// Device CR annotation listing GPUs held by legacy (device-plugin) pods.

@@ -266,3 +266,32 @@ fn the_deploy_caps_sharing_groups_at_4_gpus_and_counts_gpushare_in_gib() {
         "{help}"
     );
 }
+
+/// `--gpushare-memory-unit` takes gpushare's spellings (MiB, GiB, in any case) and
+/// refuses another, naming the flag and the value, before anything starts: both
+/// `serve` and `simulate` read it.
+#[test]
+fn the_gpushare_memory_unit_flag_takes_mib_or_gib_and_refuses_others() {
+    let run = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_tessera-scheduler"))
+            .args(args)
+            .output()
+            .expect("runs")
+    };
+    for command in ["serve", "simulate"] {
+        let refused = run(&[command, "--gpushare-memory-unit", "MB"]);
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert_eq!(refused.status.code(), Some(2), "{command}: {stderr}");
+        assert!(
+            stderr.contains("--gpushare-memory-unit")
+                && stderr.contains("memory unit \"MB\": expected MiB or GiB"),
+            "{command}: {stderr}"
+        );
+    }
+    // Accepted spellings get past the flag (to the next missing input).
+    for unit in ["MiB", "gib"] {
+        let output = run(&["simulate", "--gpushare-memory-unit", unit]);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!stderr.contains("memory unit"), "{unit}: {stderr}");
+    }
+}

@@ -179,6 +179,25 @@ spec:
             Ok(vec![gpus(1, 20, GpuMemory::Ratio(100))]),
         ),
         (
+            "every HAMi name at 0 reads as none: nvidia.com/gpu alone, whole GPUs",
+            r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: gpu-pod}
+spec:
+  containers:
+    - name: c
+      image: ubuntu:18.04
+      resources:
+        limits:
+          nvidia.com/gpu: 2
+          nvidia.com/gpumem: 0
+          nvidia.com/gpumem-percentage: 0
+          nvidia.com/gpucores: 0
+"#,
+            Ok(vec![gpus(2, 100, GpuMemory::Ratio(100))]),
+        ),
+        (
             "gpucores above 100",
             r#"
 apiVersion: v1
@@ -1168,6 +1187,20 @@ spec:
         ),
     ];
     check("Koordinator gpu.shared", cases, &RequestOptions::default());
+    // Koordinator's v1.6 release blog spells it gpu-shared: refused, naming the
+    // name meant, as the admission policy refuses it at creation.
+    let misspelled: &[(&str, &str, Expected)] = &[(
+        "the v1.6 blog's spelling",
+        &pod("{koordinator.sh/gpu-shared: 1, koordinator.sh/gpu-memory-ratio: 50}"),
+        Err(
+            "container c: koordinator.sh/gpu-shared 1: no such resource (Koordinator's v1.6 release notes spell it so; no node offers it, and the pod would wait forever): write koordinator.sh/gpu.shared: 1, the number of GPUs the share is spread over",
+        ),
+    )];
+    check(
+        "Koordinator gpu-shared",
+        misspelled,
+        &RequestOptions::default(),
+    );
 }
 
 /// Koordinator's deprecated `kubernetes.io/gpu*` names (koordinator-sh/koordinator@a7a1b76b

@@ -397,6 +397,12 @@ pub async fn impossible_gpu_requests_are_refused_at_creation(
             "pod requests/whole-and-share: container main: nvidia.com/gpu cannot be combined with koordinator.sh/* GPU resources",
         ),
         (
+            // A HAMi name at 0 is unset: nvidia.com/gpu is whole GPUs again.
+            "whole-hami-zero-and-share",
+            json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "0", "koordinator.sh/gpu": "50"}),
+            "pod requests/whole-hami-zero-and-share: container main: nvidia.com/gpu cannot be combined with koordinator.sh/* GPU resources",
+        ),
+        (
             "zero-share",
             json!({"koordinator.sh/gpu": "0"}),
             "pod requests/zero-share: container main: koordinator.sh/gpu 0 asks for no GPU: leave it out, or ask 1 to 100 (percent of one GPU) or a multiple of 100 (whole GPUs)",
@@ -406,6 +412,24 @@ pub async fn impossible_gpu_requests_are_refused_at_creation(
         let spec = pod(name, &[("main", limits.clone())], &[]);
         refused_at_creation(cluster, NS, &spec, "tessera-gpu-requests", want).await?;
     }
+    // Koordinator's v1.6 blog's spelling of gpu.shared: no node offers it, so the
+    // pod would wait forever on "Insufficient …"; refused naming the name meant.
+    let misspelled = pod(
+        "gpu-shared",
+        &[(
+            "main",
+            json!({"koordinator.sh/gpu-shared": "1", "koordinator.sh/gpu-memory-ratio": "50"}),
+        )],
+        &[],
+    );
+    refused_at_creation(
+        cluster,
+        NS,
+        &misspelled,
+        "tessera-deprecated-gpu-resources",
+        "container main: koordinator.sh/gpu-shared 1: no such resource (Koordinator's v1.6 release notes spell it so; no node offers it, and the pod would wait forever): write koordinator.sh/gpu.shared: 1, the number of GPUs the share is spread over",
+    )
+    .await?;
     // Valid in each system's names: admitted (placed or not is the scheduler's).
     let admitted = [
         ("share", json!({"koordinator.sh/gpu": "25"})),
