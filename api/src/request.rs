@@ -324,12 +324,13 @@ fn container_request(
         return volcano_vgpu(amounts, who).map(Some);
     }
     let mut sums = Sums::default();
-    // 0 of a HAMi name is unset, as in HAMi: only HAMi names above 0 make the
-    // request HAMi's (so `nvidia.com/gpu: 1` with `gpumem: 0` is a whole GPU, as
-    // without it, not a memory-only share).
-    let hami = [HAMI_GPU_MEM, HAMI_GPU_MEM_PERCENTAGE, HAMI_GPU_CORES]
-        .iter()
-        .any(|key| get(key).is_some_and(|v| v > 0));
+    // 0 of a HAMi name is unset, as in HAMi: beside nvidia.com/gpu, only HAMi names
+    // above 0 make the request HAMi's (so `nvidia.com/gpu: 1` with `gpumem: 0` is a
+    // whole GPU, as without it). Alone, a HAMi name makes it HAMi's whatever its
+    // value: HAMi's webhook gives such a container one GPU by the name's presence.
+    let hami_names = [HAMI_GPU_MEM, HAMI_GPU_MEM_PERCENTAGE, HAMI_GPU_CORES];
+    let hami = hami_names.iter().any(|key| get(key).is_some_and(|v| v > 0))
+        || (get(NVIDIA_GPU).is_none() && hami_names.iter().any(|key| get(key).is_some()));
     if let Some(count) = get(GPU_SHARED_COUNT) {
         sums = koordinator_shared(count, amounts, who)?;
     } else {

@@ -37,18 +37,9 @@ pub struct ShareKind {
     share_keys: &'static [(&'static str, &'static str)],
     /// Its scheduling tags, which Tessera does not have.
     tags: &'static [&'static str],
-    /// How its status shows the pod.
-    status: StatusShape,
-}
-
-/// How a kind's status shows its pod.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StatusShape {
-    /// SharePod: `phase`, `podName`, `podStatus`, or `phase: Failed` and `message`.
-    SharePod,
-    /// MtgpuPod (its Go type has no JSON tags): `PodStatus`, `PodObjectMeta`,
-    /// `BoundDeviceID` (the GPU's UUID); a refusal is a `Failed` `PodStatus`.
-    MtgpuPod,
+    /// Another kind's share annotations, which this kind does not read: refused,
+    /// naming the one to write.
+    foreign_keys: &'static [(&'static str, &'static str)],
 }
 
 /// KubeShare 1.x's SharePod.
@@ -60,7 +51,7 @@ pub const SHARE_POD: ShareKind = ShareKind {
     pod_label: "tessera.io/sharepod",
     share_keys: &SHARE_KEYS,
     tags: &TAGS,
-    status: StatusShape::SharePod,
+    foreign_keys: &[],
 };
 
 /// K8sGPUSharing's MtgpuPod (ncy9371/K8sGPUSharing, KubeShare's predecessor).
@@ -72,7 +63,8 @@ pub const MTGPU_POD: ShareKind = ShareKind {
     pod_label: "tessera.io/mtgpupod",
     share_keys: &[],
     tags: &[],
-    status: StatusShape::MtgpuPod,
+    // SharePod's names: on an MtgpuPod nothing would read them.
+    foreign_keys: &SHARE_KEYS,
 };
 
 /// Every kind served.
@@ -143,23 +135,16 @@ impl ShareKind {
     }
 
     /// The status an object of this kind shows: its pod's (`Ok`), or why it has
-    /// none (`Err`).
+    /// none (`Err`). Both kinds' Go types (KubeShare's `SharePodStatus`,
+    /// K8sGPUSharing's `MtgpuPodStatus`) have no JSON tags, so their fields are
+    /// `PodStatus`, `PodObjectMeta` and `BoundDeviceID` (the GPU's UUID; Tessera
+    /// runs no pod manager, so no `PodManagerPort`); `phase` and, on a refusal,
+    /// `message` are added for `kubectl get`.
     pub fn status_of(&self, pod: Result<&k8s_openapi::api::core::v1::Pod, &str>) -> Value {
-        let name =
-            |pod: &k8s_openapi::api::core::v1::Pod| pod.metadata.name.clone().unwrap_or_default();
-        match (self.status, pod) {
-            (StatusShape::SharePod, Ok(pod)) => {
-                let status = pod.status.clone().unwrap_or_default();
-                json!({
-                    "phase": status.phase.clone().unwrap_or_else(|| "Pending".into()),
-                    "podName": name(pod),
-                    "podStatus": status,
-                })
-            }
-            (StatusShape::SharePod, Err(message)) => json!({"phase": "Failed", "message": message}),
-            (StatusShape::MtgpuPod, Ok(pod)) => {
+        match pod {
+            Ok(pod) => {
                 let mut status = pod.status.clone().unwrap_or_default();
-                status.phase.get_or_insert_with(|| "Pending".into());
+                let phase = status.phase.get_or_insert_with(|| "Pending".into()).clone();
                 let gpus: Vec<String> = pod
                     .metadata
                     .annotations
@@ -169,20 +154,36 @@ impl ShareKind {
                     .map(|a| a.gpus().iter().map(|g| g.id.clone()).collect())
                     .unwrap_or_default();
                 json!({
+                    "phase": phase,
                     "PodStatus": status,
                     "PodObjectMeta": {
-                        "name": name(pod),
+                        "name": pod.metadata.name,
                         "namespace": pod.metadata.namespace,
                         "uid": pod.metadata.uid,
                     },
                     "BoundDeviceID": gpus.join(","),
                 })
             }
-            (StatusShape::MtgpuPod, Err(message)) => json!({
+            Err(message) => json!({
+                "phase": "Failed",
+                "message": message,
                 "PodStatus": {"phase": "Failed", "reason": "NoPod", "message": message},
                 "BoundDeviceID": "",
             }),
         }
+    }
+
+    /// Whether `pod` is the one this kind's object `name` (UID `uid`) made: its
+    /// controller reference names that object, kind and UID together.
+    pub fn made(&self, pod: &k8s_openapi::api::core::v1::Pod, name: &str, uid: &str) -> bool {
+        let api_version = self.api_version();
+        pod.metadata.owner_references.iter().flatten().any(|o| {
+            o.controller == Some(true)
+                && o.kind == self.kind
+                && o.api_version == api_version
+                && o.name == name
+                && o.uid == uid
+        })
     }
 }
 
@@ -210,6 +211,12 @@ fn pod_for(kind: &ShareKind, object: &Value) -> Result<Value, SharePodError> {
     let mut annotations = Map::new();
     for (key, value) in &given {
         let shown = value.as_str().unwrap_or_default();
+        if let Some((_, meant)) = kind.foreign_keys.iter().find(|(from, _)| from == key) {
+            return Err(refuse(format!(
+                "annotation {key} {shown:?}: a SharePod's name, which a {} does not read: write {meant}",
+                kind.kind
+            )));
+        }
         if kind.tags.contains(&key.as_str()) {
             return Err(refuse(format!(
                 "annotation {key} {shown:?}: KubeShare's scheduling tags are not Tessera's; use kubeshare/GPUID to share one GPU with chosen pods, and pod (anti-)affinity for the rest"
@@ -443,7 +450,7 @@ mod tests {
     }
 
     #[test]
-    fn an_mtgpupods_status_is_its_go_types_shape() {
+    fn the_status_is_the_go_types_shape_with_the_phase() {
         let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
             "metadata": {"name": "pod1", "namespace": "default", "uid": "p-1", "annotations": {
                 crate::resources::DEVICE_ALLOCATED:
@@ -451,24 +458,43 @@ mod tests {
             "status": {"phase": "Running", "podIP": "10.0.0.1"}
         }))
         .expect("pod");
-        let status = MTGPU_POD.status_of(Ok(&pod));
-        assert_eq!(status["PodStatus"]["phase"], "Running");
-        assert_eq!(status["PodStatus"]["podIP"], "10.0.0.1");
-        assert_eq!(status["PodObjectMeta"]["name"], "pod1");
-        assert_eq!(status["BoundDeviceID"], "GPU-2");
-        let failed = MTGPU_POD.status_of(Err("no"));
-        assert_eq!(
-            (
-                failed["PodStatus"]["phase"].as_str(),
-                failed["PodStatus"]["message"].as_str()
-            ),
-            (Some("Failed"), Some("no"))
+        for kind in KINDS {
+            let status = kind.status_of(Ok(&pod));
+            assert_eq!(status["phase"], "Running");
+            assert_eq!(status["PodStatus"]["phase"], "Running");
+            assert_eq!(status["PodStatus"]["podIP"], "10.0.0.1");
+            assert_eq!(status["PodObjectMeta"]["name"], "pod1");
+            assert_eq!(status["BoundDeviceID"], "GPU-2");
+            let failed = kind.status_of(Err("no"));
+            assert_eq!(
+                (failed["phase"].as_str(), failed["message"].as_str()),
+                (Some("Failed"), Some("no"))
+            );
+            assert_eq!(failed["PodStatus"]["message"], "no");
+        }
+    }
+
+    #[test]
+    fn a_pod_is_an_objects_only_by_its_controller_reference() {
+        let pod = MTGPU_POD.pod_for(&mtgpupod_readme()).expect("a pod");
+        let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(pod).expect("a pod");
+        assert!(MTGPU_POD.made(&pod, "pod1", "u-2"));
+        // Another object's name or UID, or the other kind: not this one's.
+        assert!(!MTGPU_POD.made(&pod, "pod1", "u-other"));
+        assert!(!MTGPU_POD.made(&pod, "pod2", "u-2"));
+        assert!(!SHARE_POD.made(&pod, "pod1", "u-2"));
+    }
+
+    #[test]
+    fn a_sharepods_names_on_an_mtgpupod_are_refused_naming_its_own() {
+        let mut mixed = mtgpupod_readme();
+        mixed["metadata"]["annotations"]["kubeshare/gpu_mem"] = "1073741824".into();
+        let refused = MTGPU_POD.pod_for(&mixed).expect_err("a SharePod's name");
+        assert!(
+            refused
+                .to_string()
+                .contains("annotation kubeshare/gpu_mem \"1073741824\": a SharePod's name, which a MtgpuPod does not read: write lsalab.nthu/gpu_mem"),
+            "{refused}"
         );
-        let sharepod = SHARE_POD.status_of(Ok(&pod));
-        assert_eq!(
-            (sharepod["phase"].as_str(), sharepod["podName"].as_str()),
-            (Some("Running"), Some("pod1"))
-        );
-        assert_eq!(SHARE_POD.status_of(Err("no"))["message"], "no");
     }
 }

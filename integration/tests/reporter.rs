@@ -153,6 +153,12 @@ async fn discovery_publish_health_and_legacy_pods() {
     );
 
     // Node: capacity, allocatable, labels; the XID 79 on GPU 2 (after 600 ms; the XID 13 is ignored) takes one GPU out.
+    // The node is written after the Device CR, in the same round: wait for it too.
+    wait_until("the node's GPU labels", || {
+        api.get("v1", "nodes", "", "gpu-node-1")
+            .is_some_and(|n| n["metadata"]["labels"]["node.koordinator.sh/gpu-model"].is_string())
+    })
+    .await;
     let node = api.get("v1", "nodes", "", "gpu-node-1").expect("node");
     assert_eq!(
         node["metadata"]["labels"]["node.koordinator.sh/gpu-model"],

@@ -115,6 +115,29 @@ pub async fn run(client: Client, leader: Arc<Leader>, kind: ShareKind) {
     }
 }
 
+/// The status of the object `name` (UID `uid`) whose pod's name `existing`
+/// already has: its pod's, or whose pod it is instead.
+fn existing_status(
+    kind: &ShareKind,
+    existing: &Pod,
+    namespace: &str,
+    name: &str,
+    uid: &str,
+) -> Value {
+    if kind.made(existing, name, uid) {
+        return kind.status_of(Ok(existing));
+    }
+    let owner = existing
+        .owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true))
+        .map_or_else(String::new, |o| format!(" (it is {} {}'s)", o.kind, o.name));
+    kind.status_of(Err(&format!(
+        "a pod named {name} exists in {namespace} and is not this {}'s{owner}",
+        kind.kind
+    )))
+}
+
 /// Makes the object's pod if it has none, and shows the pod's status (or why
 /// there is none) on the object.
 async fn reconcile(
@@ -137,18 +160,7 @@ async fn reconcile(
     let status = match kind.pod_for(&object) {
         Err(refused) => kind.status_of(Err(&refused.problem)),
         Ok(pod) => match pods.get_opt(name).await? {
-            Some(existing) => {
-                if kind.owner_name(existing.owner_references()).is_some()
-                    && existing.owner_references().iter().any(|o| o.uid == uid)
-                {
-                    kind.status_of(Ok(&existing))
-                } else {
-                    kind.status_of(Err(&format!(
-                        "a pod named {name} exists in {namespace} and is not this {}'s",
-                        kind.kind
-                    )))
-                }
-            }
+            Some(existing) => existing_status(kind, &existing, namespace, name, &uid),
             None => {
                 // As JSON: the spec as written reaches the API server.
                 let dynamic: Api<DynamicObject> = Api::namespaced_with(
@@ -171,6 +183,12 @@ async fn reconcile(
                     Err(kube::Error::Api(refusal)) if refusal.code != 409 => {
                         kind.status_of(Err(&format!("its pod was refused: {}", refusal.message)))
                     }
+                    // Made meanwhile (by the other kind's controller for an object of
+                    // the same name, say): said now, not at the next resync.
+                    Err(kube::Error::Api(_)) => match pods.get_opt(name).await? {
+                        Some(existing) => existing_status(kind, &existing, namespace, name, &uid),
+                        None => return Ok(()),
+                    },
                     Err(error) => return Err(error),
                 }
             }

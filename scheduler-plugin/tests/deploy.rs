@@ -288,10 +288,15 @@ fn the_gpushare_memory_unit_flag_takes_mib_or_gib_and_refuses_others() {
             "{command}: {stderr}"
         );
     }
-    // Accepted spellings get past the flag (to the next missing input).
+    // Accepted spellings get past the flag, to the next missing input.
     for unit in ["MiB", "gib"] {
         let output = run(&["simulate", "--gpushare-memory-unit", unit]);
         let stderr = String::from_utf8_lossy(&output.stderr);
-        assert!(!stderr.contains("memory unit"), "{unit}: {stderr}");
+        assert!(
+            output.status.code() == Some(2)
+                && !stderr.contains("memory unit")
+                && stderr.contains("--cluster <FILE>"),
+            "{unit}: {stderr}"
+        );
     }
 }

@@ -198,6 +198,42 @@ spec:
             Ok(vec![gpus(2, 100, GpuMemory::Ratio(100))]),
         ),
         (
+            "a HAMi name at 0 alone is one GPU by its presence, as HAMi's webhook gives",
+            r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: gpu-pod}
+spec:
+  containers:
+    - name: c
+      image: ubuntu:18.04
+      resources:
+        limits:
+          nvidia.com/gpumem: 0
+"#,
+            Ok(vec![gpus(1, 0, GpuMemory::Ratio(100))]),
+        ),
+        (
+            "a HAMi name at 0 beside nvidia.com/gpu and koordinator.sh/gpu: whole GPUs beside a share",
+            r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: gpu-pod}
+spec:
+  containers:
+    - name: c
+      image: ubuntu:18.04
+      resources:
+        limits:
+          nvidia.com/gpu: 1
+          nvidia.com/gpumem: 0
+          koordinator.sh/gpu: 50
+"#,
+            Err(
+                "container c: nvidia.com/gpu cannot be combined with koordinator.sh/* GPU resources",
+            ),
+        ),
+        (
             "gpucores above 100",
             r#"
 apiVersion: v1
