@@ -112,13 +112,19 @@ where
     }
 }
 
-/// An error and its causes on one line, for logs: `a: b: c`.
+/// An error and its causes on one line, for logs and exit messages: `a: b: c`,
+/// each cause once: one whose text its parent already ends with (a library that
+/// prints its own source, as kube's kubeconfig errors and libloading's do) is
+/// not repeated.
 pub fn error_chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
+        let part = cause.to_string();
+        if !text.ends_with(&part) {
+            text.push_str(": ");
+            text.push_str(&part);
+        }
         source = cause.source();
     }
     text
@@ -514,6 +520,18 @@ mod tests {
         let error = Outer(std::io::Error::other("denied"));
         assert_eq!(error_chain(&error), "reading /x: denied");
         assert_eq!(error_chain(&std::io::Error::other("alone")), "alone");
+        // A cause its parent already prints is said once.
+        #[derive(Debug, thiserror::Error)]
+        #[error("failed to read kubeconfig: {0}")]
+        struct Echoing(#[source] std::io::Error);
+        #[derive(Debug, thiserror::Error)]
+        #[error("reading kubeconfig /k")]
+        struct Top(#[source] Echoing);
+        let error = Top(Echoing(std::io::Error::other("No such file")));
+        assert_eq!(
+            error_chain(&error),
+            "reading kubeconfig /k: failed to read kubeconfig: No such file"
+        );
     }
 
     #[test]

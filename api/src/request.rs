@@ -391,6 +391,12 @@ fn container_request(
         (VOLCANO_GPU_MEMORY, get(VOLCANO_GPU_MEMORY)),
     ] {
         if let Some(bytes) = bytes {
+            // Whole GPUs carry their whole memory: name that conflict, not memory.
+            if let Some((whole_key, _)) = whole.filter(|_| !hami) {
+                return Err(err(format!(
+                    "{whole_key} asks for whole GPUs, with all their memory, and {key} for memory on one GPU: give one of them"
+                )));
+            }
             if sums.memory != 0 || sums.ratio != 0 {
                 return Err(err(format!(
                     "{key} cannot be combined with other GPU memory resources"

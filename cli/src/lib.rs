@@ -120,10 +120,12 @@ pub struct SwitchArgs {
     /// This node's name in the cluster [default: $NODE_NAME, else the host name].
     #[arg(long)]
     pub node: Option<String>,
-    /// The proxy's socket as kubelet should name it.
+    /// The proxy's socket as kubelet names it: what switch-over writes, and what
+    /// switch-back finds kubelet no longer calling.
     #[arg(long, default_value = "unix:///run/tessera/runtime-proxy.sock")]
     pub endpoint: String,
-    /// The proxy's metrics address (its --metrics-addr), where kubelet's calls are counted.
+    /// The proxy's metrics address (its --metrics-addr), where kubelet's calls are
+    /// counted: rising after switch-over's restart, still after switch-back's.
     #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:9464")]
     pub proxy_metrics: String,
     /// How kubelet is restarted.
@@ -132,7 +134,8 @@ pub struct SwitchArgs {
     /// kubelet's process ID [default: the process named kubelet].
     #[arg(long)]
     pub kubelet_pid: Option<u32>,
-    /// Seconds kubelet has to show up at the proxy after its restart.
+    /// Seconds kubelet has, after its restart, to show up at the proxy
+    /// (switch-over) or to stop calling it (switch-back).
     #[arg(long, value_name = "SECONDS", default_value_t = 60)]
     pub verify_timeout: u64,
     /// Run from a privileged pod with hostPID: take the pod's in-cluster

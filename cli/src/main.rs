@@ -5,7 +5,10 @@ fn main() -> std::process::ExitCode {
     match start(cli) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("tessera: {error:#}");
+            eprintln!(
+                "tessera: {}",
+                tessera_api::binary::error_chain(error.as_ref())
+            );
             std::process::ExitCode::FAILURE
         }
     }

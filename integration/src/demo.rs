@@ -343,7 +343,7 @@ pub async fn run(out: &mut (dyn Write + Send)) -> anyhow::Result<DemoSummary> {
         "POD",
         "PLACED ON (minor)",
         "NVIDIA_VISIBLE_DEVICES (OCI spec)",
-        "LIMITER ENV",
+        "LIMITER ENV (m = MiB)",
         "HELD BY",
         "DEVICE NODES SEEN INSIDE"
     );

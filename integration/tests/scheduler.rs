@@ -356,7 +356,9 @@ async fn restart_recovers_use_from_annotations_and_legacy_gpus_are_excluded() {
     assert!(
         result["FailedNodes"]["n5"]
             .as_str()
-            .is_some_and(|r| r.contains("0 of 1 usable GPUs (2 total)")),
+            .is_some_and(|r| r.contains(
+                "0 of 1 usable GPUs (2 total: 1 held by device-plugin pods) have room for 100 percent compute"
+            )),
         "{result}"
     );
 }

@@ -125,7 +125,10 @@ async fn main() -> std::process::ExitCode {
     match real_main(cli).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("tessera-reporter: {error:#}");
+            eprintln!(
+                "tessera-reporter: {}",
+                tessera_reporter::chain(error.as_ref())
+            );
             std::process::ExitCode::FAILURE
         }
     }

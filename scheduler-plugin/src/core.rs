@@ -328,28 +328,69 @@ fn affinity(a: &GpuState, b: &GpuState) -> u32 {
     }
 }
 
-/// Why a node cannot take a request.
+/// Why a node cannot take a request: how many of its usable GPUs could hold
+/// what was asked (and what holds the unusable ones), what was asked, and what
+/// the freest usable GPU has free, so that the reader can act on it.
 pub fn unfit_reason(node: &NodeState, request: &GpuRequest) -> String {
-    let usable = node.gpus.iter().filter(|g| g.usable()).count();
     if node.gpus.is_empty() {
         return "no GPUs reported (no Device CR)".into();
     }
-    let fitting = node
-        .gpus
-        .iter()
-        .filter(|g| take(g, request).is_some())
-        .count();
-    let memory = match request.memory {
-        GpuMemory::None => String::new(),
-        GpuMemory::Bytes(bytes) => format!(" and {} MiB", bytes >> 20),
-        GpuMemory::Ratio(ratio) => format!(" and {ratio}% memory"),
+    let usable: Vec<&GpuState> = node.gpus.iter().filter(|g| g.usable()).collect();
+    let fitting = usable.iter().filter(|g| take(g, request).is_some()).count();
+    let count = |pick: fn(&GpuState) -> bool| node.gpus.iter().filter(|g| pick(g)).count();
+    let held: Vec<String> = [
+        (count(|g| g.legacy), "held by device-plugin pods"),
+        (count(|g| !g.healthy && !g.legacy), "unhealthy"),
+    ]
+    .into_iter()
+    .filter(|(n, _)| *n > 0)
+    .map(|(n, what)| format!("{n} {what}"))
+    .collect();
+    let total = if held.is_empty() {
+        format!("{} total", node.gpus.len())
+    } else {
+        format!("{} total: {}", node.gpus.len(), held.join(", "))
     };
+    let asked = asked(request);
+    // The freest: the most free compute and memory together, as a fraction of each.
+    let freest = usable
+        .iter()
+        .map(|g| {
+            let memory_free = g.memory_total.saturating_sub(g.memory_used);
+            let core_free = 100u64.saturating_sub(g.core_used);
+            let room = core_free as f64 / 100.0 + memory_free as f64 / g.memory_total.max(1) as f64;
+            (room, core_free, memory_free, g.memory_total)
+        })
+        .max_by(|a, b| a.0.total_cmp(&b.0))
+        .map_or_else(String::new, |(_, core, memory, total)| {
+            format!(
+                "; the freest has {core}% compute and {} of {} free",
+                gib_text(memory),
+                gib_text(total)
+            )
+        });
     format!(
-        "{fitting} of {usable} usable GPUs ({} total) have {}% compute{memory} free; {} needed",
-        node.gpus.len(),
-        request.core,
+        "{fitting} of {} usable GPUs ({total}) have room for {asked}, {} needed{freest}",
+        usable.len(),
         request.count
     )
+}
+
+/// What one GPU of `request` asks, in words: `50% compute and 50% memory`,
+/// `30% compute and 8.0 GiB`, or `8.0 GiB of memory` (a share with no compute).
+fn asked(request: &GpuRequest) -> String {
+    match (request.core, request.memory) {
+        (0, GpuMemory::Bytes(bytes)) => format!("{} of memory", gib_text(bytes)),
+        (0, GpuMemory::Ratio(ratio)) => format!("{ratio}% memory"),
+        (core, GpuMemory::Bytes(bytes)) => format!("{core}% compute and {}", gib_text(bytes)),
+        (core, GpuMemory::Ratio(ratio)) => format!("{core}% compute and {ratio}% memory"),
+        (core, GpuMemory::None) => format!("{core}% compute"),
+    }
+}
+
+/// Bytes as GiB with one decimal (`20.0 GiB`), as `tessera inspect` shows them.
+fn gib_text(bytes: u64) -> String {
+    format!("{:.1} GiB", bytes as f64 / f64::from(1u32 << 30))
 }
 
 /// Chooses GPUs for `request` on `node`, or says why it does not fit.
@@ -1274,15 +1315,22 @@ pub fn never_fits(node: &NodeState, request: &GpuRequest) -> Option<String> {
         return None;
     }
     let healthy = node.gpus.iter().filter(|g| g.healthy).count();
-    let memory = match request.memory {
-        GpuMemory::None => String::new(),
-        GpuMemory::Bytes(bytes) => format!(" and {} MiB", bytes >> 20),
-        GpuMemory::Ratio(ratio) => format!(" and {ratio}% memory"),
+    // Bytes asked: what the GPUs hold, beside it.
+    let largest = match request.memory {
+        GpuMemory::Bytes(_) => node
+            .gpus
+            .iter()
+            .filter(|g| g.healthy)
+            .map(|g| g.memory_total)
+            .max()
+            .map(|largest| format!(" (the largest healthy GPU holds {})", gib_text(largest)))
+            .unwrap_or_default(),
+        _ => String::new(),
     };
     Some(format!(
-        "never fits: {capable} of {healthy} healthy GPUs ({} total) could hold {}% compute{memory} even with nothing running; {} needed",
+        "never fits: {capable} of {healthy} healthy GPUs ({} total) could hold {} even with nothing running{largest}; {} needed",
         node.gpus.len(),
-        request.core,
+        asked(request),
         request.count
     ))
 }

@@ -1106,7 +1106,7 @@ impl Extender {
             let decision =
                 decide(&pod, &args.pod_uid, &args.node, request.is_some()).map_err(&fail)?;
             let BindDecision::Place { previous } = decision else {
-                tracing::info!(pod = %args.pod_name, node = %args.node, "already bound: answered from its state");
+                tracing::info!(pod = %format!("{}/{}", args.pod_namespace, args.pod_name), node = %args.node, "already bound: answered from its state");
                 return Ok(());
             };
             let Some(request) = &request else {
@@ -1255,7 +1255,7 @@ impl Extender {
             Ok(_) => {
                 // Bound: the reservation is an assumed use until the watch shows the pod.
                 self.ledger().assume(&args.pod_uid);
-                tracing::info!(pod = %args.pod_name, node = %args.node, gpus = written.is_some(), "bound");
+                tracing::info!(pod = %format!("{}/{}", args.pod_namespace, args.pod_name), node = %args.node, gpus = written.is_some(), "bound");
                 self.observer.placed(args, written);
                 return Ok(());
             }
@@ -1283,7 +1283,7 @@ impl Extender {
         match decide_rollback(&pod, &args.pod_uid, &args.node, written) {
             RollbackDecision::Bound => {
                 self.ledger().assume(&args.pod_uid);
-                tracing::info!(pod = %args.pod_name, node = %args.node, error = %bind, "the Binding's answer failed but the pod is bound");
+                tracing::info!(pod = %format!("{}/{}", args.pod_namespace, args.pod_name), node = %args.node, error = %bind, "the Binding's answer failed but the pod is bound");
                 self.observer.placed(args, Some(written));
                 Ok(())
             }
@@ -1373,7 +1373,7 @@ impl Extender {
         };
         match tokio::time::timeout(FORWARD_TIMEOUT, call).await {
             Ok(Ok(result)) => {
-                tracing::debug!(pod = %args.pod_name, leader = url, "bind handed to the leader");
+                tracing::debug!(pod = %format!("{}/{}", args.pod_namespace, args.pod_name), leader = url, "bind handed to the leader");
                 result
             }
             Ok(Err(problem)) => failed(problem),

@@ -289,10 +289,20 @@ fn with_usage(rows: &mut [GpuRow], usage: &tessera_api::usage::NodeGpuMemory) {
     }
 }
 
-/// `, using 3.5G` when the use is known.
+/// `, using 3.5 GiB` when the use is known.
 fn using(used: Option<u64>) -> String {
-    used.map(|u| format!(", using {:.1}G", gib(u)))
+    used.map(|u| format!(", using {:.1} GiB", gib(u)))
         .unwrap_or_default()
+}
+
+/// What a share was allocated: `25%, 20.0 GiB`, or `memory only, 20.0 GiB` for a
+/// share with no compute (it is not held to any, rather than given none).
+fn allocated(core: u64, memory: u64) -> String {
+    if core == 0 {
+        format!("memory only, {:.1} GiB", gib(memory))
+    } else {
+        format!("{core}%, {:.1} GiB", gib(memory))
+    }
 }
 
 fn bar(fraction: f64) -> String {
@@ -339,7 +349,7 @@ pub fn render(reports: &[NodeReport]) -> String {
         let _ = writeln!(
             out,
             "  {:<5} {:<42} {:<9} {:<18} {:<28} PODS",
-            "GPU", "UUID", "HEALTH", "CORE", "MEMORY (GiB)"
+            "GPU", "UUID", "HEALTH", "CORE ALLOCATED", "MEMORY ALLOCATED (GiB)"
         );
         for gpu in &node.gpus {
             let core = format!(
@@ -364,10 +374,9 @@ pub fn render(reports: &[NodeReport]) -> String {
                     {
                         // One container holding the pod's share: nothing more to say.
                         format!(
-                            "{} ({}%, {:.1}G{})",
+                            "{} ({}{})",
                             p.pod,
-                            p.core,
-                            gib(p.memory),
+                            allocated(p.core, p.memory),
                             using(p.memory_used)
                         )
                     } else {
@@ -376,26 +385,24 @@ pub fn render(reports: &[NodeReport]) -> String {
                             .iter()
                             .map(|c| {
                                 format!(
-                                    "{} {}%, {:.1}G{}",
+                                    "{} {}{}",
                                     c.name,
-                                    c.core,
-                                    gib(c.memory),
+                                    allocated(c.core, c.memory),
                                     using(c.memory_used)
                                 )
                             })
                             .collect();
                         format!(
-                            "{} ({}%, {:.1}G: {})",
+                            "{} ({}: {})",
                             p.pod,
-                            p.core,
-                            gib(p.memory),
+                            allocated(p.core, p.memory),
                             containers.join("; ")
                         )
                     }
                 })
                 .chain(gpu.ungranted.iter().map(|u| {
                     format!(
-                        "{} container {} NOT GRANTED this GPU, using {:.1}G",
+                        "{} container {} NOT GRANTED this GPU, using {:.1} GiB",
                         u.pod,
                         u.container,
                         gib(u.memory_used)
@@ -439,7 +446,10 @@ mod tests {
         assert_eq!(n3.gpus[0].pods[0].pod, "default/n3-a");
         let text = render(&reports);
         assert!(text.contains("NODE n3"), "{text}");
-        assert!(text.contains("default/n3-a (0%, 7.9G)"), "{text}");
+        assert!(
+            text.contains("default/n3-a (memory only, 7.9 GiB)"),
+            "{text}"
+        );
         // A reporter before enforcement publishes no backends.
         assert!(text.contains("shares held by: unknown"), "{text}");
     }
@@ -531,7 +541,7 @@ items:
         );
         let rendered = render(&reports);
         assert!(
-            rendered.contains("default/two (50%, 8.0G: a 25%, 4.0G; b 25%, 4.0G)"),
+            rendered.contains("default/two (50%, 8.0 GiB: a 25%, 4.0 GiB; b 25%, 4.0 GiB)"),
             "{rendered}"
         );
     }
@@ -564,11 +574,13 @@ items:
         );
         let rendered = render(&reports);
         assert!(
-            rendered.contains("default/two (50%, 8.0G: a 25%, 4.0G, using 3.5G; b 25%, 4.0G)"),
+            rendered.contains(
+                "default/two (50%, 8.0 GiB: a 25%, 4.0 GiB, using 3.5 GiB; b 25%, 4.0 GiB)"
+            ),
             "{rendered}"
         );
         assert!(
-            rendered.contains("default/two container sidecar NOT GRANTED this GPU, using 0.5G"),
+            rendered.contains("default/two container sidecar NOT GRANTED this GPU, using 0.5 GiB"),
             "{rendered}"
         );
         let json = serde_json::to_string(&reports).expect("json");

@@ -328,7 +328,10 @@ async fn main() -> std::process::ExitCode {
     match real_main(cli).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("tessera-scheduler: {error:#}");
+            eprintln!(
+                "tessera-scheduler: {}",
+                tessera_api::binary::error_chain(error.as_ref())
+            );
             std::process::ExitCode::FAILURE
         }
     }

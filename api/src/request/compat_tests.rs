@@ -539,7 +539,7 @@ spec:
       resources: {limits: {volcano.sh/gpu-number: 1, volcano.sh/gpu-memory: 1024}}
 "#,
             Err(
-                "container c: volcano.sh/gpu-memory cannot be combined with other GPU memory resources",
+                "container c: volcano.sh/gpu-number asks for whole GPUs, with all their memory, and volcano.sh/gpu-memory for memory on one GPU: give one of them",
             ),
         ),
         (
@@ -571,7 +571,7 @@ spec:
       resources: {limits: {volcano.sh/gpu-number: 1, aliyun.com/gpu-mem: 2}}
 "#,
             Err(
-                "container c: aliyun.com/gpu-mem cannot be combined with other GPU memory resources",
+                "container c: volcano.sh/gpu-number asks for whole GPUs, with all their memory, and aliyun.com/gpu-mem for memory on one GPU: give one of them",
             ),
         ),
         (

@@ -76,7 +76,7 @@ pub async fn run(out: &mut (dyn Write + Send), keep_up: bool) -> anyhow::Result<
         "POD",
         "GPU MINOR",
         "NVIDIA_VISIBLE_DEVICES (OCI spec)",
-        "LIMITER ENV",
+        "LIMITER ENV (m = MiB)",
         "HELD BY",
         "GPU DEVICE NODES (OCI spec)"
     );

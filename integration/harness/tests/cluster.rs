@@ -105,6 +105,9 @@ fn scenarios() -> Vec<(&'static str, Scenario)> {
         ("k8sgpusharing_mtgpupods_are_made_into_their_pods", |c| {
             Box::pin(mtgpupods(c))
         }),
+        ("readme_first_pod_runs_and_inspect_shows_its_grant", |c| {
+            Box::pin(migration::readme_first_pod_runs_and_inspect_shows_its_grant(c))
+        }),
         ("migration_guides_examples_run_as_written", |c| {
             Box::pin(migration::migration_guides_examples_run_as_written(c))
         }),

@@ -49,6 +49,43 @@ fn gpushare_seed_only_n3_fits_8138() {
     assert!(reason.contains("0 of 2 usable GPUs"), "{reason}");
 }
 
+/// Why a pod waits, in words a user can act on: what was asked, what the freest
+/// usable GPU has free, and what holds the GPUs that are not usable.
+#[test]
+fn the_unfit_reason_says_what_was_asked_what_is_free_and_what_holds_the_rest() {
+    let held = GpuState {
+        legacy: true,
+        ..gpu(2, 16384, 16384)
+    };
+    let sick = GpuState {
+        healthy: false,
+        ..gpu(3, 16384, 16384)
+    };
+    let n = node(
+        "n",
+        vec![gpu(0, 16384, 4096), gpu(1, 16384, 8192), held, sick],
+    );
+    let request = GpuRequest {
+        count: 1,
+        core: 30,
+        memory: GpuMemory::Bytes(10 << 30),
+    };
+    assert_eq!(
+        allocate(&n, &request, Policy::Binpack).expect_err("unfit"),
+        "0 of 2 usable GPUs (4 total: 1 held by device-plugin pods, 1 unhealthy) have room for 30% compute and 10.0 GiB, 1 needed; the freest has 100% compute and 8.0 GiB of 16.0 GiB free"
+    );
+    // Never: what the GPUs hold, beside the size asked.
+    let huge = GpuRequest {
+        count: 1,
+        core: 0,
+        memory: GpuMemory::Bytes(100 << 30),
+    };
+    assert_eq!(
+        never_fits(&n, &huge).expect("never"),
+        "never fits: 0 of 3 healthy GPUs (4 total) could hold 100.0 GiB of memory even with nothing running (the largest healthy GPU holds 16.0 GiB); 1 needed"
+    );
+}
+
 #[test]
 fn gpushare_seed_binpack_picks_the_tightest() {
     let n = node(
@@ -670,7 +707,7 @@ fn selection_rules_out_gpus_by_model_and_uuid() {
     let error = place(&[("nvidia.com/use-gputype", "A100")]).expect_err("no A100 here");
     assert_eq!(
         error,
-        r#"container main: 0 of 0 usable GPUs (3 total) have 0% compute and 1024 MiB free; 1 needed; 3 of 3 GPUs ruled out by nvidia.com/use-gputype="A100""#
+        r#"container main: 0 of 0 usable GPUs (3 total) have room for 1.0 GiB of memory, 1 needed; 3 of 3 GPUs ruled out by nvidia.com/use-gputype="A100""#
     );
     let request = with_rules(&[("nvidia.com/use-gputype", "A100")], quarter);
     assert!(!fits_pod(&n, &request, Policy::Binpack));
@@ -792,7 +829,7 @@ fn a_sharing_group_holds_one_gpu_while_it_has_pods() {
     assert_eq!(never_fits_pod(&n, &third, Policy::Binpack), None);
     assert_eq!(
         unfit_reason_pod(&n, &third, Policy::Binpack),
-        r#"container main: 0 of 3 usable GPUs (3 total) have 25% compute and 25% memory free; 1 needed; sharing group "c" is new and takes an idle GPU (0 of 3 idle)"#
+        r#"container main: 0 of 3 usable GPUs (3 total) have room for 25% compute and 25% memory, 1 needed; the freest has 75% compute and 12.0 GiB of 16.0 GiB free; sharing group "c" is new and takes an idle GPU (0 of 3 idle)"#
     );
     // The group's last pod leaves: GPU 1 is anyone's again.
     account(&mut n, &second, false);
@@ -826,7 +863,7 @@ fn a_full_group_waits_for_its_own_gpu() {
     assert_eq!(never_fits_pod(&n, &third, Policy::Binpack), None);
     assert_eq!(
         unfit_reason_pod(&n, &third, Policy::Binpack),
-        r#"container main: 0 of 1 usable GPUs (2 total) have 50% compute and 50% memory free; 1 needed; sharing group "a" holds a GPU here and its pods use that GPU only"#
+        r#"container main: 0 of 1 usable GPUs (2 total) have room for 50% compute and 50% memory, 1 needed; the freest has 0% compute and 0.0 GiB of 16.0 GiB free; sharing group "a" holds a GPU here and its pods use that GPU only"#
     );
     // Too big for the group's GPU even emptied: never.
     let whole_and_more = in_group(

@@ -113,7 +113,7 @@ fn more_memory_than_any_gpu_has_is_unresolvable_less_than_is_free_is_not() {
     );
     assert_eq!(
         result.failed_and_unresolvable_nodes["small"],
-        "container main: never fits: 0 of 2 healthy GPUs (2 total) could hold 0% compute and 32768 MiB even with nothing running; 1 needed"
+        "container main: never fits: 0 of 2 healthy GPUs (2 total) could hold 32.0 GiB of memory even with nothing running (the largest healthy GPU holds 16.0 GiB); 1 needed"
     );
     assert!(
         result.failed_nodes["large"].starts_with("container main: 0 of 1 usable GPUs"),
@@ -295,7 +295,7 @@ fn busy_gpus_the_selection_allows_are_failed_not_unresolvable() {
     );
     assert_eq!(
         result.failed_nodes["a100"],
-        "container main: 0 of 2 usable GPUs (2 total) have 100% compute and 100% memory free; 1 needed"
+        "container main: 0 of 2 usable GPUs (2 total) have room for 100% compute and 100% memory, 1 needed; the freest has 75% compute and 76.0 GiB of 80.0 GiB free"
     );
     assert!(
         result.failed_and_unresolvable_nodes["h100"].contains("ruled out"),

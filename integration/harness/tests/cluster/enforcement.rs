@@ -1020,8 +1020,8 @@ pub async fn gpu_memory_use_is_reported_against_each_grant(
         let table = String::from_utf8_lossy(&inspect.stdout);
         ensure!(
             inspect.status.success()
-                && table.contains("using 19.5G")
-                && table.contains("default/gpu-memory container sidecar NOT GRANTED this GPU, using 0.5G"),
+                && table.contains("using 19.5 GiB")
+                && table.contains("default/gpu-memory container sidecar NOT GRANTED this GPU, using 0.5 GiB"),
             "gpu-memory: tessera inspect does not show the use:\n{table}{}",
             String::from_utf8_lossy(&inspect.stderr)
         );

@@ -309,7 +309,7 @@ fn bound_by_leader(cluster: &Cluster, names: &[String]) -> anyhow::Result<()> {
         cluster.log(Component::Extender),
         cluster.log(Component::ExtenderReplica),
     );
-    let bound_in = |log: &str, name: &String| log.contains(&format!("bound pod={name} "));
+    let bound_in = |log: &str, name: &String| log.contains(&format!("bound pod=default/{name} "));
     let not_by_leader: Vec<&String> = names.iter().filter(|n| !bound_in(&leads, n)).collect();
     let by_follower: Vec<&String> = names.iter().filter(|n| bound_in(&follows, n)).collect();
     ensure!(

@@ -591,3 +591,70 @@ fn check(cluster: &Cluster, pod: &Pod, containers: &[Container]) -> anyhow::Resu
     );
     Ok(())
 }
+
+/// The README's first pod ("Your own pod on the demo cluster"), applied verbatim
+/// as a tenant: it runs with one GPU, the container sees exactly that GPU, and
+/// `tessera inspect --pod` (the way the README tells users to look) shows its
+/// share on that GPU.
+pub async fn readme_first_pod_runs_and_inspect_shows_its_grant(
+    cluster: &mut Cluster,
+) -> anyhow::Result<()> {
+    let readme = std::fs::read_to_string(tessera_harness::cluster::repo_root().join("README.md"))?;
+    let section = readme
+        .split("\n### ")
+        .find(|s| s.starts_with("Your own pod on the demo cluster"))
+        .context("README.md has no section \"### Your own pod on the demo cluster\"")?;
+    let yaml = section
+        .split("```yaml\n")
+        .nth(1)
+        .and_then(|block| block.split_once("\n```"))
+        .map(|(yaml, _)| yaml)
+        .context("that section has no yaml block")?;
+    let pod: Value = serde_yaml::from_str(yaml)?;
+    let name = pod["metadata"]["name"]
+        .as_str()
+        .context("the README's pod has no name")?
+        .to_owned();
+    let namespace = pod["metadata"]["namespace"]
+        .as_str()
+        .unwrap_or("default")
+        .to_owned();
+    cluster.create_pod_in("tenant", &namespace, &pod).await?;
+    let outcome = async {
+        let running = cluster.wait_running(&name).await?;
+        let gpus = tessera_harness::cluster::allocated_gpus(&running)?;
+        ensure!(
+            gpus.len() == 1,
+            "the README's pod was granted {gpus:?}, want one GPU"
+        );
+        let specs = cluster.container_specs(&running)?;
+        for (container, spec) in &specs {
+            ensure!(
+                tessera_harness::cluster::env_values(spec, "NVIDIA_VISIBLE_DEVICES").last()
+                    == Some(&gpus[0].0),
+                "the README's pod: container {container} sees {:?}, was granted {}",
+                tessera_harness::cluster::env_values(spec, "NVIDIA_VISIBLE_DEVICES"),
+                gpus[0].0
+            );
+        }
+        let inspect =
+            std::process::Command::new(tessera_harness::cluster::tessera_binary("tessera")?)
+                .arg("--kubeconfig")
+                .arg(cluster.kubeconfig())
+                .args(["inspect", "--pod", &format!("{namespace}/{name}")])
+                .output()?;
+        let text = String::from_utf8_lossy(&inspect.stdout);
+        ensure!(
+            inspect.status.success()
+                && text.contains(&gpus[0].0)
+                && text.contains(&format!("{namespace}/{name} (25%")),
+            "tessera inspect --pod {namespace}/{name} does not show its 25% on {}: {text}{}",
+            gpus[0].0,
+            String::from_utf8_lossy(&inspect.stderr)
+        );
+        Ok(())
+    }
+    .await;
+    cluster.delete_pod_in(&namespace, &name).await?;
+    outcome
+}
