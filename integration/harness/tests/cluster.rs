@@ -1018,6 +1018,26 @@ async fn per_container(cluster: &mut Cluster) -> anyhow::Result<()> {
 }
 
 /// The waiting messages of a pod's containers (why kubelet could not create them).
+/// The chart's documents as `python3 scripts/chart.py render ARGS` renders them
+/// (the values a scenario needs that the install left off).
+fn rendered_chart(args: &[&str]) -> anyhow::Result<Vec<Value>> {
+    let output = std::process::Command::new("python3")
+        .current_dir(tessera_harness::cluster::repo_root())
+        .args(["scripts/chart.py", "render"])
+        .args(args)
+        .output()
+        .context("running python3 scripts/chart.py render")?;
+    ensure!(
+        output.status.success(),
+        "chart.py render: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let text = String::from_utf8(output.stdout)?;
+    serde_yaml::Deserializer::from_str(&text)
+        .map(|doc| Ok(serde::Deserialize::deserialize(doc)?))
+        .collect()
+}
+
 fn waiting_messages(pod: &Pod) -> Vec<String> {
     pod.status
         .as_ref()

@@ -557,31 +557,11 @@ pub async fn tenant_pod_security_installed(cluster: &Cluster) -> anyhow::Result<
 /// The chart's `tessera-tenant-pod-security` documents, rendered with it on
 /// (`python3 scripts/chart.py render`), for a cluster whose install left it off.
 fn rendered_tenant_pod_security() -> anyhow::Result<Vec<serde_json::Value>> {
-    use anyhow::Context;
-    use serde::Deserialize;
-    let output = std::process::Command::new("python3")
-        .current_dir(tessera_harness::cluster::repo_root())
-        .args([
-            "scripts/chart.py",
-            "render",
-            "--set",
-            "admissionPolicy.tenantPodSecurity=true",
-        ])
-        .output()
-        .context("running python3 scripts/chart.py render")?;
-    ensure!(
-        output.status.success(),
-        "chart.py render: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let text = String::from_utf8(output.stdout)?;
-    let mut docs = Vec::new();
-    for doc in serde_yaml::Deserializer::from_str(&text) {
-        let doc = serde_json::Value::deserialize(doc)?;
-        if doc["metadata"]["name"] == TENANT_POD_SECURITY {
-            docs.push(doc);
-        }
-    }
+    let docs: Vec<serde_json::Value> =
+        super::rendered_chart(&["--set", "admissionPolicy.tenantPodSecurity=true"])?
+            .into_iter()
+            .filter(|doc| doc["metadata"]["name"] == TENANT_POD_SECURITY)
+            .collect();
     ensure!(
         docs.len() == 2,
         "the chart rendered {} documents named {TENANT_POD_SECURITY}, want the policy and its binding",

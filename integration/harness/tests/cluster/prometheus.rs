@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
 use serde_json::{Value, json};
-use tessera_harness::cluster::{Cluster, NODE_NAME, repo_root};
+use tessera_harness::cluster::{Cluster, NODE_NAME};
 use tessera_harness::monitoring::{family, metric_names};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -41,25 +41,8 @@ fn binary(name: &str) -> anyhow::Result<PathBuf> {
 /// The chart rendered with every monitoring object on: the PrometheusRule's
 /// `spec` and the dashboard's JSON.
 fn rendered_monitoring() -> anyhow::Result<(Value, Value)> {
-    let output = std::process::Command::new("python3")
-        .current_dir(repo_root())
-        .args([
-            "scripts/chart.py",
-            "render",
-            "--values",
-            "charts/tessera/ci/monitoring-values.yaml",
-        ])
-        .output()
-        .context("running python3 scripts/chart.py render")?;
-    ensure!(
-        output.status.success(),
-        "chart.py render: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let text = String::from_utf8(output.stdout)?;
     let (mut rules, mut dashboard) = (None, None);
-    for document in serde_yaml::Deserializer::from_str(&text) {
-        let doc: Value = serde::Deserialize::deserialize(document)?;
+    for doc in super::rendered_chart(&["--values", "charts/tessera/ci/monitoring-values.yaml"])? {
         match doc["kind"].as_str() {
             Some("PrometheusRule") => rules = Some(doc["spec"].clone()),
             Some("ConfigMap") => {
