@@ -5,7 +5,8 @@
 # openssl, xz-utils, iproute2 and iptables: the real-cluster tier (pod networks, the
 # service-account key, the compressed binaries in ../shared/k8s/bin, removing the pod
 # bridge, routing the `kubernetes` Service to the API server); prometheus: the chart's
-# alerts and dashboard loaded into a real Prometheus over the cluster tier's daemons.
+# alerts and dashboard loaded into a real Prometheus over the cluster tier's daemons;
+# binutils: objcopy and readelf, `tessera image build` strips the daemons it packs.
 install_deps() {
     if [ "$(id -u)" != 0 ]; then
         echo "error: run as root: the tests start a private containerd and runc containers" >&2
@@ -16,6 +17,7 @@ install_deps() {
     command -v runc >/dev/null || missing+=(runc)
     command -v protoc >/dev/null || missing+=(protobuf-compiler)
     command -v cc >/dev/null || missing+=(gcc)
+    command -v objcopy >/dev/null || missing+=(binutils)
     [ -e /usr/lib/x86_64-linux-gnu/libc.a ] || [ -e /usr/lib/aarch64-linux-gnu/libc.a ] || missing+=(libc6-dev)
     command -v systemd-socket-activate >/dev/null || missing+=(systemd)
     [ -x /usr/lib/cni/bridge ] || missing+=(containernetworking-plugins)

@@ -20,8 +20,9 @@ pub mod node;
 #[derive(Debug, Parser)]
 #[command(name = "tessera", version)]
 pub struct Cli {
-    /// kubeconfig file [default: $KUBECONFIG, ~/.kube/config, or in-cluster].
-    #[arg(long, global = true, value_name = "PATH")]
+    /// kubeconfig file, for `inspect` and `node` (also accepted after them)
+    /// [default: $KUBECONFIG, ~/.kube/config, or in-cluster].
+    #[arg(long, value_name = "PATH")]
     pub kubeconfig: Option<PathBuf>,
     /// The command.
     #[command(subcommand)]
@@ -34,6 +35,9 @@ pub enum Command {
     /// Per node and GPU: model, UUID, health, compute and memory allocated, and the
     /// pods holding them (device-plugin pods marked legacy).
     Inspect {
+        /// The cluster.
+        #[command(flatten)]
+        kube: KubeArgs,
         /// Only this node.
         #[arg(long)]
         node: Option<String>,
@@ -49,8 +53,30 @@ pub enum Command {
     #[command(subcommand)]
     Image(ImageCommand),
     /// Switch this node's kubelet to the runtime proxy, or back (run on the node, as root).
-    #[command(subcommand)]
-    Node(NodeCommand),
+    Node {
+        /// The cluster (given before or after the `node` command's own).
+        #[command(flatten)]
+        kube: GlobalKubeArgs,
+        /// The command.
+        #[command(subcommand)]
+        command: NodeCommand,
+    },
+}
+
+/// Where the cluster is, for the commands that talk to it (`tessera image` does not).
+#[derive(Debug, Clone, clap::Args)]
+pub struct KubeArgs {
+    /// kubeconfig file [default: $KUBECONFIG, ~/.kube/config, or in-cluster].
+    #[arg(long, value_name = "PATH")]
+    pub kubeconfig: Option<PathBuf>,
+}
+
+/// [`KubeArgs`] for a command with subcommands: accepted on either side of them.
+#[derive(Debug, Clone, clap::Args)]
+pub struct GlobalKubeArgs {
+    /// kubeconfig file [default: $KUBECONFIG, ~/.kube/config, or in-cluster].
+    #[arg(long, global = true, value_name = "PATH")]
+    pub kubeconfig: Option<PathBuf>,
 }
 
 /// `tessera node …`.
@@ -158,10 +184,14 @@ pub struct Prepared {
 /// starting the async runtime.
 pub fn prepare(cli: &Cli) -> anyhow::Result<Prepared> {
     let enter = match &cli.command {
-        Command::Node(NodeCommand::Installer(_)) => true,
-        Command::Node(NodeCommand::SwitchOver(args) | NodeCommand::SwitchBack(args)) => {
-            args.enter_host
-        }
+        Command::Node {
+            command: NodeCommand::Installer(_),
+            ..
+        } => true,
+        Command::Node {
+            command: NodeCommand::SwitchOver(args) | NodeCommand::SwitchBack(args),
+            ..
+        } => args.enter_host,
         _ => false,
     };
     Ok(Prepared {
@@ -176,9 +206,10 @@ pub fn prepare(cli: &Cli) -> anyhow::Result<Prepared> {
 /// `tessera image …`.
 #[derive(Debug, Subcommand)]
 pub enum ImageCommand {
-    /// Builds OCI image archives (one layer: the binary and the shared libraries it
-    /// loads, from this machine) of tessera-scheduler, tessera-reporter,
-    /// tessera-gpu-hook and tessera (the node installer), or only those named.
+    /// Builds OCI image archives (one layer: the binary, stripped, and the shared
+    /// libraries it loads, from this machine) of tessera-scheduler, tessera-reporter,
+    /// tessera-gpu-hook and tessera (the node installer), or only those named. Each
+    /// binary's debug info is kept beside its archive as DIR/NAME.debug (needs objcopy).
     /// Reproducible: the same binaries give the same digests. Import with `ctr -n k8s.io images import DIR/NAME.tar`,
     /// or push with `skopeo copy oci-archive:DIR/NAME.tar docker://REGISTRY/NAME:TAG`.
     Build {
@@ -328,14 +359,24 @@ pub async fn inspect(
 /// Runs the CLI.
 pub async fn run(cli: Cli, prepared: Prepared) -> anyhow::Result<()> {
     match cli.command {
-        Command::Inspect { node, pod, json } => {
-            let client = client(cli.kubeconfig).await?;
+        Command::Inspect {
+            kube,
+            node,
+            pod,
+            json,
+        } => {
+            let client = client(kube.kubeconfig.or(cli.kubeconfig)).await?;
             print!(
                 "{}",
                 inspect(client, node.as_deref(), pod.as_deref(), json).await?
             );
         }
-        Command::Node(command) => node_command(cli.kubeconfig, prepared, command).await?,
+        Command::Node { kube, command } => {
+            node_command(kube.kubeconfig.or(cli.kubeconfig), prepared, command).await?;
+        }
+        Command::Image(_) if cli.kubeconfig.is_some() => {
+            anyhow::bail!("--kubeconfig: tessera image reads no cluster");
+        }
         Command::Image(ImageCommand::Build {
             out,
             bin_dir,
@@ -363,4 +404,83 @@ pub async fn run(cli: Cli, prepared: Prepared) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::{CommandFactory, Parser};
+
+    use super::*;
+
+    fn kubeconfig_of(args: &[&str]) -> Option<PathBuf> {
+        let cli = Cli::try_parse_from(args).expect("parses");
+        match cli.command {
+            Command::Inspect { kube, .. } => kube.kubeconfig.or(cli.kubeconfig),
+            Command::Node { kube, .. } => kube.kubeconfig.or(cli.kubeconfig),
+            Command::Image(_) => None,
+        }
+    }
+
+    #[test]
+    fn kubeconfig_is_offered_only_where_a_cluster_is_used() {
+        let k = Some(PathBuf::from("k"));
+        assert_eq!(
+            kubeconfig_of(&["tessera", "inspect", "--kubeconfig", "k"]),
+            k
+        );
+        // Before the command, as earlier versions took it.
+        assert_eq!(
+            kubeconfig_of(&["tessera", "--kubeconfig", "k", "inspect"]),
+            k
+        );
+        assert_eq!(
+            kubeconfig_of(&["tessera", "--kubeconfig", "k", "node", "cleanup"]),
+            k
+        );
+        assert_eq!(
+            kubeconfig_of(&["tessera", "node", "--kubeconfig", "k", "cleanup"]),
+            k
+        );
+        assert_eq!(
+            kubeconfig_of(&["tessera", "node", "cleanup", "--kubeconfig", "k"]),
+            k
+        );
+        let error = Cli::try_parse_from([
+            "tessera",
+            "image",
+            "build",
+            "--out",
+            "o",
+            "--kubeconfig",
+            "k",
+        ])
+        .expect_err("image build talks to no cluster");
+        assert_eq!(error.kind(), clap::error::ErrorKind::UnknownArgument);
+        let mut command = Cli::command();
+        let build = command
+            .find_subcommand_mut("image")
+            .and_then(|c| c.find_subcommand_mut("build"))
+            .expect("image build")
+            .render_long_help()
+            .to_string();
+        assert!(!build.contains("kubeconfig"), "{build}");
+        let given = Cli::try_parse_from([
+            "tessera",
+            "--kubeconfig",
+            "k",
+            "image",
+            "build",
+            "--out",
+            "o",
+        ])
+        .expect("parses");
+        let error = tokio::runtime::Runtime::new()
+            .expect("test step")
+            .block_on(run(given, Prepared::default()))
+            .expect_err("refused");
+        assert_eq!(
+            error.to_string(),
+            "--kubeconfig: tessera image reads no cluster"
+        );
+    }
 }

@@ -25,6 +25,7 @@ use tessera_scheduler::extender::{Extender, ExtenderArgs, ExtenderBindingArgs, E
 use tessera_scheduler::ledger::Ledger;
 
 use crate::apiserver::ApiServer;
+use crate::cluster_demo::{Got, Row, asked, gpu_nodes, limiter, table};
 use crate::containerd::Containerd;
 use crate::gpu_node::FakeGpuNode;
 use crate::image::PROBE_IMAGE;
@@ -39,6 +40,8 @@ const DEVICES: &str = "scheduling.koordinator.sh/v1alpha1";
 pub struct PodResult {
     /// Pod name.
     pub name: String,
+    /// Its container's limits (`name=value …`).
+    pub asked: String,
     /// The GPU UUIDs the scheduler chose, or why it fits nowhere.
     pub placement: Result<Vec<String>, String>,
     /// `NVIDIA_VISIBLE_DEVICES` in the container's effective OCI spec.
@@ -268,6 +271,7 @@ pub async fn run(out: &mut (dyn Write + Send)) -> anyhow::Result<DemoSummary> {
         };
         let mut result = PodResult {
             name: name.into(),
+            asked: asked(&limits),
             placement: placement
                 .as_ref()
                 .map(|(c, _)| c.clone())
@@ -338,50 +342,43 @@ pub async fn run(out: &mut (dyn Write + Send)) -> anyhow::Result<DemoSummary> {
     tokio::time::sleep(Duration::from_millis(300)).await;
     summary.table = tessera_cli::inspect(client, None, None, false).await?;
     say!("$ tessera inspect\n{}", summary.table);
+    let rows: Vec<Row> = summary
+        .pods
+        .iter()
+        .map(|pod| Row {
+            pod: pod.name.clone(),
+            asked: pod.asked.clone(),
+            got: pod
+                .placement
+                .as_ref()
+                .map_err(Clone::clone)
+                .map(|chosen| Got {
+                    gpus: chosen
+                        .iter()
+                        .filter_map(|id| uuids.iter().position(|u| u == id))
+                        .map(|m| m.to_string())
+                        .collect::<Vec<_>>()
+                        .join(","),
+                    visible: pod.visible_devices.clone().unwrap_or_else(|| "-".into()),
+                    limits: limiter(
+                        &pod.limits
+                            .iter()
+                            .map(|(k, v)| (k.clone(), v.clone()))
+                            .collect::<Vec<_>>(),
+                    ),
+                    held_by: pod.enforcement.clone().unwrap_or_else(|| "-".into()),
+                    devices: gpu_nodes(
+                        pod.seen_inside
+                            .iter()
+                            .filter_map(|d| d.split_once('=').map(|(path, _)| path)),
+                    ),
+                }),
+        })
+        .collect();
     say!(
-        "{:<18} {:<24} {:<44} {:<34} {:<10} {}",
-        "POD",
-        "PLACED ON (minor)",
-        "NVIDIA_VISIBLE_DEVICES (OCI spec)",
-        "LIMITER ENV (m = MiB)",
-        "HELD BY",
-        "DEVICE NODES SEEN INSIDE"
+        "What each container got, read from the OCI spec containerd wrote (GPU device nodes: as the probe inside lists them):\n{}",
+        table(&rows)
     );
-    for pod in &summary.pods {
-        match &pod.placement {
-            Ok(chosen) => {
-                let minors: Vec<String> = chosen
-                    .iter()
-                    .filter_map(|id| uuids.iter().position(|u| u == id))
-                    .map(|m| m.to_string())
-                    .collect();
-                let limits: Vec<String> = pod
-                    .limits
-                    .iter()
-                    .map(|(k, v)| format!("{}={v}", k.trim_start_matches("CUDA_DEVICE_")))
-                    .collect();
-                say!(
-                    "{:<18} {:<24} {:<44} {:<34} {:<10} {}",
-                    pod.name,
-                    format!("GPU {}", minors.join(",")),
-                    pod.visible_devices
-                        .as_deref()
-                        .unwrap_or("-")
-                        .replace("GPU-7e55e2a0-0000-4000-8000-", "GPU-…"),
-                    if limits.is_empty() {
-                        "-".into()
-                    } else {
-                        limits.join(" ")
-                    },
-                    pod.enforcement.as_deref().unwrap_or("-"),
-                    pod.seen_inside.join(" ")
-                );
-            }
-            Err(reason) => {
-                say!("{:<18} not placed: {reason}", pod.name);
-            }
-        }
-    }
     say!("\n==> cleaning up");
     for pod in &running {
         let _ = kubelet.stop_and_remove_pod(pod).await;

@@ -13,7 +13,10 @@ fn main() -> std::process::ExitCode {
     match started {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("kubectl tessera: {error:#}");
+            eprintln!(
+                "kubectl tessera: {}",
+                tessera_api::binary::error_chain(error.as_ref())
+            );
             std::process::ExitCode::FAILURE
         }
     }

@@ -1,5 +1,6 @@
 /* Test-container entrypoint: prints the GPU-related device nodes the container
- * sees under /dev (and /dev/infiniband) with their major:minor, then sleeps
+ * sees under /dev (and /dev/infiniband) with their major:minor, and its NVIDIA_*,
+ * CUDA_* and TESSERA_* env (what `kubectl logs` shows a user), then sleeps
  * until SIGTERM/SIGINT; with the argument "spin", spins on the CPU instead (a
  * stand-in for a process keeping a GPU busy); with "ok", exits 0 at once (an
  * exec probe). */
@@ -10,6 +11,8 @@
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
+
+extern char **environ;
 
 static void stop(int sig) { (void)sig; _exit(0); }
 
@@ -35,6 +38,11 @@ int main(int argc, char **argv) {
     printf("devices:");
     list("/dev", "nvidia");
     list("/dev/infiniband", "");
+    printf("\nenv:");
+    for (char **e = environ; *e != NULL; e++)
+        if (strncmp(*e, "NVIDIA_", 7) == 0 || strncmp(*e, "CUDA_", 5) == 0 ||
+            strncmp(*e, "TESSERA_", 8) == 0)
+            printf(" %s", *e);
     printf("\n");
     fflush(stdout);
     if (argc > 1 && strcmp(argv[1], "spin") == 0) {

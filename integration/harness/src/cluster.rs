@@ -67,6 +67,8 @@ pub const EXTENDER_PORT: u16 = 18888;
 pub const EXTENDER_REPLICA_PORT: u16 = 18890;
 /// The proxy's Prometheus endpoint.
 pub const PROXY_METRICS_PORT: u16 = 19464;
+/// tessera-reporter's Prometheus endpoint.
+pub const REPORTER_METRICS_PORT: u16 = 19465;
 /// tessera-scheduler's Prometheus endpoint.
 pub const SCHEDULER_METRICS_PORT: u16 = 19466;
 /// The second replica's Prometheus endpoint.
@@ -459,6 +461,12 @@ impl Cluster {
         self.kubeconfig_for("admin")
     }
 
+    /// A namespace tenant's kubeconfig: pods, their logs and exec in `default`,
+    /// nothing cluster-wide (see `apply_test_rbac`).
+    pub fn tenant_kubeconfig(&self) -> PathBuf {
+        self.kubeconfig_for("tenant")
+    }
+
     fn kubeconfig_for(&self, name: &str) -> PathBuf {
         self.dir.path().join(format!("{name}.kubeconfig"))
     }
@@ -785,6 +793,7 @@ impl Cluster {
             .map(|(name, user, groups)| format!("{name}-token,{user},{name}-uid,\"{groups}\"\n"))
             .collect();
         std::fs::write(dir.join("tokens.csv"), tokens)?;
+        kubelet_client_certificate(&dir.join("pki"))?;
         for (name, _, _) in &identities {
             std::fs::write(
                 self.kubeconfig_for(name),
@@ -852,6 +861,18 @@ impl Cluster {
             ),
             "--service-cluster-ip-range=10.96.0.0/16".into(),
             "--allow-privileged=true".into(),
+            // `kubectl logs`, `exec` and `port-forward` go through the API server to
+            // kubelet: by the node's address (its name, tessera-node, resolves
+            // nowhere), with a client certificate kubelet trusts.
+            "--kubelet-preferred-address-types=InternalIP".into(),
+            format!(
+                "--kubelet-client-certificate={}",
+                self.path("pki/kubelet-client.crt")
+            ),
+            format!(
+                "--kubelet-client-key={}",
+                self.path("pki/kubelet-client.key")
+            ),
         ];
         let apiserver = self.k8s.path("kube-apiserver");
         self.launch(Component::ApiServer, apiserver, args, vec![])?;
@@ -1098,6 +1119,7 @@ impl Cluster {
             format!("--nvml-library={}", library.display()),
             format!("--checkpoint={KUBELET_CHECKPOINT}"),
             "--interval=2".into(),
+            format!("--metrics-addr=127.0.0.1:{REPORTER_METRICS_PORT}"),
             // Where this cluster's proxy lists the node's enforcement backends.
             format!(
                 "--enforcement-file={}",
@@ -1280,6 +1302,11 @@ impl Cluster {
     pub async fn proxy_metrics(&self) -> anyhow::Result<String> {
         let (_, body) = crate::monitoring::scrape(&self.proxy_metrics_addr()).await?;
         Ok(body)
+    }
+
+    /// tessera-reporter's metrics address.
+    pub fn reporter_metrics_addr(&self) -> String {
+        format!("127.0.0.1:{REPORTER_METRICS_PORT}")
     }
 
     /// tessera-scheduler's metrics address.
@@ -1849,10 +1876,12 @@ pub fn probe_pod(name: &str, containers: &[(&str, Value)], env: &[(&str, &str)])
                    "env": env, "resources": {"limits": limits}})
         })
         .collect();
+    // dnsPolicy Default: the cluster runs no DNS, and with ClusterFirst kubelet
+    // says so (MissingClusterDNS) at every pod sync.
     json!({"apiVersion": "v1", "kind": "Pod",
            "metadata": {"name": name, "namespace": "default"},
            "spec": {"containers": containers, "terminationGracePeriodSeconds": 0,
-                    "automountServiceAccountToken": false}})
+                    "automountServiceAccountToken": false, "dnsPolicy": "Default"}})
 }
 
 /// The value of `key` the runtime acts on: the last entry, as containerd's
@@ -2002,6 +2031,59 @@ state = "{dir}/state"
     )
 }
 
+/// The API server's client certificate towards kubelet (`system:masters`, so
+/// kubelet's authorization webhook allows it), and the CA kubelet checks it with.
+fn kubelet_client_certificate(pki: &Path) -> anyhow::Result<()> {
+    let key = |name: &str| pki.join(format!("{name}.key"));
+    let crt = |name: &str| pki.join(format!("{name}.crt"));
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    run(Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-days",
+            "3650",
+            "-subj",
+            "/CN=tessera-kubelet-client-ca",
+        ])
+        .args(ec)
+        .arg("-keyout")
+        .arg(key("kubelet-client-ca"))
+        .arg("-out")
+        .arg(crt("kubelet-client-ca")))?;
+    let csr = pki.join("kubelet-client.csr");
+    run(Command::new("openssl")
+        .args([
+            "req",
+            "-subj",
+            "/O=system:masters/CN=kube-apiserver-kubelet-client",
+        ])
+        .args(ec)
+        .arg("-keyout")
+        .arg(key("kubelet-client"))
+        .arg("-out")
+        .arg(&csr))?;
+    run(Command::new("openssl")
+        .args(["x509", "-req", "-days", "3650", "-in"])
+        .arg(&csr)
+        .arg("-CA")
+        .arg(crt("kubelet-client-ca"))
+        .arg("-CAkey")
+        .arg(key("kubelet-client-ca"))
+        .arg("-CAcreateserial")
+        .arg("-out")
+        .arg(crt("kubelet-client")))
+}
+
+/// kubelet serves on every address: the API server reaches it at the node's
+/// InternalIP (kubelet picks the default route's; a loopback one it refuses),
+/// and only with a certificate or token it accepts (anonymous is off).
 fn kubelet_config(dir: &Path) -> String {
     let dir = dir.display();
     format!(
@@ -2014,7 +2096,7 @@ containerRuntimeEndpoint: unix://{dir}/proxy.sock
 imageServiceEndpoint: unix://{dir}/proxy.sock
 staticPodPath: {dir}/manifests
 resolvConf: /etc/resolv.conf
-address: 127.0.0.1
+address: 0.0.0.0
 port: {KUBELET_PORT}
 readOnlyPort: 0
 healthzBindAddress: 127.0.0.1
@@ -2022,6 +2104,7 @@ healthzPort: {KUBELET_HEALTHZ_PORT}
 authentication:
   anonymous: {{enabled: false}}
   webhook: {{enabled: true}}
+  x509: {{clientCAFile: {dir}/pki/kubelet-client-ca.crt}}
 authorization:
   mode: Webhook
 evictionHard: {{"memory.available": "1Mi", "nodefs.available": "1%", "imagefs.available": "1%", "nodefs.inodesFree": "1%"}}
@@ -2176,7 +2259,7 @@ async fn apply_test_rbac(client: &kube::Client) -> anyhow::Result<()> {
     let docs = [
         json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
                "metadata": {"name": "tenant", "namespace": "default"},
-               "rules": [{"apiGroups": [""], "resources": ["pods", "pods/status", "pods/binding", "bindings"],
+               "rules": [{"apiGroups": [""], "resources": ["pods", "pods/status", "pods/binding", "bindings", "pods/log", "pods/exec"],
                           "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]},
                          // Workloads, as the migration guides' examples have them.
                          {"apiGroups": ["apps"], "resources": ["statefulsets"],

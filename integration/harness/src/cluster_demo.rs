@@ -11,6 +11,20 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use serde_json::{Value, json};
 
+/// The README's first pod ("Your own pod on the demo cluster"), as the banner
+/// prints it: a tenant in `default`, a quarter of a GPU, the probe image.
+pub const FIRST_POD: &str = "apiVersion: v1
+kind: Pod
+metadata: {name: mine, namespace: default}
+spec:
+  dnsPolicy: Default        # the demo cluster runs no cluster DNS
+  containers:
+    - name: main
+      image: tessera.local/probe:1
+      imagePullPolicy: Never  # built here and imported: there is no registry
+      resources:
+        limits: {koordinator.sh/gpu: \"25\"}";
+
 use crate::cluster::{
     Cluster, ClusterOptions, K8sBinaries, allocated_gpus, env_values, gpu_device_minors,
     is_running, probe_pod, tessera_binary,
@@ -70,18 +84,14 @@ pub async fn run(out: &mut (dyn Write + Send), keep_up: bool) -> anyhow::Result<
             .create_pod("admin", &probe_pod(name, &[("main", limits.clone())], &[]))
             .await?;
     }
-    say!(
-        out,
-        "\n{:<18} {:<10} {:<44} {:<34} {:<24} {}",
-        "POD",
-        "GPU MINOR",
-        "NVIDIA_VISIBLE_DEVICES (OCI spec)",
-        "LIMITER ENV (m = MiB)",
-        "HELD BY",
-        "GPU DEVICE NODES (OCI spec)"
-    );
-    for name in std::iter::once("legacy-training").chain(samples.iter().map(|(n, _)| *n)) {
-        match cluster
+    let mut rows = Vec::new();
+    let asked_by: Vec<(&str, String)> =
+        std::iter::once(("legacy-training", json!({"nvidia.com/gpu": "1"})))
+            .chain(samples.iter().map(|(n, l)| (*n, l.clone())))
+            .map(|(n, l)| (n, asked(&l)))
+            .collect();
+    for (name, asked) in asked_by {
+        let got = match cluster
             .wait_pod(name, Duration::from_secs(30), "Running", is_running)
             .await
         {
@@ -92,54 +102,58 @@ pub async fn run(out: &mut (dyn Write + Send), keep_up: bool) -> anyhow::Result<
                 };
                 let minors: Vec<String> =
                     gpu_device_minors(spec).iter().map(u64::to_string).collect();
-                let limits: Vec<String> = [
+                let env: Vec<(String, String)> = [
                     "CUDA_DEVICE_SM_LIMIT",
                     "CUDA_DEVICE_MEMORY_LIMIT_0",
                     "CUDA_DEVICE_MEMORY_LIMIT_1",
                 ]
                 .iter()
-                .flat_map(|key| {
-                    env_values(spec, key)
-                        .into_iter()
-                        .map(move |v| format!("{}={v}", key.trim_start_matches("CUDA_DEVICE_")))
-                })
+                .filter_map(|key| env_values(spec, key).pop().map(|v| ((*key).to_owned(), v)))
                 .collect();
-                let placed = allocated_gpus(&pod).map_or("kubelet".into(), |gpus| {
-                    gpus.iter()
-                        .map(|(_, m)| m.to_string())
-                        .collect::<Vec<_>>()
-                        .join(",")
-                });
-                say!(
-                    out,
-                    "{:<18} {:<10} {:<44} {:<34} {:<24} {}",
-                    name,
-                    placed,
-                    env_values(spec, "NVIDIA_VISIBLE_DEVICES")
-                        .join(" | ")
-                        .replace("GPU-7e55e2a0-0000-4000-8000-", "GPU-…"),
-                    if limits.is_empty() {
-                        "-".into()
-                    } else {
-                        limits.join(" ")
+                Ok(Got {
+                    gpus: match allocated_gpus(&pod) {
+                        Ok(gpus) => gpus
+                            .iter()
+                            .map(|(_, m)| m.to_string())
+                            .collect::<Vec<_>>()
+                            .join(","),
+                        Err(_) => format!("{} (device plugin)", minors.join(",")),
                     },
-                    env_values(spec, "TESSERA_ENFORCEMENT")
+                    visible: env_values(spec, "NVIDIA_VISIBLE_DEVICES")
                         .pop()
                         .unwrap_or_else(|| "-".into()),
-                    minors.join(",")
-                );
+                    limits: limiter(&env),
+                    held_by: env_values(spec, "TESSERA_ENFORCEMENT")
+                        .pop()
+                        .unwrap_or_else(|| "-".into()),
+                    devices: gpu_nodes(
+                        minors
+                            .iter()
+                            .map(|m| format!("/dev/nvidia{m}"))
+                            .collect::<Vec<_>>()
+                            .iter()
+                            .map(String::as_str),
+                    ),
+                })
             }
-            Err(_) => {
-                let reason = cluster
-                    .events_of(name)
-                    .await?
-                    .into_iter()
-                    .rfind(|e| e.starts_with("FailedScheduling"))
-                    .unwrap_or_else(|| "not running".into());
-                say!(out, "{name:<18} Pending: {reason}");
-            }
-        }
+            Err(_) => Err(cluster
+                .events_of(name)
+                .await?
+                .into_iter()
+                .rfind(|e| e.starts_with("FailedScheduling"))
+                .unwrap_or_else(|| "not running".into())),
+        };
+        rows.push(Row {
+            pod: name.to_owned(),
+            asked,
+            got,
+        });
     }
+    say!(
+        out,
+        "\nWhat each container got, read from the OCI spec containerd wrote (GPU device nodes: the spec's):\n{}",
+        table(&rows)
+    );
 
     let inspect = Command::new(tessera_binary("tessera")?)
         .arg("inspect")
@@ -156,21 +170,41 @@ pub async fn run(out: &mut (dyn Write + Send), keep_up: bool) -> anyhow::Result<
         say!(out, "{}", String::from_utf8_lossy(&inspect.stderr));
     }
     if keep_up {
-        let kubeconfig = cluster.kubeconfig();
+        let tessera = tessera_binary("tessera")?;
         say!(out, "==> the cluster stays up until Ctrl-C. Try:");
-        say!(out, "    export KUBECONFIG={}", kubeconfig.display());
         say!(
             out,
-            "    kubectl get pods -o wide        # if kubectl is installed"
-        );
-        say!(out, "    {} inspect", tessera_binary("tessera")?.display());
-        say!(
-            out,
-            "    your own pod: image tessera.local/probe:1 with imagePullPolicy: Never (there is no registry; README, \"Your own pod on the demo cluster\")"
+            "    export KUBECONFIG={}   # cluster admin",
+            cluster.kubeconfig().display()
         );
         say!(
             out,
-            "    what a container got (kubectl logs/exec need cluster DNS, absent here): {} --runtime-endpoint unix://{} ps, then inspect <id>",
+            "    (or KUBECONFIG={}: a tenant of namespace default, as your users are)",
+            cluster.tenant_kubeconfig().display()
+        );
+        say!(
+            out,
+            "    kubectl get pods -o wide; kubectl logs whole-gpu   # the probe prints the GPU device nodes and env it sees"
+        );
+        say!(out, "    {} inspect", tessera.display());
+        say!(
+            out,
+            "    your own pod (no registry here: the demo's probe image, never pulled), then `{} inspect --pod mine` and `kubectl logs mine`:",
+            tessera.display()
+        );
+        for line in FIRST_POD.lines() {
+            say!(out, "        {line}");
+        }
+        say!(
+            out,
+            "    metrics: http://{}/metrics (tessera-runtime-proxy), http://{}/metrics (tessera-reporter), http://{}/metrics (tessera-scheduler)",
+            cluster.proxy_metrics_addr(),
+            cluster.reporter_metrics_addr(),
+            cluster.scheduler_metrics_addr()
+        );
+        say!(
+            out,
+            "    a container's OCI spec: {} --runtime-endpoint unix://{} ps, then inspect <id>",
             cluster.k8s_path("crictl").display(),
             cluster.proxy_socket().display()
         );
@@ -198,4 +232,228 @@ pub fn sample_pods() -> Vec<(&'static str, Value)> {
         ("memory-20gi", json!({"koordinator.sh/gpu-memory": "20Gi"})),
         ("another-whole-gpu", json!({"nvidia.com/gpu": "1"})),
     ]
+}
+
+/// One pod in the demo's table: what it asked, and what its container got or
+/// why it waits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Row {
+    /// The pod's name.
+    pub pod: String,
+    /// Its container's limits, as [`asked`] writes them.
+    pub asked: String,
+    /// What the container got, or why the pod is not placed.
+    pub got: Result<Got, String>,
+}
+
+/// What a container got, from its OCI spec (or, for device nodes, from inside it).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Got {
+    /// GPU minors, comma-separated; `N (device plugin)` for a device-plugin pod.
+    pub gpus: String,
+    /// `NVIDIA_VISIBLE_DEVICES`.
+    pub visible: String,
+    /// HAMi-core's limiter env, as [`limiter`] writes it.
+    pub limits: String,
+    /// `TESSERA_ENFORCEMENT`: the backends holding the share.
+    pub held_by: String,
+    /// `/dev/nvidiaN` nodes, by name.
+    pub devices: String,
+}
+
+/// A container's limits as the manifest writes them: `name=value`, space-separated.
+pub fn asked(limits: &Value) -> String {
+    limits
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(name, value)| format!("{name}={}", value.as_str().unwrap_or_default()))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// HAMi-core's limiter env (`CUDA_DEVICE_SM_LIMIT`, `CUDA_DEVICE_MEMORY_LIMIT_N`)
+/// read for a person: `8192m` is MiB to HAMi-core, not milli, and N counts the
+/// container's own GPUs (not their minors), so memory reads per GPU in order.
+pub fn limiter(env: &[(String, String)]) -> String {
+    let mut compute = None;
+    let mut memory = std::collections::BTreeMap::new();
+    for (key, value) in env {
+        if key == "CUDA_DEVICE_SM_LIMIT" {
+            compute = Some(format!("compute {value}%"));
+        } else if let Some(index) = key
+            .strip_prefix("CUDA_DEVICE_MEMORY_LIMIT_")
+            .and_then(|i| i.parse::<u32>().ok())
+        {
+            let mib = value
+                .strip_suffix(['m', 'M'])
+                .and_then(|n| n.parse::<u64>().ok());
+            memory.insert(
+                index,
+                match mib {
+                    Some(mib) if mib % 1024 == 0 => format!("{} GiB", mib / 1024),
+                    Some(mib) => format!("{mib} MiB"),
+                    None => value.clone(),
+                },
+            );
+        }
+    }
+    let memory = (!memory.is_empty()).then(|| {
+        format!(
+            "memory {}",
+            memory.into_values().collect::<Vec<_>>().join(" + ")
+        )
+    });
+    let parts: Vec<String> = compute.into_iter().chain(memory).collect();
+    if parts.is_empty() {
+        "-".into()
+    } else {
+        parts.join(", ")
+    }
+}
+
+/// The `/dev/nvidiaN` nodes among `paths`, by name (`nvidia0,nvidia2`).
+pub fn gpu_nodes<'a>(paths: impl IntoIterator<Item = &'a str>) -> String {
+    let mut nodes: Vec<&str> = paths
+        .into_iter()
+        .filter_map(|p| p.strip_prefix("/dev/"))
+        .filter(|n| {
+            n.strip_prefix("nvidia")
+                .is_some_and(|m| !m.is_empty() && m.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .collect();
+    nodes.sort_unstable();
+    nodes.dedup();
+    if nodes.is_empty() {
+        "-".into()
+    } else {
+        nodes.join(",")
+    }
+}
+
+/// The demo's table, the same for the embedded and the cluster demo: each column
+/// as wide as its widest cell, UUIDs shortened to their last group.
+pub fn table(rows: &[Row]) -> String {
+    const HEADER: [&str; 7] = [
+        "POD",
+        "ASKED",
+        "GPUS",
+        "NVIDIA_VISIBLE_DEVICES",
+        "HAMI-CORE LIMITS",
+        "HELD BY",
+        "GPU DEVICE NODES",
+    ];
+    let short = |uuids: &str| {
+        uuids
+            .split(',')
+            .map(|u| match u.rsplit_once('-') {
+                Some((_, last)) if u.starts_with("GPU-") => format!("GPU-…{last}"),
+                _ => u.to_owned(),
+            })
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let cells: Vec<Vec<String>> = rows
+        .iter()
+        .map(|row| {
+            let mut cells = vec![row.pod.clone(), row.asked.clone()];
+            match &row.got {
+                Ok(got) => cells.extend([
+                    got.gpus.clone(),
+                    short(&got.visible),
+                    got.limits.clone(),
+                    got.held_by.clone(),
+                    got.devices.clone(),
+                ]),
+                Err(reason) => cells.push(format!("Pending: {reason}")),
+            }
+            cells
+        })
+        .collect();
+    // A Pending row's reason runs on past the columns: it does not widen them.
+    let mut widths: Vec<usize> = HEADER.iter().map(|h| h.chars().count()).collect();
+    for row in &cells {
+        let sized = if row.len() == HEADER.len() {
+            row.len()
+        } else {
+            row.len() - 1
+        };
+        for (width, cell) in widths.iter_mut().zip(&row[..sized]) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let line = |cells: &[String]| {
+        let mut text = String::new();
+        for (i, cell) in cells.iter().enumerate() {
+            if i + 1 == cells.len() {
+                text.push_str(cell);
+            } else {
+                let pad = widths[i].saturating_sub(cell.chars().count()) + 2;
+                text.push_str(cell);
+                text.push_str(&" ".repeat(pad));
+            }
+        }
+        text.trim_end().to_owned() + "\n"
+    };
+    let mut text = line(&HEADER.map(str::to_owned));
+    for row in &cells {
+        text.push_str(&line(row));
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_banner_prints_the_readmes_first_pod() {
+        let readme = std::fs::read_to_string(crate::cluster::repo_root().join("README.md"))
+            .expect("README.md");
+        let section = readme
+            .split("\n### ")
+            .find(|s| s.starts_with("Your own pod on the demo cluster"))
+            .expect("the README's first-pod section");
+        let yaml = section
+            .split("```yaml\n")
+            .nth(1)
+            .and_then(|block| block.split_once("\n```"))
+            .map(|(yaml, _)| yaml)
+            .expect("its yaml block");
+        assert_eq!(yaml, FIRST_POD);
+    }
+
+    #[test]
+    fn the_table_says_what_each_pod_asked_and_got_in_aligned_columns() {
+        let rows = vec![
+            Row {
+                pod: "two-gpus-shared".into(),
+                asked: asked(&sample_pods()[1].1),
+                got: Ok(Got {
+                    gpus: "1,2".into(),
+                    visible: "GPU-7e55e2a0-0000-4000-8000-000000000001,GPU-7e55e2a0-0000-4000-8000-000000000002".into(),
+                    limits: limiter(&[
+                        ("CUDA_DEVICE_SM_LIMIT".into(), "25".into()),
+                        ("CUDA_DEVICE_MEMORY_LIMIT_0".into(), "8192m".into()),
+                        ("CUDA_DEVICE_MEMORY_LIMIT_1".into(), "1000m".into()),
+                    ]),
+                    held_by: "hami-core".into(),
+                    devices: gpu_nodes(["/dev/nvidiactl", "/dev/nvidia2", "/dev/nvidia1", "/dev/nvidia-uvm"]),
+                }),
+            },
+            Row {
+                pod: "another-whole-gpu".into(),
+                asked: asked(&sample_pods()[6].1),
+                got: Err("0 of 3 usable GPUs have room".into()),
+            },
+        ];
+        assert_eq!(
+            table(&rows),
+            "POD                ASKED                                                           GPUS  NVIDIA_VISIBLE_DEVICES               HAMI-CORE LIMITS                      HELD BY    GPU DEVICE NODES\n\
+             two-gpus-shared    nvidia.com/gpu=2 nvidia.com/gpucores=25 nvidia.com/gpumem=8192  1,2   GPU-…000000000001,GPU-…000000000002  compute 25%, memory 8 GiB + 1000 MiB  hami-core  nvidia1,nvidia2\n\
+             another-whole-gpu  nvidia.com/gpu=1                                                Pending: 0 of 3 usable GPUs have room\n"
+        );
+        assert_eq!(limiter(&[]), "-");
+        assert_eq!(gpu_nodes(["/dev/nvidiactl"]), "-");
+    }
 }

@@ -997,7 +997,7 @@ pub async fn gpu_memory_use_is_reported_against_each_grant(
             "gpu-memory: the ungranted Event does not name the container and GPU: {events:?}"
         );
         // The reporter's metrics.
-        let (_, metrics) = tessera_harness::monitoring::scrape("127.0.0.1:9465").await?;
+        let (_, metrics) = tessera_harness::monitoring::scrape(&cluster.reporter_metrics_addr()).await?;
         let labels = |container: &str| {
             format!("{{namespace=\"default\",pod=\"gpu-memory\",container=\"{container}\",gpu=\"{uuid}\"}}")
         };
@@ -1097,7 +1097,7 @@ pub async fn gpu_memory_use_is_reported_against_each_grant(
             std::path::Path::new(&format!("/proc/{sidecar}")).exists(),
             "gpu-memory: the sidecar's process went too"
         );
-        let (_, metrics) = tessera_harness::monitoring::scrape("127.0.0.1:9465").await?;
+        let (_, metrics) = tessera_harness::monitoring::scrape(&cluster.reporter_metrics_addr()).await?;
         let kills = format!(
             "tessera_reporter_container_gpu_memory_oom_kills{}",
             labels("main")

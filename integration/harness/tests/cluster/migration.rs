@@ -652,6 +652,20 @@ pub async fn readme_first_pod_runs_and_inspect_shows_its_grant(
             gpus[0].0,
             String::from_utf8_lossy(&inspect.stderr)
         );
+        // `kubectl logs` as the tenant: through the API server to kubelet, which
+        // the demo cluster reaches by the node's address. The probe prints the
+        // device nodes and GPU env it sees.
+        let logs = Api::<Pod>::namespaced(cluster.client_as("tenant").await?, &namespace)
+            .logs(&name, &Default::default())
+            .await
+            .context("the README's pod: kubectl logs (pods/log) as the tenant")?;
+        let minor = gpus[0].1;
+        ensure!(
+            logs.contains(&format!("/dev/nvidia{minor}=195:{minor}"))
+                && logs.contains(&format!("NVIDIA_VISIBLE_DEVICES={}", gpus[0].0)),
+            "the README's pod: kubectl logs shows {logs:?}, want /dev/nvidia{minor} and {}",
+            gpus[0].0
+        );
         Ok(())
     }
     .await;

@@ -24,8 +24,6 @@ const TLS_ONLY: &[&str] = &["tessera_scheduler_tls_certificate_expiry_timestamp_
 
 /// Where the scenario's Prometheus listens.
 const LISTEN: &str = "127.0.0.1:19090";
-/// The reporter's metrics (its default `--metrics-addr` port).
-const REPORTER_METRICS: &str = "127.0.0.1:9465";
 
 fn binary(name: &str) -> anyhow::Result<PathBuf> {
     std::env::var_os("PATH")
@@ -180,7 +178,7 @@ fn write_config(dir: &Path, cluster: &Cluster) -> anyhow::Result<PathBuf> {
             // The job names the chart's alerts select (monitoring.reporterJob,
             // schedulerJob); `node` as the ServiceMonitor's relabelling sets it.
             {"job_name": "tessera-reporter", "static_configs": [
-                {"targets": [REPORTER_METRICS], "labels": {"node": NODE_NAME}}]},
+                {"targets": [cluster.reporter_metrics_addr()], "labels": {"node": NODE_NAME}}]},
             {"job_name": "tessera-scheduler", "static_configs": [
                 {"targets": [cluster.scheduler_metrics_addr()]}]},
             {"job_name": "tessera-runtime-proxy", "static_configs": [
