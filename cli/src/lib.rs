@@ -87,6 +87,8 @@ pub enum NodeCommand {
     /// override either), taints the node `tessera.io/runtime-proxy:NoSchedule`,
     /// restarts kubelet, and removes the taint only once the proxy's metrics show
     /// kubelet's calls. Otherwise the taint stays and the reason is printed (exit 1).
+    /// Where the proxy already sees kubelet's runtime calls (its --enforcement-dir
+    /// says so), it writes nothing, restarts nothing, and says so.
     SwitchOver(SwitchArgs),
     /// Removes what switch-over wrote (the drop-in, or restores the backed-up
     /// --config file), restarts kubelet, and checks it no longer calls the proxy.
@@ -160,6 +162,10 @@ pub struct SwitchArgs {
     /// kubelet's process ID [default: the process named kubelet].
     #[arg(long)]
     pub kubelet_pid: Option<u32>,
+    /// The proxy's --enforcement-dir: its `kubelet` file there says whether kubelet
+    /// already calls through it (switch-over then changes nothing).
+    #[arg(long, value_name = "DIR", default_value = "/run/tessera/enforce")]
+    pub enforcement_dir: PathBuf,
     /// Seconds kubelet has, after its restart, to show up at the proxy
     /// (switch-over) or to stop calling it (switch-back).
     #[arg(long, value_name = "SECONDS", default_value_t = 60)]
@@ -298,6 +304,7 @@ fn switch(args: SwitchArgs) -> anyhow::Result<node::Switch> {
         metrics: args.proxy_metrics,
         restart_command: args.restart_command,
         verify_timeout: std::time::Duration::from_secs(args.verify_timeout),
+        enforcement_dir: args.enforcement_dir,
     })
 }
 

@@ -234,6 +234,9 @@ pub struct Switch {
     pub restart_command: String,
     /// How long kubelet has to show up at (or leave) the proxy.
     pub verify_timeout: Duration,
+    /// The proxy's `--enforcement-dir`, where it says whether kubelet is connected
+    /// ([`tessera_api::kubelet_seen`]).
+    pub enforcement_dir: PathBuf,
 }
 
 /// Sets or removes the switch taint, retrying when another writer changed the
@@ -395,6 +398,24 @@ impl Switch {
     /// the node keeps its taint.
     pub async fn over(&self, nodes: &Api<Node>) -> anyhow::Result<String> {
         let plan = plan(&self.kubelet_args)?;
+        // kubelet already calls the runtime through the proxy, whatever names it
+        // (another path to its socket, a flag, a switch made by hand): writing the
+        // setting and restarting kubelet would change nothing but risk.
+        if let Ok(seen) = self.kubelet_on_proxy() {
+            set_taint(nodes, &self.node, false).await?;
+            let named = if self.already_set(&plan) {
+                format!("its configuration names {}", self.endpoint)
+            } else {
+                format!(
+                    "its configuration does not name {}: it reaches the proxy another way",
+                    self.endpoint
+                )
+            };
+            return Ok(format!(
+                "already switched: kubelet (process {}) has {} connection(s) to the proxy and its runtime calls go through it ({named}); nothing written, kubelet not restarted; node {} has no {TAINT_KEY} taint",
+                self.kubelet_pid, seen.connections, self.node
+            ));
+        }
         if self.already_set(&plan) {
             // A restarted installer pod (a rollout) must not restart kubelet again:
             // the setting is in place, so proof that kubelet uses it is enough.
@@ -535,6 +556,31 @@ impl Switch {
 }
 
 impl Switch {
+    /// The proxy's word that this kubelet process calls the runtime through it:
+    /// its kubelet file, fresh, with a connection from kubelet's PID.
+    fn kubelet_on_proxy(&self) -> anyhow::Result<tessera_api::kubelet_seen::KubeletSeen> {
+        let path = self
+            .enforcement_dir
+            .join(tessera_api::kubelet_seen::KUBELET_SEEN_FILE);
+        let text = match std::fs::read_to_string(&path) {
+            Ok(text) => Some(text),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+        };
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let seen = tessera_api::kubelet_seen::KubeletSeen::proves(text.as_deref(), now)?;
+        if seen.pid.is_some_and(|pid| pid != self.kubelet_pid) {
+            bail!(
+                "the proxy's kubelet connection is from process {:?}, not kubelet's {}",
+                seen.pid,
+                self.kubelet_pid
+            );
+        }
+        Ok(seen)
+    }
+
     /// Whether what [`Switch::over`] writes is already there.
     fn already_set(&self, plan: &Plan) -> bool {
         match plan {
@@ -965,7 +1011,39 @@ mod tests {
             metrics: "127.0.0.1:1".into(),
             restart_command: "true".into(),
             verify_timeout: Duration::from_secs(1),
+            enforcement_dir: PathBuf::from("/nonexistent"),
         }
+    }
+
+    #[test]
+    fn kubelet_is_on_the_proxy_only_by_a_fresh_connection_from_its_own_process() {
+        let dir = tempfile::tempdir().expect("dir");
+        let mut switch = switch_to("unix:///p.sock");
+        switch.enforcement_dir = dir.path().to_path_buf();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .as_secs();
+        let write = |connections: u32, pid: u32, at: u64| {
+            std::fs::write(
+                dir.path().join("kubelet"),
+                format!(
+                    r#"{{"connections":{connections},"runtime_call_at":{at},"pid":{pid},"at":{at}}}"#
+                ),
+            )
+            .expect("write");
+        };
+        let error = switch.kubelet_on_proxy().expect_err("no file");
+        assert!(error.to_string().contains("has not run here"), "{error}");
+        write(2, switch.kubelet_pid, now);
+        assert_eq!(switch.kubelet_on_proxy().expect("proven").connections, 2);
+        write(1, switch.kubelet_pid + 1, now);
+        let error = switch.kubelet_on_proxy().expect_err("another process");
+        assert!(error.to_string().contains("not kubelet's"), "{error}");
+        write(0, switch.kubelet_pid, now);
+        assert!(switch.kubelet_on_proxy().is_err(), "no connection");
+        write(1, switch.kubelet_pid, now - 600);
+        assert!(switch.kubelet_on_proxy().is_err(), "a stale file");
     }
 
     #[test]

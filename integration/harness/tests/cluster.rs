@@ -1435,6 +1435,10 @@ async fn tessera_node(
                 cluster.proxy_socket().display()
             ))
             .arg(format!("--proxy-metrics={}", cluster.proxy_metrics_addr()))
+            .arg(format!(
+                "--enforcement-dir={}",
+                cluster.dir().join("enforce").display()
+            ))
             .arg(format!("--restart-command={restart_command}"))
             .arg(format!("--verify-timeout={verify_timeout}"))
             .stdout(std::process::Stdio::piped())
@@ -1625,21 +1629,62 @@ async fn switch_over(cluster: &mut Cluster) -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
 
-    // Back to how the other scenarios expect the node: kubelet through the proxy, untainted.
+    // kubelet put back on the proxy by hand, through another path to its socket
+    // (a symlink), the taint still there: switch-over sees kubelet's runtime calls
+    // at the proxy, writes nothing, restarts nothing (its restart command would
+    // fail the step), says so and lifts the taint.
     std::fs::remove_file(&backup)?;
-    let proxy_socket = cluster.proxy_socket();
-    cluster.set_kubelet_endpoint(&proxy_socket).await?;
-    nodes
-        .patch(
-            tessera_harness::cluster::NODE_NAME,
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(json!({"spec": {"taints": []}})),
-        )
-        .await?;
+    let link = cluster.dir().join("proxy-link.sock");
+    std::os::unix::fs::symlink(cluster.proxy_socket(), &link)?;
+    cluster.set_kubelet_endpoint(&link).await?;
+    let linked = format!("unix://{}", link.display());
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let output = loop {
+        // Until the proxy has seen the restarted kubelet's calls, switch-over would
+        // take the write path: wait for the proof first.
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_secs();
+        let seen = std::fs::read_to_string(cluster.dir().join("enforce").join("kubelet")).ok();
+        if tessera_api::kubelet_seen::KubeletSeen::proves(seen.as_deref(), now).is_ok() {
+            let (ok, output, _) = tessera_node(cluster, "switch-over", false, 5).await?;
+            ensure!(
+                ok,
+                "switch-over on a kubelet already on the proxy failed: {output}"
+            );
+            break output;
+        }
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "the proxy never saw kubelet's runtime calls through {linked}: {seen:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    ensure!(
+        output.contains("already switched")
+            && output.contains("it reaches the proxy another way")
+            && output.contains("nothing written, kubelet not restarted"),
+        "switch-over on a kubelet already on the proxy: {output}"
+    );
+    ensure!(
+        endpoint(cluster)? == linked && !backup.exists(),
+        "switch-over changed kubelet's config to {:?} (backup there: {}): {output}",
+        endpoint(cluster)?,
+        backup.exists()
+    );
+    let node = nodes.get(tessera_harness::cluster::NODE_NAME).await?;
+    ensure!(
+        node_taints(&node).is_empty(),
+        "the taint stays after a switch-over found kubelet on the proxy: {output}"
+    );
     // Proven again: the GPUs come back and the waiting pod is placed.
     wait_switch_advertised(cluster, false).await?;
     cluster.wait_running(tolerating).await?;
     cluster.delete_pod(tolerating).await?;
+    // Back to how the other scenarios expect the node: kubelet names the proxy.
+    let proxy_socket = cluster.proxy_socket();
+    cluster.set_kubelet_endpoint(&proxy_socket).await?;
+    std::fs::remove_file(&link)?;
     Ok(())
 }
 
