@@ -32,7 +32,8 @@ pub struct Stripped {
 
 /// Splits `binary` with objcopy: the stripped copy goes to `dir`, the debug info
 /// to `debug`. Images carry a release daemon at a sixth of its size (the
-/// scheduler: 136 MB to about 21 MB) and backtraces stay symbolizable.
+/// scheduler: 136 MB to about 21 MB); its backtraces show addresses, which
+/// `debug` turns back into functions and lines (docs/install.md).
 pub fn strip(binary: &Path, dir: &Path, debug: &Path) -> anyhow::Result<Stripped> {
     let name = binary
         .file_name()
@@ -65,8 +66,9 @@ pub fn strip(binary: &Path, dir: &Path, debug: &Path) -> anyhow::Result<Stripped
         binary.as_os_str(),
         stripped.as_os_str(),
     ])?;
-    let link = format!("--add-gnu-debuglink={}", debug.display());
-    objcopy(&[link.as_ref(), stripped.as_os_str()])?;
+    let mut link = std::ffi::OsString::from("--add-gnu-debuglink=");
+    link.push(debug);
+    objcopy(&[&link, stripped.as_os_str()])?;
     Ok(Stripped {
         binary: stripped,
         debug: debug.to_path_buf(),

@@ -927,7 +927,12 @@ fn shared_by_tessera(
 }
 
 /// One book, Tessera side: an allocation of a GPU that a device plugin gave a
-/// live container of another pod (kubelet's checkpoint) is refused.
+/// live container of another pod (kubelet's checkpoint) is refused. A pod with
+/// Tessera's own allocation does not hold its plugin grant: kubelet asked the
+/// plugin too (it serves `nvidia.com/gpu` beside Tessera), but this hook gave the
+/// pod Tessera's GPUs in its place, and tessera-reporter does not publish such an
+/// entry, so the scheduler counts that GPU free; refusing it here would leave the
+/// pods placed there failing to start forever.
 fn held_by_a_device_plugin(
     container: &ContainerHookRequest,
     gpus: &[ResolvedGpu<'_>],
@@ -943,6 +948,7 @@ fn held_by_a_device_plugin(
         let holder = entries.iter().find(|e| {
             e.pod_uid != uid
                 && book.live_pods.contains(&e.pod_uid)
+                && !book.allocated.iter().any(|a| a.pod_uid == e.pod_uid)
                 && e.resource_name.starts_with("nvidia.com/")
                 && e.gpu_ids()
                     .iter()

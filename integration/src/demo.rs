@@ -25,7 +25,7 @@ use tessera_scheduler::extender::{Extender, ExtenderArgs, ExtenderBindingArgs, E
 use tessera_scheduler::ledger::Ledger;
 
 use crate::apiserver::ApiServer;
-use crate::cluster_demo::{Got, Row, asked, gpu_nodes, limiter, table};
+use crate::cluster_demo::{Got, Row, asked, gpu_nodes, limiter, limiter_env, table};
 use crate::containerd::Containerd;
 use crate::gpu_node::FakeGpuNode;
 use crate::image::PROBE_IMAGE;
@@ -312,15 +312,7 @@ pub async fn run(out: &mut (dyn Write + Send)) -> anyhow::Result<DemoSummary> {
                 })
                 .filter(|p| p.starts_with("/dev/nvidia"))
                 .collect();
-            for key in [
-                "CUDA_DEVICE_MEMORY_LIMIT_0",
-                "CUDA_DEVICE_MEMORY_LIMIT_1",
-                "CUDA_DEVICE_SM_LIMIT",
-            ] {
-                if let Some(value) = spec_env(&oci, key) {
-                    result.limits.insert(key.into(), value);
-                }
-            }
+            result.limits.extend(limiter_env(&oci));
             let log_pod = spec.clone();
             result.seen_inside = wait("the probe's output", || {
                 let log = log_pod.container_log("main");

@@ -2385,6 +2385,21 @@ mod one_book {
             matches!(&result, Err(GpuHookError::Taken { holder, .. }) if holder.contains("plugin-pod")),
             "{result:?}"
         );
+        // The plugin's grant to a pod Tessera placed (it asked nvidia.com/gpu where
+        // the plugin serves it too) was replaced by Tessera's GPUs: not a holder, as
+        // tessera-reporter does not publish it either.
+        let replaced = NodeDevices {
+            plugin_grants: grants.clone(),
+            book: Some(book(
+                &[(UUID2, "plugin-pod")],
+                &["plugin-pod", "tessera-pod"],
+            )),
+            ..node()
+        };
+        assert!(
+            rewrite(&request, &replaced, &GpuHookConfig::default()).is_ok(),
+            "a Tessera pod's replaced plugin grant held a GPU"
+        );
         // A checkpoint entry of a pod that is gone is stale: no refusal.
         let stale = NodeDevices {
             plugin_grants: grants,

@@ -3,7 +3,7 @@
  * CUDA_* and TESSERA_* env (what `kubectl logs` shows a user), then sleeps
  * until SIGTERM/SIGINT; with the argument "spin", spins on the CPU instead (a
  * stand-in for a process keeping a GPU busy); with "ok", exits 0 at once (an
- * exec probe). */
+ * exec probe); with "once", exits after printing (`kubectl exec POD -- /probe once`). */
 #include <dirent.h>
 #include <signal.h>
 #include <stdio.h>
@@ -45,6 +45,7 @@ int main(int argc, char **argv) {
             printf(" %s", *e);
     printf("\n");
     fflush(stdout);
+    if (argc > 1 && strcmp(argv[1], "once") == 0) return 0;
     if (argc > 1 && strcmp(argv[1], "spin") == 0) {
         volatile unsigned long spins = 0;
         for (;;) spins++;

@@ -786,18 +786,23 @@ impl Cluster {
             .arg("-out")
             .arg(dir.join("pki/sa.pub")))?;
         // Static tokens: each identity the tests act as. Users named like service
-        // accounts are what the admission policy and RBAC see for real ones.
-        let identities = identities();
+        // accounts are what the admission policy and RBAC see for real ones. Random:
+        // the API server and kubelet listen beyond loopback, and a guessable admin
+        // token would open the machine to its network.
+        let identities: Vec<_> = identities()
+            .into_iter()
+            .map(|(name, user, groups)| Ok((name, user, groups, random_token()?)))
+            .collect::<anyhow::Result<_>>()?;
         let tokens: String = identities
             .iter()
-            .map(|(name, user, groups)| format!("{name}-token,{user},{name}-uid,\"{groups}\"\n"))
+            .map(|(name, user, groups, token)| format!("{token},{user},{name}-uid,\"{groups}\"\n"))
             .collect();
         std::fs::write(dir.join("tokens.csv"), tokens)?;
         kubelet_client_certificate(&dir.join("pki"))?;
-        for (name, _, _) in &identities {
+        for (name, _, _, token) in &identities {
             std::fs::write(
                 self.kubeconfig_for(name),
-                kubeconfig(&dir.join("pki/apiserver.crt"), &format!("{name}-token")),
+                kubeconfig(&dir.join("pki/apiserver.crt"), token),
             )?;
         }
         std::fs::write(
@@ -810,7 +815,7 @@ impl Cluster {
             .to_string(),
         )?;
         std::fs::write(dir.join("containerd.toml"), containerd_config(dir))?;
-        std::fs::write(dir.join("kubelet.yaml"), kubelet_config(dir))?;
+        std::fs::write(dir.join("kubelet.yaml"), kubelet_config(dir, &node_ip()?))?;
         std::fs::write(
             dir.join("kube-scheduler.yaml"),
             scheduler_config(
@@ -861,9 +866,9 @@ impl Cluster {
             ),
             "--service-cluster-ip-range=10.96.0.0/16".into(),
             "--allow-privileged=true".into(),
-            // `kubectl logs`, `exec` and `port-forward` go through the API server to
-            // kubelet: by the node's address (its name, tessera-node, resolves
-            // nowhere), with a client certificate kubelet trusts.
+            // `kubectl logs` and `exec` go through the API server to kubelet: by
+            // the node's address (its name, tessera-node, resolves nowhere), with a
+            // client certificate kubelet trusts.
             "--kubelet-preferred-address-types=InternalIP".into(),
             format!(
                 "--kubelet-client-certificate={}",
@@ -1082,6 +1087,8 @@ impl Cluster {
             format!("--kubeconfig={}", self.kubeconfig_for("node").display()),
             format!("--root-dir={}", self.path("kubelet")),
             format!("--hostname-override={NODE_NAME}"),
+            // The address it serves on (kubelet.yaml), which the API server dials.
+            format!("--node-ip={}", node_ip()?),
         ];
         self.launch(Component::Kubelet, self.k8s.path("kubelet"), args, vec![])?;
         self.wait_ready(Component::Kubelet).await?;
@@ -2081,10 +2088,41 @@ fn kubelet_client_certificate(pki: &Path) -> anyhow::Result<()> {
         .arg(crt("kubelet-client")))
 }
 
-/// kubelet serves on every address: the API server reaches it at the node's
-/// InternalIP (kubelet picks the default route's; a loopback one it refuses),
-/// and only with a certificate or token it accepts (anonymous is off).
-fn kubelet_config(dir: &Path) -> String {
+/// A random bearer token (128 bits, hex).
+fn random_token() -> anyhow::Result<String> {
+    use std::io::Read;
+    let mut bytes = [0u8; 16];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .context("reading /dev/urandom for a token")?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// The node's InternalIP, where kubelet serves and the API server dials it: this
+/// machine's first global IPv4 address (kubelet refuses a loopback one).
+pub fn node_ip() -> anyhow::Result<String> {
+    let output = Command::new("ip")
+        .args(["-4", "-o", "addr", "show", "scope", "global"])
+        .output()
+        .context("running ip -4 addr")?;
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        // `2: eth0    inet 192.0.2.2/24 brd …`; the pod bridge is not up yet, or
+        // is Tessera's own (10.88.0.1): skip it.
+        .filter(|line| !line.contains(" tessera0 "))
+        .find_map(|line| {
+            let mut words = line.split_whitespace();
+            words.find(|w| *w == "inet")?;
+            Some(words.next()?.split('/').next()?.to_owned())
+        })
+        .context(
+            "no global IPv4 address on this machine: kubelet needs one for the node's InternalIP",
+        )
+}
+
+/// kubelet serves on the node's InternalIP, where the API server dials it, and
+/// only to a certificate or token it accepts (anonymous is off).
+fn kubelet_config(dir: &Path, node_ip: &str) -> String {
     let dir = dir.display();
     format!(
         r#"apiVersion: kubelet.config.k8s.io/v1beta1
@@ -2096,7 +2134,7 @@ containerRuntimeEndpoint: unix://{dir}/proxy.sock
 imageServiceEndpoint: unix://{dir}/proxy.sock
 staticPodPath: {dir}/manifests
 resolvConf: /etc/resolv.conf
-address: 0.0.0.0
+address: {node_ip}
 port: {KUBELET_PORT}
 readOnlyPort: 0
 healthzBindAddress: 127.0.0.1
@@ -2350,11 +2388,10 @@ fn connect(port: u16) -> anyhow::Result<()> {
 /// kube-apiserver and etcd keep their ports a few seconds after exiting.
 async fn wait_port_free(port: u16) -> anyhow::Result<()> {
     let started = Instant::now();
-    while TcpListener::bind(("127.0.0.1", port)).is_err() {
+    // Every address: kubelet and the API server listen beyond loopback.
+    while TcpListener::bind(("0.0.0.0", port)).is_err() {
         if started.elapsed() > Duration::from_secs(60) {
-            bail!(
-                "port {port} on 127.0.0.1 is still taken after 60 s: is another cluster running?"
-            );
+            bail!("port {port} is still taken after 60 s: is another cluster running?");
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }

@@ -17,7 +17,7 @@ pub const FIRST_POD: &str = "apiVersion: v1
 kind: Pod
 metadata: {name: mine, namespace: default}
 spec:
-  dnsPolicy: Default        # the demo cluster runs no cluster DNS
+  dnsPolicy: Default        # demo only: the demo cluster runs no cluster DNS
   containers:
     - name: main
       image: tessera.local/probe:1
@@ -36,8 +36,9 @@ macro_rules! say {
     }};
 }
 
-/// Runs the story; with `keep_up`, waits for Ctrl-C before tearing the cluster down.
-pub async fn run(out: &mut (dyn Write + Send), keep_up: bool) -> anyhow::Result<()> {
+/// Runs the story; with `keep_up`, waits for Ctrl-C before tearing the cluster
+/// down. Returns the table's rows (the cluster tier checks them).
+pub async fn run(out: &mut (dyn Write + Send), keep_up: bool) -> anyhow::Result<Vec<Row>> {
     let binaries = K8sBinaries::locate()?.with_context(|| {
         format!(
             "no Kubernetes binaries: set {} to a directory holding kubelet, kube-apiserver, … \
@@ -59,6 +60,64 @@ pub async fn run(out: &mut (dyn Write + Send), keep_up: bool) -> anyhow::Result<
     let mut cluster = Cluster::start(binaries, options).await?;
     say!(out, "    up in {:.1} s", started.elapsed().as_secs_f64());
 
+    let rows = story(&mut cluster, out).await?;
+
+    if keep_up {
+        let tessera = tessera_binary("tessera")?;
+        say!(out, "==> the cluster stays up until Ctrl-C. Try:");
+        say!(
+            out,
+            "    export KUBECONFIG={}   # cluster admin",
+            cluster.kubeconfig().display()
+        );
+        say!(
+            out,
+            "    (or KUBECONFIG={}: a tenant's, with pods, logs and exec in namespace default only)",
+            cluster.tenant_kubeconfig().display()
+        );
+        say!(
+            out,
+            "    kubectl get pods -o wide; kubectl logs whole-gpu   # with a kubectl of your own, as root; the probe prints the GPU device nodes and env it sees"
+        );
+        say!(out, "    {} inspect", tessera.display());
+        say!(
+            out,
+            "    your own pod (no registry here: the demo's probe image, never pulled), then `{} inspect --pod mine` (as admin) and `kubectl logs mine`:",
+            tessera.display()
+        );
+        for line in FIRST_POD.lines() {
+            say!(out, "        {line}");
+        }
+        say!(
+            out,
+            "    metrics: http://{}/metrics (tessera-runtime-proxy), http://{}/metrics (tessera-reporter), http://{}/metrics (tessera-scheduler)",
+            cluster.proxy_metrics_addr(),
+            cluster.reporter_metrics_addr(),
+            cluster.scheduler_metrics_addr()
+        );
+        say!(
+            out,
+            "    a container's OCI spec: {} --runtime-endpoint unix://{} ps, then inspect <id>",
+            cluster.k8s_path("crictl").display(),
+            cluster.proxy_socket().display()
+        );
+        say!(out, "    logs: {}/logs/", cluster.dir().display());
+        let _ = out.flush();
+        tokio::signal::ctrl_c().await?;
+    }
+    say!(out, "==> tearing the cluster down");
+    drop(cluster);
+    Ok(rows)
+}
+
+/// The demo's story on a running cluster: a device-plugin pod placed by another
+/// scheduler, then the sample pods through kube-scheduler and tessera-scheduler;
+/// prints what each container got and `tessera inspect`, and returns the table's
+/// rows (the cluster tier checks them).
+pub async fn story(
+    cluster: &mut Cluster,
+    out: &mut (dyn Write + Send),
+) -> anyhow::Result<Vec<Row>> {
     // A device-plugin pod placed by another scheduler, as before Tessera was installed.
     let mut legacy = probe_pod(
         "legacy-training",
@@ -79,7 +138,7 @@ pub async fn run(out: &mut (dyn Write + Send), keep_up: bool) -> anyhow::Result<
     let samples = sample_pods();
     say!(out, "==> creating sample pods through kube-scheduler:");
     for (name, limits) in &samples {
-        say!(out, "    {name:<18} {limits}");
+        say!(out, "    {name:<18} {}", asked(limits));
         cluster
             .create_pod("admin", &probe_pod(name, &[("main", limits.clone())], &[]))
             .await?;
@@ -91,10 +150,7 @@ pub async fn run(out: &mut (dyn Write + Send), keep_up: bool) -> anyhow::Result<
             .map(|(n, l)| (n, asked(&l)))
             .collect();
     for (name, asked) in asked_by {
-        let got = match cluster
-            .wait_pod(name, Duration::from_secs(30), "Running", is_running)
-            .await
-        {
+        let got = match running_or_refused(cluster, name).await? {
             Ok(pod) => {
                 let specs = cluster.container_specs(&pod)?;
                 let Some(spec) = specs.get("main") else {
@@ -102,14 +158,12 @@ pub async fn run(out: &mut (dyn Write + Send), keep_up: bool) -> anyhow::Result<
                 };
                 let minors: Vec<String> =
                     gpu_device_minors(spec).iter().map(u64::to_string).collect();
-                let env: Vec<(String, String)> = [
-                    "CUDA_DEVICE_SM_LIMIT",
-                    "CUDA_DEVICE_MEMORY_LIMIT_0",
-                    "CUDA_DEVICE_MEMORY_LIMIT_1",
-                ]
-                .iter()
-                .filter_map(|key| env_values(spec, key).pop().map(|v| ((*key).to_owned(), v)))
-                .collect();
+                let env = limiter_env(spec);
+                let annotated = pod
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .is_some_and(|a| a.contains_key(crate::cluster::ALLOCATED));
                 Ok(Got {
                     gpus: match allocated_gpus(&pod) {
                         Ok(gpus) => gpus
@@ -117,6 +171,8 @@ pub async fn run(out: &mut (dyn Write + Send), keep_up: bool) -> anyhow::Result<
                             .map(|(_, m)| m.to_string())
                             .collect::<Vec<_>>()
                             .join(","),
+                        Err(error) if annotated => format!("unreadable allocation: {error:#}"),
+                        Err(_) if minors.is_empty() => "device plugin".into(),
                         Err(_) => format!("{} (device plugin)", minors.join(",")),
                     },
                     visible: env_values(spec, "NVIDIA_VISIBLE_DEVICES")
@@ -136,12 +192,7 @@ pub async fn run(out: &mut (dyn Write + Send), keep_up: bool) -> anyhow::Result<
                     ),
                 })
             }
-            Err(_) => Err(cluster
-                .events_of(name)
-                .await?
-                .into_iter()
-                .rfind(|e| e.starts_with("FailedScheduling"))
-                .unwrap_or_else(|| "not running".into())),
+            Err(reason) => Err(reason),
         };
         rows.push(Row {
             pod: name.to_owned(),
@@ -169,52 +220,60 @@ pub async fn run(out: &mut (dyn Write + Send), keep_up: bool) -> anyhow::Result<
     if !inspect.status.success() {
         say!(out, "{}", String::from_utf8_lossy(&inspect.stderr));
     }
-    if keep_up {
-        let tessera = tessera_binary("tessera")?;
-        say!(out, "==> the cluster stays up until Ctrl-C. Try:");
-        say!(
-            out,
-            "    export KUBECONFIG={}   # cluster admin",
-            cluster.kubeconfig().display()
-        );
-        say!(
-            out,
-            "    (or KUBECONFIG={}: a tenant of namespace default, as your users are)",
-            cluster.tenant_kubeconfig().display()
-        );
-        say!(
-            out,
-            "    kubectl get pods -o wide; kubectl logs whole-gpu   # the probe prints the GPU device nodes and env it sees"
-        );
-        say!(out, "    {} inspect", tessera.display());
-        say!(
-            out,
-            "    your own pod (no registry here: the demo's probe image, never pulled), then `{} inspect --pod mine` and `kubectl logs mine`:",
-            tessera.display()
-        );
-        for line in FIRST_POD.lines() {
-            say!(out, "        {line}");
+    Ok(rows)
+}
+
+/// The pod once it runs, or why kube-scheduler left it unplaced, as soon as
+/// either shows (30 s at most): no half-minute wait on a pod that fits nowhere.
+async fn running_or_refused(
+    cluster: &mut Cluster,
+    name: &str,
+) -> anyhow::Result<Result<k8s_openapi::api::core::v1::Pod, String>> {
+    let pods = kube::Api::<k8s_openapi::api::core::v1::Pod>::namespaced(
+        cluster.client().await?,
+        "default",
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let pod = pods.get(name).await?;
+        if is_running(&pod) {
+            return Ok(Ok(pod));
         }
-        say!(
-            out,
-            "    metrics: http://{}/metrics (tessera-runtime-proxy), http://{}/metrics (tessera-reporter), http://{}/metrics (tessera-scheduler)",
-            cluster.proxy_metrics_addr(),
-            cluster.reporter_metrics_addr(),
-            cluster.scheduler_metrics_addr()
-        );
-        say!(
-            out,
-            "    a container's OCI spec: {} --runtime-endpoint unix://{} ps, then inspect <id>",
-            cluster.k8s_path("crictl").display(),
-            cluster.proxy_socket().display()
-        );
-        say!(out, "    logs: {}/logs/", cluster.dir().display());
-        let _ = out.flush();
-        tokio::signal::ctrl_c().await?;
+        let bound = pod.spec.as_ref().is_some_and(|s| s.node_name.is_some());
+        if !bound
+            && let Some(reason) = cluster
+                .events_of(name)
+                .await?
+                .into_iter()
+                .rfind(|e| e.starts_with("FailedScheduling"))
+        {
+            return Ok(Err(reason));
+        }
+        if Instant::now() >= deadline {
+            return Ok(Err(if bound {
+                // What kubelet says of the containers (CreateContainerError and
+                // the GPU hook's reason, an image it cannot pull).
+                let waiting: Vec<String> = pod
+                    .status
+                    .iter()
+                    .flat_map(|s| s.container_statuses.iter().flatten())
+                    .filter_map(|c| {
+                        let waiting = c.state.as_ref()?.waiting.as_ref()?;
+                        Some(format!(
+                            "container {}: {}: {}",
+                            c.name,
+                            waiting.reason.as_deref().unwrap_or("waiting"),
+                            waiting.message.as_deref().unwrap_or_default()
+                        ))
+                    })
+                    .collect();
+                format!("placed, not running after 30 s; {}", waiting.join("; "))
+            } else {
+                "not placed after 30 s".into()
+            }));
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
     }
-    say!(out, "==> tearing the cluster down");
-    drop(cluster);
-    Ok(())
 }
 
 /// The demo's sample pods (embedded and on the cluster), by name, with their
@@ -249,7 +308,8 @@ pub struct Row {
 /// What a container got, from its OCI spec (or, for device nodes, from inside it).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Got {
-    /// GPU minors, comma-separated; `N (device plugin)` for a device-plugin pod.
+    /// GPU minors, comma-separated; `N (device plugin)` or `device plugin` (its
+    /// minors are not in the OCI spec) for a device-plugin pod.
     pub gpus: String,
     /// `NVIDIA_VISIBLE_DEVICES`.
     pub visible: String,
@@ -261,7 +321,7 @@ pub struct Got {
     pub devices: String,
 }
 
-/// A container's limits as the manifest writes them: `name=value`, space-separated.
+/// A container's limits, `name=value`, space-separated, in name order.
 pub fn asked(limits: &Value) -> String {
     limits
         .as_object()
@@ -270,6 +330,20 @@ pub fn asked(limits: &Value) -> String {
         .map(|(name, value)| format!("{name}={}", value.as_str().unwrap_or_default()))
         .collect::<Vec<_>>()
         .join(" ")
+}
+
+/// HAMi-core's limiter env in an OCI spec: every `CUDA_DEVICE_*` key, the last
+/// value of each (the one the runtime acts on).
+pub fn limiter_env(spec: &Value) -> Vec<(String, String)> {
+    let mut env = std::collections::BTreeMap::new();
+    for entry in spec["process"]["env"].as_array().into_iter().flatten() {
+        if let Some((key, value)) = entry.as_str().and_then(|e| e.split_once('='))
+            && key.starts_with("CUDA_DEVICE_")
+        {
+            env.insert(key.to_owned(), value.to_owned());
+        }
+    }
+    env.into_iter().collect()
 }
 
 /// HAMi-core's limiter env (`CUDA_DEVICE_SM_LIMIT`, `CUDA_DEVICE_MEMORY_LIMIT_N`)
@@ -285,9 +359,18 @@ pub fn limiter(env: &[(String, String)]) -> String {
             .strip_prefix("CUDA_DEVICE_MEMORY_LIMIT_")
             .and_then(|i| i.parse::<u32>().ok())
         {
-            let mib = value
-                .strip_suffix(['m', 'M'])
-                .and_then(|n| n.parse::<u64>().ok());
+            // HAMi-core's suffixes: k, m, g (KiB, MiB, GiB); none is bytes.
+            let (digits, unit) = match value.char_indices().last() {
+                Some((i, c)) if c.is_ascii_alphabetic() => (&value[..i], c.to_ascii_lowercase()),
+                _ => (value.as_str(), 'b'),
+            };
+            let mib = digits.parse::<u64>().ok().and_then(|n| match unit {
+                'g' => Some(n * 1024),
+                'm' => Some(n),
+                'k' if n % 1024 == 0 => Some(n / 1024),
+                'b' if n % (1 << 20) == 0 => Some(n >> 20),
+                _ => None,
+            });
             memory.insert(
                 index,
                 match mib {
@@ -454,6 +537,34 @@ mod tests {
              another-whole-gpu  nvidia.com/gpu=1                                                Pending: 0 of 3 usable GPUs have room\n"
         );
         assert_eq!(limiter(&[]), "-");
+        // Three GPUs, HAMi-core's other units; an unknown one shown as written.
+        let memory = |values: [&str; 3]| {
+            limiter(
+                &values
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| (format!("CUDA_DEVICE_MEMORY_LIMIT_{i}"), (*v).to_owned()))
+                    .collect::<Vec<_>>(),
+            )
+        };
+        assert_eq!(
+            memory(["2g", "2048m", "2147483648"]),
+            "memory 2 GiB + 2 GiB + 2 GiB"
+        );
+        assert_eq!(
+            memory(["1048576k", "12x", "100"]),
+            "memory 1 GiB + 12x + 100"
+        );
+        let spec = serde_json::json!({"process": {"env": [
+            "CUDA_DEVICE_SM_LIMIT=10", "PATH=/bin", "CUDA_DEVICE_MEMORY_LIMIT_2=1g",
+            "CUDA_DEVICE_SM_LIMIT=25"]}});
+        assert_eq!(
+            limiter_env(&spec),
+            vec![
+                ("CUDA_DEVICE_MEMORY_LIMIT_2".to_owned(), "1g".to_owned()),
+                ("CUDA_DEVICE_SM_LIMIT".to_owned(), "25".to_owned())
+            ]
+        );
         assert_eq!(gpu_nodes(["/dev/nvidiactl"]), "-");
     }
 }

@@ -254,8 +254,9 @@ fn main() -> std::process::ExitCode {
         .collect();
     let chart_suite =
         !on_chart.is_empty() || CHART_STEPS.iter().any(|s| wanted(&format!("chart/{s}")));
+    let demo = wanted(DEMO);
     // `cargo test --workspace --list` and filters that select none: nothing to start.
-    if (selected.is_empty() && !chart_suite) || std::env::args().any(|a| a == "--list") {
+    if (selected.is_empty() && !chart_suite && !demo) || std::env::args().any(|a| a == "--list") {
         for (name, _) in &selected {
             println!("{name}: test");
         }
@@ -264,13 +265,16 @@ fn main() -> std::process::ExitCode {
                 println!("chart/{name}: test");
             }
         }
+        if demo {
+            println!("{DEMO}: test");
+        }
         return std::process::ExitCode::SUCCESS;
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .expect("tokio runtime");
-    match runtime.block_on(run(selected, chart_suite.then_some(on_chart))) {
+    match runtime.block_on(run(selected, chart_suite.then_some(on_chart), demo)) {
         Ok(true) => std::process::ExitCode::SUCCESS,
         Ok(false) => std::process::ExitCode::FAILURE,
         Err(e) => {
@@ -285,6 +289,7 @@ fn main() -> std::process::ExitCode {
 async fn run(
     selected: Vec<(&'static str, Scenario)>,
     on_chart: Option<Vec<(&'static str, Scenario)>>,
+    demo: bool,
 ) -> anyhow::Result<bool> {
     let Some(binaries) = K8sBinaries::require_or_skip("cluster tests")? else {
         return Ok(true);
@@ -324,8 +329,26 @@ async fn run(
         }
         failed.extend(bad);
     }
+    if demo {
+        // The demo starts (and tears down) a cluster of its own, as a user's does.
+        let started = Instant::now();
+        let secs = || started.elapsed().as_secs_f64();
+        match migration::cluster_demo_tells_its_story().await {
+            Ok(()) => {
+                println!("test {DEMO} ... ok ({:.1} s)", secs());
+                passed += 1;
+            }
+            Err(e) => {
+                println!("test {DEMO} ... FAILED ({:.1} s)\n{e:#}\n", secs());
+                failed.push(Failure::new(DEMO.to_owned(), &e));
+            }
+        }
+    }
     Ok(summarise(passed, &failed))
 }
+
+/// `scripts/run.sh --cluster --exit` on a cluster of its own, after the suites.
+const DEMO: &str = "demo/cluster_demo_tells_its_story";
 
 /// Prints the suite's result line and each failure's reason; true when none failed.
 fn summarise(passed: usize, failed: &[Failure]) -> bool {

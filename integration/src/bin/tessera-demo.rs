@@ -5,7 +5,7 @@
 //! - `--cluster`: the same story on a real one-node Kubernetes cluster (binaries from
 //!   `TESSERA_K8S_BIN` or `../shared/k8s/bin`), kept up until Ctrl-C.
 //!
-//! Ctrl-C stops it and cleans up: processes, mounts and temporary directories.
+//! Ctrl-C (or SIGTERM) stops it and cleans up: processes, mounts and temporary directories.
 
 const HELP: &str = "Usage: tessera-demo [--cluster [--exit]]
 
@@ -22,7 +22,9 @@ Tessera on one machine, no GPU needed (root needed).
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    tessera_api::binary::init_logging("error");
+    // kube's client logs each 500 of an API server still starting as an ERROR;
+    // the demo waits those out and reports its own failures.
+    tessera_api::binary::init_logging("error,kube_client=off");
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.iter().any(|a| a == "-h" || a == "--help") {
         println!("{HELP}");
@@ -40,7 +42,9 @@ async fn main() -> std::process::ExitCode {
     let mut stdout = std::io::stdout();
     let story = async {
         if cluster {
-            tessera_integration::cluster_demo::run(&mut stdout, keep_up).await
+            tessera_integration::cluster_demo::run(&mut stdout, keep_up)
+                .await
+                .map(drop)
         } else {
             tessera_integration::demo::run(&mut stdout).await.map(drop)
         }
@@ -54,8 +58,9 @@ async fn main() -> std::process::ExitCode {
             }
         },
         // Dropping the story's future stops the cluster or containerd, kills their
-        // containers, unmounts and removes temp dirs.
-        _ = tokio::signal::ctrl_c() => {
+        // containers, unmounts and removes temp dirs: on Ctrl-C, and on SIGTERM
+        // (`timeout`, systemd, kill), which once left a whole cluster running.
+        _ = tessera_api::binary::shutdown_signal() => {
             eprintln!("tessera-demo: interrupted; cleaned up");
             std::process::ExitCode::from(130)
         }
