@@ -624,16 +624,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
                     println!("{}", serde_json::to_string_pretty(&outcomes)?);
                 } else {
                     for outcome in &outcomes {
-                        match (&outcome.node, &outcome.annotation) {
-                            (Some(node), Some(annotation)) => {
-                                println!("{}\t-> {node}\t{annotation}", outcome.pod)
-                            }
-                            _ => println!(
-                                "{}\t-> (none)\t{}",
-                                outcome.pod,
-                                outcome.reason.as_deref().unwrap_or("")
-                            ),
-                        }
+                        println!("{}", outcome.line());
                     }
                 }
             }

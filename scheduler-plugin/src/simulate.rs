@@ -130,6 +130,62 @@ pub struct Outcome {
     pub reason: Option<String>,
 }
 
+impl Outcome {
+    /// One line for a person: `ns/pod -> node: GPU 1 (GPU-…) main 25%, 4.0 GiB`,
+    /// or `ns/pod -> (none): why`. `--json` keeps the raw annotation for scripts.
+    pub fn line(&self) -> String {
+        match (&self.node, &self.annotation) {
+            (Some(node), Some(annotation)) => {
+                format!(
+                    "{} -> {node}: {}",
+                    self.pod,
+                    describe_allocation(annotation)
+                )
+            }
+            _ => format!(
+                "{} -> (none): {}",
+                self.pod,
+                self.reason.as_deref().unwrap_or("not placed")
+            ),
+        }
+    }
+}
+
+/// An allocation annotation in words: each GPU by minor and UUID, with each
+/// container's share (`memory only` where it holds no compute), `; `-separated.
+/// An annotation that does not parse is shown as it is.
+pub fn describe_allocation(annotation: &str) -> String {
+    let Ok(parsed) = tessera_api::allocation::DeviceAllocations::parse(annotation) else {
+        return annotation.to_owned();
+    };
+    let share = |resources: &BTreeMap<String, tessera_api::Quantity>| {
+        let get = |name: &str| resources.get(name).map_or(0, tessera_api::Quantity::value);
+        let core = get(tessera_api::resources::GPU_CORE);
+        let gib = get(tessera_api::resources::GPU_MEMORY) as f64 / f64::from(1u32 << 30);
+        if core == 0 {
+            format!("memory only, {gib:.1} GiB")
+        } else {
+            format!("{core}%, {gib:.1} GiB")
+        }
+    };
+    parsed
+        .gpus()
+        .iter()
+        .map(|gpu| {
+            let shares = match &gpu.containers {
+                Some(containers) => containers
+                    .iter()
+                    .map(|(name, resources)| format!("{name} {}", share(resources)))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                None => share(&gpu.resources),
+            };
+            format!("GPU {} ({}) {shares}", gpu.minor, gpu.id)
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 /// Settings of a simulation.
 #[derive(Debug, Clone, Copy)]
 pub struct SimulateOptions {
@@ -444,6 +500,63 @@ pub fn synthetic_pending_pod(i: usize) -> Pod {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_outcome_reads_as_gpus_and_shares_or_as_its_reason() {
+        let placed = Outcome {
+            pod: "default/two".into(),
+            node: Some("n2".into()),
+            annotation: Some(
+                r#"{"gpu":[{"minor":0,"id":"GPU-a","resources":{"koordinator.sh/gpu-core":25,"koordinator.sh/gpu-memory":4294967296,"koordinator.sh/gpu-memory-ratio":25},"extension":{"containers":{"a":{"koordinator.sh/gpu-core":25,"koordinator.sh/gpu-memory":4294967296,"koordinator.sh/gpu-memory-ratio":25}}}},{"minor":1,"id":"GPU-b","resources":{"koordinator.sh/gpu-core":0,"koordinator.sh/gpu-memory":7516192768,"koordinator.sh/gpu-memory-ratio":45}}]}"#
+                    .into(),
+            ),
+            reason: None,
+        };
+        assert_eq!(
+            placed.line(),
+            "default/two -> n2: GPU 0 (GPU-a) a 25%, 4.0 GiB; GPU 1 (GPU-b) memory only, 7.0 GiB"
+        );
+        let unplaced = Outcome {
+            pod: "default/big".into(),
+            node: None,
+            annotation: None,
+            reason: Some("fits none of 3 nodes".into()),
+        };
+        assert_eq!(
+            unplaced.line(),
+            "default/big -> (none): fits none of 3 nodes"
+        );
+        assert_eq!(describe_allocation("not json"), "not json");
+    }
+
+    /// docs/scheduler.md quotes `simulate` on docs/examples: it must be what
+    /// simulate prints.
+    #[test]
+    fn the_docs_quote_simulate_on_the_examples_as_it_prints() {
+        let doc = include_str!("../../docs/scheduler.md");
+        let quoted = doc
+            .split_once("`simulate` prints one line per pending pod")
+            .and_then(|(_, after)| after.split_once("```\n"))
+            .and_then(|(_, block)| block.split_once("```"))
+            .map(|(block, _)| block)
+            .expect("docs/scheduler.md quotes simulate's output");
+        let cluster = parse_snapshot(include_str!("../../docs/examples/cluster.yaml"), "cluster")
+            .expect("cluster");
+        let pods = parse_snapshot(include_str!("../../docs/examples/pods.yaml"), "pods")
+            .expect("pods")
+            .pods;
+        let mut ledger = ledger_of(&cluster);
+        let printed: String = simulate(
+            &mut ledger,
+            &cluster.node_list(),
+            &pods,
+            &SimulateOptions::default(),
+        )
+        .iter()
+        .map(|o| o.line() + "\n")
+        .collect();
+        assert_eq!(printed, quoted);
+    }
 
     const CLUSTER: &str = r#"
 apiVersion: v1
