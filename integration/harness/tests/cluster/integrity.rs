@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use anyhow::ensure;
+use anyhow::{bail, ensure};
 use serde_json::json;
 use tessera_harness::cluster::{Cluster, NODE_NAME, allocated_gpus, probe_pod as pod};
 
@@ -412,6 +412,85 @@ pub async fn impossible_gpu_requests_are_refused_at_creation(
         let spec = pod(name, &[("main", limits.clone())], &[]);
         refused_at_creation(cluster, NS, &spec, "tessera-gpu-requests", want).await?;
     }
+    // Each system's own rules, refused in tessera-scheduler's words: the policy's
+    // message is checked against the scheduler's request parser, not a copy of it.
+    let systems = [
+        (
+            "koord-memory-twice",
+            json!({"koordinator.sh/gpu-memory": "8Gi", "koordinator.sh/gpu-memory-ratio": "50"}),
+        ),
+        (
+            "koord-gpu-and-memory",
+            json!({"koordinator.sh/gpu": "50", "koordinator.sh/gpu-memory": "8Gi"}),
+        ),
+        (
+            "hami-memory-twice",
+            json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000", "nvidia.com/gpumem-percentage": "50"}),
+        ),
+        (
+            "hami-cores-150",
+            json!({"nvidia.com/gpu": "1", "nvidia.com/gpucores": "150"}),
+        ),
+        (
+            "hami-percentage-150",
+            json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "150"}),
+        ),
+        (
+            "hami-and-koord",
+            json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000", "koordinator.sh/gpu-core": "20"}),
+        ),
+        (
+            "hami-and-volcano-number",
+            json!({"nvidia.com/gpumem": "1000", "volcano.sh/gpu-number": "1"}),
+        ),
+        (
+            "vgpu-and-koord",
+            json!({"volcano.sh/vgpu-number": "1", "koordinator.sh/gpu-core": "20"}),
+        ),
+        (
+            "vgpu-and-hami",
+            json!({"volcano.sh/vgpu-memory": "1000", "nvidia.com/gpu": "1"}),
+        ),
+        ("vgpu-cores-alone", json!({"volcano.sh/vgpu-cores": "30"})),
+        (
+            "vgpu-memory-twice",
+            json!({"volcano.sh/vgpu-number": "1", "volcano.sh/vgpu-memory": "1000", "volcano.sh/vgpu-memory-percentage": "50"}),
+        ),
+        (
+            "vgpu-cores-150",
+            json!({"volcano.sh/vgpu-number": "1", "volcano.sh/vgpu-cores": "150"}),
+        ),
+        (
+            "shared-zero",
+            json!({"koordinator.sh/gpu.shared": "0", "koordinator.sh/gpu-memory-ratio": "50"}),
+        ),
+        (
+            "shared-and-gpu",
+            json!({"koordinator.sh/gpu.shared": "2", "koordinator.sh/gpu": "100"}),
+        ),
+        (
+            "shared-no-memory",
+            json!({"koordinator.sh/gpu.shared": "2", "koordinator.sh/gpu-core": "100"}),
+        ),
+        (
+            "shared-uneven",
+            json!({"koordinator.sh/gpu.shared": "2", "koordinator.sh/gpu-core": "151", "koordinator.sh/gpu-memory-ratio": "100"}),
+        ),
+        (
+            "shared-too-much",
+            json!({"koordinator.sh/gpu.shared": "2", "koordinator.sh/gpu-core": "100", "koordinator.sh/gpu-memory-ratio": "300"}),
+        ),
+    ];
+    for (name, limits) in &systems {
+        let spec = pod(name, &[("main", limits.clone())], &[]);
+        let typed: k8s_openapi::api::core::v1::Pod = serde_json::from_value(spec.clone())?;
+        let parsed = tessera_api::request::pod_gpu_request(&typed, &Default::default());
+        let Err(error) = parsed else {
+            bail!("{name} ({limits}): tessera-scheduler's parser takes it: {parsed:?}");
+        };
+        let want = format!("pod {NS}/{name}: {error}");
+        refused_at_creation(cluster, NS, &spec, "tessera-gpu-requests", &want).await?;
+    }
     // Koordinator's v1.6 blog's spelling of gpu.shared: no node offers it, so the
     // pod would wait forever on "Insufficient …"; refused naming the name meant.
     let misspelled = pod(
@@ -444,6 +523,22 @@ pub async fn impossible_gpu_requests_are_refused_at_creation(
         (
             "hami",
             json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000"}),
+        ),
+        (
+            "hami-percentage",
+            json!({"nvidia.com/gpu": "2", "nvidia.com/gpumem-percentage": "50", "nvidia.com/gpucores": "100"}),
+        ),
+        (
+            "vgpu",
+            json!({"volcano.sh/vgpu-number": "2", "volcano.sh/vgpu-memory": "3000", "volcano.sh/vgpu-cores": "50"}),
+        ),
+        (
+            "vgpu-memory-alone",
+            json!({"volcano.sh/vgpu-memory": "3000"}),
+        ),
+        (
+            "shared-even",
+            json!({"koordinator.sh/gpu.shared": "2", "koordinator.sh/gpu-core": "100", "koordinator.sh/gpu-memory": "16Gi"}),
         ),
         (
             "core-and-memory",
