@@ -105,7 +105,8 @@ pub enum NodeCommand {
     /// volcano.sh/gpu-memory), the GPU model and driver labels, and the
     /// tessera.io/runtime-proxy taint an unproven switch-over left. Runs anywhere
     /// with a kubeconfig; refuses while a tessera-reporter pod runs on a node it would
-    /// clean (the reporter would publish it all again).
+    /// clean (the reporter would publish it all again), and fails when what it
+    /// removed is back after --settle seconds (a reporter running outside the pods).
     Cleanup(CleanupArgs),
 }
 
@@ -120,6 +121,10 @@ pub struct CleanupArgs {
     /// where NVIDIA's device plugin serves nvidia.com/gpu.
     #[arg(long)]
     pub nvidia_gpu: bool,
+    /// Seconds to look again after removing: what came back means a tessera-reporter
+    /// still runs outside the cluster's pods (exit 1, naming the nodes). 0: do not look.
+    #[arg(long, value_name = "SECONDS", default_value_t = 5)]
+    pub settle: u64,
 }
 
 /// Settings of `tessera node installer`.
@@ -245,7 +250,9 @@ async fn node_command(
     let (args, installer) = match command {
         NodeCommand::Cleanup(args) => {
             let client = client(kubeconfig).await?;
-            for line in node::cleanup(client, args.node.as_deref(), args.nvidia_gpu).await? {
+            let settle = std::time::Duration::from_secs(args.settle);
+            for line in node::cleanup(client, args.node.as_deref(), args.nvidia_gpu, settle).await?
+            {
                 println!("{line}");
             }
             return Ok(());

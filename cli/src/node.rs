@@ -775,6 +775,7 @@ pub async fn cleanup(
     client: kube::Client,
     node: Option<&str>,
     nvidia_gpu: bool,
+    settle: Duration,
 ) -> anyhow::Result<Vec<String>> {
     use k8s_openapi::api::core::v1::Pod;
     use kube::api::ListParams;
@@ -800,6 +801,7 @@ pub async fn cleanup(
         .context("listing tessera-reporter pods")?
         .items;
     let mut done = Vec::new();
+    let mut cleaned = Vec::new();
     for target in targets {
         let name = target.metadata.name.clone().unwrap_or_default();
         if reporters.iter().any(|p| {
@@ -835,8 +837,32 @@ pub async fn cleanup(
         done.push(if removed == 0 {
             format!("node {name}: nothing of Tessera's")
         } else {
+            cleaned.push(name.clone());
             format!("node {name}: removed {removed} capacity, allocatable, label and taint entries")
         });
+    }
+    // A reporter outside the cluster's pods (a systemd service, a process left
+    // running) puts it all back within seconds: look again before saying it is gone.
+    if !cleaned.is_empty() && !settle.is_zero() {
+        tokio::time::sleep(settle).await;
+        let mut back = Vec::new();
+        for name in &cleaned {
+            let node = nodes
+                .get(name)
+                .await
+                .with_context(|| format!("reading node {name} again"))?;
+            let (status, object) = cleanup_patches(&node, nvidia_gpu);
+            if !status.is_empty() || !object.is_empty() {
+                back.push(name.as_str());
+            }
+        }
+        if !back.is_empty() {
+            bail!(
+                "Tessera's capacity or labels came back on node(s) {} within {} s of their removal: a tessera-reporter still runs for them outside this cluster's pods (a systemd service or a process): stop it (systemctl stop tessera-reporter), then run cleanup again",
+                back.join(", "),
+                settle.as_secs()
+            );
+        }
     }
     Ok(done)
 }

@@ -92,6 +92,10 @@ fn scenarios() -> Vec<(&'static str, Scenario)> {
             |c| Box::pin(switch_over(c)),
         ),
         (
+            "node_cleanup_says_when_a_reporter_process_puts_it_back",
+            |c| Box::pin(cleanup_beside_a_reporter_process(c)),
+        ),
+        (
             "hami_volcano_and_koordinator_manifests_get_their_own_semantics",
             |c| Box::pin(compat_manifests(c)),
         ),
@@ -1709,6 +1713,39 @@ async fn switch_over(cluster: &mut Cluster) -> anyhow::Result<()> {
     cluster.set_kubelet_endpoint(&proxy_socket).await?;
     std::fs::remove_file(&link)?;
     Ok(())
+}
+
+/// `tessera node cleanup` while this cluster's tessera-reporter runs as a
+/// process (as a systemd service does), not as a pod it could see: it removes
+/// Tessera's capacity and labels, sees them published again within its settle
+/// time, and fails naming the node rather than reporting them gone.
+async fn cleanup_beside_a_reporter_process(cluster: &mut Cluster) -> anyhow::Result<()> {
+    let output = std::process::Command::new(tessera_harness::cluster::tessera_binary("tessera")?)
+        .args([
+            "node",
+            "cleanup",
+            "--node",
+            tessera_harness::cluster::NODE_NAME,
+        ])
+        .arg("--kubeconfig")
+        .arg(cluster.kubeconfig())
+        .output()?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    ensure!(
+        !output.status.success()
+            && text.contains(&format!(
+                "came back on node(s) {} within 5 s",
+                tessera_harness::cluster::NODE_NAME
+            ))
+            && text.contains("a tessera-reporter still runs"),
+        "cleanup beside a running reporter process: {text}"
+    );
+    // The reporter put it all back: the node offers its GPUs as before.
+    wait_switch_advertised(cluster, false).await
 }
 
 /// Waits (30 s at most) until the reporter has published the node's switch
