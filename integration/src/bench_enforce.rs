@@ -436,6 +436,8 @@ impl Bench {
                 let sandbox = RunningPod {
                     sandbox_id: pod.sandbox_id,
                     containers: Vec::new(),
+                    // The bench removes its own cgroup root.
+                    cgroup_parent: String::new(),
                 };
                 self.drivers[index].stop_and_remove_pod(&sandbox).await?;
             }

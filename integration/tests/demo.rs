@@ -4,10 +4,14 @@
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn demo_places_every_pod_and_containers_see_exactly_their_gpus() {
     tessera_integration::init_tracing();
+    let cgroups_before = pod_cgroups();
     let mut out = Vec::new();
     let summary = tessera_integration::demo::run(&mut out)
         .await
         .expect("the demo runs");
+    // kubelet removes a pod's cgroup once the pod is gone; the demo does as well.
+    let left: Vec<_> = pod_cgroups().difference(&cgroups_before).cloned().collect();
+    assert!(left.is_empty(), "the demo left pod cgroups: {left:?}");
     let printed = String::from_utf8_lossy(&out);
     let uuid = |minor: usize| summary.uuids[minor].clone();
     let placed = |name: &str| {
@@ -103,4 +107,29 @@ async fn demo_places_every_pod_and_containers_see_exactly_their_gpus() {
         summary.table
     );
     assert!(printed.contains("$ tessera inspect"));
+}
+
+/// Every pod cgroup under `kubepods/besteffort`, in each cgroup hierarchy.
+fn pod_cgroups() -> std::collections::BTreeSet<std::path::PathBuf> {
+    let root = std::path::Path::new("/sys/fs/cgroup");
+    let hierarchies = std::iter::once(root.to_path_buf()).chain(
+        std::fs::read_dir(root)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path()),
+    );
+    hierarchies
+        .flat_map(|h| {
+            std::fs::read_dir(h.join("kubepods/besteffort"))
+                .into_iter()
+                .flatten()
+                .flatten()
+        })
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("pod"))
+        })
+        .collect()
 }

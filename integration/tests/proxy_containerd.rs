@@ -447,8 +447,9 @@ async fn proxy_restart_mid_test_keeps_containers_and_hook_context(mode: RelayMod
     assert_eq!(start.pod.as_deref(), Some("default/before-restart"));
     assert_eq!(start.container.as_deref(), Some("late"));
     let all = tessera_integration::kubelet::RunningPod {
-        sandbox_id: running.sandbox_id,
         containers: vec![running.containers[0].clone(), second_id],
+        sandbox_id: running.sandbox_id,
+        cgroup_parent: running.cgroup_parent,
     };
     kubelet.stop_and_remove_pod(&all).await.expect("teardown");
 }

@@ -224,6 +224,9 @@ pub struct RunningPod {
     pub sandbox_id: String,
     /// The containers' IDs, in creation order.
     pub containers: Vec<String>,
+    /// The pod's cgroup, which kubelet makes and removes (the runtime leaves it);
+    /// empty when the caller owns its cgroups.
+    pub cgroup_parent: String,
 }
 
 /// A CRI client that behaves like kubelet.
@@ -300,6 +303,11 @@ impl KubeletDriver {
         Ok(RunningPod {
             sandbox_id,
             containers: ids,
+            cgroup_parent: config
+                .linux
+                .as_ref()
+                .map(|l| l.cgroup_parent.clone())
+                .unwrap_or_default(),
         })
     }
 
@@ -386,6 +394,7 @@ impl KubeletDriver {
                 pod_sandbox_id: pod.sandbox_id.clone(),
             })
             .await?;
+        remove_pod_cgroup(&pod.cgroup_parent);
         Ok(())
     }
 
@@ -428,5 +437,20 @@ impl KubeletDriver {
         Ok(status
             .status
             .map_or(cri::ContainerState::ContainerUnknown, |s| s.state()))
+    }
+}
+
+/// Removes a pod's cgroup as kubelet does once the pod is gone (runc removes only
+/// its containers'), in the unified hierarchy and in each v1 controller's. A
+/// cgroup still in use is not removable (`rmdir` refuses): it stays.
+pub fn remove_pod_cgroup(parent: &str) {
+    let relative = parent.trim_start_matches('/');
+    if relative.is_empty() {
+        return;
+    }
+    let root = std::path::Path::new("/sys/fs/cgroup");
+    let _ = std::fs::remove_dir(root.join(relative));
+    for controller in std::fs::read_dir(root).into_iter().flatten().flatten() {
+        let _ = std::fs::remove_dir(controller.path().join(relative));
     }
 }
