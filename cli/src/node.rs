@@ -397,25 +397,28 @@ impl Switch {
     /// Points kubelet at the proxy and proves it; see the module docs. On failure
     /// the node keeps its taint.
     pub async fn over(&self, nodes: &Api<Node>) -> anyhow::Result<String> {
-        let plan = plan(&self.kubelet_args)?;
+        let plan = plan(&self.kubelet_args);
         // kubelet already calls the runtime through the proxy, whatever names it
-        // (another path to its socket, a flag, a switch made by hand): writing the
-        // setting and restarting kubelet would change nothing but risk.
+        // (another path to its socket, a command-line flag, a switch made by hand):
+        // writing the setting and restarting kubelet would change nothing but risk.
         if let Ok(seen) = self.kubelet_on_proxy() {
             set_taint(nodes, &self.node, false).await?;
-            let named = if self.already_set(&plan) {
-                format!("its configuration names {}", self.endpoint)
-            } else {
-                format!(
+            let named = match &plan {
+                Ok(plan) if self.already_set(plan) => {
+                    format!("its configuration names {}", self.endpoint)
+                }
+                Ok(_) => format!(
                     "its configuration does not name {}: it reaches the proxy another way",
                     self.endpoint
-                )
+                ),
+                Err(_) => "its command line sets the runtime endpoint".to_owned(),
             };
             return Ok(format!(
                 "already switched: kubelet (process {}) has {} connection(s) to the proxy and its runtime calls go through it ({named}); nothing written, kubelet not restarted; node {} has no {TAINT_KEY} taint",
                 self.kubelet_pid, seen.connections, self.node
             ));
         }
+        let plan = plan?;
         if self.already_set(&plan) {
             // A restarted installer pod (a rollout) must not restart kubelet again:
             // the setting is in place, so proof that kubelet uses it is enough.

@@ -45,7 +45,11 @@ const DEFAULT_MAX_MESSAGE_BYTES: usize = 16 << 20;
         Logging follows RUST_LOG (default: info); --log-format picks text or JSON lines."
 )]
 pub struct Cli {
-    /// TOML file with any of the settings below (keys as the flags, with '_' for '-').
+    /// TOML file with the proxy's own settings (keys as the flags, with '_' for '-':
+    /// listen, runtime_endpoint, image_endpoint, metrics_addr, log_format,
+    /// drain_timeout, max_message_bytes, hooks_dir, relay, kubelet_process), and of the
+    /// GPU hook's only gpu_hook (true/false), trusted_gpu_agents and privileged; the
+    /// hook's other settings are flags. Flags win over the file.
     #[arg(long, value_name = "FILE", env = "TESSERA_PROXY_CONFIG")]
     pub config: Option<PathBuf>,
     /// Unix socket to serve kubelet on; created 0660, its directory created if missing

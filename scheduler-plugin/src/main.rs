@@ -165,8 +165,9 @@ enum Command {
         identity: Option<String>,
         /// Where the other replicas reach this one, written into the Lease while it
         /// leads so that a follower hands kube-scheduler's binds over to it
-        /// [default: http://$POD_IP:<--listen port> when POD_IP is set; else binds
-        /// sent to a follower fail and kube-scheduler retries them].
+        /// [default: https://$POD_IP:<--listen port> under mutual TLS, http:// on
+        /// plain HTTP, when POD_IP is set; else binds sent to a follower fail and
+        /// kube-scheduler retries them].
         #[arg(long, value_name = "URL")]
         advertise_url: Option<String>,
     },
@@ -211,9 +212,10 @@ enum Command {
         synthetic_pending: usize,
         /// kube-scheduler's percentageOfNodesToScore: each cycle the extender sees
         /// only the nodes kube-scheduler sampled. 0 is kube-scheduler's own default
-        /// (50 − nodes/125 %, at least 5 % and 100 nodes); Tessera's deploy sets 100.
-        #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=100))]
-        percentage_of_nodes_to_score: u32,
+        /// (50 − nodes/125 %, at least 5 % and 100 nodes); Tessera's deploy sets 100
+        /// [default: both, each from the same start: 100 (the pods' lines), then 0]
+        #[arg(long, value_parser = clap::value_parser!(u32).range(0..=100))]
+        percentage_of_nodes_to_score: Option<u32>,
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
@@ -571,81 +573,97 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
             json,
             policy,
         } => {
-            let started = Instant::now();
-            // The snapshot's pods are booked and dropped: the process then holds what
-            // the extender would, not every Pod object.
-            let (mut ledger, nodes, devices, running, pending) = match synthetic_nodes {
-                Some(nodes) => {
-                    let (ledger, names) =
-                        simulate::synthetic_ledger(nodes, synthetic_gpus, synthetic_running);
-                    // Made one at a time as simulate takes them.
-                    (ledger, names, nodes, synthetic_running, Vec::new())
-                }
-                None => {
-                    let read = |path: &PathBuf| -> anyhow::Result<Snapshot> {
-                        let text = std::fs::read_to_string(path)
-                            .with_context(|| format!("reading {}", path.display()))?;
-                        Ok(simulate::parse_snapshot(
-                            &text,
-                            &path.display().to_string(),
-                        )?)
-                    };
-                    let cluster = read(cluster.as_ref().context("--cluster is required")?)?;
-                    let pending = read(pods.as_ref().context("--pods is required")?)?.pods;
-                    let ledger = simulate::ledger_of(&cluster);
-                    let counts = (cluster.devices.len(), cluster.pods.len());
-                    (ledger, cluster.node_list(), counts.0, counts.1, pending)
-                }
-            };
-            let loaded = started.elapsed();
-            let options = SimulateOptions {
+            let options = |percentage_of_nodes_to_score| SimulateOptions {
                 gpu_policy: policy.gpu_policy,
                 node_policy: policy.node_policy,
                 request: policy.request_options(),
                 percentage_of_nodes_to_score,
                 group_gpus_per_namespace: policy.max_group_gpus_per_namespace,
             };
-            let placing = Instant::now();
-            let cpu = cpu_seconds();
-            let outcomes = match synthetic_nodes {
-                Some(_) => simulate::simulate(
-                    &mut ledger,
-                    &nodes,
-                    (0..synthetic_pending).map(simulate::synthetic_pending_pod),
-                    &options,
-                ),
-                None => simulate::simulate(&mut ledger, &nodes, &pending, &options),
+            // The deploy's mode first: its outcomes are the pods' lines.
+            let modes = match percentage_of_nodes_to_score {
+                Some(percentage) => vec![percentage],
+                None => vec![100, 0],
             };
-            let took = placing.elapsed();
-            // CPU time too: on a busy machine the wall clock also counts others' work.
-            let cpu = cpu_seconds().zip(cpu).map(|(after, before)| after - before);
-            if synthetic_nodes.is_none() {
-                if json {
-                    println!("{}", serde_json::to_string_pretty(&outcomes)?);
-                } else {
-                    for outcome in &outcomes {
-                        println!("{}", outcome.line());
+            let mut first: Option<Vec<simulate::Outcome>> = None;
+            for percentage in modes {
+                let started = Instant::now();
+                // The snapshot's pods are booked and dropped: the process then holds
+                // what the extender would, not every Pod object. Each mode starts
+                // from the same cluster.
+                let (mut ledger, nodes, devices, running, pending) = match synthetic_nodes {
+                    Some(nodes) => {
+                        let (ledger, names) =
+                            simulate::synthetic_ledger(nodes, synthetic_gpus, synthetic_running);
+                        // Made one at a time as simulate takes them.
+                        (ledger, names, nodes, synthetic_running, Vec::new())
+                    }
+                    None => {
+                        let read = |path: &PathBuf| -> anyhow::Result<Snapshot> {
+                            let text = std::fs::read_to_string(path)
+                                .with_context(|| format!("reading {}", path.display()))?;
+                            Ok(simulate::parse_snapshot(
+                                &text,
+                                &path.display().to_string(),
+                            )?)
+                        };
+                        let cluster = read(cluster.as_ref().context("--cluster is required")?)?;
+                        let pending = read(pods.as_ref().context("--pods is required")?)?.pods;
+                        let ledger = simulate::ledger_of(&cluster);
+                        let counts = (cluster.devices.len(), cluster.pods.len());
+                        (ledger, cluster.node_list(), counts.0, counts.1, pending)
+                    }
+                };
+                let loaded = started.elapsed();
+                let options = options(percentage);
+                let placing = Instant::now();
+                let cpu = cpu_seconds();
+                let outcomes = match synthetic_nodes {
+                    Some(_) => simulate::simulate(
+                        &mut ledger,
+                        &nodes,
+                        (0..synthetic_pending).map(simulate::synthetic_pending_pod),
+                        &options,
+                    ),
+                    None => simulate::simulate(&mut ledger, &nodes, &pending, &options),
+                };
+                let took = placing.elapsed();
+                // CPU time too: on a busy machine the wall clock also counts others' work.
+                let cpu = cpu_seconds().zip(cpu).map(|(after, before)| after - before);
+                if first.is_none() && synthetic_nodes.is_none() {
+                    if json {
+                        println!("{}", serde_json::to_string_pretty(&outcomes)?);
+                    } else {
+                        for outcome in &outcomes {
+                            println!("{}", outcome.line());
+                        }
                     }
                 }
+                let placed = outcomes.iter().filter(|o| o.node.is_some()).count();
+                eprintln!(
+                    "simulate: {} nodes ({devices} with Device CRs), {running} running pods loaded in {:.2?}; {} nodes sampled a cycle (percentageOfNodesToScore {percentage}); placed {placed} of {} pending pods in {:.2?} ({:.0} pods/s; {} per CPU-second); RSS {:.1} MiB (peak {:.1} MiB)",
+                    nodes.len(),
+                    loaded,
+                    simulate::nodes_to_find(percentage, nodes.len()),
+                    outcomes.len(),
+                    took,
+                    outcomes.len() as f64 / took.as_secs_f64().max(1e-9),
+                    // Under a tenth of a second of CPU the 10 ms ticks say nothing.
+                    cpu.filter(|c| *c >= 0.1)
+                        .map_or("-".to_owned(), |c| format!(
+                            "{:.0}",
+                            outcomes.len() as f64 / c
+                        )),
+                    rss_mib("VmRSS:").unwrap_or(0.0),
+                    rss_mib("VmHWM:").unwrap_or(0.0)
+                );
+                eprintln!(
+                    "simulate: percentageOfNodesToScore {percentage}: {}",
+                    simulate::unplaced_summary(&outcomes, first.as_deref(), 10)
+                );
+                drop(ledger);
+                first.get_or_insert(outcomes);
             }
-            let placed = outcomes.iter().filter(|o| o.node.is_some()).count();
-            eprintln!(
-                "simulate: {} nodes ({devices} with Device CRs), {running} running pods loaded in {:.2?}; {} nodes sampled a cycle (percentageOfNodesToScore {percentage_of_nodes_to_score}); placed {placed} of {} pending pods in {:.2?} ({:.0} pods/s; {} per CPU-second); RSS {:.1} MiB (peak {:.1} MiB)",
-                nodes.len(),
-                loaded,
-                simulate::nodes_to_find(percentage_of_nodes_to_score, nodes.len()),
-                outcomes.len(),
-                took,
-                outcomes.len() as f64 / took.as_secs_f64().max(1e-9),
-                // Under a tenth of a second of CPU the 10 ms ticks say nothing.
-                cpu.filter(|c| *c >= 0.1)
-                    .map_or("-".to_owned(), |c| format!(
-                        "{:.0}",
-                        outcomes.len() as f64 / c
-                    )),
-                rss_mib("VmRSS:").unwrap_or(0.0),
-                rss_mib("VmHWM:").unwrap_or(0.0)
-            );
         }
     }
     Ok(())

@@ -151,6 +151,44 @@ impl Outcome {
     }
 }
 
+/// The pods a run left unplaced, for its summary: how many, how many of them
+/// `before` (an earlier run of the same pods with another sample, the deploy's
+/// 100 %) placed, and the first `limit` names.
+pub fn unplaced_summary(outcomes: &[Outcome], before: Option<&[Outcome]>, limit: usize) -> String {
+    let unplaced: Vec<&Outcome> = outcomes.iter().filter(|o| o.node.is_none()).collect();
+    if unplaced.is_empty() {
+        return "every pod placed".into();
+    }
+    let placed_before = before.map(|before| {
+        let placed: std::collections::HashSet<&str> = before
+            .iter()
+            .filter(|o| o.node.is_some())
+            .map(|o| o.pod.as_str())
+            .collect();
+        unplaced
+            .iter()
+            .filter(|o| placed.contains(o.pod.as_str()))
+            .count()
+    });
+    let mut text = format!("{} left unplaced", unplaced.len());
+    if let Some(missed) = placed_before.filter(|m| *m > 0) {
+        let _ = write!(
+            text,
+            " ({missed} of them placed when every node is looked at: free shares the sample missed)"
+        );
+    }
+    let names: Vec<&str> = unplaced
+        .iter()
+        .take(limit)
+        .map(|o| o.pod.as_str())
+        .collect();
+    let _ = write!(text, ": {}", names.join(", "));
+    if unplaced.len() > limit {
+        let _ = write!(text, " and {} more", unplaced.len() - limit);
+    }
+    text
+}
+
 /// An allocation annotation in words: each GPU by minor and UUID, with each
 /// container's share (`memory only` where it holds no compute), `; `-separated.
 /// An annotation that does not parse is shown as it is.
@@ -529,13 +567,31 @@ mod tests {
         assert_eq!(describe_allocation("not json"), "not json");
     }
 
+    #[test]
+    fn a_summary_names_the_unplaced_and_those_only_the_sample_missed() {
+        let outcome = |pod: &str, placed: bool| Outcome {
+            pod: pod.into(),
+            node: placed.then(|| "n".to_owned()),
+            annotation: None,
+            reason: (!placed).then(|| "no room".to_owned()),
+        };
+        let every = [outcome("a", true), outcome("b", true), outcome("c", false)];
+        let sampled = [outcome("a", false), outcome("b", true), outcome("c", false)];
+        assert_eq!(unplaced_summary(&every, None, 10), "1 left unplaced: c");
+        assert_eq!(
+            unplaced_summary(&sampled, Some(&every), 1),
+            "2 left unplaced (1 of them placed when every node is looked at: free shares the sample missed): a and 1 more"
+        );
+        assert_eq!(unplaced_summary(&every[..2], None, 10), "every pod placed");
+    }
+
     /// docs/scheduler.md quotes `simulate` on docs/examples: it must be what
     /// simulate prints.
     #[test]
     fn the_docs_quote_simulate_on_the_examples_as_it_prints() {
         let doc = include_str!("../../docs/scheduler.md");
         let quoted = doc
-            .split_once("`simulate` prints one line per pending pod")
+            .split_once("It prints one line per pending pod of the first run")
             .and_then(|(_, after)| after.split_once("```\n"))
             .and_then(|(_, block)| block.split_once("```"))
             .map(|(block, _)| block)
@@ -550,7 +606,11 @@ mod tests {
             &mut ledger,
             &cluster.node_list(),
             &pods,
-            &SimulateOptions::default(),
+            // The first run's: the deploy's mode.
+            &SimulateOptions {
+                percentage_of_nodes_to_score: 100,
+                ..SimulateOptions::default()
+            },
         )
         .iter()
         .map(|o| o.line() + "\n")

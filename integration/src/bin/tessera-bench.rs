@@ -1398,7 +1398,9 @@ fn simulate_bench(nodes: usize, pending: usize) -> anyhow::Result<()> {
             f.peak_mib
         );
     }
-    let rate = sampled.pending as f64 / sampled.seconds.max(1e-9);
+    // The target is the deploy's mode (percentageOfNodesToScore 100: no free share
+    // missed); the adaptive sample's figures are printed beside it.
+    let rate = every.pending as f64 / every.seconds.max(1e-9);
     println!(
         "ratio per pod, every node / adaptive sample: {:.2} (nodes looked at: {:.0}×)",
         (every.seconds / every.pending.max(1) as f64)
@@ -1407,14 +1409,15 @@ fn simulate_bench(nodes: usize, pending: usize) -> anyhow::Result<()> {
     );
     println!("targets:");
     println!(
-        "  simulate at {nodes} nodes × 8 GPUs >= 5000 placements/s (one scheduling cycle per pod, wall clock): {} ({rate:.0}/s; {} of {} placed)",
+        "  simulate at {nodes} nodes × 8 GPUs, percentageOfNodesToScore 100, >= 5000 placements/s (one scheduling cycle per pod, wall clock): {} ({rate:.0}/s; {} of {} placed)",
         verdict(rate >= 5000.0),
-        sampled.placed,
-        sampled.pending
+        every.placed,
+        every.pending
     );
     println!(
-        "  simulate peak RSS <= 300 MiB: {} ({:.1} MiB)",
-        verdict(sampled.peak_mib <= 300.0),
+        "  simulate peak RSS <= 300 MiB (either mode): {} ({:.1} MiB, {:.1} MiB)",
+        verdict(every.peak_mib.max(sampled.peak_mib) <= 300.0),
+        every.peak_mib,
         sampled.peak_mib
     );
     Ok(())
