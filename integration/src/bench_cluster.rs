@@ -66,8 +66,9 @@ impl Round {
 }
 
 /// Brings a cluster up, puts tessera-scheduler behind mutual TLS, runs the baseline
-/// round and the fractional-GPU round with `pods` pods each, and prints them.
-pub async fn run(pods: usize) -> anyhow::Result<()> {
+/// round and the fractional-GPU round with `pods` pods each on `nodes` fake nodes
+/// (at least enough for the pods), and prints them.
+pub async fn run(pods: usize, nodes: Option<usize>) -> anyhow::Result<()> {
     ensure!(pods > 0, "--pods must be at least 1");
     let binaries = K8sBinaries::locate()?.context(
         "no Kubernetes binaries: set TESSERA_K8S_BIN or put ../shared/k8s/bin beside the repository",
@@ -81,23 +82,32 @@ pub async fn run(pods: usize) -> anyhow::Result<()> {
     );
     let client = cluster.client().await?;
     let extender = start_tls_extender(&mut cluster).await?;
-    let nodes = pods.div_ceil(GPUS * 100 / SHARE) + 1;
+    let nodes = nodes
+        .unwrap_or(0)
+        .max(pods.div_ceil(GPUS * 100 / SHARE) + 1);
     let outcome = async {
+        let adding = Instant::now();
         add_fake_nodes(&client, nodes).await?;
         wait_for_metric(
             &format!(
                 "tessera_scheduler_node_gpus{{node=\"{}\"}} {GPUS}",
                 node_name(nodes - 1)
             ),
-            Duration::from_secs(60),
+            Duration::from_secs(60 + nodes as u64 / 20),
         )
         .await?;
+        eprintln!(
+            "{nodes} fake nodes and their Device CRs in {:.1} s",
+            adding.elapsed().as_secs_f64()
+        );
         let plain = place(&client, pods, "plain", None).await?;
         let bind_before = bind_histogram().await?;
+        let spent_before = extender_seconds().await?;
         let gpu = place(&client, pods, "gpu", Some(SHARE)).await?;
+        let spent = extender_seconds().await? - spent_before;
         let bind_after = bind_histogram().await?;
         let binds = histogram_delta(&bind_before, &bind_after);
-        print(&[&plain, &gpu], nodes, &binds);
+        print(&[&plain, &gpu], nodes, &binds, spent);
         anyhow::Ok(())
     }
     .await;
@@ -121,7 +131,7 @@ pub async fn run(pods: usize) -> anyhow::Result<()> {
 }
 
 fn node_name(index: usize) -> String {
-    format!("bench-node-{index:03}")
+    format!("bench-node-{index:04}")
 }
 
 /// Writes the CA and certificates (`tessera-scheduler certs`), stops the harness's
@@ -171,7 +181,25 @@ async fn add_fake_nodes(client: &Client, count: usize) -> anyhow::Result<()> {
     let nodes: Api<Node> = Api::all(client.clone());
     let devices: Api<tessera_api::Device> = Api::all(client.clone());
     let percent = (GPUS * 100).to_string();
-    for index in 0..count {
+    // 32 in flight: thousands of nodes in seconds, not minutes.
+    futures_util::stream::iter(0..count)
+        .map(|index| {
+            let (nodes, devices, percent) = (nodes.clone(), devices.clone(), percent.clone());
+            async move { add_fake_node(&nodes, &devices, &percent, index).await }
+        })
+        .buffer_unordered(32)
+        .try_collect::<Vec<()>>()
+        .await?;
+    Ok(())
+}
+
+async fn add_fake_node(
+    nodes: &Api<Node>,
+    devices: &Api<tessera_api::Device>,
+    percent: &str,
+    index: usize,
+) -> anyhow::Result<()> {
+    {
         let name = node_name(index);
         let node: Node = serde_json::from_value(json!({
             "apiVersion": "v1", "kind": "Node",
@@ -195,7 +223,7 @@ async fn add_fake_nodes(client: &Client, count: usize) -> anyhow::Result<()> {
             .collect();
         let device: tessera_api::Device = serde_json::from_value(json!({
             "apiVersion": "scheduling.koordinator.sh/v1alpha1", "kind": "Device",
-            "metadata": {"name": name}, "spec": {"devices": gpus}
+            "metadata": {"name": name, "labels": {BENCH_LABEL: "true"}}, "spec": {"devices": gpus}
         }))?;
         devices.create(&PostParams::default(), &device).await?;
     }
@@ -328,6 +356,18 @@ async fn place(
     })
 }
 
+/// Seconds the extender has spent answering filter and prioritize (its latency
+/// histograms' sums): inside kube-scheduler's scheduling cycle, which is serial.
+async fn extender_seconds() -> anyhow::Result<f64> {
+    let text = metrics().await?;
+    Ok(text
+        .lines()
+        .filter_map(|line| line.strip_prefix("tessera_scheduler_request_duration_seconds_sum{"))
+        .filter(|rest| rest.contains("verb=\"filter\"") || rest.contains("verb=\"prioritize\""))
+        .filter_map(|rest| rest.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum())
+}
+
 /// `(le, cumulative count)` of the extender's bind latency histogram.
 async fn bind_histogram() -> anyhow::Result<Vec<(f64, f64)>> {
     let text = metrics().await?;
@@ -419,13 +459,15 @@ async fn clean_up(client: &Client, nodes: usize) -> anyhow::Result<()> {
     };
     pods.delete_collection(&now, &ListParams::default().labels(BENCH_LABEL))
         .await?;
-    let node_api: Api<Node> = Api::all(client.clone());
-    let devices: Api<tessera_api::Device> = Api::all(client.clone());
-    for index in 0..nodes {
-        let name = node_name(index);
-        let _ = node_api.delete(&name, &DeleteParams::default()).await;
-        let _ = devices.delete(&name, &DeleteParams::default()).await;
-    }
+    let fake = ListParams::default().labels(&format!("{BENCH_LABEL}=true"));
+    Api::<Node>::all(client.clone())
+        .delete_collection(&DeleteParams::default(), &fake)
+        .await
+        .with_context(|| format!("deleting the {nodes} fake nodes"))?;
+    Api::<tessera_api::Device>::all(client.clone())
+        .delete_collection(&DeleteParams::default(), &fake)
+        .await
+        .context("deleting the fake nodes' Device CRs")?;
     Ok(())
 }
 
@@ -433,7 +475,7 @@ fn ms(duration: Duration) -> f64 {
     duration.as_secs_f64() * 1e3
 }
 
-fn print(rounds: &[&Round], nodes: usize, binds: &[(f64, f64)]) {
+fn print(rounds: &[&Round], nodes: usize, binds: &[(f64, f64)], extender: f64) {
     let pods = rounds.first().map_or(0, |r| r.latencies.len());
     println!(
         "tessera-bench cluster: {pods} pods created at once per round (16 creates in flight) on {nodes} fake nodes × {GPUS} GPUs; real kube-scheduler 1.36, tessera-scheduler behind mutual TLS"
@@ -459,6 +501,13 @@ fn print(rounds: &[&Round], nodes: usize, binds: &[(f64, f64)]) {
             gpu.rate() / plain.rate().max(1e-9),
             ms(gpu.quantile(0.5)) / ms(plain.quantile(0.5)).max(1e-9),
             ms(gpu.quantile(0.99)) / ms(plain.quantile(0.99)).max(1e-9),
+        );
+        // kube-scheduler schedules one pod at a time: the extender's filter and
+        // prioritize answers are that share of the round's serial scheduling time.
+        println!(
+            "extender filter + prioritize: {:.2} ms per pod, {:.0}% of the fractional round's wall time",
+            extender * 1e3 / gpu.latencies.len().max(1) as f64,
+            100.0 * extender / gpu.wall.as_secs_f64().max(1e-9)
         );
     }
     let bound =

@@ -119,6 +119,10 @@ enum Command {
         /// Pods per round.
         #[arg(long, default_value_t = 200)]
         pods: usize,
+        /// Fake 8-GPU nodes (Node objects and Device CRs, no kubelet) [default: as
+        /// few as the pods fit on, plus one]; e.g. 1000 or 5000 for cluster scale.
+        #[arg(long)]
+        nodes: Option<usize>,
     },
     /// CreateContainer + StartContainer of a quarter-GPU container on a private
     /// containerd 2.x with CDI on (needs root and the Kubernetes binaries): direct,
@@ -231,7 +235,9 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Extender { iterations, nodes } => {
             extender_bench(iterations, nodes, &[500, nodes]).await
         }
-        Command::Cluster { pods } => tessera_integration::bench_cluster::run(pods).await,
+        Command::Cluster { pods, nodes } => {
+            tessera_integration::bench_cluster::run(pods, nodes).await
+        }
         Command::Flood {
             idle,
             body_mib,
@@ -1254,13 +1260,15 @@ async fn extender_bench(
             cpu_us[0],
             cpu_us[1]
         );
-        let target = if names.len() <= 500 { 500.0 } else { 2000.0 };
+        // Issue 24's target: a ratio to the no-GPU floor of the same run, which
+        // carries the machine's own cost of HTTP, JSON and the names.
+        let ratio = p99 / us(base.quantile(0.99)).max(1e-9);
         verdicts.push(format!(
-            "  filter+prioritize p99 <= {:.1} ms with {} NodeNames: {} ({:.2} ms)",
-            target / 1000.0,
+            "  filter+prioritize p99 <= 1.2x the no-GPU floor with {} NodeNames: {} ({ratio:.2}x: {:.2} ms against {:.2} ms)",
             names.len(),
-            if p99 <= target { "met" } else { "NOT met" },
-            p99 / 1000.0
+            verdict(ratio <= 1.2),
+            p99 / 1000.0,
+            us(base.quantile(0.99)) / 1000.0
         ));
     }
     println!("targets:");
