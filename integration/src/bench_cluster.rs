@@ -100,11 +100,29 @@ pub async fn run(pods: usize, nodes: Option<usize>) -> anyhow::Result<()> {
             "{nodes} fake nodes and their Device CRs in {:.1} s",
             adding.elapsed().as_secs_f64()
         );
+        // CPU time of each process in the path, per round: where a placement's cost is.
+        let pids = [
+            ("kube-scheduler", cluster.pid(Component::Scheduler)),
+            ("kube-apiserver", cluster.pid(Component::ApiServer)),
+            ("etcd", cluster.pid(Component::Etcd)),
+            ("tessera-scheduler", extender.id()),
+        ];
+        let cpu_before = cpu_of(&pids);
         let plain = place(&client, pods, "plain", None).await?;
+        let cpu_plain = cpu_of(&pids);
         let bind_before = bind_histogram().await?;
         let spent_before = extender_seconds().await?;
         let gpu = place(&client, pods, "gpu", Some(SHARE)).await?;
         let spent = extender_seconds().await? - spent_before;
+        let cpu_gpu = cpu_of(&pids);
+        println!("CPU milliseconds per pod, by process (no GPU / fractional GPU):");
+        for (index, (name, _)) in pids.iter().enumerate() {
+            println!(
+                "  {name:<18} {:>8.2} {:>8.2}",
+                (cpu_plain[index] - cpu_before[index]) * 1e3 / pods as f64,
+                (cpu_gpu[index] - cpu_plain[index]) * 1e3 / pods as f64
+            );
+        }
         let bind_after = bind_histogram().await?;
         let binds = histogram_delta(&bind_before, &bind_after);
         print(&[&plain, &gpu], nodes, &binds, spent);
@@ -354,6 +372,17 @@ async fn place(
         wall: last.saturating_duration_since(started),
         creating,
     })
+}
+
+/// Each process's CPU time (user + kernel, seconds; 0 where it cannot be read).
+fn cpu_of(pids: &[(&str, Option<u32>)]) -> Vec<f64> {
+    pids.iter()
+        .map(|(_, pid)| {
+            pid.map_or(0.0, |pid| {
+                crate::bench_pods::cpu_seconds(format!("/proc/{pid}/stat"))
+            })
+        })
+        .collect()
 }
 
 /// Seconds the extender has spent answering filter and prioritize (its latency

@@ -188,6 +188,24 @@ pub fn measure(pods: usize, trim: bool) -> anyhow::Result<CacheFigures> {
     Ok(figures)
 }
 
+/// utime + stime of a `/proc/…/stat` file, seconds (USER_HZ 100); 0 when it
+/// cannot be read (the process is gone).
+pub fn cpu_seconds(stat: impl AsRef<std::path::Path>) -> f64 {
+    let stat = std::fs::read_to_string(stat).unwrap_or_default();
+    // Fields after the command (which may hold spaces) end with ')'.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (ticks(11) + ticks(12)) / 100.0
+}
+
 /// A `/proc/self/status` field in bytes.
 pub fn status_bytes(field: &str) -> anyhow::Result<u64> {
     let status = std::fs::read_to_string("/proc/self/status")?;

@@ -456,6 +456,14 @@ impl Cluster {
         self.dir.path()
     }
 
+    /// A running component's process ID (benchmarks read its CPU time).
+    pub fn pid(&self, component: Component) -> Option<u32> {
+        self.processes
+            .get(&component)
+            .and_then(|p| p.child.as_ref())
+            .map(Child::id)
+    }
+
     /// The admin kubeconfig (`system:masters`), for `kubectl --kubeconfig`.
     pub fn kubeconfig(&self) -> PathBuf {
         self.kubeconfig_for("admin")

@@ -8,6 +8,7 @@
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
+use tessera_integration::bench_pods::cpu_seconds;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -1299,22 +1300,6 @@ fn process_cpu_seconds() -> f64 {
 /// This thread's CPU time (user + kernel), seconds.
 fn thread_cpu_seconds() -> f64 {
     cpu_seconds("/proc/thread-self/stat")
-}
-
-/// utime + stime of a `/proc/…/stat` file, seconds (USER_HZ 100).
-fn cpu_seconds(stat: &str) -> f64 {
-    let stat = std::fs::read_to_string(stat).unwrap_or_default();
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map(|(_, rest)| rest.split_whitespace().collect())
-        .unwrap_or_default();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    (ticks(11) + ticks(12)) / 100.0
 }
 
 /// The library's simulate, as `tessera-scheduler simulate --synthetic-nodes` runs it.
