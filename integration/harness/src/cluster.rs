@@ -1752,13 +1752,22 @@ impl Cluster {
             grace_period_seconds: Some(0),
             ..Default::default()
         };
+        // Gone is this pod gone: a controller (a SharePod's) may make another of the
+        // same name at once, which is not the one deleted.
+        let Some(uid) = pods.get_opt(name).await?.and_then(|p| p.metadata.uid) else {
+            return Ok(());
+        };
         match pods.delete(name, &params).await {
             Ok(_) => {}
             Err(kube::Error::Api(e)) if e.code == 404 => return Ok(()),
             Err(e) => return Err(e.into()),
         }
         let started = Instant::now();
-        while pods.get_opt(name).await?.is_some() {
+        while pods
+            .get_opt(name)
+            .await?
+            .is_some_and(|p| p.metadata.uid.as_deref() == Some(uid.as_str()))
+        {
             if started.elapsed() > Duration::from_secs(60) {
                 bail!("pod {namespace}/{name} still there 60 s after its deletion");
             }
