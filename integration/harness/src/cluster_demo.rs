@@ -25,6 +25,23 @@ spec:
       resources:
         limits: {koordinator.sh/gpu: \"25\"}";
 
+/// The yaml block of the README's section "Your own pod on the demo cluster":
+/// the pod a new user applies first, which the banner prints and the cluster tier
+/// applies verbatim.
+pub fn readme_first_pod() -> anyhow::Result<String> {
+    let readme = std::fs::read_to_string(crate::cluster::repo_root().join("README.md"))?;
+    let section = readme
+        .split("\n### ")
+        .find(|s| s.starts_with("Your own pod on the demo cluster"))
+        .context("README.md has no section \"### Your own pod on the demo cluster\"")?;
+    section
+        .split("```yaml\n")
+        .nth(1)
+        .and_then(|block| block.split_once("\n```"))
+        .map(|(yaml, _)| yaml.to_owned())
+        .context("that section has no yaml block")
+}
+
 use crate::cluster::{
     Cluster, ClusterOptions, K8sBinaries, allocated_gpus, env_values, gpu_device_minors,
     is_running, probe_pod, tessera_binary,
@@ -491,19 +508,10 @@ mod tests {
 
     #[test]
     fn the_banner_prints_the_readmes_first_pod() {
-        let readme = std::fs::read_to_string(crate::cluster::repo_root().join("README.md"))
-            .expect("README.md");
-        let section = readme
-            .split("\n### ")
-            .find(|s| s.starts_with("Your own pod on the demo cluster"))
-            .expect("the README's first-pod section");
-        let yaml = section
-            .split("```yaml\n")
-            .nth(1)
-            .and_then(|block| block.split_once("\n```"))
-            .map(|(yaml, _)| yaml)
-            .expect("its yaml block");
-        assert_eq!(yaml, FIRST_POD);
+        assert_eq!(
+            readme_first_pod().expect("the README's first pod"),
+            FIRST_POD
+        );
     }
 
     #[test]

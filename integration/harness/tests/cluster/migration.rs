@@ -599,18 +599,8 @@ fn check(cluster: &Cluster, pod: &Pod, containers: &[Container]) -> anyhow::Resu
 pub async fn readme_first_pod_runs_and_inspect_shows_its_grant(
     cluster: &mut Cluster,
 ) -> anyhow::Result<()> {
-    let readme = std::fs::read_to_string(tessera_harness::cluster::repo_root().join("README.md"))?;
-    let section = readme
-        .split("\n### ")
-        .find(|s| s.starts_with("Your own pod on the demo cluster"))
-        .context("README.md has no section \"### Your own pod on the demo cluster\"")?;
-    let yaml = section
-        .split("```yaml\n")
-        .nth(1)
-        .and_then(|block| block.split_once("\n```"))
-        .map(|(yaml, _)| yaml)
-        .context("that section has no yaml block")?;
-    let pod: Value = serde_yaml::from_str(yaml)?;
+    let yaml = tessera_harness::cluster_demo::readme_first_pod()?;
+    let pod: Value = serde_yaml::from_str(&yaml)?;
     let name = pod["metadata"]["name"]
         .as_str()
         .context("the README's pod has no name")?
