@@ -1,21 +1,24 @@
 //! The bind path, decided in pure functions and acted on by a thin shell
-//! ([`crate::extender::Extender::bind`]): reserve → annotate → bind → rollback.
+//! ([`crate::extender::Extender::bind`]): reserve → bind (one write) → confirm.
 //!
 //! - [`decide`]: what a bind does with the pod as read (place it, or answer from
-//!   its state when it is bound already: a retried bind never patches a bound pod);
-//! - [`decide_rollback`]: after a failed Binding, what the pod as read again says
-//!   (it bound after all, restore what was there before, or leave a value we did
-//!   not write alone);
-//! - [`annotate_patch`] / [`rollback_patch`]: the writes, each with preconditions.
+//!   its state when it is bound already: a retried bind never writes a bound pod);
+//! - [`binding`]: the one write, a Binding that carries the allocation as
+//!   annotations, with the pod's UID as precondition;
+//! - [`took_effect`]: after a failed Binding, whether the pod as read again is
+//!   bound to the node with what this bind wrote (its answer was lost).
 //!
-//! Preconditions: the annotation is written with a JSON merge patch that carries
-//! `metadata.uid` and `metadata.resourceVersion` (the API server refuses it when the
-//! pod was replaced or changed since it was read); the rollback is a JSON patch whose
-//! `test` ops check the UID, the resourceVersion of the pod as read after the failed
-//! Binding, and that the annotation still holds exactly what this bind wrote.
+//! One write: kube-apiserver's binding registry sets `spec.nodeName` and merges
+//! the Binding's annotations into the pod in one guarded update (its
+//! `setPodNodeAndMetadata`, under the Binding's UID as precondition, refused
+//! when the pod is bound already). The node and the allocation land together or not at all, so
+//! a failed Binding leaves nothing to roll back, and a pod costs the API server
+//! one write where an annotation patch before the Binding cost two.
 
-use k8s_openapi::api::core::v1::Pod;
-use serde_json::{Value, json};
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Binding, ObjectReference, Pod};
+use kube::api::ObjectMeta;
 use tessera_api::asked::REQUESTED_AS;
 use tessera_api::request::RequestError;
 use tessera_api::resources::DEVICE_ALLOCATED;
@@ -90,10 +93,8 @@ pub enum BindError {
         /// Why, in the allocator's words.
         reason: String,
     },
-    /// Annotate: writing the allocation annotation failed.
-    #[error("writing {DEVICE_ALLOCATED}: {0}")]
-    Annotate(#[source] kube::Error),
-    /// Bind: the Binding failed; the annotation was rolled back (or was not ours to roll back).
+    /// Bind: the Binding failed, and the pod as read again is not bound with what
+    /// it carried (a Binding writes all or nothing: nothing to roll back).
     #[error("binding to {node}: {source}")]
     Bind {
         /// The node.
@@ -115,17 +116,6 @@ pub enum BindError {
         #[source]
         source: kube::Error,
     },
-    /// Rollback: the Binding failed and restoring the annotation failed too.
-    #[error("binding to {node}: {bind}; rolling back {DEVICE_ALLOCATED}: {source}")]
-    Rollback {
-        /// The node.
-        node: String,
-        /// The Binding's error (boxed: two API errors in one variant are large).
-        bind: Box<kube::Error>,
-        /// The rollback's error.
-        #[source]
-        source: kube::Error,
-    },
 }
 
 /// A failed bind of one pod: the pod (`NS/NAME`) and the step's error.
@@ -144,22 +134,8 @@ pub struct BindFailure {
 pub enum BindDecision {
     /// Bound already to the requested node with what it asked for: success, nothing written.
     AlreadyBound,
-    /// Not bound: reserve, annotate, bind. `previous` is the annotation before (restored on rollback).
-    Place {
-        /// The annotation's value before this bind, if any.
-        previous: Option<String>,
-    },
-}
-
-/// What a rollback does with the pod as read again after a failed Binding.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RollbackDecision {
-    /// The pod is bound to the node with what this bind wrote: the bind succeeded after all.
-    Bound,
-    /// The annotation is still what this bind wrote: put `previous` back (remove when none).
-    Restore,
-    /// The pod changed (replaced, bound elsewhere, annotation rewritten): write nothing.
-    Leave,
+    /// Not bound: reserve and bind (the Binding replaces any allocation it carries).
+    Place,
 }
 
 fn node_of(pod: &Pod) -> Option<&str> {
@@ -180,7 +156,7 @@ pub fn allocation_of(pod: &Pod) -> Option<&str> {
 }
 
 /// Decides a bind of pod `uid` to `node` from the pod as read; `wants_gpus` is
-/// whether it asks for any. A bound pod is answered from its state, never patched.
+/// whether it asks for any. A bound pod is answered from its state, never written.
 pub fn decide(
     pod: &Pod,
     uid: &str,
@@ -205,63 +181,89 @@ pub fn decide(
             })
         }
         Some(_) => Ok(BindDecision::AlreadyBound),
-        None => Ok(BindDecision::Place {
-            previous: allocation_of(pod).map(str::to_owned),
-        }),
+        None => Ok(BindDecision::Place),
     }
 }
 
-/// Decides a rollback from the pod as read again after its Binding failed.
-pub fn decide_rollback(pod: &Pod, uid: &str, node: &str, written: &str) -> RollbackDecision {
-    if pod.metadata.uid.as_deref() != Some(uid) || allocation_of(pod) != Some(written) {
-        return RollbackDecision::Leave;
-    }
-    match node_of(pod) {
-        Some(bound) if bound == node => RollbackDecision::Bound,
-        Some(_) => RollbackDecision::Leave,
-        None => RollbackDecision::Restore,
+/// What a Binding writes besides the node: the allocation, and which system's
+/// names the pod's containers asked in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Allocation<'a> {
+    /// The allocation annotation's value.
+    pub written: &'a str,
+    /// The [`REQUESTED_AS`] annotation's value, if any container asked in
+    /// another system's names.
+    pub requested_as: Option<String>,
+}
+
+/// Who a Binding binds where: the pod kube-scheduler named, and the node.
+#[derive(Debug, Clone, Copy)]
+pub struct Target<'a> {
+    /// The pod's namespace.
+    pub namespace: &'a str,
+    /// The pod's name.
+    pub name: &'a str,
+    /// The pod's UID, as kube-scheduler scheduled it.
+    pub uid: &'a str,
+    /// The node.
+    pub node: &'a str,
+}
+
+/// The Binding of `pod` (as read, and decided [`BindDecision::Place`]) to the node,
+/// with its UID as precondition and, with an `allocation`, the annotations the API
+/// server merges into the pod as it binds it. Not its resourceVersion: while a
+/// Binding waits (on admission webhooks, say), kube-scheduler and others write the
+/// pod's status, and a Binding refused for that would be sent again for nothing.
+/// Nothing the allocation was chosen from can change meanwhile unnoticed: the API
+/// server refuses a Binding of a pod bound already, the GPU request of a pending
+/// pod's containers cannot change, and whatever the pod's annotations say later,
+/// the grant is the allocation, which the ledger books. A
+/// [`REQUESTED_AS`] the pod came with is overwritten (`{}` when no container
+/// asked in another system's names): a Binding can add and replace annotations,
+/// not remove them, and no value but Tessera's may stand beside its allocation.
+pub fn binding(pod: &Pod, target: Target<'_>, allocation: Option<&Allocation<'_>>) -> Binding {
+    let annotations = allocation.map(|allocation| {
+        let mut annotations =
+            BTreeMap::from([(DEVICE_ALLOCATED.to_owned(), allocation.written.to_owned())]);
+        let carried = pod
+            .metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(REQUESTED_AS));
+        match &allocation.requested_as {
+            Some(asked) => {
+                annotations.insert(REQUESTED_AS.to_owned(), asked.clone());
+            }
+            None if carried => {
+                annotations.insert(REQUESTED_AS.to_owned(), "{}".to_owned());
+            }
+            None => {}
+        }
+        annotations
+    });
+    Binding {
+        metadata: ObjectMeta {
+            name: Some(target.name.to_owned()),
+            namespace: Some(target.namespace.to_owned()),
+            uid: Some(target.uid.to_owned()),
+            annotations,
+            ..ObjectMeta::default()
+        },
+        target: ObjectReference {
+            kind: Some("Node".into()),
+            api_version: Some("v1".into()),
+            name: Some(target.node.to_owned()),
+            ..ObjectReference::default()
+        },
     }
 }
 
-/// The merge patch that writes `value` as the allocation, and `requested_as`
-/// as which system's names its containers asked in (removed when `None`, so a
-/// value the pod came with never stands beside Tessera's allocation), refused by
-/// the API server unless the pod still has `uid` and `resource_version`.
-pub fn annotate_patch(
-    uid: &str,
-    resource_version: Option<&str>,
-    value: &str,
-    requested_as: Option<&str>,
-) -> Value {
-    json!({"metadata": {
-        "uid": uid,
-        "resourceVersion": resource_version,
-        "annotations": {DEVICE_ALLOCATED: value, REQUESTED_AS: requested_as},
-    }})
-}
-
-/// The JSON patch that puts `previous` back (or removes the annotation), applied
-/// only while the pod has `uid` and `resource_version` and still holds `written`.
-pub fn rollback_patch(
-    uid: &str,
-    resource_version: &str,
-    written: &str,
-    previous: Option<&str>,
-) -> Value {
-    let path = format!(
-        "/metadata/annotations/{}",
-        DEVICE_ALLOCATED.replace('/', "~1")
-    );
-    let restore = match previous {
-        Some(previous) => json!({"op": "replace", "path": path, "value": previous}),
-        None => json!({"op": "remove", "path": path}),
-    };
-    json!([
-        {"op": "test", "path": "/metadata/uid", "value": uid},
-        {"op": "test", "path": "/metadata/resourceVersion", "value": resource_version},
-        {"op": "test", "path": path, "value": written},
-        restore,
-    ])
+/// Whether a Binding whose answer failed took effect after all: the pod as read
+/// again is pod `uid`, bound to `node`, carrying `written` (none: any allocation).
+pub fn took_effect(pod: &Pod, uid: &str, node: &str, written: Option<&str>) -> bool {
+    pod.metadata.uid.as_deref() == Some(uid)
+        && node_of(pod) == Some(node)
+        && written.is_none_or(|written| allocation_of(pod) == Some(written))
 }
 
 #[cfg(test)]

@@ -18,8 +18,8 @@ use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use k8s_openapi::api::core::v1::{Binding, Node, ObjectReference, Pod};
-use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::{Binding, Node, Pod};
+use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client};
 use serde::{Deserialize, Serialize};
@@ -31,8 +31,7 @@ use futures_util::FutureExt;
 use futures_util::future::{BoxFuture, Shared};
 
 use crate::bind::{
-    BindDecision, BindError, BindFailure, RollbackDecision, annotate_patch, decide,
-    decide_rollback, rollback_patch,
+    Allocation, BindDecision, BindError, BindFailure, Target, binding, decide, took_effect,
 };
 use crate::core::{
     DryRun, PodPlacement, Policy, allocate_pod, fits_pod_loaded, gpu_victims, group_elsewhere,
@@ -301,6 +300,27 @@ pub struct ExtenderBindingArgs {
     pub node: String,
 }
 
+/// The `keep` best-scored of the nodes that fit (`fit`, with their `scores`), in
+/// their order: among equal scores the first ones, which kube-scheduler would
+/// have preferred too. `keep` 0, or no more than `keep` nodes: all of them.
+fn best_of(fit: Vec<&str>, scores: Vec<Option<i64>>, keep: usize) -> (Vec<&str>, Vec<Option<i64>>) {
+    if keep == 0 || fit.len() <= keep {
+        return (fit, scores);
+    }
+    // Best first, then earliest: the first `keep` of this order, put back in theirs.
+    let mut order: Vec<usize> = (0..fit.len()).collect();
+    let rank = |&i: &usize| (std::cmp::Reverse(scores.get(i).copied().flatten()), i);
+    order.select_nth_unstable_by_key(keep - 1, rank);
+    order.truncate(keep);
+    order.sort_unstable();
+    let kept = order.iter().filter_map(|&i| fit.get(i).copied()).collect();
+    let kept_scores = order
+        .iter()
+        .map(|&i| scores.get(i).copied().flatten())
+        .collect();
+    (kept, kept_scores)
+}
+
 /// `ExtenderBindingResult`.
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "PascalCase")]
@@ -325,6 +345,10 @@ pub struct ExtenderConfig {
     pub reservation_ttl: Duration,
     /// The most GPUs the sharing groups of one namespace hold at once.
     pub group_gpus_per_namespace: u32,
+    /// How many nodes filter answers for a GPU pod: the best-scored for its GPUs,
+    /// in kube-scheduler's order among equals (0: every node that fits). With one,
+    /// kube-scheduler takes it without scoring a node or calling prioritize.
+    pub candidates: usize,
 }
 
 impl Default for ExtenderConfig {
@@ -335,9 +359,16 @@ impl Default for ExtenderConfig {
             request: RequestOptions::default(),
             reservation_ttl: Duration::from_secs(30),
             group_gpus_per_namespace: crate::core::GROUP_GPUS_PER_NAMESPACE,
+            candidates: CANDIDATES,
         }
     }
 }
+
+/// How many nodes filter answers by default: one, the best for the pod's GPUs.
+/// kube-scheduler then binds it without running its score plugins over every node
+/// and without a prioritize call carrying every name, which at thousands of nodes
+/// is most of what a GPU pod costs it (docs/benchmarks.md, issue 24).
+pub const CANDIDATES: usize = 1;
 
 /// The extender: the ledger, the way to the API server, and who leads.
 #[derive(Clone)]
@@ -750,6 +781,7 @@ impl Extender {
             ledger.put_back(aside);
             ledger.generation()
         };
+        let (fit, scores) = best_of(fit, scores, self.config.candidates);
         match (fit.as_slice(), uid) {
             ([only], Some(uid)) => {
                 // One node fits: kube-scheduler takes it without calling prioritize.
@@ -1073,8 +1105,8 @@ impl Extender {
         }
     }
 
-    /// One bind, start to end: read → decide → reserve → annotate → bind, and
-    /// rollback when the Binding fails.
+    /// One bind, start to end: read → decide → reserve → bind (one write that
+    /// carries the allocation) → confirm, when the Binding's answer failed.
     async fn bind_once(&self, args: &ExtenderBindingArgs) -> Result<(), BindFailure> {
         let fail = |error: BindError| BindFailure {
             pod: format!("{}/{}", args.pod_namespace, args.pod_name),
@@ -1085,7 +1117,11 @@ impl Extender {
             .clone()
             .ok_or_else(|| fail(BindError::NoClient))?;
         let pods: Api<Pod> = Api::namespaced(client, &args.pod_namespace);
-        let cached = self.pods.as_ref().and_then(|store| {
+        // After a bind of this pod (its answer lost, or kube-scheduler retrying on a
+        // lagging cache), the cache may still show it unbound: read it from the API
+        // server, lest a Binding refused as stale give back the GPUs it holds.
+        let held = self.ledger().holds_bind(&args.pod_uid);
+        let cached = self.pods.as_ref().filter(|_| !held).and_then(|store| {
             store.get(&ObjectRef::new(&args.pod_name).within(&args.pod_namespace))
         });
         let mut pod = match cached {
@@ -1099,21 +1135,31 @@ impl Extender {
         };
         let request =
             pod_gpu_request(&pod, &self.config.request).map_err(|e| fail(BindError::Request(e)))?;
-        // The cache may lag: a write refused for a stale resourceVersion reads the pod
-        // again and decides once more (it may have been bound meanwhile).
+        let target = Target {
+            namespace: &args.pod_namespace,
+            name: &args.pod_name,
+            uid: &args.pod_uid,
+            node: &args.node,
+        };
+        // The cache may lag: a Binding refused as a conflict (the pod was bound
+        // meanwhile) decides once more from the pod as read again.
         let mut fresh = false;
         loop {
             let decision =
                 decide(&pod, &args.pod_uid, &args.node, request.is_some()).map_err(&fail)?;
-            let BindDecision::Place { previous } = decision else {
+            if decision == BindDecision::AlreadyBound {
+                // A hold left in flight by an earlier bind whose answer was lost is
+                // the bound pod's now: it no longer expires.
+                self.ledger().assume(&args.pod_uid);
                 tracing::info!(pod = %format!("{}/{}", args.pod_namespace, args.pod_name), node = %args.node, "already bound: answered from its state");
                 return Ok(());
-            };
+            }
             let Some(request) = &request else {
-                return self
-                    .create_binding(&pods, args, None, None)
-                    .await
-                    .map_err(fail);
+                let plain = binding(&pod, target, None);
+                return match self.create_binding(&pods, args, &plain, None).await {
+                    Ok(()) => Ok(()),
+                    Err((error, _)) => Err(fail(error)),
+                };
             };
             // Fencing: a replica whose renew deadline passed (or that is stopping)
             // writes no allocation; one written already is seen by the next leader.
@@ -1121,38 +1167,23 @@ impl Extender {
                 return Err(fail(BindError::LeadershipLost));
             }
             let written = self.reserve(args, request).map_err(&fail)?;
-            let patch = annotate_patch(
-                &args.pod_uid,
-                pod.metadata.resource_version.as_deref(),
-                &written,
-                request.requested_as().as_deref(),
-            );
-            match pods
-                .patch(
-                    &args.pod_name,
-                    &PatchParams::default(),
-                    &Patch::Merge(&patch),
-                )
+            let allocation = Allocation {
+                written: &written,
+                requested_as: request.requested_as(),
+            };
+            let placing = binding(&pod, target, Some(&allocation));
+            match self
+                .create_binding(&pods, args, &placing, Some(&written))
                 .await
             {
-                Ok(_) => {
-                    return self
-                        .create_binding(&pods, args, Some(&written), previous.as_deref())
-                        .await
-                        .map_err(fail);
-                }
-                Err(kube::Error::Api(status)) if status.code == 409 && !fresh => {
-                    self.ledger().release(&args.pod_uid);
+                Ok(()) => return Ok(()),
+                Err((BindError::Bind { source, .. }, Some(again)))
+                    if !fresh && matches!(&source, kube::Error::Api(s) if s.code == 409) =>
+                {
                     fresh = true;
-                    pod = pods
-                        .get(&args.pod_name)
-                        .await
-                        .map_err(|e| fail(BindError::Read(e)))?;
+                    pod = again;
                 }
-                Err(e) => {
-                    self.ledger().release(&args.pod_uid);
-                    return Err(fail(BindError::Annotate(e)));
-                }
+                Err((error, _)) => return Err(fail(error)),
             }
         }
     }
@@ -1220,113 +1251,65 @@ impl Extender {
         })
     }
 
-    /// Bind (the Binding carries the pod's UID as a precondition); when it fails
-    /// after `written` was annotated, the rollback.
+    /// Creates `binding` (carrying `written`, the allocation, if any). Bound: the
+    /// reservation becomes an assumed use. Refused: the pod is read again, since
+    /// the Binding may have taken effect although its answer was lost; if it did
+    /// not, nothing of it stands (a Binding writes all or nothing), the
+    /// reservation is given back and the error comes with the pod as read again.
+    /// If it cannot be read, the reservation stays in flight until the watch or
+    /// its TTL settles it.
     async fn create_binding(
         &self,
         pods: &Api<Pod>,
         args: &ExtenderBindingArgs,
+        binding: &Binding,
         written: Option<&str>,
-        previous: Option<&str>,
-    ) -> Result<(), BindError> {
-        let binding = Binding {
-            metadata: ObjectMeta {
-                name: Some(args.pod_name.clone()),
-                namespace: Some(args.pod_namespace.clone()),
-                uid: Some(args.pod_uid.clone()),
-                ..ObjectMeta::default()
-            },
-            target: ObjectReference {
-                kind: Some("Node".into()),
-                api_version: Some("v1".into()),
-                name: Some(args.node.clone()),
-                ..ObjectReference::default()
-            },
-        };
+    ) -> Result<(), (BindError, Option<Pod>)> {
+        let who = || format!("{}/{}", args.pod_namespace, args.pod_name);
         let created = pods
             .create_subresource::<Binding, serde_json::Value>(
                 "binding",
                 &args.pod_name,
                 &PostParams::default(),
-                &binding,
+                binding,
             )
             .await;
-        let bind = match created {
+        let error = match created {
             Ok(_) => {
                 // Bound: the reservation is an assumed use until the watch shows the pod.
                 self.ledger().assume(&args.pod_uid);
-                tracing::info!(pod = %format!("{}/{}", args.pod_namespace, args.pod_name), node = %args.node, gpus = written.is_some(), "bound");
+                tracing::info!(pod = %who(), node = %args.node, gpus = written.is_some(), "bound");
                 self.observer.placed(args, written);
                 return Ok(());
             }
-            Err(bind) => bind,
+            Err(error) => error,
         };
         let node = args.node.clone();
-        // The Binding may have taken effect although its answer failed: read the pod
-        // again and decide from what it says, never from the error.
-        let pod = match pods.get(&args.pod_name).await {
+        let again = match pods.get(&args.pod_name).await {
             Ok(pod) => pod,
             Err(source) => {
-                return Err(BindError::BindUnconfirmed {
+                let error = BindError::BindUnconfirmed {
                     node,
-                    bind: Box::new(bind),
+                    bind: Box::new(error),
                     source,
-                });
-            }
-        };
-        let Some(written) = written else {
-            return match decide(&pod, &args.pod_uid, &args.node, false) {
-                Ok(BindDecision::AlreadyBound) => Ok(()),
-                _ => Err(BindError::Bind { node, source: bind }),
-            };
-        };
-        match decide_rollback(&pod, &args.pod_uid, &args.node, written) {
-            RollbackDecision::Bound => {
-                self.ledger().assume(&args.pod_uid);
-                tracing::info!(pod = %format!("{}/{}", args.pod_namespace, args.pod_name), node = %args.node, error = %bind, "the Binding's answer failed but the pod is bound");
-                self.observer.placed(args, Some(written));
-                Ok(())
-            }
-            RollbackDecision::Leave => {
-                self.ledger().release(&args.pod_uid);
-                Err(BindError::Bind { node, source: bind })
-            }
-            RollbackDecision::Restore => {
-                let patch = rollback_patch(
-                    &args.pod_uid,
-                    pod.metadata.resource_version.as_deref().unwrap_or_default(),
-                    written,
-                    previous,
-                );
-                let ops = match serde_json::from_value(patch) {
-                    Ok(ops) => ops,
-                    Err(e) => {
-                        let source = kube::Error::SerdeError(e);
-                        return Err(BindError::Rollback {
-                            node,
-                            bind: Box::new(bind),
-                            source,
-                        });
-                    }
                 };
-                let undone = pods
-                    .patch(
-                        &args.pod_name,
-                        &PatchParams::default(),
-                        &Patch::<()>::Json(ops),
-                    )
-                    .await;
-                self.ledger().release(&args.pod_uid);
-                match undone {
-                    Ok(_) => Err(BindError::Bind { node, source: bind }),
-                    Err(source) => Err(BindError::Rollback {
-                        node,
-                        bind: Box::new(bind),
-                        source,
-                    }),
-                }
+                return Err((error, None));
             }
+        };
+        if took_effect(&again, &args.pod_uid, &args.node, written) {
+            self.ledger().assume(&args.pod_uid);
+            tracing::info!(pod = %who(), node = %args.node, %error, "the Binding's answer failed but the pod is bound");
+            self.observer.placed(args, written);
+            return Ok(());
         }
+        self.ledger().release(&args.pod_uid);
+        Err((
+            BindError::Bind {
+                node,
+                source: error,
+            },
+            Some(again),
+        ))
     }
 
     /// Sends the bind to the leader at `url` and returns its answer.
@@ -1664,3 +1647,6 @@ mod wire_tests;
 
 #[cfg(test)]
 mod preempt_tests;
+
+#[cfg(test)]
+mod candidates_tests;

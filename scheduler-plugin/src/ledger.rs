@@ -807,6 +807,14 @@ impl Ledger {
             .is_some()
     }
 
+    /// Whether pod `uid` has a bind's reservation (in flight or assumed): a bind
+    /// of it ran, and a cached copy of the pod may not show what it did.
+    pub fn holds_bind(&self, uid: &str) -> bool {
+        self.reservations
+            .get(uid)
+            .is_some_and(|r| !matches!(r.phase, Phase::Tentative { .. }))
+    }
+
     /// Gives back pod `uid`'s in-flight allocation (bind failed).
     pub fn release(&mut self, uid: &str) -> bool {
         self.remove_reservation(uid).is_some()

@@ -136,6 +136,14 @@ enum Command {
         /// do not expire: they are held until the watch shows the pod, or its delete.
         #[arg(long, value_name = "SECS", default_value_t = 30)]
         reservation_ttl: u64,
+        /// Nodes filter answers for a GPU pod: the N that score best for its GPUs
+        /// (kube-scheduler's order among equals). With 1, kube-scheduler takes that
+        /// node without running its score plugins or calling prioritize, which on
+        /// thousands of nodes is most of a GPU pod's cost; its soft preferences
+        /// (preferred affinity, ScheduleAnyway spread) then do not choose among GPU
+        /// nodes. 0: every node that fits, all scored by prioritize.
+        #[arg(long, value_name = "N", default_value_t = tessera_scheduler::extender::CANDIDATES)]
+        candidates: usize,
         /// Namespace of the leader-election Lease.
         #[arg(
             long,
@@ -356,6 +364,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
             kubeconfig,
             policy,
             reservation_ttl,
+            candidates,
             lease_namespace,
             leader_elect_resource_name,
             leader_elect_lease_duration,
@@ -470,6 +479,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
                 request: policy.request_options(),
                 reservation_ttl: Duration::from_secs(reservation_ttl),
                 group_gpus_per_namespace: policy.max_group_gpus_per_namespace,
+                candidates,
             };
             let extender = Extender::new(
                 ledger,

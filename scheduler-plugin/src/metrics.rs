@@ -109,10 +109,8 @@ pub fn classify(error: &BindError) -> (&'static str, BindResult) {
         BindError::Forward { .. } => ("forward", Failed),
         BindError::NoClient => ("no_client", Failed),
         BindError::Read(_) => ("read", Failed),
-        BindError::Annotate(_) => ("annotate", Failed),
         BindError::Bind { .. } => ("binding", Failed),
         BindError::BindUnconfirmed { .. } => ("bind_unconfirmed", Failed),
-        BindError::Rollback { .. } => ("rollback", Failed),
     }
 }
 
@@ -541,9 +539,10 @@ mod tests {
             reason: "full".into(),
         });
         metrics.record_bind_error(&BindError::NotLeader);
-        metrics.record_bind_error(&BindError::Annotate(
-            kube::Error::LinesCodecMaxLineLengthExceeded,
-        ));
+        metrics.record_bind_error(&BindError::Bind {
+            node: "n1".into(),
+            source: kube::Error::LinesCodecMaxLineLengthExceeded,
+        });
         metrics.record_request(Verb::Bind, Duration::from_millis(3));
         metrics.record_request(Verb::Filter, Duration::from_micros(150));
         metrics.record_request(
@@ -562,7 +561,7 @@ mod tests {
                 "tessera_scheduler_binds_total{result=\"failed\"} 1\n",
                 "tessera_scheduler_bind_errors_total{error=\"unfit\",result=\"refused\"} 1\n",
                 "tessera_scheduler_bind_errors_total{error=\"not_leader\",result=\"refused\"} 1\n",
-                "tessera_scheduler_bind_errors_total{error=\"annotate\",result=\"failed\"} 1\n",
+                "tessera_scheduler_bind_errors_total{error=\"binding\",result=\"failed\"} 1\n",
                 "tessera_scheduler_request_duration_seconds_count{verb=\"bind\"} 1\n",
                 "tessera_scheduler_request_duration_seconds_count{verb=\"preempt\"} 1\n",
                 "tessera_scheduler_request_duration_seconds_sum{verb=\"filter\"} 0.00015\n",

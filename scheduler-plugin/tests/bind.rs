@@ -159,3 +159,72 @@ async fn a_bound_pods_share_is_held_under_watch_lag_past_the_ttl() {
     }
     panic!("the watch never turned the assumed use into the pod's");
 }
+
+/// The allocation rides on the Binding: the API server takes one write for a GPU
+/// pod's bind, and the pod is bound with its allocation at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gpu_pods_bind_is_one_write_that_carries_its_allocation() {
+    let api = ApiServer::start().await.expect("api");
+    api.insert(DEVICES, "devices", device("n1", 2));
+    api.insert("v1", "pods", half_gpu_pod("one"));
+    let (extender, _ledger) = extender(&api, ExtenderConfig::default()).await;
+    let before = api.resource_version();
+    assert_eq!(extender.bind(&args("one", "n1"), false).await.error, "");
+    assert_eq!(api.resource_version() - before, 1, "writes for one bind");
+    let pod = api.get("v1", "pods", "default", "one").expect("pod");
+    assert_eq!(pod["spec"]["nodeName"], "n1");
+    assert!(allocation(&api, "one").is_string(), "{pod}");
+    assert!(
+        pod["metadata"]["annotations"]
+            .get("tessera.io/requested-as")
+            .is_none(),
+        "{pod}"
+    );
+}
+
+/// The pod changed after the cache saw it (its status, as kube-scheduler writes it
+/// while a Binding waits): the Binding is not refused for it, and binds once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_changed_since_the_cache_saw_it_is_bound_once() {
+    let api = ApiServer::start().await.expect("api");
+    api.insert(DEVICES, "devices", device("n1", 2));
+    let created = api.insert("v1", "pods", half_gpu_pod("changed"));
+    let (extender, _ledger) = extender(&api, ExtenderConfig::default()).await;
+    api.hold_watches(true);
+    let mut changed = created.clone();
+    changed["metadata"]["labels"] = json!({"changed": "yes"});
+    api.insert("v1", "pods", changed);
+    assert_eq!(extender.bind(&args("changed", "n1"), false).await.error, "");
+    assert_eq!(api.bindings(), 1);
+    let pod = api.get("v1", "pods", "default", "changed").expect("pod");
+    assert_eq!(pod["spec"]["nodeName"], "n1");
+    assert_eq!(pod["metadata"]["labels"]["changed"], "yes");
+    assert!(allocation(&api, "changed").is_string(), "{pod}");
+}
+
+/// Bound elsewhere after the cache saw it (by another scheduler): the Binding is
+/// refused as a conflict, the pod is read again and the bind answered from it,
+/// and the GPUs it reserved are given back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_bound_elsewhere_meanwhile_is_answered_from_its_state() {
+    let api = ApiServer::start().await.expect("api");
+    api.insert(DEVICES, "devices", device("n1", 2));
+    let created = api.insert("v1", "pods", half_gpu_pod("taken"));
+    let (extender, ledger) = extender(&api, ExtenderConfig::default()).await;
+    api.hold_watches(true);
+    let mut bound = created.clone();
+    bound["spec"]["nodeName"] = json!("n2");
+    api.insert("v1", "pods", bound);
+    let answer = extender.bind(&args("taken", "n1"), false).await;
+    assert_eq!(
+        answer.error,
+        "pod default/taken: binding to n1: already bound to node n2"
+    );
+    assert_eq!(api.bindings(), 1, "one Binding, refused");
+    assert!(allocation(&api, "taken").is_null());
+    assert_eq!(
+        core_used(&ledger, "n1"),
+        0,
+        "the reservation was given back"
+    );
+}

@@ -106,11 +106,16 @@ async fn a_dead_watch_makes_the_replica_unready_until_it_relisted() {
     let ledger = Arc::new(Mutex::new(Ledger::default()));
     let view = tessera_scheduler::cluster::watch(client.clone(), Arc::clone(&ledger));
     let ready = Arc::clone(&view.ready);
+    // Every node that fits answered: both nodes' verdicts are what is checked.
+    let config = ExtenderConfig {
+        candidates: 0,
+        ..ExtenderConfig::default()
+    };
     let extender = Extender::new(
         ledger,
         Some(client),
         Some(view.pods),
-        ExtenderConfig::default(),
+        config,
         view.ready,
         Arc::new(Leader::new(true)),
     );

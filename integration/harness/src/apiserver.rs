@@ -829,10 +829,10 @@ impl ApiServer {
                 format!("pods \"{name}\" not found"),
             );
         };
-        if let Some(response) = body
-            .as_ref()
-            .and_then(|b| Self::uid_conflict(&pod, &b["metadata"]["uid"]))
-        {
+        if let Some(response) = body.as_ref().and_then(|b| {
+            Self::uid_conflict(&pod, &b["metadata"]["uid"])
+                .or_else(|| Self::version_conflict(&pod, b, name))
+        }) {
             return response;
         }
         if pod["spec"]["nodeName"]
@@ -849,6 +849,18 @@ impl ApiServer {
             );
         }
         pod["spec"]["nodeName"] = node.into();
+        // As kube-apiserver's binding registry: the Binding's annotations are
+        // merged into the pod in the same write.
+        if let Some(Value::Object(annotations)) =
+            body.as_ref().map(|b| b["metadata"]["annotations"].clone())
+        {
+            if !pod["metadata"]["annotations"].is_object() {
+                pod["metadata"]["annotations"] = json!({});
+            }
+            for (key, value) in annotations {
+                pod["metadata"]["annotations"][key] = value;
+            }
+        }
         self.write(&mut store, key, pod, false);
         full(
             StatusCode::CREATED,

@@ -185,7 +185,7 @@ fn scenarios() -> Vec<(&'static str, Scenario)> {
         ("faults_slow_binding_webhook_books_nothing_twice", |c| {
             Box::pin(faults::slow_binding(c))
         }),
-        ("faults_leader_killed_between_annotation_and_binding", |c| {
+        ("faults_leader_killed_while_its_bindings_wait", |c| {
             Box::pin(faults::leader_killed_mid_bind(c))
         }),
         (

@@ -25,16 +25,14 @@ fn pod(uid: &str, node: Option<&str>, annotation: Option<&str>) -> Pod {
 }
 
 #[test]
-fn an_unbound_pod_is_placed_and_its_previous_value_kept() {
+fn an_unbound_pod_is_placed_whatever_it_carries() {
     assert_eq!(
         decide(&pod("u", None, None), "u", "n1", true).expect("decides"),
-        BindDecision::Place { previous: None }
+        BindDecision::Place
     );
     assert_eq!(
         decide(&pod("u", None, Some("old")), "u", "n1", true).expect("decides"),
-        BindDecision::Place {
-            previous: Some("old".into())
-        }
+        BindDecision::Place
     );
 }
 
@@ -66,61 +64,84 @@ fn a_bound_pod_is_answered_from_its_state_never_placed_again() {
 }
 
 #[test]
-fn rollback_restores_only_what_this_bind_wrote() {
-    let decide = |p: &Pod| decide_rollback(p, "u", "n1", "ours");
+fn a_failed_binding_took_effect_only_if_the_pod_is_bound_here_with_what_it_carried() {
+    let ours = |p: &Pod| took_effect(p, "u", "n1", Some("ours"));
+    // The Binding failed on the wire but took effect.
+    assert!(ours(&pod("u", Some("n1"), Some("ours"))));
+    assert!(!ours(&pod("u", None, Some("ours"))));
+    assert!(!ours(&pod("u", None, None)));
+    assert!(!ours(&pod("u", Some("n1"), Some("theirs"))));
+    assert!(!ours(&pod("u", Some("n2"), Some("ours"))));
+    assert!(!ours(&pod("v", Some("n1"), Some("ours"))));
+    // No allocation carried (a pod asking no GPU): bound here is enough.
+    assert!(took_effect(&pod("u", Some("n1"), None), "u", "n1", None));
+    assert!(!took_effect(&pod("u", Some("n2"), None), "u", "n1", None));
+}
+
+const TARGET: Target<'static> = Target {
+    namespace: "ns",
+    name: "p",
+    uid: "u",
+    node: "n1",
+};
+
+#[test]
+fn a_binding_carries_the_allocation_and_the_pods_uid() {
+    let allocation = Allocation {
+        written: "ours",
+        requested_as: None,
+    };
+    let placing = binding(&pod("u", None, None), TARGET, Some(&allocation));
     assert_eq!(
-        decide(&pod("u", None, Some("ours"))),
-        RollbackDecision::Restore
+        serde_json::to_value(&placing).expect("serializes"),
+        serde_json::json!({
+            "apiVersion": "v1", "kind": "Binding",
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u",
+                "annotations": {"scheduling.koordinator.sh/device-allocated": "ours"}},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": "n1"},
+        })
     );
-    // The Binding failed on the wire but took effect: never wipe a bound pod's value.
-    assert_eq!(
-        decide(&pod("u", Some("n1"), Some("ours"))),
-        RollbackDecision::Bound
-    );
-    assert_eq!(
-        decide(&pod("u", None, Some("theirs"))),
-        RollbackDecision::Leave
-    );
-    assert_eq!(decide(&pod("u", None, None)), RollbackDecision::Leave);
-    assert_eq!(
-        decide(&pod("u", Some("n2"), Some("ours"))),
-        RollbackDecision::Leave
-    );
-    assert_eq!(
-        decide(&pod("v", None, Some("ours"))),
-        RollbackDecision::Leave
-    );
+    // Without an allocation (no GPU asked): the UID alone, nothing else written.
+    let plain = binding(&pod("u", None, None), TARGET, None);
+    assert_eq!(plain.metadata.annotations, None);
+    assert_eq!(plain.metadata.uid.as_deref(), Some("u"));
 }
 
 #[test]
-fn writes_carry_their_preconditions() {
+fn a_binding_overwrites_a_requested_as_the_pod_came_with() {
+    let annotations = |pod: &Pod, requested_as: Option<&str>| {
+        let allocation = Allocation {
+            written: "ours",
+            requested_as: requested_as.map(str::to_owned),
+        };
+        binding(pod, TARGET, Some(&allocation))
+            .metadata
+            .annotations
+            .unwrap_or_default()
+    };
+    let mut carrying = pod("u", None, None);
+    carrying.metadata.annotations = Some(BTreeMap::from([(
+        REQUESTED_AS.to_owned(),
+        r#"{"main":"volcano:1"}"#.to_owned(),
+    )]));
+    let asked = r#"{"main":"gpushare:1073741824"}"#;
     assert_eq!(
-        annotate_patch("u", Some("7"), "ours", None),
-        json!({"metadata": {"uid": "u", "resourceVersion": "7",
-            "annotations": {"scheduling.koordinator.sh/device-allocated": "ours",
-                            "tessera.io/requested-as": null}}})
+        annotations(&carrying, Some(asked))
+            .get(REQUESTED_AS)
+            .map(String::as_str),
+        Some(asked)
+    );
+    // A Binding cannot remove an annotation: an empty map says "no system".
+    assert_eq!(
+        annotations(&carrying, None)
+            .get(REQUESTED_AS)
+            .map(String::as_str),
+        Some("{}")
     );
     assert_eq!(
-        annotate_patch(
-            "u",
-            Some("7"),
-            "ours",
-            Some(r#"{"main":"gpushare:1073741824"}"#)
-        )["metadata"]["annotations"]["tessera.io/requested-as"],
-        r#"{"main":"gpushare:1073741824"}"#
+        tessera_api::asked::parse("{}").map(|asked| asked.is_empty()),
+        Ok(true)
     );
-    let path = "/metadata/annotations/scheduling.koordinator.sh~1device-allocated";
-    assert_eq!(
-        rollback_patch("u", "8", "ours", None),
-        json!([
-            {"op": "test", "path": "/metadata/uid", "value": "u"},
-            {"op": "test", "path": "/metadata/resourceVersion", "value": "8"},
-            {"op": "test", "path": path, "value": "ours"},
-            {"op": "remove", "path": path},
-        ])
-    );
-    assert_eq!(
-        rollback_patch("u", "8", "ours", Some("old"))[3],
-        json!({"op": "replace", "path": path, "value": "old"})
-    );
+    // Nothing added to a pod that never carried one.
+    assert!(!annotations(&pod("u", None, None), None).contains_key(REQUESTED_AS));
 }

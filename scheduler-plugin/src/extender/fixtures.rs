@@ -76,13 +76,25 @@ pub(super) fn extender(devices: &[Value]) -> Extender {
     extender_over(ledger)
 }
 
-/// A synced leader's extender over `ledger`.
+/// A synced leader's extender over `ledger`. Its filter answers every node that
+/// fits (`candidates` 0), so that tests of fitting see each node's verdict.
 pub(super) fn extender_over(ledger: Ledger) -> Extender {
+    extender_with(
+        ledger,
+        ExtenderConfig {
+            candidates: 0,
+            ..ExtenderConfig::default()
+        },
+    )
+}
+
+/// A synced leader's extender over `ledger`, with `config`.
+pub(super) fn extender_with(ledger: Ledger, config: ExtenderConfig) -> Extender {
     Extender::new(
         Arc::new(Mutex::new(ledger)),
         None,
         None,
-        ExtenderConfig::default(),
+        config,
         Arc::new(AtomicBool::new(true)),
         Arc::new(Leader::new(true)),
     )

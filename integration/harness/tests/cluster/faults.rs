@@ -79,7 +79,7 @@ pub async fn slow_binding(cluster: &mut Cluster) -> anyhow::Result<()> {
     let names = [first.as_slice(), second.as_slice()].concat();
     let outcome = async {
         burst(cluster, &first, 50).await?;
-        wait_annotated_unbound(cluster, &first, Duration::from_secs(60)).await?;
+        wait_binding_held(cluster, &webhook, &first, Duration::from_secs(60)).await?;
         // Past a second of the ledger's clock: an in-flight hold that expired early
         // (or a 1 s `--reservation-ttl`) would be gone by the time the second wave
         // is placed, the first's Bindings still held for 4 s and more.
@@ -92,8 +92,8 @@ pub async fn slow_binding(cluster: &mut Cluster) -> anyhow::Result<()> {
         burst(cluster, &second, 50).await?;
         settle(cluster, &names, Duration::from_secs(120)).await?;
         // The pods run once their first Binding lands; a retry's own bind, had it
-        // run, would end up to 9 s later (its Binding held too) and write its
-        // rollback then. The books are read after that.
+        // run, would end up to 9 s later (its Binding held too). The books are read
+        // after that.
         tokio::time::sleep(Duration::from_secs(10)).await;
         check_books(cluster, &names).await?;
         timed_out_in_kube_scheduler(cluster, &names)?;
@@ -103,8 +103,8 @@ pub async fn slow_binding(cluster: &mut Cluster) -> anyhow::Result<()> {
     clean_up(cluster, &names, outcome, Replicas::One).await
 }
 
-/// The leader is SIGKILLed while its Bindings wait on the slow webhook, after it
-/// wrote their annotations. The other replica takes the Lease (after the lease
+/// The leader is SIGKILLed while its Bindings, which carry the allocations, wait on
+/// the slow webhook: the API server abandons them, nothing of them is written. The other replica takes the Lease (after the lease
 /// duration: nothing released it) and the pods end Running with their annotation's
 /// GPUs; none runs with GPUs its annotation does not name, none over 100%.
 pub async fn leader_killed_mid_bind(cluster: &mut Cluster) -> anyhow::Result<()> {
@@ -114,8 +114,8 @@ pub async fn leader_killed_mid_bind(cluster: &mut Cluster) -> anyhow::Result<()>
         call_follower(cluster).await?;
         let webhook = install_webhook(cluster, "leader-killed", 5..7).await?;
         burst(cluster, &names, 50).await?;
-        // The window: annotated by the leader, Binding held by the webhook.
-        let caught = wait_annotated_unbound(cluster, &names, Duration::from_secs(60)).await?;
+        // The window: the leader's Binding held by the webhook.
+        let caught = wait_binding_held(cluster, &webhook, &names, Duration::from_secs(60)).await?;
         cluster.kill(Component::Extender)?;
         println!("    leader {FIRST} SIGKILLed while {caught} waited on its Binding");
         settle(cluster, &names, Duration::from_secs(150)).await?;
@@ -147,9 +147,9 @@ async fn relist_outcome(
     relists_before: usize,
 ) -> anyhow::Result<()> {
     // Binds held 2 to 4 s by the webhook, so the crash lands while they go on.
-    let _webhook = install_webhook(cluster, "relist", 2..4).await?;
+    let webhook = install_webhook(cluster, "relist", 2..4).await?;
     burst(cluster, names, 50).await?;
-    let caught = wait_annotated_unbound(cluster, names, Duration::from_secs(60)).await?;
+    let caught = wait_binding_held(cluster, &webhook, names, Duration::from_secs(60)).await?;
     let pending = pending_count(cluster, names).await?;
     println!(
         "    kube-apiserver SIGKILLed while {caught}'s Binding waited, {pending} of {} unbound",
@@ -185,9 +185,9 @@ pub async fn restart_during_burst(cluster: &mut Cluster) -> anyhow::Result<()> {
 async fn restart_outcome(cluster: &mut Cluster, names: &[String]) -> anyhow::Result<()> {
     // Binds held 2 to 4 s by the webhook: the burst is still pending, some of it
     // mid-bind, when SIGTERM arrives.
-    let _webhook = install_webhook(cluster, "restart", 2..4).await?;
+    let webhook = install_webhook(cluster, "restart", 2..4).await?;
     burst(cluster, names, 30).await?;
-    wait_annotated_unbound(cluster, names, Duration::from_secs(60)).await?;
+    wait_binding_held(cluster, &webhook, names, Duration::from_secs(60)).await?;
     let pending = pending_count(cluster, names).await?;
     cluster
         .restart(Component::Extender)
@@ -198,9 +198,9 @@ async fn restart_outcome(cluster: &mut Cluster, names: &[String]) -> anyhow::Res
         pending >= 10,
         "only {pending} pods were unbound when tessera-scheduler restarted: not a burst"
     );
-    // Within 20 s, under the 30 s in-flight TTL: a bind cut by the restart leaves
-    // its annotation on an unbound pod, held in flight by the new process until
-    // the TTL, so its retry would wait that out (and pass, slowly, with 150 s).
+    // Within 20 s, under the 30 s in-flight TTL: a pod annotated and unbound (as an
+    // older version's cut bind left it) is held in flight by the new process until
+    // the TTL, and a retry that waited that out would pass only slowly, with 150 s.
     settle(cluster, names, Duration::from_secs(20)).await?;
     check_books(cluster, names).await
 }
@@ -418,35 +418,35 @@ async fn pending_count(cluster: &Cluster, names: &[String]) -> anyhow::Result<us
     Ok(pending)
 }
 
-/// Waits until one of `names` carries its allocation annotation but is not bound
-/// yet, and returns its name.
-async fn wait_annotated_unbound(
+/// Waits until one pod of `names` has its Binding held by `webhook` (reviewed, the
+/// pod still unbound) and returns its name: the window in which the Binding, which
+/// carries the allocation, is in the API server and nothing of it is written yet.
+async fn wait_binding_held(
     cluster: &Cluster,
+    webhook: &SlowWebhook,
     names: &[String],
     timeout: Duration,
 ) -> anyhow::Result<String> {
     let pods: Api<Pod> = Api::namespaced(cluster.client().await?, "default");
     let started = Instant::now();
     loop {
+        let reviewed = webhook.reviewed_bindings();
         for name in names {
+            if !reviewed.contains(&format!("default/{name}")) {
+                continue;
+            }
             let pod = pods.get(name).await?;
-            let annotated = pod
-                .metadata
-                .annotations
+            if pod
+                .spec
                 .as_ref()
-                .is_some_and(|a| a.contains_key(ALLOCATED));
-            if annotated
-                && pod
-                    .spec
-                    .as_ref()
-                    .and_then(|s| s.node_name.as_ref())
-                    .is_none()
+                .and_then(|s| s.node_name.as_ref())
+                .is_none()
             {
                 return Ok(name.clone());
             }
         }
         if started.elapsed() > timeout {
-            bail!("no pod of {names:?} was annotated and unbound within {timeout:?}");
+            bail!("no Binding of {names:?} was held by the webhook within {timeout:?}");
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
