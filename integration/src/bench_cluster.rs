@@ -68,7 +68,11 @@ impl Round {
 /// Brings a cluster up, puts tessera-scheduler behind mutual TLS, runs the baseline
 /// round and the fractional-GPU round with `pods` pods each on `nodes` fake nodes
 /// (at least enough for the pods), and prints them.
-pub async fn run(pods: usize, nodes: Option<usize>) -> anyhow::Result<()> {
+pub async fn run(
+    pods: usize,
+    nodes: Option<usize>,
+    profile: Option<&std::path::Path>,
+) -> anyhow::Result<()> {
     ensure!(pods > 0, "--pods must be at least 1");
     let binaries = K8sBinaries::locate()?.context(
         "no Kubernetes binaries: set TESSERA_K8S_BIN or put ../shared/k8s/bin beside the repository",
@@ -107,12 +111,17 @@ pub async fn run(pods: usize, nodes: Option<usize>) -> anyhow::Result<()> {
             ("etcd", cluster.pid(Component::Etcd)),
             ("tessera-scheduler", extender.id()),
         ];
+        let profiled = [pids[0], pids[3]];
         let cpu_before = cpu_of(&pids);
+        let recording = Profile::start(profile, &profiled, "plain")?;
         let plain = place(&client, pods, "plain", None).await?;
+        recording.stop();
         let cpu_plain = cpu_of(&pids);
         let bind_before = bind_histogram().await?;
         let spent_before = extender_seconds().await?;
+        let recording = Profile::start(profile, &profiled, "gpu")?;
         let gpu = place(&client, pods, "gpu", Some(SHARE)).await?;
+        recording.stop();
         let spent = extender_seconds().await? - spent_before;
         let cpu_gpu = cpu_of(&pids);
         println!("CPU milliseconds per pod, by process (no GPU / fractional GPU):");
@@ -146,6 +155,52 @@ pub async fn run(pods: usize, nodes: Option<usize>) -> anyhow::Result<()> {
     }
     outcome?;
     cleanup
+}
+
+/// `perf record` of some processes over one round, when asked for.
+struct Profile(Vec<std::process::Child>);
+
+impl Profile {
+    /// Starts `perf record -g` on each process into `dir/<name>-<round>.data`
+    /// (nothing without `dir`).
+    fn start(
+        dir: Option<&std::path::Path>,
+        processes: &[(&str, Option<u32>)],
+        round: &str,
+    ) -> anyhow::Result<Self> {
+        let Some(dir) = dir else {
+            return Ok(Self(Vec::new()));
+        };
+        std::fs::create_dir_all(dir).with_context(|| format!("--profile {}", dir.display()))?;
+        let mut children = Vec::new();
+        for (name, pid) in processes {
+            let Some(pid) = pid else { continue };
+            let out = dir.join(format!("{name}-{round}.data"));
+            let child = std::process::Command::new("perf")
+                .args(["record", "-F", "999", "-g", "-q", "-p", &pid.to_string(), "-o"])
+                .arg(&out)
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .context("--profile: starting perf (apt-get install linux-perf)")?;
+            children.push(child);
+        }
+        // perf attaches in a moment; the round's first pods are not missed much.
+        std::thread::sleep(Duration::from_millis(300));
+        Ok(Self(children))
+    }
+
+    /// Stops each recording (SIGINT: perf writes its file and exits).
+    fn stop(self) {
+        for mut child in self.0 {
+            if let Ok(pid) = i32::try_from(child.id()) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGINT,
+                );
+            }
+            let _ = child.wait();
+        }
+    }
 }
 
 fn node_name(index: usize) -> String {

@@ -124,6 +124,11 @@ enum Command {
         /// few as the pods fit on, plus one]; e.g. 1000 or 5000 for cluster scale.
         #[arg(long)]
         nodes: Option<usize>,
+        /// Record kube-scheduler and tessera-scheduler with `perf record -g` over
+        /// each round, into DIR/<process>-<round>.data (needs perf; read with
+        /// `perf report -i FILE --no-children`).
+        #[arg(long, value_name = "DIR")]
+        profile: Option<std::path::PathBuf>,
     },
     /// CreateContainer + StartContainer of a quarter-GPU container on a private
     /// containerd 2.x with CDI on (needs root and the Kubernetes binaries): direct,
@@ -236,9 +241,11 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Extender { iterations, nodes } => {
             extender_bench(iterations, nodes, &[500, nodes]).await
         }
-        Command::Cluster { pods, nodes } => {
-            tessera_integration::bench_cluster::run(pods, nodes).await
-        }
+        Command::Cluster {
+            pods,
+            nodes,
+            profile,
+        } => tessera_integration::bench_cluster::run(pods, nodes, profile.as_deref()).await,
         Command::Flood {
             idle,
             body_mib,
