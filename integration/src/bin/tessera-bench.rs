@@ -124,9 +124,14 @@ enum Command {
         /// few as the pods fit on, plus one]; e.g. 1000 or 5000 for cluster scale.
         #[arg(long)]
         nodes: Option<usize>,
+        /// Rounds of each kind, alternating plain and fractional; the ratio is of
+        /// their medians.
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
         /// Record kube-scheduler and tessera-scheduler with `perf record -g` over
-        /// each round, into DIR/<process>-<round>.data (needs perf; read with
-        /// `perf report -i FILE --no-children`).
+        /// the first round of each kind, into DIR/<process>-<plain|gpu>.data (needs
+        /// perf; read with `perf report -i FILE --no-children`; kube-scheduler's
+        /// symbols are in its .gopclntab only).
         #[arg(long, value_name = "DIR")]
         profile: Option<std::path::PathBuf>,
     },
@@ -244,8 +249,9 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Cluster {
             pods,
             nodes,
+            rounds,
             profile,
-        } => tessera_integration::bench_cluster::run(pods, nodes, profile.as_deref()).await,
+        } => tessera_integration::bench_cluster::run(pods, nodes, rounds, profile.as_deref()).await,
         Command::Flood {
             idle,
             body_mib,
