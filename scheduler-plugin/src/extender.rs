@@ -34,9 +34,9 @@ use crate::bind::{
     Allocation, BindDecision, BindError, BindFailure, Target, binding, decide, took_effect,
 };
 use crate::core::{
-    DryRun, PodPlacement, Policy, allocate_pod, fits_pod_loaded, gpu_victims, group_elsewhere,
-    group_home, group_over_allowance, never_fits_pod, node_victims, score_pod_loaded,
-    selected_nowhere, unfit_reason_pod,
+    DryRun, PodPlacement, Policy, allocate_pod, gpu_victims, group_elsewhere, group_home,
+    group_over_allowance, never_fits_pod, node_victims, score_pod_loaded, selected_nowhere,
+    unfit_reason_pod,
 };
 use crate::events::BindObserver;
 use crate::leader::Leader;
@@ -744,24 +744,30 @@ impl Extender {
                         .insert(name, SWITCH_UNPROVEN_WHY.into());
                     continue;
                 }
-                match found {
+                // Scored at once: a score is what a node that fits gets, and the
+                // fit test alone would read the node's load a second time.
+                let scored = found.map(|node| {
+                    let score = score_pod_loaded(
+                        node,
+                        &request,
+                        self.config.gpu_policy,
+                        self.config.node_policy,
+                    );
+                    (node, score)
+                });
+                match scored {
                     None => {
                         result
                             .failed_and_unresolvable_nodes
                             .insert(name, "no Device CR: the node reports no GPUs".into());
                     }
-                    Some(node) if fits_pod_loaded(node, &request, self.config.gpu_policy) => {
+                    Some((_, Some(score))) => {
                         fit.push(name);
-                        scores.push(score_pod_loaded(
-                            node,
-                            &request,
-                            self.config.gpu_policy,
-                            self.config.node_policy,
-                        ));
+                        scores.push(Some(score));
                     }
                     // Never fits, even emptied: kube-scheduler's preemption must not
                     // pick it (its own dry run ignores GPU shares and would see room).
-                    Some(loaded) => {
+                    Some((loaded, None)) => {
                         match never_fits_pod(loaded.state, &request, self.config.gpu_policy) {
                             Some(reason) => {
                                 result.failed_and_unresolvable_nodes.insert(name, reason);

@@ -1010,6 +1010,12 @@ proptest! {
             score_pod_loaded(loaded, &request, gpu_policy, node_policy),
             score_pod(&n, &request, gpu_policy, node_policy)
         );
+        // Filter takes a score as the verdict that the pod fits (one reading of the
+        // node): a node is scored exactly when the pod fits it.
+        prop_assert_eq!(
+            score_pod_loaded(loaded, &request, gpu_policy, node_policy).is_some(),
+            fits_pod(&n, &request, gpu_policy)
+        );
     }
 }
 
