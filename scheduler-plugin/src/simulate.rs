@@ -11,8 +11,8 @@ use tessera_api::request::{RequestOptions, pod_gpu_request};
 use tessera_api::{Device, DeviceInfo, DeviceSpec, DeviceTopology};
 
 use crate::core::{
-    NodeState, Policy, allocate_pod, fits_pod, group_elsewhere, group_home, group_over_allowance,
-    score_pod, selected_nowhere, unfit_reason_pod,
+    LoadedNode, NodeLoad, NodeState, Policy, allocate_pod, group_elsewhere, group_home,
+    group_over_allowance, score_pod_loaded, selected_nowhere, unfit_reason_pod,
 };
 use crate::ledger::{Ledger, annotation_of, pod_name};
 
@@ -300,13 +300,17 @@ pub fn simulate<P: std::borrow::Borrow<Pod>>(
     options: &SimulateOptions,
 ) -> Vec<Outcome> {
     let window = nodes_to_find(options.percentage_of_nodes_to_score, nodes.len());
-    // Each node's state by its place in `nodes`: a cycle reads its sample in order
-    // instead of looking each name up (the lookups were most of the time); a
+    // Each node's state and load by its place in `nodes`: a cycle reads its sample
+    // in order instead of looking each name up (the lookups were most of the time),
+    // and judges most nodes from the load alone, as the extender's filter does; a
     // placement refreshes the one node it changed.
-    let mut states: Vec<Option<NodeState>> = nodes
-        .iter()
-        .map(|name| ledger.node(name).cloned())
-        .collect();
+    let copy = |ledger: &Ledger, name: &str| {
+        ledger
+            .loaded_node(name)
+            .map(|node| (node.state.clone(), node.load.clone()))
+    };
+    let mut states: Vec<Option<(NodeState, NodeLoad)>> =
+        nodes.iter().map(|name| copy(ledger, name)).collect();
     let mut start = 0usize;
     let mut outcomes = Vec::new();
     let unplaced = |pod: String, reason: String| Outcome {
@@ -351,24 +355,27 @@ pub fn simulate<P: std::borrow::Borrow<Pod>>(
         // first in the sample among equals (kube-scheduler draws one at random).
         let mut best: Option<(i64, usize)> = None;
         for at in sample.clone() {
-            let Some(node) = &states[at] else {
+            let Some((state, load)) = &states[at] else {
                 continue;
             };
-            if group_elsewhere(home.as_ref(), &request, &nodes[at]).is_some()
-                || !fits_pod(node, &request, options.gpu_policy)
-            {
+            if group_elsewhere(home.as_ref(), &request, &nodes[at]).is_some() {
                 continue;
             }
-            let value =
-                score_pod(node, &request, options.gpu_policy, options.node_policy).unwrap_or(0);
+            // A score is the verdict that the pod fits, as in the extender's filter.
+            let loaded = LoadedNode { state, load };
+            let Some(value) =
+                score_pod_loaded(loaded, &request, options.gpu_policy, options.node_policy)
+            else {
+                continue;
+            };
             if best.is_none_or(|(b, _)| value > b) {
                 best = Some((value, at));
             }
         }
         // The extender's bind on the chosen node.
         let placed = best.and_then(|(_, at)| {
-            let placement =
-                allocate_pod(states[at].as_ref()?, &request, options.gpu_policy).ok()?;
+            let (state, _) = states[at].as_ref()?;
+            let placement = allocate_pod(state, &request, options.gpu_policy).ok()?;
             Some((at, placement))
         });
         let Some((at, placement)) = placed else {
@@ -376,7 +383,7 @@ pub fn simulate<P: std::borrow::Borrow<Pod>>(
             for at in sample {
                 let reason = match &states[at] {
                     None => "no Device CR: the node reports no GPUs".to_owned(),
-                    Some(node) => group_elsewhere(home.as_ref(), &request, &nodes[at])
+                    Some((node, _)) => group_elsewhere(home.as_ref(), &request, &nodes[at])
                         .unwrap_or_else(|| unfit_reason_pod(node, &request, options.gpu_policy)),
                 };
                 *reasons.entry(reason).or_default() += 1;
@@ -404,7 +411,7 @@ pub fn simulate<P: std::borrow::Borrow<Pod>>(
             .unwrap_or_else(|| format!("simulated-{index}"));
         let annotation = annotation_of(&placement);
         ledger.reserve(&uid, &node, placement.booked, u64::MAX);
-        states[at] = ledger.node(&node).cloned();
+        states[at] = copy(ledger, &node);
         outcomes.push(Outcome {
             pod: who,
             node: Some(node),
