@@ -987,6 +987,18 @@ impl Cluster {
         self.restart(Component::Scheduler).await
     }
 
+    /// Sets kube-scheduler's API client to `qps` queries per second with bursts of
+    /// `burst` (its configuration's `clientConnection`; deploy/ sets neither, so
+    /// kube-scheduler's own 50 and 100 apply) and restarts it.
+    pub async fn set_scheduler_client_qps(&mut self, qps: u32, burst: u32) -> anyhow::Result<()> {
+        let path = self.dir.path().join("kube-scheduler.yaml");
+        let mut config: Value = serde_yaml::from_str(&std::fs::read_to_string(&path)?)?;
+        config["clientConnection"]["qps"] = json!(qps);
+        config["clientConnection"]["burst"] = json!(burst);
+        std::fs::write(&path, serde_yaml::to_string(&config)?)?;
+        self.restart(Component::Scheduler).await
+    }
+
     async fn start_node(&mut self, options: &ClusterOptions) -> anyhow::Result<()> {
         let dir = self.dir.path().to_path_buf();
         let ctd_path = format!(

@@ -128,6 +128,11 @@ enum Command {
         /// their medians.
         #[arg(long, default_value_t = 3)]
         rounds: usize,
+        /// kube-scheduler's API client: QPS (bursts twice it) [default: deploy/'s,
+        /// which sets none: kube-scheduler's own 50, bursts of 100]. Plain pods are
+        /// bound through it, fractional ones by the extender's own client.
+        #[arg(long, value_name = "N")]
+        qps: Option<u32>,
         /// Record kube-scheduler and tessera-scheduler with `perf record -g` over
         /// the first round of each kind, into DIR/<process>-<plain|gpu>.data (needs
         /// perf; read with `perf report -i FILE --no-children`; kube-scheduler's
@@ -250,8 +255,12 @@ async fn run(command: Command) -> anyhow::Result<()> {
             pods,
             nodes,
             rounds,
+            qps,
             profile,
-        } => tessera_integration::bench_cluster::run(pods, nodes, rounds, profile.as_deref()).await,
+        } => {
+            tessera_integration::bench_cluster::run(pods, nodes, rounds, qps, profile.as_deref())
+                .await
+        }
         Command::Flood {
             idle,
             body_mib,
