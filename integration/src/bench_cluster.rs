@@ -124,20 +124,25 @@ pub async fn run(
         // (a 2-core VM's neighbours, a GC) falls on both kinds alike.
         let (mut plain, mut gpu) = (Vec::new(), Vec::new());
         let (mut cpu_plain, mut cpu_gpu) = (vec![0.0; pids.len()], vec![0.0; pids.len()]);
+        let (mut calls_plain, mut calls_gpu) = (ApiCalls::new(), ApiCalls::new());
         let bind_before = bind_histogram().await?;
         let mut spent = 0.0;
         for round in 0..rounds {
             let before = cpu_of(&pids);
+            let calls_before = api_calls(&client).await?;
             let recording = Profile::start(profile.filter(|_| round == 0), &profiled, "plain")?;
             plain.push(place(&client, pods, "plain", round, None).await?);
             recording.stop();
             let between = cpu_of(&pids);
+            let calls_between = api_calls(&client).await?;
+            add_delta(&mut calls_plain, &calls_before, &calls_between);
             let spent_before = extender_seconds().await?;
             let recording = Profile::start(profile.filter(|_| round == 0), &profiled, "gpu")?;
             gpu.push(place(&client, pods, "gpu", round, Some(SHARE)).await?);
             recording.stop();
             spent += extender_seconds().await? - spent_before;
             let after = cpu_of(&pids);
+            add_delta(&mut calls_gpu, &calls_between, &api_calls(&client).await?);
             for index in 0..pids.len() {
                 cpu_plain[index] += between[index] - before[index];
                 cpu_gpu[index] += after[index] - between[index];
@@ -151,6 +156,17 @@ pub async fn run(
                 cpu_plain[index] * 1e3 / placed,
                 cpu_gpu[index] * 1e3 / placed
             );
+        }
+        println!("API server requests per pod, by verb and resource (no GPU / fractional GPU):");
+        let kinds: std::collections::BTreeSet<&String> =
+            calls_plain.keys().chain(calls_gpu.keys()).collect();
+        for kind in kinds {
+            let per_pod = |calls: &ApiCalls| calls.get(kind).copied().unwrap_or(0.0) / placed;
+            let (p, g) = (per_pod(&calls_plain), per_pod(&calls_gpu));
+            // Below a request per 20 pods: the control plane's own background.
+            if p.max(g) >= 0.05 {
+                println!("  {kind:<40} {p:>8.2} {g:>8.2}");
+            }
         }
         let bind_after = bind_histogram().await?;
         let binds = histogram_delta(&bind_before, &bind_after);
@@ -175,6 +191,50 @@ pub async fn run(
     }
     outcome?;
     cleanup
+}
+
+/// `apiserver_request_total` summed by `verb resource/subresource`.
+type ApiCalls = std::collections::BTreeMap<String, f64>;
+
+/// The API server's request counts so far, from its /metrics.
+async fn api_calls(client: &Client) -> anyhow::Result<ApiCalls> {
+    let request = http::Request::get("/metrics").body(Vec::new())?;
+    let text = client
+        .request_text(request)
+        .await
+        .context("reading kube-apiserver's /metrics")?;
+    let mut calls = ApiCalls::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
+            continue;
+        };
+        let Some((labels, value)) = rest.rsplit_once("} ") else {
+            continue;
+        };
+        let label = |name: &str| {
+            labels
+                .split(',')
+                .find_map(|pair| pair.strip_prefix(&format!("{name}=\"")))
+                .map(|v| v.trim_end_matches('"').to_owned())
+                .unwrap_or_default()
+        };
+        let subresource = label("subresource");
+        let kind = if subresource.is_empty() {
+            format!("{} {}", label("verb"), label("resource"))
+        } else {
+            format!("{} {}/{subresource}", label("verb"), label("resource"))
+        };
+        *calls.entry(kind).or_default() += value.trim().parse::<f64>().unwrap_or(0.0);
+    }
+    Ok(calls)
+}
+
+/// Adds `after - before` into `total`, per kind of request.
+fn add_delta(total: &mut ApiCalls, before: &ApiCalls, after: &ApiCalls) {
+    for (kind, count) in after {
+        let delta = count - before.get(kind).copied().unwrap_or(0.0);
+        *total.entry(kind.clone()).or_default() += delta;
+    }
 }
 
 /// `perf record` of some processes over one round, when asked for.
