@@ -3,7 +3,8 @@
 # the same run, with verdicts against issue 11's targets where it has some: the proxy
 # (direct vs proxied CRI latency, peak RSS), the GPU hook (CreateContainer added
 # cost), the scheduler's simulate (placements/s, peak RSS; adaptive node sampling vs
-# every node), its extender API (filter+prioritize vs a pod asking no GPU; filter and
+# every node), its extender API (filter alone under deploy's --candidates 1, and filter+prioritize
+# under --candidates 0, vs a pod asking no GPU; filter and
 # bind on the mutual-TLS port alone vs under 2,000 idle connections and 100 MB bodies), its Pod
 # store (full vs trimmed pods) and placements through a real kube-scheduler on the
 # harness cluster (extender behind mutual TLS vs pods kube-scheduler places alone).
