@@ -19,6 +19,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Binding, ObjectReference, Pod};
 use kube::api::ObjectMeta;
+use tessera_api::DeviceAllocations;
 use tessera_api::asked::REQUESTED_AS;
 use tessera_api::request::RequestError;
 use tessera_api::resources::DEVICE_ALLOCATED;
@@ -102,6 +103,19 @@ pub enum BindError {
         /// The Binding's error.
         #[source]
         source: kube::Error,
+    },
+    /// The Binding's outcome is unknown (the API server failed or did not answer, and
+    /// may still apply it) and the pod, read again, is not bound yet: the allocation
+    /// stays in flight until the watch or the TTL settles it.
+    #[error(
+        "binding to {node}: {bind}; the API server may still apply it: its allocation stays reserved until its bind is known"
+    )]
+    BindPending {
+        /// The node.
+        node: String,
+        /// The Binding's error.
+        #[source]
+        bind: kube::Error,
     },
     /// Bind failed and the pod could not be read again: the allocation stays in flight.
     #[error(
@@ -214,10 +228,10 @@ pub struct Target<'a> {
 /// server merges into the pod as it binds it. Not its resourceVersion: while a
 /// Binding waits (on admission webhooks, say), kube-scheduler and others write the
 /// pod's status, and a Binding refused for that would be sent again for nothing.
-/// Nothing the allocation was chosen from can change meanwhile unnoticed: the API
-/// server refuses a Binding of a pod bound already, the GPU request of a pending
-/// pod's containers cannot change, and whatever the pod's annotations say later,
-/// the grant is the allocation, which the ledger books. A
+/// The API server refuses a Binding of a pod bound already, and the GPU request of
+/// a pending pod's containers cannot change; its annotations can (a GPU selection,
+/// a sharing group), and the allocation follows the pod as read. Either way the
+/// grant is the allocation the Binding carries, which the ledger books. A
 /// [`REQUESTED_AS`] the pod came with is overwritten (`{}` when no container
 /// asked in another system's names): a Binding can add and replace annotations,
 /// not remove them, and no value but Tessera's may stand beside its allocation.
@@ -256,6 +270,23 @@ pub fn binding(pod: &Pod, target: Target<'_>, allocation: Option<&Allocation<'_>
             ..ObjectReference::default()
         },
     }
+}
+
+/// Whether the API server refused a write for good: it answered, and with a
+/// client error (400 bad, 403 forbidden, 404 gone, 409 conflict, 422 invalid),
+/// so nothing of it was or will be applied. A server error (500, 503, 504) or no
+/// answer at all leaves the outcome unknown: a Binding held by a slow webhook or a
+/// slow etcd may still be applied after its caller gave up.
+pub fn refused_for_good(error: &kube::Error) -> bool {
+    matches!(error, kube::Error::Api(status) if (400..500).contains(&status.code))
+}
+
+/// The node and the allocation of `pod` when it is bound with one (a parseable
+/// allocation annotation), as read.
+pub fn bound_allocation(pod: &Pod) -> Option<(&str, DeviceAllocations)> {
+    let node = node_of(pod)?;
+    let allocations = DeviceAllocations::parse(allocation_of(pod)?).ok()?;
+    Some((node, allocations))
 }
 
 /// Whether a Binding whose answer failed took effect after all: the pod as read

@@ -31,7 +31,8 @@ use futures_util::FutureExt;
 use futures_util::future::{BoxFuture, Shared};
 
 use crate::bind::{
-    Allocation, BindDecision, BindError, BindFailure, Target, binding, decide, took_effect,
+    Allocation, BindDecision, BindError, BindFailure, Target, binding, bound_allocation, decide,
+    refused_for_good, took_effect,
 };
 use crate::core::{
     DryRun, PodPlacement, Policy, allocate_pod, gpu_victims, group_elsewhere, group_home,
@@ -1139,8 +1140,6 @@ impl Extender {
                 .await
                 .map_err(|e| fail(BindError::Read(e)))?,
         };
-        let request =
-            pod_gpu_request(&pod, &self.config.request).map_err(|e| fail(BindError::Request(e)))?;
         let target = Target {
             namespace: &args.pod_namespace,
             name: &args.pod_name,
@@ -1151,12 +1150,15 @@ impl Extender {
         // meanwhile) decides once more from the pod as read again.
         let mut fresh = false;
         loop {
+            // From the pod as read (again, after a conflict): what it asks now.
+            let request = pod_gpu_request(&pod, &self.config.request)
+                .map_err(|e| fail(BindError::Request(e)))?;
+            // Bound already (by an earlier bind whose answer was lost, or another
+            // replica): what it holds is held as assumed until the watch shows it.
+            self.hold_as_bound(&args.pod_uid, &pod);
             let decision =
                 decide(&pod, &args.pod_uid, &args.node, request.is_some()).map_err(&fail)?;
             if decision == BindDecision::AlreadyBound {
-                // A hold left in flight by an earlier bind whose answer was lost is
-                // the bound pod's now: it no longer expires.
-                self.ledger().assume(&args.pod_uid);
                 tracing::info!(pod = %format!("{}/{}", args.pod_namespace, args.pod_name), node = %args.node, "already bound: answered from its state");
                 return Ok(());
             }
@@ -1257,6 +1259,14 @@ impl Extender {
         })
     }
 
+    /// Holds what pod `uid` holds, as read, when it is bound with an allocation
+    /// ([`Ledger::hold_bound`]; nothing when the watch has shown it already).
+    fn hold_as_bound(&self, uid: &str, pod: &Pod) {
+        if let Some((node, allocations)) = bound_allocation(pod) {
+            self.ledger().hold_bound(uid, node, &allocations);
+        }
+    }
+
     /// Creates `binding` (carrying `written`, the allocation, if any). Bound: the
     /// reservation becomes an assumed use. Refused: the pod is read again, since
     /// the Binding may have taken effect although its answer was lost; if it did
@@ -1308,7 +1318,20 @@ impl Extender {
             self.observer.placed(args, written);
             return Ok(());
         }
-        self.ledger().release(&args.pod_uid);
+        if written.is_some() && !refused_for_good(&error) && bound_allocation(&again).is_none() {
+            // Not refused, not applied yet: the API server may still apply it (a slow
+            // webhook, a slow etcd), and given back now its GPUs could be handed out
+            // again before the watch shows the pod holding them.
+            let error = BindError::BindPending { node, bind: error };
+            return Err((error, None));
+        }
+        {
+            let mut ledger = self.ledger();
+            ledger.release(&args.pod_uid);
+            if let Some((bound, allocations)) = bound_allocation(&again) {
+                ledger.hold_bound(&args.pod_uid, bound, &allocations);
+            }
+        }
         Err((
             BindError::Bind {
                 node,

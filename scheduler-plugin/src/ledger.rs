@@ -578,6 +578,25 @@ impl Ledger {
         self.reserve(uid, &node, placement, expires_at);
     }
 
+    /// Pod `uid`, read from the API server bound to `node` with `allocations`,
+    /// before the watch shows it so: its GPUs are held as an assumed use, replacing
+    /// whatever hold it had, until the watch shows the pod (then the pod itself
+    /// counts) or its delete. Nothing when the watch has shown it already: its use
+    /// counts, and a hold beside it would count it twice.
+    pub fn hold_bound(&mut self, uid: &str, node: &str, allocations: &DeviceAllocations) {
+        if self.pods.contains_key(uid) {
+            return;
+        }
+        let gpus = self
+            .nodes
+            .get(node)
+            .map(|n| n.state.gpus.clone())
+            .unwrap_or_default();
+        let placement = placement_of(allocations, &gpus);
+        self.reserve(uid, node, placement, u64::MAX);
+        self.assume(uid);
+    }
+
     /// Sets how long an in-flight reservation found on an unbound pod holds.
     pub fn set_in_flight_ttl(&mut self, seconds: u64) {
         self.in_flight_ttl = seconds;

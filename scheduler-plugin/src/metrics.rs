@@ -111,6 +111,7 @@ pub fn classify(error: &BindError) -> (&'static str, BindResult) {
         BindError::Read(_) => ("read", Failed),
         BindError::Bind { .. } => ("binding", Failed),
         BindError::BindUnconfirmed { .. } => ("bind_unconfirmed", Failed),
+        BindError::BindPending { .. } => ("bind_pending", Failed),
     }
 }
 

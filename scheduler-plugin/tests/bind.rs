@@ -228,3 +228,74 @@ async fn a_pod_bound_elsewhere_meanwhile_is_answered_from_its_state() {
         "the reservation was given back"
     );
 }
+
+/// The API server answers a Binding with a server error and applies nothing yet (a
+/// webhook or etcd timed out; it may still apply it): the bind fails saying so,
+/// and its GPUs stay reserved, lest another pod take them before the watch shows
+/// where this one went.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_binding_whose_outcome_is_unknown_keeps_its_gpus_reserved() {
+    let api = ApiServer::start().await.expect("api");
+    api.insert(DEVICES, "devices", device("n1", 1));
+    api.insert("v1", "pods", half_gpu_pod("unknown"));
+    let (extender, ledger) = extender(&api, ExtenderConfig::default()).await;
+    // 500: kube's client gives up at once (503 and 504 it retries, for minutes,
+    // with backoff; a retry of a Binding that was applied meanwhile is refused as
+    // already assigned, and the pod read again shows it bound with what it carried).
+    api.fail_bindings(Some(500));
+    let answer = extender.bind(&args("unknown", "n1"), false).await;
+    assert!(
+        answer.error.contains("the API server may still apply it"),
+        "{}",
+        answer.error
+    );
+    assert_eq!(core_used(&ledger, "n1"), 50, "the hold was given back");
+    // A refusal for good (422) gives it back.
+    api.fail_bindings(Some(422));
+    let refused = extender.bind(&args("unknown", "n1"), false).await;
+    assert!(refused.error.contains("binding to n1"), "{}", refused.error);
+    assert_eq!(
+        core_used(&ledger, "n1"),
+        0,
+        "the hold was kept after a refusal"
+    );
+}
+
+/// An earlier bind of this pod was applied after its answer was lost, and the
+/// watch has not shown it yet: the retry's Binding is refused (already assigned),
+/// and the pod's own allocation, as read again, is held until the watch shows it,
+/// never the retry's choice, never nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_refused_as_already_bound_holds_what_the_pod_holds() {
+    let api = ApiServer::start().await.expect("api");
+    api.insert(DEVICES, "devices", device("n1", 2));
+    let created = api.insert("v1", "pods", half_gpu_pod("late"));
+    let (extender, ledger) = extender(&api, ExtenderConfig::default()).await;
+    api.hold_watches(true);
+    let mut bound = created.clone();
+    bound["spec"]["nodeName"] = json!("n1");
+    bound["metadata"]["annotations"] = json!({DEVICE_ALLOCATED:
+        r#"{"gpu":[{"minor":1,"id":"GPU-n1-1","resources":{"koordinator.sh/gpu-core":50,"koordinator.sh/gpu-memory-ratio":50}}]}"#});
+    api.insert("v1", "pods", bound);
+    assert_eq!(extender.bind(&args("late", "n1"), false).await.error, "");
+    let held = |index: usize| {
+        ledger
+            .lock()
+            .expect("ledger")
+            .node("n1")
+            .map(|n| n.gpus[index].core_used)
+    };
+    assert_eq!(
+        (held(0), held(1)),
+        (Some(0), Some(50)),
+        "GPU-n1-1 is the pod's"
+    );
+    api.hold_watches(false);
+    for _ in 0..250 {
+        if core_used(&ledger, "n1") == 50 && ledger.lock().expect("ledger").assumed() == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("booked {} of n1, not 50 once", core_used(&ledger, "n1"));
+}

@@ -66,6 +66,8 @@ struct Faults {
     binding_delay: Mutex<std::time::Duration>,
     /// pods/binding calls taken.
     bindings: std::sync::atomic::AtomicUsize,
+    /// The status every pods/binding gets instead of being applied (none: applied).
+    binding_failure: Mutex<Option<u16>>,
     /// While true, watch streams hold their events back (watch lag).
     watches_held: tokio::sync::watch::Sender<bool>,
     /// Bumped to end every open watch stream.
@@ -79,6 +81,7 @@ impl Default for Faults {
         Self {
             binding_delay: Mutex::default(),
             bindings: std::sync::atomic::AtomicUsize::new(0),
+            binding_failure: Mutex::default(),
             watches_held: tokio::sync::watch::Sender::new(false),
             watches_cut: tokio::sync::watch::Sender::new(0),
             watches_refused: std::sync::atomic::AtomicBool::new(false),
@@ -337,6 +340,16 @@ impl ApiServer {
             .unwrap_or_else(std::sync::PoisonError::into_inner) = delay;
     }
 
+    /// Fault: every pods/binding is answered `status` (a server error: 500, 503,
+    /// 504) and not applied, as when a webhook or etcd timed out; `None` ends it.
+    pub fn fail_bindings(&self, status: Option<u16>) {
+        *self
+            .faults
+            .binding_failure
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = status;
+    }
+
     /// How many pods/binding calls the server has taken.
     pub fn bindings(&self) -> usize {
         self.faults
@@ -511,7 +524,15 @@ impl ApiServer {
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner);
                 tokio::time::sleep(delay).await;
-                self.bind(&route, name, parsed)
+                let failure = *self
+                    .faults
+                    .binding_failure
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                match failure.and_then(|code| StatusCode::from_u16(code).ok()) {
+                    Some(code) => status(code, "Timeout", "the binding was not applied in time"),
+                    None => self.bind(&route, name, parsed),
+                }
             }
             (&Method::GET, Some(name), _) => match self.get(
                 &route.collection.0,

@@ -145,3 +145,35 @@ fn a_binding_overwrites_a_requested_as_the_pod_came_with() {
     // Nothing added to a pod that never carried one.
     assert!(!annotations(&pod("u", None, None), None).contains_key(REQUESTED_AS));
 }
+
+#[test]
+fn only_a_client_error_is_a_refusal_for_good() {
+    let status = |code: u16| {
+        kube::Error::Api(
+            kube::core::Status::failure("x", "y")
+                .with_code(code)
+                .boxed(),
+        )
+    };
+    for code in [400, 403, 404, 409, 422, 429] {
+        assert!(refused_for_good(&status(code)), "{code}");
+    }
+    for code in [500, 503, 504] {
+        assert!(!refused_for_good(&status(code)), "{code}");
+    }
+    assert!(!refused_for_good(
+        &kube::Error::LinesCodecMaxLineLengthExceeded
+    ));
+}
+
+#[test]
+fn a_bound_pods_allocation_is_read_only_when_it_parses() {
+    let allocation =
+        r#"{"gpu":[{"minor":0,"id":"GPU-0","resources":{"koordinator.sh/gpu-core":50}}]}"#;
+    let bound = pod("u", Some("n1"), Some(allocation));
+    let (node, parsed) = bound_allocation(&bound).expect("bound");
+    assert_eq!((node, parsed.gpus().len()), ("n1", 1));
+    assert!(bound_allocation(&pod("u", None, Some(allocation))).is_none());
+    assert!(bound_allocation(&pod("u", Some("n1"), None)).is_none());
+    assert!(bound_allocation(&pod("u", Some("n1"), Some("not json"))).is_none());
+}
