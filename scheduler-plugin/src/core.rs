@@ -94,8 +94,8 @@ impl GpuLoad {
 
 /// A node's GPUs as fitting and scoring read them, in one block: the ledger keeps
 /// it beside each node's [`NodeState`] ([`NodeLoad::of`] of it, always), so that
-/// filter and prioritize judge a node from a few cache lines ([`fits_pod_loaded`],
-/// [`score_pod_loaded`]).
+/// filter and prioritize judge a node from a few cache lines ([`score_pod_loaded`],
+/// whose score is also the verdict that the pod fits).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct NodeLoad {
     /// Per GPU, in the node's order.
@@ -1212,14 +1212,6 @@ fn plain_request<'a>(node: LoadedNode<'_>, request: &'a PodGpuRequest) -> Option
             Some(&only.gpu)
         }
         _ => None,
-    }
-}
-
-/// [`fits_pod`], reading only the node's load when that says all.
-pub fn fits_pod_loaded(node: LoadedNode<'_>, request: &PodGpuRequest, policy: Policy) -> bool {
-    match plain_request(node, request) {
-        Some(gpu) => fits_in(node.load.gpus.iter().copied(), gpu),
-        None => fits_pod(node.state, request, policy),
     }
 }
 

@@ -564,18 +564,23 @@ impl Ledger {
             self.unplaced.insert(uid.to_owned(), allocations.clone());
             return;
         };
-        let gpus = self
-            .nodes
-            .get(node.as_str())
-            .map(|n| n.state.gpus.clone())
-            .unwrap_or_default();
-        let placement = placement_of(allocations, &gpus);
+        let placement = self.placement_on(&node, allocations);
         let ttl = match self.in_flight_ttl {
             0 => DEFAULT_IN_FLIGHT_TTL,
             ttl => ttl,
         };
         let expires_at = self.clock + ttl;
         self.reserve(uid, &node, placement, expires_at);
+    }
+
+    /// The placement `allocations` make on node `name`, read against its GPUs as
+    /// they are now ([`placement_of`]; against none when the node is unknown).
+    fn placement_on(&self, name: &str, allocations: &DeviceAllocations) -> Placement {
+        let gpus = self
+            .nodes
+            .get(name)
+            .map_or(&[][..], |n| n.state.gpus.as_slice());
+        placement_of(allocations, gpus)
     }
 
     /// Pod `uid`, read from the API server bound to `node` with `allocations`,
@@ -587,12 +592,7 @@ impl Ledger {
         if self.pods.contains_key(uid) {
             return;
         }
-        let gpus = self
-            .nodes
-            .get(node)
-            .map(|n| n.state.gpus.clone())
-            .unwrap_or_default();
-        let placement = placement_of(allocations, &gpus);
+        let placement = self.placement_on(node, allocations);
         self.reserve(uid, node, placement, u64::MAX);
         self.assume(uid);
     }
@@ -659,12 +659,7 @@ impl Ledger {
         };
         // Seen bound: the pod's own annotation now counts, not the reservation.
         self.remove_reservation(&uid);
-        let gpus = self
-            .nodes
-            .get(node_name)
-            .map(|n| n.state.gpus.clone())
-            .unwrap_or_default();
-        let placement = placement_of(&allocations, &gpus);
+        let placement = self.placement_on(node_name, &allocations);
         if let Some(node) = self.nodes.get_mut(node_name) {
             node.account(&placement, true);
         }

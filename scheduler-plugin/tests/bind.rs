@@ -45,15 +45,29 @@ fn allocation(api: &ApiServer, name: &str) -> Value {
 }
 
 fn core_used(ledger: &Mutex<Ledger>, node: &str) -> u64 {
+    core_of(&ledger.lock().expect("ledger"), node)
+}
+
+fn core_of(ledger: &Ledger, node: &str) -> u64 {
     ledger
-        .lock()
-        .expect("ledger")
         .node(node)
         .expect("node")
         .gpus
         .iter()
         .map(|g| g.core_used)
         .sum()
+}
+
+/// Waits (5 s at most) until `settled` holds of the ledger, as the watch catches
+/// up; panics naming `what` and n1's booked compute otherwise.
+async fn until_settled(ledger: &Mutex<Ledger>, what: &str, settled: impl Fn(&Ledger) -> bool) {
+    for _ in 0..250 {
+        if settled(&ledger.lock().expect("ledger")) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("{what}: booked {} of n1", core_used(ledger, "n1"));
 }
 
 /// kube-scheduler gives up after its httpTimeout while the Binding is slow and sends
@@ -108,13 +122,7 @@ async fn a_retried_bind_of_a_bound_pod_keeps_its_allocation_under_watch_lag() {
     );
     assert_eq!(allocation(&api, "done"), written);
     api.hold_watches(false);
-    for _ in 0..250 {
-        if core_used(&ledger, "n1") == 50 {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("booked {} of n1, not 50", core_used(&ledger, "n1"));
+    until_settled(&ledger, "not 50", |l| core_of(l, "n1") == 50).await;
 }
 
 /// A bound pod's allocation outlives the in-flight TTL while the watch lags: a
@@ -150,14 +158,13 @@ async fn a_bound_pods_share_is_held_under_watch_lag_past_the_ttl() {
     let placed = extender.bind(&args("second", "n1"), false).await;
     assert!(placed.error.contains("node n1:"), "{}", placed.error);
     api.hold_watches(false);
-    for _ in 0..250 {
-        if ledger.lock().expect("ledger").in_flight() == 0 {
-            assert_eq!(core_used(&ledger, "n1"), 50, "counted from the pod, once");
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("the watch never turned the assumed use into the pod's");
+    until_settled(
+        &ledger,
+        "the watch never turned the assumed use into the pod's",
+        |l| l.in_flight() == 0,
+    )
+    .await;
+    assert_eq!(core_used(&ledger, "n1"), 50, "counted from the pod, once");
 }
 
 /// The allocation rides on the Binding: the API server takes one write for a GPU
@@ -291,11 +298,8 @@ async fn a_retry_refused_as_already_bound_holds_what_the_pod_holds() {
         "GPU-n1-1 is the pod's"
     );
     api.hold_watches(false);
-    for _ in 0..250 {
-        if core_used(&ledger, "n1") == 50 && ledger.lock().expect("ledger").assumed() == 0 {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("booked {} of n1, not 50 once", core_used(&ledger, "n1"));
+    until_settled(&ledger, "not 50 once", |l| {
+        core_of(l, "n1") == 50 && l.assumed() == 0
+    })
+    .await;
 }

@@ -1003,10 +1003,6 @@ proptest! {
         let load = NodeLoad::of(&n);
         let loaded = LoadedNode { state: &n, load: &load };
         prop_assert_eq!(
-            fits_pod_loaded(loaded, &request, gpu_policy),
-            fits_pod(&n, &request, gpu_policy)
-        );
-        prop_assert_eq!(
             score_pod_loaded(loaded, &request, gpu_policy, node_policy),
             score_pod(&n, &request, gpu_policy, node_policy)
         );
@@ -1207,7 +1203,6 @@ fn a_scope_alone_takes_the_full_path_and_names_unreported_places() {
         state: &n,
         load: &load,
     };
-    assert!(!fits_pod_loaded(loaded, &two, Policy::Binpack));
     assert_eq!(
         score_pod_loaded(loaded, &two, Policy::Binpack, Policy::Binpack),
         None
