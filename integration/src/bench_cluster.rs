@@ -7,9 +7,11 @@
 //! measurement is scheduling and binding only, not containers starting on a 2-vCPU
 //! machine. The pods tolerate every taint (the node controller marks nodes without
 //! a kubelet unreachable after its grace period) and select the fake nodes by label.
-//! Baseline in the same run: as many pods with no GPU request, which kube-scheduler
+//! Baselines in the same run: as many pods with no GPU request, which kube-scheduler
 //! places without calling the extender (it is interested only in pods asking for
-//! its managed resources) and binds itself.
+//! its managed resources) and binds itself; and as many asking two extended
+//! resources the extender does not manage, counted like the fractional pods' two
+//! but by kube-scheduler alone: the difference to those is the extender's own cost.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -32,6 +34,53 @@ const BENCH_LABEL: &str = "tessera.io/bench";
 const GPUS: usize = 8;
 /// Compute percent of each fractional pod: ten to a GPU.
 const SHARE: usize = 10;
+/// The extended resources of the second baseline: advertised by the fake nodes as
+/// the GPU ones are, and managed by no extender.
+const UNMANAGED: [&str; 2] = ["example.com/bench-core", "example.com/bench-memory"];
+
+/// What a round's pods ask for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PodKind {
+    /// Nothing: kube-scheduler alone, no extended resource.
+    Plain,
+    /// [`UNMANAGED`], `SHARE` of each: kube-scheduler alone, counting two extended
+    /// resources as it counts the fractional pods'.
+    Unmanaged,
+    /// A GPU share: the extender filters and binds.
+    Fractional,
+}
+
+impl PodKind {
+    const ALL: [Self; 3] = [Self::Plain, Self::Unmanaged, Self::Fractional];
+
+    /// The label value and pod name part of its rounds.
+    fn tag(self) -> &'static str {
+        match self {
+            Self::Plain => "plain",
+            Self::Unmanaged => "unmanaged",
+            Self::Fractional => "gpu",
+        }
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            Self::Plain => "no GPU (kube-scheduler alone)",
+            Self::Unmanaged => "2 unmanaged extended resources",
+            Self::Fractional => "fractional GPU (extender, mTLS)",
+        }
+    }
+
+    fn limits(self) -> serde_json::Value {
+        let share = SHARE.to_string();
+        match self {
+            Self::Plain => json!({}),
+            Self::Unmanaged => json!({UNMANAGED[0]: share, UNMANAGED[1]: share}),
+            Self::Fractional => {
+                json!({"koordinator.sh/gpu-core": share, "koordinator.sh/gpu-memory-ratio": share})
+            }
+        }
+    }
+}
 /// Where the bench's extender listens (mutual TLS), its probes and its metrics.
 const TLS_PORT: u16 = 18889;
 const PROBE_PORT: u16 = 18890;
@@ -120,57 +169,54 @@ pub async fn run(
             ("tessera-scheduler", extender.id()),
         ];
         let profiled = [pids[0], pids[3]];
-        // Rounds alternate, plain then fractional: what loads the machine meanwhile
-        // (a 2-core VM's neighbours, a GC) falls on both kinds alike.
-        let (mut plain, mut gpu) = (Vec::new(), Vec::new());
-        let (mut cpu_plain, mut cpu_gpu) = (vec![0.0; pids.len()], vec![0.0; pids.len()]);
-        let (mut calls_plain, mut calls_gpu) = (ApiCalls::new(), ApiCalls::new());
+        // Rounds alternate between the kinds: what loads the machine meanwhile
+        // (a 2-core VM's neighbours, a GC) falls on each alike.
+        let mut by_kind: [Vec<Round>; 3] = Default::default();
+        let mut cpu = [(); 3].map(|()| vec![0.0; pids.len()]);
+        let mut calls: [ApiCalls; 3] = Default::default();
         let bind_before = bind_histogram().await?;
         let mut spent = 0.0;
         for round in 0..rounds {
-            let before = cpu_of(&pids);
-            let calls_before = api_calls(&client).await?;
-            let recording = Profile::start(profile.filter(|_| round == 0), &profiled, "plain")?;
-            plain.push(place(&client, pods, "plain", round, None).await?);
-            recording.stop();
-            let between = cpu_of(&pids);
-            let calls_between = api_calls(&client).await?;
-            add_delta(&mut calls_plain, &calls_before, &calls_between);
-            let spent_before = extender_seconds().await?;
-            let recording = Profile::start(profile.filter(|_| round == 0), &profiled, "gpu")?;
-            gpu.push(place(&client, pods, "gpu", round, Some(SHARE)).await?);
-            recording.stop();
-            spent += extender_seconds().await? - spent_before;
-            let after = cpu_of(&pids);
-            add_delta(&mut calls_gpu, &calls_between, &api_calls(&client).await?);
-            for index in 0..pids.len() {
-                cpu_plain[index] += between[index] - before[index];
-                cpu_gpu[index] += after[index] - between[index];
+            for (index, kind) in PodKind::ALL.into_iter().enumerate() {
+                let before = cpu_of(&pids);
+                let calls_before = api_calls(&client).await?;
+                let spent_before = extender_seconds().await?;
+                let profiling = profile.filter(|_| round == 0);
+                let recording = Profile::start(profiling, &profiled, kind.tag())?;
+                by_kind[index].push(place(&client, pods, kind, round).await?);
+                recording.stop();
+                if kind == PodKind::Fractional {
+                    spent += extender_seconds().await? - spent_before;
+                }
+                let after = cpu_of(&pids);
+                add_delta(&mut calls[index], &calls_before, &api_calls(&client).await?);
+                for (total, (b, a)) in cpu[index].iter_mut().zip(before.iter().zip(&after)) {
+                    *total += a - b;
+                }
             }
         }
         let placed = (pods * rounds) as f64;
-        println!("CPU milliseconds per pod, by process (no GPU / fractional GPU):");
+        let heading = "(no GPU / unmanaged extended / fractional GPU)";
+        println!("CPU milliseconds per pod, by process {heading}:");
         for (index, (name, _)) in pids.iter().enumerate() {
-            println!(
-                "  {name:<18} {:>8.2} {:>8.2}",
-                cpu_plain[index] * 1e3 / placed,
-                cpu_gpu[index] * 1e3 / placed
-            );
+            let [p, u, g] = cpu.each_ref().map(|kind| kind[index] * 1e3 / placed);
+            println!("  {name:<18} {p:>8.2} {u:>8.2} {g:>8.2}");
         }
-        println!("API server requests per pod, by verb and resource (no GPU / fractional GPU):");
+        println!("API server requests per pod, by verb and resource {heading}:");
         let kinds: std::collections::BTreeSet<&String> =
-            calls_plain.keys().chain(calls_gpu.keys()).collect();
+            calls.iter().flat_map(|c| c.keys()).collect();
         for kind in kinds {
-            let per_pod = |calls: &ApiCalls| calls.get(kind).copied().unwrap_or(0.0) / placed;
-            let (p, g) = (per_pod(&calls_plain), per_pod(&calls_gpu));
+            let [p, u, g] = calls
+                .each_ref()
+                .map(|calls| calls.get(kind).copied().unwrap_or(0.0) / placed);
             // Below a request per 20 pods: the control plane's own background.
-            if p.max(g) >= 0.05 {
-                println!("  {kind:<40} {p:>8.2} {g:>8.2}");
+            if p.max(u).max(g) >= 0.05 {
+                println!("  {kind:<40} {p:>8.2} {u:>8.2} {g:>8.2}");
             }
         }
         let bind_after = bind_histogram().await?;
         let binds = histogram_delta(&bind_before, &bind_after);
-        print(&plain, &gpu, nodes, qps, &binds, spent);
+        print(&by_kind, nodes, qps, &binds, spent);
         anyhow::Ok(())
     }
     .await;
@@ -368,9 +414,11 @@ async fn add_fake_node(
             "metadata": {"name": name, "labels": {BENCH_LABEL: "true", "kubernetes.io/hostname": name}},
             "status": {
                 "capacity": {"cpu": "64", "memory": "256Gi", "pods": "1000",
-                    "koordinator.sh/gpu-core": percent, "koordinator.sh/gpu-memory-ratio": percent},
+                    "koordinator.sh/gpu-core": percent, "koordinator.sh/gpu-memory-ratio": percent,
+                    UNMANAGED[0]: percent, UNMANAGED[1]: percent},
                 "allocatable": {"cpu": "64", "memory": "256Gi", "pods": "1000",
-                    "koordinator.sh/gpu-core": percent, "koordinator.sh/gpu-memory-ratio": percent},
+                    "koordinator.sh/gpu-core": percent, "koordinator.sh/gpu-memory-ratio": percent,
+                    UNMANAGED[0]: percent, UNMANAGED[1]: percent},
                 "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
                     "message": "tessera-bench fake node", "lastHeartbeatTime": now(), "lastTransitionTime": now()}]
             }
@@ -397,17 +445,15 @@ fn now() -> String {
 }
 
 /// Creates `count` pods named `bench-<kind><round>-N` at once (16 creates in
-/// flight) and waits until every one is bound. `share`: the compute percent each
-/// asks for.
+/// flight) and waits until every one is bound.
 async fn place(
     client: &Client,
     count: usize,
-    kind: &'static str,
+    kind: PodKind,
     round: usize,
-    share: Option<usize>,
 ) -> anyhow::Result<Round> {
     let api: Api<Pod> = Api::namespaced(client.clone(), "default");
-    let kind_round = format!("{kind}{round}");
+    let kind_round = format!("{}{round}", kind.tag());
     let selector = format!("{BENCH_LABEL}={kind_round}");
     let bound: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
     let (synced_tx, synced_rx) = tokio::sync::oneshot::channel();
@@ -446,10 +492,7 @@ async fn place(
     synced_rx
         .await
         .context("the pod watch ended before listing")?;
-    let limits = share.map_or_else(
-        || json!({}),
-        |share| json!({"koordinator.sh/gpu-core": share.to_string(), "koordinator.sh/gpu-memory-ratio": share.to_string()}),
-    );
+    let limits = kind.limits();
     let started = Instant::now();
     let created: Vec<(String, Instant)> = futures_util::stream::iter(0..count)
         .map(|index| {
@@ -510,11 +553,7 @@ async fn place(
         })
         .collect();
     Ok(Round {
-        name: if share.is_some() {
-            "fractional GPU (extender, mTLS)"
-        } else {
-            "no GPU (kube-scheduler alone)"
-        },
+        name: kind.describe(),
         latencies,
         wall: last.saturating_duration_since(started),
         creating,
@@ -658,24 +697,24 @@ fn median(mut values: Vec<f64>) -> f64 {
 }
 
 fn print(
-    plain: &[Round],
-    gpu: &[Round],
+    by_kind: &[Vec<Round>; 3],
     nodes: usize,
     qps: Option<u32>,
     binds: &[(f64, f64)],
     extender: f64,
 ) {
+    let [plain, unmanaged, gpu] = by_kind;
     let pods = plain.first().map_or(0, |r| r.latencies.len());
     println!(
-        "tessera-bench cluster: {pods} pods created at once per round (16 creates in flight), {} rounds of each, alternating, on {nodes} fake nodes × {GPUS} GPUs; real kube-scheduler 1.36, tessera-scheduler behind mutual TLS",
+        "tessera-bench cluster: {pods} pods created at once per round (16 creates in flight), {} rounds of each kind, alternating, on {nodes} fake nodes × {GPUS} GPUs; real kube-scheduler 1.36, tessera-scheduler behind mutual TLS",
         plain.len()
     );
     println!(
         "{:<34} {:>10} {:>12} {:>14} {:>14} {:>10}",
         "pods", "create s", "placed/s", "bind p50", "bind p99", "bind max"
     );
-    for (index, (p, g)) in plain.iter().zip(gpu).enumerate() {
-        for round in [p, g] {
+    for index in 0..plain.len() {
+        for round in by_kind.iter().filter_map(|rounds| rounds.get(index)) {
             println!(
                 "{:<34} {:>10.2} {:>12.1} {:>12.1}ms {:>12.1}ms {:>8.1}ms",
                 format!("{} #{}", round.name, index + 1),
@@ -690,18 +729,20 @@ fn print(
     let rates = |rounds: &[Round]| median(rounds.iter().map(Round::rate).collect());
     let p99s = |rounds: &[Round]| median(rounds.iter().map(|r| ms(r.quantile(0.99))).collect());
     let p50s = |rounds: &[Round]| median(rounds.iter().map(|r| ms(r.quantile(0.5))).collect());
-    let pairs: Vec<String> = plain
-        .iter()
-        .zip(gpu)
-        .map(|(p, g)| format!("{:.2}", g.rate() / p.rate().max(1e-9)))
-        .collect();
-    println!(
-        "ratio fractional GPU / no GPU (medians of the rounds): placed/s {:.2} (each pair: {}), bind p50 {:.2}, bind p99 {:.2}",
-        rates(gpu) / rates(plain).max(1e-9),
-        pairs.join(" "),
-        p50s(gpu) / p50s(plain).max(1e-9),
-        p99s(gpu) / p99s(plain).max(1e-9),
-    );
+    for (base, against) in [(plain, "no GPU"), (unmanaged, "unmanaged extended")] {
+        let pairs: Vec<String> = base
+            .iter()
+            .zip(gpu)
+            .map(|(b, g)| format!("{:.2}", g.rate() / b.rate().max(1e-9)))
+            .collect();
+        println!(
+            "ratio fractional GPU / {against} (medians of the rounds): placed/s {:.2} (each pair: {}), bind p50 {:.2}, bind p99 {:.2}",
+            rates(gpu) / rates(base).max(1e-9),
+            pairs.join(" "),
+            p50s(gpu) / p50s(base).max(1e-9),
+            p99s(gpu) / p99s(base).max(1e-9),
+        );
+    }
     // kube-scheduler schedules one pod at a time: the extender's filter and
     // prioritize answers are that share of the rounds' serial scheduling time.
     let placed: usize = gpu.iter().map(|r| r.latencies.len()).sum();
