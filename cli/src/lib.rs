@@ -10,8 +10,8 @@ use clap::{Parser, Subcommand};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::ListParams;
 use kube::{Api, Client};
+use tessera_allocator::inspect::{only_pod, render, report};
 use tessera_api::Device;
-use tessera_scheduler::inspect::{only_pod, render, report};
 
 pub mod images;
 pub mod node;

@@ -565,7 +565,7 @@ pub fn allocation_of(container: &ContainerHookRequest) -> Option<&String> {
 /// (written before per-container grants) gives every container the pod's devices,
 /// as before: the hook cannot tell which containers asked for them, so the
 /// scheduler rewrites such annotations of running pods into per-container grants
-/// (`tessera_scheduler::upgrade`) and the next container created reads those.
+/// (`tessera_allocator::upgrade`) and the next container created reads those.
 pub fn rewrite(
     container: &ContainerHookRequest,
     node: &NodeDevices,

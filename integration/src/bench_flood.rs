@@ -78,8 +78,8 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
     std::fs::write(&files.key, &made.scheduler.key)?;
     std::fs::write(&files.client_ca, &made.ca.cert)?;
     let snapshot =
-        tessera_scheduler::simulate::synthetic_cluster(options.nodes, 8, options.nodes * 8);
-    let ledger = tessera_scheduler::simulate::ledger_of(&snapshot);
+        tessera_allocator::simulate::synthetic_cluster(options.nodes, 8, options.nodes * 8);
+    let ledger = tessera_allocator::simulate::ledger_of(&snapshot);
     drop(snapshot);
     let extender = Extender::new(
         Arc::new(std::sync::Mutex::new(ledger)),

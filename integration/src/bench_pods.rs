@@ -6,7 +6,7 @@
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::{reflector, watcher};
 use serde_json::{Value, json};
-use tessera_scheduler::ledger::Ledger;
+use tessera_allocator::ledger::Ledger;
 
 /// Pods a node runs in the synthetic cluster (so `pods / PODS_PER_NODE` nodes).
 pub const PODS_PER_NODE: usize = 8;

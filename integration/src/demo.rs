@@ -13,6 +13,7 @@ use std::time::Duration;
 use anyhow::Context;
 use k8s_cri::v1 as cri;
 use serde_json::{Value, json};
+use tessera_allocator::ledger::Ledger;
 use tessera_api::resources::DEVICE_ALLOCATED;
 use tessera_hooks::gpu::{Enforcement, GpuHookConfig, HamiCoreFiles};
 use tessera_hooks::probe::HostProbe;
@@ -22,7 +23,6 @@ use tessera_reporter::publish::Publisher;
 use tessera_reporter::report::CapacityOptions;
 use tessera_runtime_proxy::gpu::EmbeddedGpuHook;
 use tessera_scheduler::extender::{Extender, ExtenderArgs, ExtenderBindingArgs, ExtenderConfig};
-use tessera_scheduler::ledger::Ledger;
 
 use crate::apiserver::ApiServer;
 use crate::cluster_demo::{Got, Row, asked, gpu_nodes, limiter, limiter_env, table};

@@ -5,11 +5,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use tessera_allocator::ledger::Ledger;
 use tessera_api::request::{MemoryUnit, RequestOptions};
 use tessera_integration::apiserver::ApiServer;
 use tessera_scheduler::extender::{Extender, ExtenderConfig, serve};
 use tessera_scheduler::leader::{EXTENDER_URL_ANNOTATION, Leader, LeaseConfig, try_lead};
-use tessera_scheduler::ledger::Ledger;
 
 const DEVICES: &str = "scheduling.koordinator.sh/v1alpha1";
 const MIB: u64 = 1 << 20;

@@ -24,7 +24,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use tessera_api::Device;
 
-use crate::ledger::Ledger;
+use tessera_allocator::ledger::Ledger;
 
 /// Readers of the reflectors and readiness.
 #[derive(Debug, Clone)]
@@ -392,7 +392,7 @@ mod tests {
     /// as in the served one, and most of the bytes are gone.
     #[test]
     fn a_trimmed_pod_keeps_what_the_scheduler_reads() {
-        use crate::ledger::holds_devices;
+        use tessera_allocator::ledger::holds_devices;
         use tessera_api::request::{RequestOptions, pod_gpu_request};
 
         let full = served_pod();
@@ -415,8 +415,8 @@ mod tests {
             );
         }
         assert_eq!(
-            crate::upgrade::upgraded_annotation(&trimmed),
-            crate::upgrade::upgraded_annotation(&full)
+            tessera_allocator::upgrade::upgraded_annotation(&trimmed),
+            tessera_allocator::upgrade::upgraded_annotation(&full)
         );
         assert_eq!(trimmed.metadata.resource_version.as_deref(), Some("912345"));
         let spec = trimmed.spec.as_ref().expect("spec");

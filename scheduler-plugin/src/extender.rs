@@ -34,14 +34,14 @@ use crate::bind::{
     Allocation, BindDecision, BindError, BindFailure, Target, binding, bound_allocation, decide,
     refused_for_good, took_effect,
 };
-use crate::core::{
+use crate::events::BindObserver;
+use crate::leader::Leader;
+use tessera_allocator::allocate::{
     DryRun, PodPlacement, Policy, allocate_pod, gpu_victims, group_elsewhere, group_home,
     group_over_allowance, never_fits_pod, node_victims, score_pod_loaded, selected_nowhere,
     unfit_reason_pod,
 };
-use crate::events::BindObserver;
-use crate::leader::Leader;
-use crate::ledger::{Ledger, annotation_of, pod_name};
+use tessera_allocator::ledger::{Ledger, annotation_of, pod_name};
 
 /// `ExtenderArgs`.
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -359,7 +359,7 @@ impl Default for ExtenderConfig {
             node_policy: Policy::Binpack,
             request: RequestOptions::default(),
             reservation_ttl: Duration::from_secs(30),
-            group_gpus_per_namespace: crate::core::GROUP_GPUS_PER_NAMESPACE,
+            group_gpus_per_namespace: tessera_allocator::allocate::GROUP_GPUS_PER_NAMESPACE,
             candidates: CANDIDATES,
         }
     }
@@ -601,7 +601,7 @@ impl Extender {
     }
 
     /// Rewrites the pod-level allocation annotations of running pods into
-    /// per-container grants ([`crate::upgrade`]), on the leader only; returns how
+    /// per-container grants ([`tessera_allocator::upgrade`]), on the leader only; returns how
     /// many were rewritten. Each patch is conditional on the pod's resource version:
     /// a pod changed meanwhile is taken up on the next round.
     pub async fn upgrade_pod_level_allocations(&self) -> usize {
@@ -617,7 +617,7 @@ impl Extender {
             if !self.leader.leading() {
                 break;
             }
-            let Some(annotation) = crate::upgrade::upgraded_annotation(&pod) else {
+            let Some(annotation) = tessera_allocator::upgrade::upgraded_annotation(&pod) else {
                 continue;
             };
             let who = pod_name(&pod);

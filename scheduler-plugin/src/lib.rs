@@ -3,28 +3,19 @@
 //!
 //! - [`bind`]: the bind path's decisions and preconditioned writes;
 //! - [`certs`]: the CA and certificates of the extender's mutual TLS;
-//! - [`core`]: the pure allocator (accounting, binpack/spread, topology);
 //! - [`events`]: Kubernetes Events on pods (GPUs placed, bind refused), never
 //!   holding a bind up;
-//! - [`ledger`]: GPU use derived from Device CRs, pods and in-flight allocations;
 //! - [`metrics`]: the Prometheus metrics served on `--metrics-listen`;
 //! - [`sharepods`]: KubeShare's SharePods, each made into its pod;
 //! - [`transport`]: who may call the extender: mutual TLS, `bind` only for
 //!   kube-scheduler, plain HTTP only on loopback, the probe port;
-//! - [`upgrade`]: pod-level allocation annotations of running pods rewritten into
-//!   per-container grants;
 
 pub mod bind;
 pub mod certs;
 pub mod cluster;
-pub mod core;
 pub mod events;
 pub mod extender;
-pub mod inspect;
 pub mod leader;
-pub mod ledger;
 pub mod metrics;
 pub mod sharepods;
-pub mod simulate;
 pub mod transport;
-pub mod upgrade;

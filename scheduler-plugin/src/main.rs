@@ -5,17 +5,17 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
+use tessera_allocator::allocate::Policy;
+use tessera_allocator::ledger::Ledger;
+use tessera_allocator::simulate::{self, SimulateOptions, Snapshot};
 use tessera_api::binary::metrics::MetricsListen;
 use tessera_api::request::{MemoryUnit, RequestOptions};
-use tessera_scheduler::core::Policy;
 use tessera_scheduler::events::{
     BindObserver, KubePodEvents, PodEvents, QUEUE_CAPACITY, RECORD_TIMEOUT,
 };
 use tessera_scheduler::extender::{Extender, ExtenderConfig, serve};
 use tessera_scheduler::leader::{Election, ElectionTiming, Leader, LeaseConfig, parse_duration};
-use tessera_scheduler::ledger::Ledger;
 use tessera_scheduler::metrics::{DEFAULT_METRICS_LISTEN, SchedulerMetrics, SchedulerState};
-use tessera_scheduler::simulate::{self, SimulateOptions, Snapshot};
 use tessera_scheduler::transport::{
     self, BindAccess, DEFAULT_BIND_CLIENT, DEFAULT_PEER_CLIENT, TlsFiles, Transport,
 };
@@ -51,7 +51,7 @@ struct PolicyArgs {
     /// closes its GPU to every other pod, however small its pods' shares, while
     /// ResourceQuota counts only the shares; a new group past this waits. 0: no
     /// sharing groups.
-    #[arg(long, value_name = "N", default_value_t = tessera_scheduler::core::GROUP_GPUS_PER_NAMESPACE)]
+    #[arg(long, value_name = "N", default_value_t = tessera_allocator::allocate::GROUP_GPUS_PER_NAMESPACE)]
     max_group_gpus_per_namespace: u32,
 }
 

@@ -23,7 +23,7 @@ use tessera_api::binary::metrics::{HistogramFamily, LatencyBuckets, register};
 
 use crate::bind::BindError;
 use crate::leader::Leader;
-use crate::ledger::Ledger;
+use tessera_allocator::ledger::Ledger;
 
 /// Default metrics endpoint: all interfaces, as the scheduler runs in a pod whose own
 /// network namespace only its pod IP reaches (Prometheus scrapes the pod). 9466: after
@@ -293,7 +293,7 @@ pub struct NodeGpuTotals {
 
 impl NodeGpuTotals {
     /// The totals of `node`'s GPUs (pure).
-    pub fn of(node: &crate::core::NodeState) -> Self {
+    pub fn of(node: &tessera_allocator::allocate::NodeState) -> Self {
         let mut totals = Self::default();
         for gpu in &node.gpus {
             totals.gpus += 1;
@@ -438,7 +438,7 @@ mod tests {
     use tessera_api::binary::metrics::scrape_openmetrics;
 
     use super::*;
-    use crate::core::{GpuShare, Placement};
+    use tessera_allocator::allocate::{GpuShare, Placement};
 
     const GIB: u64 = 1 << 30;
 

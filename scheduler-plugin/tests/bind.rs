@@ -8,10 +8,10 @@ mod common;
 
 use common::extender;
 use serde_json::{Value, json};
+use tessera_allocator::ledger::Ledger;
 use tessera_api::resources::DEVICE_ALLOCATED;
 use tessera_harness::apiserver::ApiServer;
 use tessera_scheduler::extender::{ExtenderBindingArgs, ExtenderConfig};
-use tessera_scheduler::ledger::Ledger;
 
 const DEVICES: &str = "scheduling.koordinator.sh/v1alpha1";
 

@@ -6,9 +6,9 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tessera_allocator::ledger::Ledger;
 use tessera_harness::monitoring::{alert_expr, chart_file, metric_names, sample_names};
 use tessera_scheduler::bind::BindError;
-use tessera_scheduler::ledger::Ledger;
 use tessera_scheduler::metrics::{BindResult, EventLabels, SchedulerMetrics, SchedulerState, Verb};
 
 /// Every `tessera_scheduler_…` name in the chart file `path`.

@@ -21,11 +21,11 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::{ClientConfig, RootCertStore};
 use serde_json::{Value, json};
+use tessera_allocator::ledger::Ledger;
 use tessera_harness::apiserver::ApiServer;
 use tessera_scheduler::certs::{CertificateAuthority, Pem, service_dns_names};
 use tessera_scheduler::extender::{Extender, ExtenderConfig, FORWARDED_HEADER, serve};
 use tessera_scheduler::leader::Leader;
-use tessera_scheduler::ledger::Ledger;
 use tessera_scheduler::transport::{self, BindAccess, TlsFiles};
 use tokio::net::TcpListener;
 

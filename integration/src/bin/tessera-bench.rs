@@ -1179,7 +1179,7 @@ async fn extender_bench(
     use tessera_scheduler::extender::{Extender, ExtenderConfig, serve};
 
     let started = Instant::now();
-    let snapshot = tessera_scheduler::simulate::synthetic_cluster(nodes, 8, nodes * 8);
+    let snapshot = tessera_allocator::simulate::synthetic_cluster(nodes, 8, nodes * 8);
     let pods = snapshot.pods.len();
     // Two extenders over the same cluster: deploy's (filter answers the best node
     // alone, so kube-scheduler calls nothing else), and one answering every node
@@ -1191,7 +1191,7 @@ async fn extender_bench(
     let mut urls = Vec::new();
     let mut servers = Vec::new();
     for (candidates, _, _) in modes {
-        let ledger = tessera_scheduler::simulate::ledger_of(&snapshot);
+        let ledger = tessera_allocator::simulate::ledger_of(&snapshot);
         let ready = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
         let leader = std::sync::Arc::new(tessera_scheduler::leader::Leader::new(false));
         let config = ExtenderConfig {
@@ -1345,7 +1345,7 @@ fn thread_cpu_seconds() -> f64 {
 
 /// The library's simulate, as `tessera-scheduler simulate --synthetic-nodes` runs it.
 fn simulate_child(nodes: usize, pending: usize, percentage: u32) -> SimulateFigures {
-    use tessera_scheduler::simulate::{
+    use tessera_allocator::simulate::{
         SimulateOptions, nodes_to_find, simulate, synthetic_ledger, synthetic_pending_pod,
     };
     let (mut ledger, names) = synthetic_ledger(nodes, 8, nodes * 8);

@@ -4,7 +4,7 @@
 
 use super::fixtures::{GIB, args, extender_with, healthy_device, share_pod};
 use super::*;
-use crate::core::{GpuShare, Placement};
+use tessera_allocator::allocate::{GpuShare, Placement};
 
 /// An extender over `nodes` (one 16 GiB GPU each), `busy` of them with 50 %
 /// of their GPU booked, answering `candidates` nodes under `node_policy`.

@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use super::fixtures::{args, extender, fitting, healthy_device, share_pod};
 use super::*;
-use crate::core::{GpuShare, Placement};
+use tessera_allocator::allocate::{GpuShare, Placement};
 
 impl Extender {
     fn reused(&self) -> u64 {

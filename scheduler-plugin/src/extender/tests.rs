@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 
 use super::fixtures::{GIB, args, device, extender, one_container, pod};
 use super::*;
-use crate::core::{GpuShare, Placement};
+use tessera_allocator::allocate::{GpuShare, Placement};
 
 /// Books `gib` of GPU `index` on `node` for another pod, as a running pod would.
 fn occupy(extender: &Extender, node: &str, index: u32, core: u64, gib: u64) {

@@ -4,10 +4,10 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tessera_allocator::ledger::Ledger;
 use tessera_harness::apiserver::ApiServer;
 use tessera_scheduler::extender::{Extender, ExtenderConfig};
 use tessera_scheduler::leader::Leader;
-use tessera_scheduler::ledger::Ledger;
 
 /// An extender leading alone over `api`, its caches synced.
 pub async fn extender(api: &ApiServer, config: ExtenderConfig) -> (Extender, Arc<Mutex<Ledger>>) {

@@ -10,7 +10,7 @@ use serde_json::Value;
 use tessera_api::request::{RequestOptions, pod_gpu_request};
 use tessera_api::{Device, DeviceInfo, DeviceSpec, DeviceTopology};
 
-use crate::core::{
+use crate::allocate::{
     LoadedNode, NodeLoad, NodeState, Policy, allocate_pod, group_elsewhere, group_home,
     group_over_allowance, score_pod_loaded, selected_nowhere, unfit_reason_pod,
 };
@@ -247,7 +247,7 @@ impl Default for SimulateOptions {
             node_policy: Policy::default(),
             request: RequestOptions::default(),
             percentage_of_nodes_to_score: 0,
-            group_gpus_per_namespace: crate::core::GROUP_GPUS_PER_NAMESPACE,
+            group_gpus_per_namespace: crate::allocate::GROUP_GPUS_PER_NAMESPACE,
         }
     }
 }

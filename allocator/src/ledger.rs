@@ -20,7 +20,7 @@ use tessera_api::{
     Device, DeviceAllocation, DeviceAllocations, LegacyDeviceEntry, NvlinkPeers, Quantity,
 };
 
-use crate::core::{
+use crate::allocate::{
     GpuHolder, GpuShare, GpuState, LoadedNode, NodeLoad, NodeState, Placement, PodPlacement,
     account,
 };
@@ -956,11 +956,11 @@ impl Ledger {
 mod tests {
     use k8s_openapi::api::core::v1::{PodSpec, PodStatus};
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
-    use kube::api::ObjectMeta;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
     use tessera_api::{DeviceInfo, DeviceSpec};
 
     use super::*;
-    use crate::core::ContainerPlacement;
+    use crate::allocate::ContainerPlacement;
 
     fn device(name: &str, gpus: u32, legacy: &[&str]) -> Device {
         let devices = (0..gpus)
@@ -1050,10 +1050,10 @@ mod tests {
                 core: 100,
                 memory: tessera_api::request::GpuMemory::Ratio(100),
             };
-            crate::core::allocate(
+            crate::allocate::allocate(
                 ledger.node("n1").expect("node"),
                 &request,
-                crate::core::Policy::Binpack,
+                crate::allocate::Policy::Binpack,
             )
             .expect("fits")
             .gpus
