@@ -22,7 +22,8 @@ use tessera_reporter::gpu::NvmlSource;
 use tessera_reporter::publish::Publisher;
 use tessera_reporter::report::CapacityOptions;
 use tessera_runtime_proxy::gpu::EmbeddedGpuHook;
-use tessera_scheduler::extender::{Extender, ExtenderArgs, ExtenderBindingArgs, ExtenderConfig};
+use tessera_scheduler::extender::{Extender, ExtenderConfig};
+use tessera_scheduler::protocol::{ExtenderArgs, ExtenderBindingArgs};
 
 use crate::apiserver::ApiServer;
 use crate::cluster_demo::{Got, Row, asked, gpu_nodes, limiter, limiter_env, table};

@@ -25,8 +25,8 @@ use tessera_api::events::{EventKind, EventSpec, EventWriter};
 use tokio::sync::mpsc::{Receiver, Sender, error::TrySendError};
 
 use crate::bind::{BindError, BindFailure};
-use crate::extender::{ExtenderBindingArgs, ExtenderBindingResult};
 use crate::metrics::{BindResult, EventLabels, SchedulerMetrics, Verb};
+use crate::protocol::{ExtenderBindingArgs, ExtenderBindingResult};
 
 /// `reportingController` of every Event the scheduler writes.
 pub const REPORTING_CONTROLLER: &str = "tessera.io/scheduler";

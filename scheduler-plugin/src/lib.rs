@@ -5,7 +5,10 @@
 //! - [`certs`]: the CA and certificates of the extender's mutual TLS;
 //! - [`events`]: Kubernetes Events on pods (GPUs placed, bind refused), never
 //!   holding a bind up;
+//! - [`extender`]: filter, prioritize, preempt and bind over the ledger
+//!   (`extender::binder` owns the bind I/O, `extender::routes` the HTTP routing);
 //! - [`metrics`]: the Prometheus metrics served on `--metrics-listen`;
+//! - [`protocol`]: the extender protocol's types as kube-scheduler sends them;
 //! - [`sharepods`]: KubeShare's SharePods, each made into its pod;
 //! - [`transport`]: who may call the extender: mutual TLS, `bind` only for
 //!   kube-scheduler, plain HTTP only on loopback, the probe port;
@@ -17,5 +20,6 @@ pub mod events;
 pub mod extender;
 pub mod leader;
 pub mod metrics;
+pub mod protocol;
 pub mod sharepods;
 pub mod transport;

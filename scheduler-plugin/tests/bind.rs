@@ -11,7 +11,8 @@ use serde_json::{Value, json};
 use tessera_allocator::ledger::Ledger;
 use tessera_api::resources::DEVICE_ALLOCATED;
 use tessera_harness::apiserver::ApiServer;
-use tessera_scheduler::extender::{ExtenderBindingArgs, ExtenderConfig};
+use tessera_scheduler::extender::ExtenderConfig;
+use tessera_scheduler::protocol::ExtenderBindingArgs;
 
 const DEVICES: &str = "scheduling.koordinator.sh/v1alpha1";
 

@@ -17,9 +17,10 @@ use tessera_harness::deploy::{documents, role_allows};
 use tessera_scheduler::events::{
     BindObserver, KubePodEvents, PodEvents, QUEUE_CAPACITY, RECORD_TIMEOUT,
 };
-use tessera_scheduler::extender::{Extender, ExtenderBindingArgs, ExtenderConfig};
+use tessera_scheduler::extender::{Extender, ExtenderConfig};
 use tessera_scheduler::leader::Leader;
 use tessera_scheduler::metrics::{SchedulerMetrics, SchedulerState};
+use tessera_scheduler::protocol::ExtenderBindingArgs;
 
 const DEVICES: &str = "scheduling.koordinator.sh/v1alpha1";
 

@@ -9,10 +9,9 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use tessera_allocator::ledger::Ledger;
 use tessera_harness::apiserver::ApiServer;
-use tessera_scheduler::extender::{
-    Extender, ExtenderArgs, ExtenderBindingArgs, ExtenderConfig, NOT_SYNCED, serve,
-};
+use tessera_scheduler::extender::{Extender, ExtenderConfig, NOT_SYNCED, serve};
 use tessera_scheduler::leader::{Election, ElectionTiming, Leader, LeaseConfig};
+use tessera_scheduler::protocol::{ExtenderArgs, ExtenderBindingArgs};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const DEVICES: &str = "scheduling.koordinator.sh/v1alpha1";

@@ -6,6 +6,7 @@ use serde_json::{Value, json};
 
 use super::fixtures::share_pod;
 use super::*;
+use crate::protocol::ExtenderArgsIn;
 
 /// What serde_json and [`wire::read_args`] read, side by side: the pod, whether
 /// nodes came, and the names; or the error's text.

@@ -13,7 +13,7 @@ use super::{ExtenderArgsIn, Name};
 
 /// The arguments of filter or prioritize: by [`usual_args`] when the body has the
 /// usual shape, else by serde_json.
-pub(super) fn read_args(body: &[u8]) -> serde_json::Result<ExtenderArgsIn<'_>> {
+pub(crate) fn read_args(body: &[u8]) -> serde_json::Result<ExtenderArgsIn<'_>> {
     match usual_args(body) {
         Some((pod, names)) => Ok(ExtenderArgsIn {
             pod,
@@ -29,7 +29,7 @@ pub(super) fn read_args(body: &[u8]) -> serde_json::Result<ExtenderArgsIn<'_>> {
 /// slice of `body`. `None` for any other shape: another or a repeated key, a name
 /// with an escape or a control character, text after the object, a pod
 /// serde_json refuses; serde_json then reads the body (and says what is wrong).
-pub(super) fn usual_args(body: &[u8]) -> Option<(Pod, Vec<Name<'_>>)> {
+pub(crate) fn usual_args(body: &[u8]) -> Option<(Pod, Vec<Name<'_>>)> {
     let text = std::str::from_utf8(body).ok()?;
     let mut at = Cursor { text, at: 0 };
     let (mut pod, mut names, mut nodes) = (None, None, false);
@@ -169,7 +169,7 @@ fn skip_value(bytes: &[u8], start: usize) -> Option<usize> {
 /// How many bytes at the start of `bytes` a JSON string holds as they are: up to
 /// the first `"`, `\\` or control character (or all). Eight bytes at a time: it
 /// runs over every node name of a call, read and written.
-pub(super) fn plain_prefix(bytes: &[u8]) -> usize {
+pub(crate) fn plain_prefix(bytes: &[u8]) -> usize {
     const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
     const HIGH: u64 = u64::from_ne_bytes([0x80; 8]);
     let mut chunks = bytes.chunks_exact(8);
