@@ -10,15 +10,9 @@
 
 pub mod allocation;
 pub mod asked;
-#[cfg(feature = "binary")]
-pub mod binary;
 pub mod checkpoint;
-#[cfg(feature = "client")]
-pub mod client;
 pub mod device;
 pub mod enforcement;
-#[cfg(feature = "client")]
-pub mod events;
 pub mod kubelet_seen;
 pub mod nvlink;
 pub mod quantity;

@@ -270,7 +270,7 @@ async fn node_command(
     let nodes = Api::all(client.clone());
     println!("{}", switch.over(&nodes).await?);
     if let Some(daemonset) = installer {
-        tessera_api::binary::shutdown_signal()
+        tessera_daemon::binary::shutdown_signal()
             .await
             .context("waiting for SIGTERM")?;
         match node::owner(client, &daemonset).await {
@@ -297,7 +297,7 @@ fn switch(args: SwitchArgs) -> anyhow::Result<node::Switch> {
     let node = args
         .node
         .or_else(|| std::env::var("NODE_NAME").ok())
-        .or_else(tessera_api::binary::hostname)
+        .or_else(tessera_daemon::binary::hostname)
         .context("no node name: pass --node")?;
     let kubelet_pid = match args.kubelet_pid {
         Some(pid) => pid,
@@ -317,7 +317,7 @@ fn switch(args: SwitchArgs) -> anyhow::Result<node::Switch> {
 
 /// A client from `--kubeconfig` or the usual places.
 pub async fn client(kubeconfig: Option<PathBuf>) -> anyhow::Result<Client> {
-    Ok(tessera_api::client::kube_client(kubeconfig.as_deref()).await?)
+    Ok(tessera_daemon::client::kube_client(kubeconfig.as_deref()).await?)
 }
 
 /// The inspect output for the cluster behind `client`.

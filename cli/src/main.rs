@@ -7,7 +7,7 @@ fn main() -> std::process::ExitCode {
         Err(error) => {
             eprintln!(
                 "tessera: {}",
-                tessera_api::binary::error_chain(error.as_ref())
+                tessera_daemon::binary::error_chain(error.as_ref())
             );
             std::process::ExitCode::FAILURE
         }

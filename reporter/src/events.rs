@@ -5,14 +5,15 @@
 //!   `Warning GpuMemoryAtLimit`, `Warning GpuUsedWithoutGrant`.
 //!
 //! What to announce is decided by pure steps ([`health_changes`],
-//! [`crate::usage::MemoryAlerts`]); announcing is a task behind the
-//! [`NodeEventSink`] trait, fed through [`GpuEvents`], so a slow or refusing API
-//! server never holds the reporter's loop up. The real sink, [`KubeNodeEvents`], writes
+//! [`crate::usage::MemoryAlerts`]); announcing is a task behind an [`EventSink`],
+//! fed through [`GpuEvents`] (bounded, each write given up after
+//! [`RECORD_TIMEOUT`]), so a slow or refusing API server never holds the
+//! reporter's loop up. The real sink, [`KubeNodeEvents`], writes
 //! `events.k8s.io/v1` Events (a Node's in the `default` namespace, as kubelet does),
-//! through [`tessera_api::events`] (not kube-runtime's `Recorder`: see there why).
+//! through [`tessera_daemon::events`] (not kube-runtime's `Recorder`: see there why).
 
 use std::collections::BTreeMap;
-use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -22,8 +23,10 @@ use kube::{Client, Resource};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use tessera_api::Device;
-use tessera_api::events::{EventKind, EventSpec, EventWriter};
-use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
+use tessera_daemon::events::{
+    Announcement, EventKind, EventQueue, EventSink, EventSpec, EventWriter, OutcomeCounter,
+};
+pub use tessera_daemon::events::{QUEUE_CAPACITY, RECORD_TIMEOUT};
 
 use crate::metrics::EventLabels;
 
@@ -178,73 +181,30 @@ pub enum EventError {
     },
 }
 
-/// Where the reporter's Events go.
-pub trait NodeEventSink: Send + Sync + 'static {
-    /// Records one Event.
-    fn record(&self, event: &ReporterEvent) -> impl Future<Output = Result<(), EventError>> + Send;
-}
+/// The loop's handle on the task that records Events (the daemons' one
+/// [`EventQueue`]): sending never waits.
+pub type GpuEvents = EventQueue<ReporterEvent>;
 
-/// The loop's handle on the task that records Events: sending never waits.
-#[derive(Debug, Clone, Default)]
-pub struct GpuEvents {
-    changes: Option<UnboundedSender<ReporterEvent>>,
-}
-
-impl GpuEvents {
-    /// Records nothing.
-    pub fn none() -> Self {
-        Self::default()
+impl Announcement for ReporterEvent {
+    fn reason(&self) -> &'static str {
+        ReporterEvent::reason(self)
     }
 
-    /// Spawns the task that hands each change to `sink`, in order, counting outcomes into
-    /// `counts` (`tessera_reporter_events_total`). The task ends once every handle is
-    /// dropped and what was sent is recorded: await it to flush on shutdown.
-    pub fn spawn(
-        sink: impl NodeEventSink,
-        counts: Family<EventLabels, Counter>,
-    ) -> (Self, tokio::task::JoinHandle<()>) {
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let task = tokio::spawn(record_all(sink, rx, counts));
-        (Self { changes: Some(tx) }, task)
-    }
-
-    /// Queues `event`.
-    pub fn send(&self, event: impl Into<ReporterEvent>) {
-        if let Some(changes) = &self.changes {
-            // The task only stops when every sender is gone, so this cannot fail while
-            // `self` lives; a change after a panic in the task is lost, and logged there.
-            let _ = changes.send(event.into());
-        }
+    fn subject(&self) -> String {
+        ReporterEvent::subject(self)
     }
 }
 
-async fn record_all(
-    sink: impl NodeEventSink,
-    mut changes: UnboundedReceiver<ReporterEvent>,
-    counts: Family<EventLabels, Counter>,
-) {
-    while let Some(change) = changes.recv().await {
-        let outcome = match sink.record(&change).await {
-            Ok(()) => {
-                tracing::info!(
-                    subject = change.subject(),
-                    reason = change.reason(),
-                    "Event recorded"
-                );
-                "recorded"
-            }
-            Err(error) => {
-                tracing::warn!(error = %crate::chain(&error), "Event not recorded");
-                "failed"
-            }
-        };
+/// Counts Events' outcomes into `counts` (`tessera_reporter_events_total`).
+pub fn counted_in(counts: Family<EventLabels, Counter>) -> OutcomeCounter {
+    Arc::new(move |reason, outcome| {
         counts
             .get_or_create(&EventLabels {
-                reason: change.reason().to_owned(),
+                reason: reason.to_owned(),
                 outcome: outcome.to_owned(),
             })
             .inc();
-    }
+    })
 }
 
 /// Writes `events.k8s.io/v1` Events about one Node, as that node's reporter.
@@ -309,7 +269,9 @@ pub fn node_event(
     node_event_spec(node, recovery_after, change).event(REPORTING_CONTROLLER, node, now)
 }
 
-impl NodeEventSink for KubeNodeEvents {
+impl EventSink<ReporterEvent> for KubeNodeEvents {
+    type Error = EventError;
+
     async fn record(&self, event: &ReporterEvent) -> Result<(), EventError> {
         let node = self.writer.instance();
         let spec = match event {

@@ -19,4 +19,4 @@ pub mod report;
 pub mod run;
 pub mod usage;
 /// An error and its causes on one line, for logs: `a: b: c`.
-pub use tessera_api::binary::error_chain as chain;
+pub use tessera_daemon::binary::error_chain as chain;

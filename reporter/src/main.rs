@@ -8,9 +8,9 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use kube::CustomResourceExt;
 use kube::api::ObjectMeta;
-use tessera_api::binary::LogFormat;
-use tessera_api::binary::metrics::MetricsListen;
 use tessera_api::{Device, LegacyDeviceEntry};
+use tessera_daemon::binary::LogFormat;
+use tessera_daemon::metrics::MetricsListen;
 use tessera_reporter::checkpoint::{CheckpointEntry, gpu_index, is_device_uuid, parse_checkpoint};
 use tessera_reporter::events::{GpuEvents, KubeNodeEvents};
 use tessera_reporter::gpu::{GpuSource, NodeGpus, NvmlSource, library_path};
@@ -35,7 +35,7 @@ struct Cli {
         long,
         global = true,
         value_name = "text|json",
-        env = tessera_api::binary::LOG_FORMAT_ENV,
+        env = tessera_daemon::binary::LOG_FORMAT_ENV,
         default_value_t = LogFormat::Text
     )]
     log_format: LogFormat,
@@ -115,13 +115,13 @@ enum Command {
 }
 
 fn hostname() -> String {
-    tessera_api::binary::hostname().unwrap_or_else(|| "localhost".into())
+    tessera_daemon::binary::hostname().unwrap_or_else(|| "localhost".into())
 }
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    tessera_api::binary::init_logging_as("info", cli.log_format);
+    tessera_daemon::binary::init_logging_as("info", cli.log_format);
     match real_main(cli).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(error) => {
@@ -204,7 +204,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
             metrics_addr,
         } => {
             let source = NvmlSource::open(&library_path(cli.nvml_library))?;
-            let client = tessera_api::client::kube_client(kubeconfig.as_deref()).await?;
+            let client = tessera_daemon::client::kube_client(kubeconfig.as_deref()).await?;
             let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
             let stop = Arc::new(AtomicBool::new(false));
             if let Err(error) =
@@ -235,11 +235,13 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
             }
             let (events, recording) = GpuEvents::spawn(
                 KubeNodeEvents::new(client.clone(), node_name.clone(), config.recovery_after),
-                metrics.events.clone(),
+                tessera_reporter::events::counted_in(metrics.events.clone()),
+                tessera_reporter::events::QUEUE_CAPACITY,
+                tessera_reporter::events::RECORD_TIMEOUT,
             );
             tracing::info!(node = %node_name, "reporting");
             let shutdown = async {
-                if let Err(error) = tessera_api::binary::shutdown_signal().await {
+                if let Err(error) = tessera_daemon::binary::shutdown_signal().await {
                     tracing::error!(%error, "stopping: no signal handler");
                 }
                 tracing::info!("shutting down");

@@ -300,12 +300,12 @@ fn gauge_value(count: usize) -> i64 {
 impl ReporterMetrics {
     /// The metrics in the OpenMetrics text format, as the endpoint serves them.
     pub fn encode(&self) -> String {
-        tessera_api::binary::metrics::encode(&self.registry)
+        tessera_daemon::metrics::encode(&self.registry)
     }
 
     /// Serves `GET /metrics` on `addr` from a spawned task; returns the bound address.
     pub async fn serve(&self, addr: SocketAddr) -> std::io::Result<SocketAddr> {
-        tessera_api::binary::metrics::spawn(addr, Arc::clone(&self.registry)).await
+        tessera_daemon::metrics::spawn(addr, Arc::clone(&self.registry)).await
     }
 
     /// Counts one publish of `object`.

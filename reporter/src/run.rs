@@ -399,10 +399,12 @@ mod tests {
 
     use super::*;
     use crate::events::{
-        EventError, GpuHealthChange, KubeNodeEvents, NodeEventSink, ReporterEvent,
+        EventError, GpuHealthChange, KubeNodeEvents, QUEUE_CAPACITY, RECORD_TIMEOUT, ReporterEvent,
+        counted_in,
     };
     use crate::gpu::{DiscoveryError, GpuInfo};
     use crate::metrics::{EventLabels, ReporterMetrics};
+    use tessera_daemon::events::EventSink;
 
     const LEGACY_UID: &str = "513cb897-0262-4868-826f-aa943ee45a38";
 
@@ -528,7 +530,7 @@ mod tests {
     async fn scrape_until(addr: SocketAddr, lines: &[&str]) -> (String, String) {
         let mut last = (String::new(), String::new());
         for _ in 0..200 {
-            last = tessera_api::binary::metrics::scrape(addr, "/metrics")
+            last = tessera_daemon::metrics::scrape(addr, "/metrics")
                 .await
                 .expect("scrape");
             if lines.iter().all(|l| last.1.contains(l)) {
@@ -662,7 +664,17 @@ mod tests {
         }
     }
 
-    impl NodeEventSink for RecordingSink {
+    /// The reporter's queue as the daemon spawns it, counting into `counts`.
+    fn spawn_events(
+        sink: impl EventSink<ReporterEvent>,
+        counts: Family<EventLabels, prometheus_client::metrics::counter::Counter>,
+    ) -> (GpuEvents, tokio::task::JoinHandle<()>) {
+        GpuEvents::spawn(sink, counted_in(counts), QUEUE_CAPACITY, RECORD_TIMEOUT)
+    }
+
+    impl EventSink<ReporterEvent> for RecordingSink {
+        type Error = EventError;
+
         async fn record(&self, event: &ReporterEvent) -> Result<(), EventError> {
             self.0.lock().expect("not poisoned").push(event.clone());
             Ok(())
@@ -782,7 +794,7 @@ mod tests {
         let api = ApiServer::start().await.expect("api server");
         let sink = RecordingSink::default();
         let counts = Family::default();
-        let (events, _task) = GpuEvents::spawn(sink.clone(), counts.clone());
+        let (events, _task) = spawn_events(sink.clone(), counts.clone());
         let (_metrics, xids, stop) =
             start_with_events(&api, dir.path(), Duration::from_millis(600), events).await;
         let send = |uuid: &str, xid| {
@@ -823,7 +835,7 @@ mod tests {
         let api = ApiServer::start().await.expect("api server");
         let client = api.client().expect("client");
         let recorder_metrics = ReporterMetrics::default();
-        let (events, _task) = GpuEvents::spawn(
+        let (events, _task) = spawn_events(
             KubeNodeEvents::new(client.clone(), "gpu-node-1", Duration::from_millis(600)),
             recorder_metrics.events.clone(),
         );
@@ -951,7 +963,7 @@ mod tests {
         let file = dir.path().join(tessera_api::usage::USAGE_FILE);
         std::fs::write(&file, usage.to_json()).expect("usage");
         let sink = RecordingSink::default();
-        let (events, _task) = GpuEvents::spawn(sink.clone(), Family::default());
+        let (events, _task) = spawn_events(sink.clone(), Family::default());
         let metrics = Arc::new(ReporterMetrics::default());
         let config = LoopConfig {
             checkpoint,
@@ -1054,7 +1066,7 @@ mod tests {
         let config = kube::Config::new("http://127.0.0.1:1".parse().expect("url"));
         let client = kube::Client::try_from(config).expect("client");
         let counts = Family::default();
-        let (events, task) = GpuEvents::spawn(
+        let (events, task) = spawn_events(
             KubeNodeEvents::new(client, "gpu-node-1", Duration::from_secs(300)),
             counts.clone(),
         );

@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use tessera_api::LegacyDeviceEntry;
-use tessera_api::events::{EventKind, EventSpec};
 use tessera_api::usage::{ContainerGpuMemory, GpuMemoryKill, MemoryGrant, NodeGpuMemory};
+use tessera_daemon::events::{EventKind, EventSpec};
 
 /// Reason of the Event a container gets when its use reaches its limit.
 pub const REASON_AT_LIMIT: &str = "GpuMemoryAtLimit";

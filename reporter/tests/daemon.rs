@@ -72,7 +72,7 @@ async fn json_logs_metrics_and_sigterm() {
     };
     let mut body = String::new();
     for _ in 0..200 {
-        body = tessera_api::binary::metrics::scrape(addr, "/metrics")
+        body = tessera_daemon::metrics::scrape(addr, "/metrics")
             .await
             .expect("scrape")
             .1;

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use clap::Parser;
 use serde::Deserialize;
-use tessera_api::binary::LogFormat;
-use tessera_api::binary::metrics::MetricsListen;
+use tessera_daemon::binary::LogFormat;
+use tessera_daemon::metrics::MetricsListen;
 use tessera_hooks::args::GpuHookArgs;
 use tessera_hooks::gpu::{PrivilegedPolicy, TrustedGpuAgent};
 
@@ -69,7 +69,7 @@ pub struct Cli {
     pub metrics_addr: Option<MetricsListen>,
     /// Log lines as `text` (colour only on a terminal) or `json` (one object per line)
     /// [default: text].
-    #[arg(long, value_name = "text|json", env = tessera_api::binary::LOG_FORMAT_ENV)]
+    #[arg(long, value_name = "text|json", env = tessera_daemon::binary::LOG_FORMAT_ENV)]
     pub log_format: Option<LogFormat>,
     /// Seconds to let in-flight calls finish after SIGTERM or SIGINT [default: 30].
     #[arg(long, value_name = "SECS")]

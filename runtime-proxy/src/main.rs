@@ -24,7 +24,7 @@ fn main() -> std::process::ExitCode {
         }
     };
     // After the settings, which name the format; nothing logs before this.
-    tessera_api::binary::init_logging_as("info", config.log_format);
+    tessera_daemon::binary::init_logging_as("info", config.log_format);
     // One thread: kubelet's call rate is low, and a single thread saves the
     // cross-thread wake-ups that dominate a proxied call's added latency.
     let runtime = match tokio::runtime::Builder::new_current_thread()

@@ -10,7 +10,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
-use tessera_api::binary::metrics::{HistogramFamily, LatencyBuckets, register};
+use tessera_daemon::metrics::{HistogramFamily, LatencyBuckets, register};
 
 /// Labels of a finished CRI call.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -187,7 +187,7 @@ impl Metrics {
 
     /// The metrics in the OpenMetrics text format, as the endpoint serves them.
     pub fn encode(&self) -> String {
-        tessera_api::binary::metrics::encode(&self.registry)
+        tessera_daemon::metrics::encode(&self.registry)
     }
 
     /// `method`'s series, to record many of its calls with [`Metrics::record`].
@@ -262,12 +262,12 @@ impl MethodSeries {
 /// Serves `GET /metrics` on `addr` from a spawned task (OpenMetrics text, with its
 /// content type), returning the bound address.
 pub async fn serve(addr: SocketAddr, metrics: &Metrics) -> std::io::Result<SocketAddr> {
-    tessera_api::binary::metrics::spawn(addr, Arc::clone(&metrics.registry)).await
+    tessera_daemon::metrics::spawn(addr, Arc::clone(&metrics.registry)).await
 }
 
 #[cfg(test)]
 mod tests {
-    use tessera_api::binary::metrics::scrape_openmetrics;
+    use tessera_daemon::metrics::scrape_openmetrics;
 
     use super::*;
 

@@ -369,7 +369,7 @@ async fn json_logs_and_openmetrics_endpoint() {
                 .expect("address");
         }
     };
-    let (head, body) = tessera_api::binary::metrics::scrape(addr, "/metrics")
+    let (head, body) = tessera_daemon::metrics::scrape(addr, "/metrics")
         .await
         .expect("scrape");
     assert!(

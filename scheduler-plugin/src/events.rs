@@ -4,14 +4,14 @@
 //! for a reason the pod's owner must see (its request is invalid, or it does not fit
 //! the node kube-scheduler chose).
 //!
-//! An Event never fails or delays a bind: [`PodEvents::send`] only queues (a bounded
-//! queue; when it is full the Event is dropped and counted), and one task hands the
-//! queue to a [`PodEventSink`], each write bounded by [`RECORD_TIMEOUT`]. The real
-//! sink, [`KubePodEvents`], writes `events.k8s.io/v1` Events in the pod's namespace
-//! through [`tessera_api::events`] (not kube-runtime's `Recorder`: see there why); each
-//! Event is built by the pure [`pod_event`] and created as it is.
+//! An Event never fails or delays a bind: [`PodEvents`] only queues (the daemons'
+//! one bounded [`EventQueue`]: when it is full the Event is dropped and counted),
+//! and one task hands the queue to an [`EventSink`], each write bounded by
+//! [`RECORD_TIMEOUT`]. The real sink, [`KubePodEvents`], writes `events.k8s.io/v1`
+//! Events in the pod's namespace through [`tessera_daemon::events`] (not
+//! kube-runtime's `Recorder`: see there why); each Event is built by the pure
+//! [`pod_event`] and created as it is.
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,9 +20,10 @@ use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::jiff::Timestamp;
 use kube::Client;
 use tessera_api::DeviceAllocations;
-use tessera_api::binary::error_chain;
-use tessera_api::events::{EventKind, EventSpec, EventWriter};
-use tokio::sync::mpsc::{Receiver, Sender, error::TrySendError};
+use tessera_daemon::events::{
+    Announcement, EventKind, EventQueue, EventSink, EventSpec, EventWriter, OutcomeCounter,
+};
+pub use tessera_daemon::events::{QUEUE_CAPACITY, RECORD_TIMEOUT};
 
 use crate::bind::{BindError, BindFailure};
 use crate::metrics::{BindResult, EventLabels, SchedulerMetrics, Verb};
@@ -38,10 +39,6 @@ pub const REASON_REFUSED: &str = "GpuBindRefused";
 pub const ALLOCATED: EventKind = EventKind::normal(REASON_ALLOCATED, "Bind");
 /// The Event a pod gets when its bind is refused for a reason of its own.
 pub const REFUSED: EventKind = EventKind::warning(REASON_REFUSED, "Bind");
-/// Events waiting to be written; more are dropped (and counted) rather than held.
-pub const QUEUE_CAPACITY: usize = 1024;
-/// How long one Event's write may take before it is given up.
-pub const RECORD_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The pod an Event is about.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -219,24 +216,6 @@ pub enum EventError {
         #[source]
         source: kube::Error,
     },
-    /// The write took longer than its timeout ([`RECORD_TIMEOUT`]).
-    #[error("creating Event {reason} on pod {namespace}/{name}: no answer within {timeout:?}")]
-    Timeout {
-        /// The pod's namespace.
-        namespace: String,
-        /// The pod's name.
-        name: String,
-        /// The Event's reason.
-        reason: &'static str,
-        /// How long it waited.
-        timeout: Duration,
-    },
-}
-
-/// Where pods' Events go.
-pub trait PodEventSink: Send + Sync + 'static {
-    /// Records one Event.
-    fn record(&self, event: &PodEvent) -> impl Future<Output = Result<(), EventError>> + Send;
 }
 
 /// Writes `events.k8s.io/v1` Events on pods.
@@ -250,7 +229,9 @@ impl KubePodEvents {
     }
 }
 
-impl PodEventSink for KubePodEvents {
+impl EventSink<PodEvent> for KubePodEvents {
+    type Error = EventError;
+
     async fn record(&self, event: &PodEvent) -> Result<(), EventError> {
         self.0
             .create(&event.spec())
@@ -265,58 +246,21 @@ impl PodEventSink for KubePodEvents {
 }
 
 /// The bind path's handle on the task that writes Events: sending never waits.
-#[derive(Debug, Clone, Default)]
-pub struct PodEvents {
-    queue: Option<Sender<PodEvent>>,
-    counts: Option<Arc<SchedulerMetrics>>,
-}
+pub type PodEvents = EventQueue<PodEvent>;
 
-impl PodEvents {
-    /// Records nothing.
-    pub fn none() -> Self {
-        Self::default()
+impl Announcement for PodEvent {
+    fn reason(&self) -> &'static str {
+        self.kind().reason
     }
 
-    /// Spawns the task that hands each Event to `sink`, in order, each write given
-    /// up after `timeout` ([`RECORD_TIMEOUT`]), counting outcomes into `metrics`
-    /// (`tessera_scheduler_events_total`); at most `capacity` ([`QUEUE_CAPACITY`])
-    /// wait. The task ends once every handle is dropped and what was queued is written.
-    pub fn spawn(
-        sink: impl PodEventSink,
-        metrics: Arc<SchedulerMetrics>,
-        capacity: usize,
-        timeout: Duration,
-    ) -> (Self, tokio::task::JoinHandle<()>) {
-        let (queue, rx) = tokio::sync::mpsc::channel(capacity.max(1));
-        let task = tokio::spawn(record_all(sink, rx, Arc::clone(&metrics), timeout));
-        (
-            Self {
-                queue: Some(queue),
-                counts: Some(metrics),
-            },
-            task,
-        )
-    }
-
-    /// Queues `event`; when the queue is full it is dropped, logged and counted.
-    pub fn send(&self, event: PodEvent) {
-        let Some(queue) = &self.queue else {
-            return;
-        };
-        if let Err(TrySendError::Full(event) | TrySendError::Closed(event)) = queue.try_send(event)
-        {
-            tracing::warn!(
-                pod = %format_args!("{}/{}", event.pod().namespace, event.pod().name),
-                reason = event.reason(),
-                "Event dropped: the queue to the API server is full"
-            );
-            count(self.counts.as_deref(), event.reason(), "dropped");
-        }
+    fn subject(&self) -> String {
+        format!("pod {}/{}", self.pod().namespace, self.pod().name)
     }
 }
 
-fn count(metrics: Option<&SchedulerMetrics>, reason: &str, outcome: &str) {
-    if let Some(metrics) = metrics {
+/// Counts Events' outcomes into `metrics` (`tessera_scheduler_events_total`).
+pub fn counted_in(metrics: Arc<SchedulerMetrics>) -> OutcomeCounter {
+    Arc::new(move |reason, outcome| {
         metrics
             .events
             .get_or_create(&EventLabels {
@@ -324,38 +268,7 @@ fn count(metrics: Option<&SchedulerMetrics>, reason: &str, outcome: &str) {
                 outcome: outcome.to_owned(),
             })
             .inc();
-    }
-}
-
-async fn record_all(
-    sink: impl PodEventSink,
-    mut queue: Receiver<PodEvent>,
-    metrics: Arc<SchedulerMetrics>,
-    timeout: Duration,
-) {
-    while let Some(event) = queue.recv().await {
-        let pod = event.pod();
-        let written = match tokio::time::timeout(timeout, sink.record(&event)).await {
-            Ok(written) => written,
-            Err(_) => Err(EventError::Timeout {
-                namespace: pod.namespace.clone(),
-                name: pod.name.clone(),
-                reason: event.reason(),
-                timeout,
-            }),
-        };
-        let outcome = match written {
-            Ok(()) => {
-                tracing::debug!(pod = %pod.name, namespace = %pod.namespace, reason = event.reason(), "Event recorded");
-                "recorded"
-            }
-            Err(error) => {
-                tracing::warn!(error = %error_chain(&error), "Event not recorded");
-                "failed"
-            }
-        };
-        count(Some(&metrics), event.reason(), outcome);
-    }
+    })
 }
 
 /// Whether the pod's owner must see `error` on the pod: the request itself is

@@ -8,8 +8,8 @@ use clap::{Args, Parser, Subcommand};
 use tessera_allocator::allocate::Policy;
 use tessera_allocator::ledger::Ledger;
 use tessera_allocator::simulate::{self, SimulateOptions, Snapshot};
-use tessera_api::binary::metrics::MetricsListen;
 use tessera_api::request::{MemoryUnit, RequestOptions};
+use tessera_daemon::metrics::MetricsListen;
 use tessera_scheduler::events::{
     BindObserver, KubePodEvents, PodEvents, QUEUE_CAPACITY, RECORD_TIMEOUT,
 };
@@ -26,8 +26,8 @@ use tessera_scheduler::transport::{
 #[command(name = "tessera-scheduler", version)]
 struct Cli {
     /// Log lines as `text` (colour only on a terminal) or `json` (one object per line).
-    #[arg(long, value_name = "text|json", env = tessera_api::binary::LOG_FORMAT_ENV, default_value_t = tessera_api::binary::LogFormat::Text, global = true)]
-    log_format: tessera_api::binary::LogFormat,
+    #[arg(long, value_name = "text|json", env = tessera_daemon::binary::LOG_FORMAT_ENV, default_value_t = tessera_daemon::binary::LogFormat::Text, global = true)]
+    log_format: tessera_daemon::binary::LogFormat,
     #[command(subcommand)]
     command: Command,
 }
@@ -334,13 +334,13 @@ fn write_certs(
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    tessera_api::binary::init_logging_as("info", cli.log_format);
+    tessera_daemon::binary::init_logging_as("info", cli.log_format);
     match real_main(cli).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(error) => {
             eprintln!(
                 "tessera-scheduler: {}",
-                tessera_api::binary::error_chain(error.as_ref())
+                tessera_daemon::binary::error_chain(error.as_ref())
             );
             std::process::ExitCode::FAILURE
         }
@@ -426,7 +426,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
                 let ip: std::net::IpAddr = std::env::var("POD_IP").ok()?.parse().ok()?;
                 Some(format!("{scheme}://{}", SocketAddr::new(ip, listen.port())))
             });
-            let client = tessera_api::client::kube_client(kubeconfig.as_deref()).await?;
+            let client = tessera_daemon::client::kube_client(kubeconfig.as_deref()).await?;
             let ledger = Arc::new(Mutex::new(Ledger::default()));
             let view = tessera_scheduler::cluster::watch(client.clone(), Arc::clone(&ledger));
             let leader = Arc::new(Leader::new(false));
@@ -440,7 +440,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
                 ));
             }
             let identity = identity
-                .or_else(tessera_api::binary::hostname)
+                .or_else(tessera_daemon::binary::hostname)
                 .unwrap_or_else(|| "tessera-scheduler".into());
             let metrics = Arc::new(SchedulerMetrics::new(SchedulerState {
                 ledger: Arc::clone(&ledger),
@@ -456,7 +456,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
             }
             let (events, _recording) = PodEvents::spawn(
                 KubePodEvents::new(client.clone(), identity.clone()),
-                Arc::clone(&metrics),
+                tessera_scheduler::events::counted_in(Arc::clone(&metrics)),
                 QUEUE_CAPACITY,
                 RECORD_TIMEOUT,
             );
@@ -546,7 +546,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
             };
             tokio::select! {
                 () = serving => {}
-                signal = tessera_api::binary::shutdown_signal() => {
+                signal = tessera_daemon::binary::shutdown_signal() => {
                     signal?;
                     tracing::info!("shutting down on a signal");
                 }

@@ -19,7 +19,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
-use tessera_api::binary::metrics::{HistogramFamily, LatencyBuckets, register};
+use tessera_daemon::metrics::{HistogramFamily, LatencyBuckets, register};
 
 use crate::bind::BindError;
 use crate::leader::Leader;
@@ -236,12 +236,12 @@ impl SchedulerMetrics {
 
     /// The metrics in the OpenMetrics text format, as the endpoint serves them.
     pub fn encode(&self) -> String {
-        tessera_api::binary::metrics::encode(&self.registry)
+        tessera_daemon::metrics::encode(&self.registry)
     }
 
     /// Serves `GET /metrics` on `addr` from a spawned task; returns the bound address.
     pub async fn serve(&self, addr: SocketAddr) -> std::io::Result<SocketAddr> {
-        tessera_api::binary::metrics::spawn(addr, Arc::clone(&self.registry)).await
+        tessera_daemon::metrics::spawn(addr, Arc::clone(&self.registry)).await
     }
 
     /// Records one extender call of `verb` that took `took`.
@@ -435,7 +435,7 @@ impl Collector for StateCollector {
 #[cfg(test)]
 mod tests {
     use serde_json::json;
-    use tessera_api::binary::metrics::scrape_openmetrics;
+    use tessera_daemon::metrics::scrape_openmetrics;
 
     use super::*;
     use tessera_allocator::allocate::{GpuShare, Placement};

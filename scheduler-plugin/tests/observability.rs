@@ -66,7 +66,7 @@ async fn observed(
         .expect("metrics endpoint");
     let (events, _task) = PodEvents::spawn(
         KubePodEvents::new(events_client, "tessera-scheduler-0"),
-        Arc::clone(&metrics),
+        tessera_scheduler::events::counted_in(Arc::clone(&metrics)),
         QUEUE_CAPACITY,
         RECORD_TIMEOUT,
     );
@@ -95,7 +95,7 @@ async fn events_with(api: &ApiServer, reason: &str) -> Vec<Event> {
 }
 
 async fn scrape(addr: std::net::SocketAddr) -> String {
-    tessera_api::binary::metrics::scrape(addr, "/metrics")
+    tessera_daemon::metrics::scrape(addr, "/metrics")
         .await
         .expect("scrape")
         .1

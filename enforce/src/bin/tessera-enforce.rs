@@ -108,7 +108,7 @@ fn main() -> ExitCode {
 }
 
 fn mps_daemon(config: tessera_enforce::mps::DaemonConfig, nvml: &std::path::Path) -> ExitCode {
-    tessera_api::binary::init_logging("info");
+    tessera_daemon::binary::init_logging("info");
     let compute = match tessera_enforce::compute::NvmlComputeMode::open(nvml) {
         Ok(compute) => compute,
         Err(error) => {
@@ -127,7 +127,7 @@ fn mps_daemon(config: tessera_enforce::mps::DaemonConfig, nvml: &std::path::Path
         }
     };
     let stop = async {
-        if let Err(error) = tessera_api::binary::shutdown_signal().await {
+        if let Err(error) = tessera_daemon::binary::shutdown_signal().await {
             tracing::error!(%error, "cannot wait for SIGTERM; stopping");
         }
     };

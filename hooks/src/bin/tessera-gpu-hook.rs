@@ -25,8 +25,8 @@ struct Cli {
     )]
     socket: PathBuf,
     /// Log lines as `text` (colour only on a terminal) or `json` (one object per line).
-    #[arg(long, value_name = "text|json", env = tessera_api::binary::LOG_FORMAT_ENV, default_value_t = tessera_api::binary::LogFormat::Text)]
-    log_format: tessera_api::binary::LogFormat,
+    #[arg(long, value_name = "text|json", env = tessera_daemon::binary::LOG_FORMAT_ENV, default_value_t = tessera_daemon::binary::LogFormat::Text)]
+    log_format: tessera_daemon::binary::LogFormat,
     #[command(flatten)]
     gpu: GpuHookArgs,
 }
@@ -34,7 +34,7 @@ struct Cli {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    tessera_api::binary::init_logging_as("info", cli.log_format);
+    tessera_daemon::binary::init_logging_as("info", cli.log_format);
     if let Some(parent) = cli.socket.parent() {
         std::fs::create_dir_all(parent)
             .with_context(|| format!("creating {}", parent.display()))?;
@@ -57,7 +57,7 @@ async fn main() -> anyhow::Result<()> {
         .add_service(GeneratedServer::new(HookServer::new(hook)))
         // SIGTERM or SIGINT: stop accepting, let calls in flight finish.
         .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async {
-            if let Err(error) = tessera_api::binary::shutdown_signal().await {
+            if let Err(error) = tessera_daemon::binary::shutdown_signal().await {
                 tracing::error!(%error, "stopping: no signal handler");
             }
         })

@@ -24,7 +24,7 @@ Tessera on one machine, no GPU needed (root needed).
 async fn main() -> std::process::ExitCode {
     // kube's client logs each 500 of an API server still starting as an ERROR;
     // the demo waits those out and reports its own failures.
-    tessera_api::binary::init_logging("error,kube_client=off");
+    tessera_daemon::binary::init_logging("error,kube_client=off");
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.iter().any(|a| a == "-h" || a == "--help") {
         println!("{HELP}");
@@ -60,7 +60,7 @@ async fn main() -> std::process::ExitCode {
         // Dropping the story's future stops the cluster or containerd, kills their
         // containers, unmounts and removes temp dirs: on Ctrl-C, and on SIGTERM
         // (`timeout`, systemd, kill), which once left a whole cluster running.
-        _ = tessera_api::binary::shutdown_signal() => {
+        _ = tessera_daemon::binary::shutdown_signal() => {
             eprintln!("tessera-demo: interrupted; cleaned up");
             std::process::ExitCode::from(130)
         }

@@ -1,12 +1,17 @@
 //! Writing `events.k8s.io/v1` Events, shared by the daemons that tell people what they
 //! did: the scheduler (on pods: GPUs placed, a bind refused) and the reporter (on Nodes:
 //! a GPU unhealthy, healthy again). Each daemon says what an Event is about and what
-//! it says ([`EventSpec`]); the Event's name, its fields' limits and the write are here.
+//! it says ([`EventSpec`]); the Event's name, its fields' limits and the write are here,
+//! and the one queue ([`EventQueue`]) that keeps the writes off the daemons' loops.
 //!
 //! Not kube-runtime's `Recorder`: it folds Events with the same reason on the same
 //! object into one series for six minutes and keeps the first Event's note, so a
 //! second GPU going bad (or a second refusal naming another node) within that time
 //! would be shown in the first one's words. Each Event here is created as it is built.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::events::v1::Event;
@@ -14,6 +19,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::PostParams;
 use kube::{Api, Client};
+use tokio::sync::mpsc::{Receiver, Sender, error::TrySendError};
+
+use crate::binary::error_chain;
 
 /// The longest note the API server takes (1 kB).
 pub const MAX_NOTE: usize = 1024;
@@ -147,6 +155,146 @@ impl EventWriter {
         let event = spec.event(self.controller, &self.instance, Timestamp::now());
         events.create(&PostParams::default(), &event).await?;
         Ok(())
+    }
+}
+
+// === The queue: Events off the hot path ===
+
+/// An Event a daemon queues: what the queue logs and counts it by.
+pub trait Announcement: Send + 'static {
+    /// The Event's reason (`GpuAllocated`, `GpuUnhealthy`, …): its count's label.
+    fn reason(&self) -> &'static str;
+    /// What it is about, for logs: a pod, a GPU, a container.
+    fn subject(&self) -> String;
+}
+
+/// Where a queue's Events go: the API server, or a test's recording.
+pub trait EventSink<E>: Send + Sync + 'static {
+    /// Why an Event was not recorded.
+    type Error: std::error::Error + Send;
+    /// Records one Event.
+    fn record(&self, event: &E) -> impl Future<Output = Result<(), Self::Error>> + Send;
+}
+
+/// Counts each Event's outcome by its reason: `recorded`, `failed` (refused, or no
+/// answer in time) or `dropped` (the queue was full). Each daemon counts into its
+/// own `*_events_total`.
+pub type OutcomeCounter = Arc<dyn Fn(&'static str, &'static str) + Send + Sync>;
+
+/// Events waiting to be written; more are dropped (and counted) rather than held.
+pub const QUEUE_CAPACITY: usize = 1024;
+/// How long one Event's write may take before it is given up.
+pub const RECORD_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A daemon's handle on the one task that writes its Events, in order: sending never
+/// waits, and a slow or refusing API server never holds the sender up. At most a
+/// bounded number wait; each write is given up after a timeout. Cheap to clone.
+pub struct EventQueue<E> {
+    queue: Option<Sender<E>>,
+    count: Option<OutcomeCounter>,
+}
+
+impl<E> Clone for EventQueue<E> {
+    fn clone(&self) -> Self {
+        Self {
+            queue: self.queue.clone(),
+            count: self.count.clone(),
+        }
+    }
+}
+
+impl<E> Default for EventQueue<E> {
+    fn default() -> Self {
+        Self {
+            queue: None,
+            count: None,
+        }
+    }
+}
+
+impl<E> std::fmt::Debug for EventQueue<E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EventQueue")
+            .field("writing", &self.queue.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<E: Announcement> EventQueue<E> {
+    /// Records nothing.
+    pub fn none() -> Self {
+        Self::default()
+    }
+
+    /// Spawns the task that hands each Event to `sink`, in order, each write given up
+    /// after `timeout` ([`RECORD_TIMEOUT`]), counting outcomes with `count`; at most
+    /// `capacity` ([`QUEUE_CAPACITY`]) wait. The task ends once every handle is
+    /// dropped and what was queued is written: await it to flush on shutdown.
+    pub fn spawn(
+        sink: impl EventSink<E>,
+        count: OutcomeCounter,
+        capacity: usize,
+        timeout: Duration,
+    ) -> (Self, tokio::task::JoinHandle<()>) {
+        let (queue, rx) = tokio::sync::mpsc::channel(capacity.max(1));
+        let task = tokio::spawn(record_all(sink, rx, Arc::clone(&count), timeout));
+        let handle = Self {
+            queue: Some(queue),
+            count: Some(count),
+        };
+        (handle, task)
+    }
+
+    /// Queues `event`; when the queue is full it is dropped, logged and counted.
+    pub fn send(&self, event: impl Into<E>) {
+        let Some(queue) = &self.queue else {
+            return;
+        };
+        if let Err(TrySendError::Full(event) | TrySendError::Closed(event)) =
+            queue.try_send(event.into())
+        {
+            tracing::warn!(
+                subject = event.subject(),
+                reason = event.reason(),
+                "Event dropped: the queue to the API server is full"
+            );
+            if let Some(count) = &self.count {
+                count(event.reason(), "dropped");
+            }
+        }
+    }
+}
+
+async fn record_all<E: Announcement>(
+    sink: impl EventSink<E>,
+    mut queue: Receiver<E>,
+    count: OutcomeCounter,
+    timeout: Duration,
+) {
+    while let Some(event) = queue.recv().await {
+        let outcome = match tokio::time::timeout(timeout, sink.record(&event)).await {
+            Ok(Ok(())) => {
+                tracing::debug!(
+                    subject = event.subject(),
+                    reason = event.reason(),
+                    "Event recorded"
+                );
+                "recorded"
+            }
+            Ok(Err(error)) => {
+                tracing::warn!(error = %error_chain(&error), "Event not recorded");
+                "failed"
+            }
+            Err(_) => {
+                tracing::warn!(
+                    subject = event.subject(),
+                    reason = event.reason(),
+                    "Event not recorded: no answer from the API server within {timeout:?}"
+                );
+                "failed"
+            }
+        };
+        count(event.reason(), outcome);
     }
 }
 
