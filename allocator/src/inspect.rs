@@ -6,8 +6,8 @@ use std::fmt::Write as _;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use serde::Serialize;
-use tessera_api::resources::{DEVICE_ALLOCATED, DEVICES_CHECKPOINTS, ENFORCEMENT};
-use tessera_api::{Device, DeviceAllocation, DeviceAllocations, LegacyDeviceEntry};
+use tessera_api::resources::{DEVICE_ALLOCATED, ENFORCEMENT};
+use tessera_api::{Device, DeviceAllocation, DeviceAllocations};
 
 use crate::ledger::{device_gpus, placement_of, pod_name};
 
@@ -206,13 +206,7 @@ pub fn report(nodes: &[Node], devices: &[Device], pods: &[Pod]) -> Vec<NodeRepor
                     }
                 }
             }
-            let legacy: Vec<LegacyDeviceEntry> = device
-                .metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(DEVICES_CHECKPOINTS))
-                .and_then(|text| serde_json::from_str(text).ok())
-                .unwrap_or_default();
+            let legacy = device.legacy_entries().unwrap_or_default();
             for entry in legacy {
                 for id in &entry.device_ids {
                     if let Some(row) = rows.iter_mut().find(|r| &r.uuid == id) {

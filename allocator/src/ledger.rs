@@ -13,12 +13,10 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use k8s_openapi::api::core::v1::Pod;
 use tessera_api::resources::{
-    DEVICE_ALLOCATED, DEVICE_TYPE_GPU, DEVICES_CHECKPOINTS, GPU_CORE, GPU_MEMORY, GPU_MEMORY_RATIO,
-    NVLINK_PEERS, SWITCH_UNPROVEN,
+    DEVICE_ALLOCATED, DEVICE_TYPE_GPU, GPU_CORE, GPU_MEMORY, GPU_MEMORY_RATIO, NVLINK_PEERS,
+    SWITCH_UNPROVEN,
 };
-use tessera_api::{
-    Device, DeviceAllocation, DeviceAllocations, LegacyDeviceEntry, NvlinkPeers, Quantity,
-};
+use tessera_api::{Device, DeviceAllocation, DeviceAllocations, NvlinkPeers, Quantity};
 
 use crate::allocate::{
     GpuHolder, GpuShare, GpuState, LoadedNode, NodeLoad, NodeState, Placement, PodPlacement,
@@ -314,14 +312,12 @@ fn device_nvlinks(device: &Device) -> NvlinkPeers {
 /// UIDs of the pods holding GPUs through the device plugin, from a Device CR's
 /// kubelet checkpoint annotation.
 fn legacy_pod_uids(device: &Device) -> BTreeSet<String> {
+    // Unreadable: no pod is known to hold GPUs that way (device_gpus then holds
+    // every GPU of the node, so none is handed out meanwhile).
     device
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(DEVICES_CHECKPOINTS))
-        .and_then(|text| serde_json::from_str::<Vec<LegacyDeviceEntry>>(text).ok())
+        .legacy_entries()
+        .unwrap_or_default()
         .into_iter()
-        .flatten()
         .map(|entry| entry.pod_uid)
         .collect()
 }
@@ -329,16 +325,21 @@ fn legacy_pod_uids(device: &Device) -> BTreeSet<String> {
 /// The node's GPUs from its Device CR, with nothing in use.
 pub fn device_gpus(device: &Device) -> Vec<GpuState> {
     let nvlinks = device_nvlinks(device);
-    let legacy: BTreeSet<String> = device
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(DEVICES_CHECKPOINTS))
-        .and_then(|text| serde_json::from_str::<Vec<LegacyDeviceEntry>>(text).ok())
-        .into_iter()
-        .flatten()
-        .flat_map(|entry| entry.device_ids)
-        .collect();
+    // Which GPUs device-plugin pods hold. Unreadable, any GPU may be one of them:
+    // every GPU counts as held until the reporter writes it again, rather than a
+    // GPU a device-plugin pod holds being granted a second time.
+    let legacy: Option<BTreeSet<String>> = match device.legacy_entries() {
+        Ok(entries) => Some(
+            entries
+                .into_iter()
+                .flat_map(|entry| entry.device_ids)
+                .collect(),
+        ),
+        Err(error) => {
+            tracing::warn!(%error, cause = %error.source, "every GPU of the node held meanwhile");
+            None
+        }
+    };
     device
         .spec
         .devices
@@ -351,7 +352,7 @@ pub fn device_gpus(device: &Device) -> Vec<GpuState> {
                 .and_then(|m| u32::try_from(m).ok())
                 .unwrap_or_default(),
             healthy: d.health,
-            legacy: legacy.contains(&d.id),
+            legacy: legacy.as_ref().is_none_or(|held| held.contains(&d.id)),
             memory_total: quantity(&d.resources, GPU_MEMORY),
             numa: d.topology.as_ref().map_or(-1, |t| t.node_id),
             pcie: d
@@ -957,7 +958,8 @@ mod tests {
     use k8s_openapi::api::core::v1::{PodSpec, PodStatus};
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-    use tessera_api::{DeviceInfo, DeviceSpec};
+    use tessera_api::resources::DEVICES_CHECKPOINTS;
+    use tessera_api::{DeviceInfo, DeviceSpec, LegacyDeviceEntry};
 
     use super::*;
     use crate::allocate::ContainerPlacement;
@@ -1021,6 +1023,21 @@ mod tests {
     /// Four GPUs on two PCIe switches ({0,1}, {2,3}) whose NVLinks cross them
     /// (0-2, 1-3), as the reporter publishes them: only the NVLink annotation can
     /// make a 2-GPU pick other than a switch pair.
+    #[test]
+    fn an_unreadable_checkpoint_annotation_holds_every_gpu_of_the_node() {
+        // The reporter's list of device-plugin grants, cut short: which GPUs those
+        // pods hold is unknown, so none is handed out until it is readable again.
+        let mut broken = device("n1", 2, &["GPU-0"]);
+        broken.metadata.annotations.get_or_insert_default().insert(
+            DEVICES_CHECKPOINTS.to_owned(),
+            "[{\"podUID\":\"old\"".into(),
+        );
+        assert!(device_gpus(&broken).iter().all(|gpu| gpu.legacy));
+        let readable = device("n1", 2, &["GPU-0"]);
+        let held: Vec<bool> = device_gpus(&readable).iter().map(|g| g.legacy).collect();
+        assert_eq!(held, [true, false]);
+    }
+
     #[test]
     fn nvlink_peers_of_the_device_cr_steer_a_two_gpu_pick() {
         use tessera_api::DeviceTopology;

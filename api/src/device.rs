@@ -85,6 +85,51 @@ pub struct LegacyDeviceEntry {
     pub device_ids: Vec<String>,
 }
 
+/// The device-plugin grants in a Device CR's `devices-checkpoints` annotation
+/// could not be read.
+#[derive(Debug, thiserror::Error)]
+#[error("Device {device}: annotation {annotation} is not a list of device-plugin grants")]
+pub struct LegacyEntriesError {
+    /// The Device CR (its node's name).
+    pub device: String,
+    /// The annotation.
+    pub annotation: &'static str,
+    /// What serde_json said.
+    #[source]
+    pub source: serde_json::Error,
+}
+
+impl Device {
+    /// The device-plugin grants the reporter published on this Device CR
+    /// (`node.koordinator.sh/devices-checkpoints`): none when the annotation is
+    /// absent (a node with no device-plugin pod, or a reporter that predates it).
+    pub fn legacy_entries(&self) -> Result<Vec<LegacyDeviceEntry>, LegacyEntriesError> {
+        let annotation = crate::resources::DEVICES_CHECKPOINTS;
+        let Some(text) = self
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(annotation))
+        else {
+            return Ok(Vec::new());
+        };
+        serde_json::from_str(text).map_err(|source| LegacyEntriesError {
+            device: self.metadata.name.clone().unwrap_or_default(),
+            annotation,
+            source,
+        })
+    }
+}
+
+impl LegacyDeviceEntry {
+    /// `entries` as the `devices-checkpoints` annotation's value
+    /// ([`Device::legacy_entries`] reads it back).
+    pub fn encode_all(entries: &[Self]) -> String {
+        // A list of plain strings always serializes.
+        serde_json::to_string(entries).unwrap_or_else(|_| "[]".into())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use kube::{CustomResourceExt, Resource};
@@ -140,5 +185,35 @@ mod tests {
             serde_json::to_value(&entry).expect("serializes"),
             serde_json::json!({"podUID":"u","containerName":"c","resourceName":"nvidia.com/gpu","deviceIDs":["GPU-1"]})
         );
+    }
+
+    #[test]
+    fn legacy_entries_round_trip_and_name_a_bad_annotation() {
+        let entry = LegacyDeviceEntry {
+            pod_uid: "u".into(),
+            container_name: "c".into(),
+            resource_name: "nvidia.com/gpu".into(),
+            device_ids: vec!["GPU-1".into()],
+        };
+        let mut device = Device::new("n1", DeviceSpec::default());
+        assert_eq!(device.legacy_entries().expect("absent"), Vec::new());
+        let annotations = device.metadata.annotations.get_or_insert_default();
+        annotations.insert(
+            crate::resources::DEVICES_CHECKPOINTS.into(),
+            LegacyDeviceEntry::encode_all(std::slice::from_ref(&entry)),
+        );
+        assert_eq!(device.legacy_entries().expect("parses"), vec![entry]);
+        device.metadata.annotations.get_or_insert_default().insert(
+            crate::resources::DEVICES_CHECKPOINTS.into(),
+            "[{\"podUID\":".into(),
+        );
+        let error = device.legacy_entries().expect_err("truncated");
+        assert!(
+            error
+                .to_string()
+                .starts_with("Device n1: annotation node.koordinator.sh/devices-checkpoints"),
+            "{error}"
+        );
+        assert_eq!(LegacyDeviceEntry::encode_all(&[]), "[]");
     }
 }

@@ -22,6 +22,8 @@ pub mod sharepod;
 pub mod usage;
 
 pub use allocation::{AllocationError, ContainerShares, DeviceAllocation, DeviceAllocations};
-pub use device::{Device, DeviceInfo, DeviceSpec, DeviceTopology, LegacyDeviceEntry};
+pub use device::{
+    Device, DeviceInfo, DeviceSpec, DeviceTopology, LegacyDeviceEntry, LegacyEntriesError,
+};
 pub use nvlink::{NvlinkPeers, NvlinkPeersError};
 pub use quantity::{Quantity, QuantityError};

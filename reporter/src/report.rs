@@ -160,7 +160,7 @@ pub fn device_annotations(
     BTreeMap::from([
         (
             DEVICES_CHECKPOINTS.to_owned(),
-            serde_json::to_string(legacy).unwrap_or_else(|_| "[]".into()),
+            LegacyDeviceEntry::encode_all(legacy),
         ),
         (NVLINK_PEERS.to_owned(), nvlink_peers(gpus).encode()),
     ])
