@@ -153,11 +153,77 @@ pub async fn shutdown_signal() -> std::io::Result<()> {
     Ok(())
 }
 
+/// A duration flag or setting is not a Go duration (`15s`, `1m30s`, `500ms`, `1.5h`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "invalid duration {value:?}: {problem} (expected a Go duration such as 15s, 500ms or 1m30s)"
+)]
+pub struct DurationError {
+    /// The text given.
+    pub value: String,
+    /// What is wrong with it.
+    pub problem: String,
+}
+
+/// Parses a Go duration as Kubernetes components take them (kube's parser, the
+/// format of Go's `time.ParseDuration`). Empty and negative durations are refused:
+/// none of ours can be.
+pub fn parse_duration(text: &str) -> Result<std::time::Duration, DurationError> {
+    let text = text.trim();
+    let fail = |problem: String| DurationError {
+        value: text.to_owned(),
+        problem,
+    };
+    if text.is_empty() {
+        return Err(fail("empty".into()));
+    }
+    let parsed: kube::core::Duration = text
+        .parse()
+        .map_err(|error: kube::core::duration::ParseError| fail(error.to_string()))?;
+    if parsed.is_negative() {
+        return Err(fail("negative".into()));
+    }
+    Ok(parsed.into())
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::{Arc, Mutex};
 
     use super::*;
+
+    #[test]
+    fn go_durations_parse_and_bad_ones_say_why() {
+        use std::time::Duration;
+        for (text, want) in [
+            ("15s", Duration::from_secs(15)),
+            ("1m30s", Duration::from_secs(90)),
+            ("500ms", Duration::from_millis(500)),
+            ("1.5s", Duration::from_millis(1500)),
+            ("2h", Duration::from_secs(7200)),
+            ("0", Duration::ZERO),
+            ("250us", Duration::from_micros(250)),
+            (" 2s ", Duration::from_secs(2)),
+        ] {
+            assert_eq!(parse_duration(text), Ok(want), "{text}");
+        }
+        for (text, problem) in [
+            ("", "empty"),
+            ("15", "missing a unit"),
+            ("15x", "invalid unit"),
+            ("s", "invalid floating-point number"),
+            ("1..5s", "invalid floating-point number"),
+            ("-1s", "negative"),
+        ] {
+            let error = parse_duration(text).expect_err(text);
+            assert_eq!(error.value, text, "{text}");
+            assert!(error.problem.starts_with(problem), "{text}: {error}");
+        }
+        assert_eq!(
+            parse_duration("15x").map_err(|e| e.to_string()),
+            Err("invalid duration \"15x\": invalid unit: expected one of 'ns', 'us', '\u{b5}s', 'ms', 's', 'm', or 'h' (expected a Go duration such as 15s, 500ms or 1m30s)".into())
+        );
+    }
 
     #[test]
     fn error_chain_names_every_cause() {

@@ -119,15 +119,6 @@ fn parse_stage(text: &str) -> Option<(StageKind, Method)> {
         .map(|m| (kind, m))
 }
 
-fn parse_duration(text: &str) -> Option<Duration> {
-    let text = text.trim();
-    if let Some(ms) = text.strip_suffix("ms") {
-        return ms.trim().parse::<u64>().ok().map(Duration::from_millis);
-    }
-    let secs: f64 = text.strip_suffix('s')?.trim().parse().ok()?;
-    (secs.is_finite() && secs > 0.0).then(|| Duration::from_secs_f64(secs))
-}
-
 /// A lazily connecting channel to a unix socket; it redials after failures.
 fn unix_channel(path: PathBuf) -> Channel {
     Endpoint::from_static("http://tessera-hook").connect_with_connector_lazy(tower::service_fn(
@@ -184,12 +175,11 @@ impl ExternalHook {
         }
         let timeout = match &file.timeout {
             None => DEFAULT_TIMEOUT,
-            Some(text) => parse_duration(text).ok_or_else(|| {
-                invalid(
-                    "timeout",
-                    format!("{text:?}: expected e.g. \"2s\" or \"500ms\""),
-                )
-            })?,
+            Some(text) => match tessera_daemon::binary::parse_duration(text) {
+                Ok(timeout) if !timeout.is_zero() => timeout,
+                Ok(_) => return Err(invalid("timeout", format!("{text:?}: must be above zero"))),
+                Err(error) => return Err(invalid("timeout", error.to_string())),
+            },
         };
         let name = file.name.unwrap_or_else(|| {
             path.file_stem()
@@ -466,11 +456,6 @@ mod tests {
         );
         assert_eq!(parse_stage("PreVersion"), None);
         assert_eq!(parse_stage("CreateContainer"), None);
-        assert_eq!(parse_duration("2s"), Some(Duration::from_secs(2)));
-        assert_eq!(parse_duration("250ms"), Some(Duration::from_millis(250)));
-        assert_eq!(parse_duration("1.5s"), Some(Duration::from_millis(1500)));
-        assert_eq!(parse_duration("2"), None);
-        assert_eq!(parse_duration("-1s"), None);
     }
 
     #[tokio::test]
@@ -490,7 +475,12 @@ mod tests {
             (
                 "c.toml",
                 "endpoint = \"/x.sock\"\nstages = [\"PreCreateContainer\"]\ntimeout = \"soon\"\n",
-                "timeout: \"soon\"",
+                "timeout: invalid duration \"soon\"",
+            ),
+            (
+                "z.toml",
+                "endpoint = \"/x.sock\"\nstages = [\"PreCreateContainer\"]\ntimeout = \"0s\"\n",
+                "timeout: \"0s\": must be above zero",
             ),
             (
                 "d.toml",

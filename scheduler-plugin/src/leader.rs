@@ -124,58 +124,7 @@ impl ElectionTiming {
     }
 }
 
-/// A Go duration string (`15s`, `1m30s`, `500ms`, `1.5h`) is not valid.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "invalid duration {value:?}: {problem} (expected a Go duration such as 15s, 500ms or 1m30s)"
-)]
-pub struct DurationError {
-    /// The text given.
-    pub value: String,
-    /// What is wrong with it.
-    pub problem: &'static str,
-}
-
-/// Parses a Go duration, as kube-scheduler's `--leader-elect-*` flags take them.
-/// Negative durations are refused: none of ours can be.
-pub fn parse_duration(text: &str) -> Result<Duration, DurationError> {
-    let fail = |problem| DurationError {
-        value: text.to_owned(),
-        problem,
-    };
-    let mut rest = text.trim();
-    if rest == "0" {
-        return Ok(Duration::ZERO);
-    }
-    if rest.is_empty() {
-        return Err(fail("empty"));
-    }
-    let mut total = 0f64;
-    while !rest.is_empty() {
-        let digits = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .ok_or_else(|| fail("a number needs a unit (ns, us, ms, s, m, h)"))?;
-        let number: f64 = rest[..digits]
-            .parse()
-            .map_err(|_| fail("not a number before a unit"))?;
-        rest = &rest[digits..];
-        let unit_len = rest
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(rest.len());
-        let seconds = match &rest[..unit_len] {
-            "ns" => 1e-9,
-            "us" | "µs" | "μs" => 1e-6,
-            "ms" => 1e-3,
-            "s" => 1.0,
-            "m" => 60.0,
-            "h" => 3600.0,
-            _ => return Err(fail("unknown unit (ns, us, ms, s, m, h)")),
-        };
-        total += number * seconds;
-        rest = &rest[unit_len..];
-    }
-    Duration::try_from_secs_f64(total).map_err(|_| fail("out of range"))
-}
+pub use tessera_daemon::binary::{DurationError, parse_duration};
 
 // === the decision (pure) ===
 

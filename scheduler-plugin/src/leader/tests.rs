@@ -300,42 +300,6 @@ fn timing_that_could_elect_two_leaders_is_refused() {
 }
 
 #[test]
-fn go_durations_parse() {
-    for (text, want) in [
-        ("15s", 15 * SECOND),
-        ("1m30s", 90 * SECOND),
-        ("500ms", Duration::from_millis(500)),
-        ("1.5s", Duration::from_millis(1500)),
-        ("2h", 7200 * SECOND),
-        ("0", Duration::ZERO),
-        ("250us", Duration::from_micros(250)),
-    ] {
-        assert_eq!(parse_duration(text), Ok(want), "{text}");
-    }
-    for (text, problem) in [
-        ("", "empty"),
-        ("15", "a number needs a unit (ns, us, ms, s, m, h)"),
-        ("15x", "unknown unit (ns, us, ms, s, m, h)"),
-        ("s", "not a number before a unit"),
-        ("-1s", "not a number before a unit"),
-        ("1..5s", "not a number before a unit"),
-    ] {
-        assert_eq!(
-            parse_duration(text),
-            Err(DurationError {
-                value: text.into(),
-                problem
-            }),
-            "{text}"
-        );
-    }
-    assert_eq!(
-        parse_duration("15x").map_err(|e| e.to_string()),
-        Err("invalid duration \"15x\": unknown unit (ns, us, ms, s, m, h) (expected a Go duration such as 15s, 500ms or 1m30s)".into())
-    );
-}
-
-#[test]
 fn followers_wait_between_one_and_2_2_retry_periods() {
     let period = 2 * SECOND;
     assert_eq!(jittered(period, 0.0), period);
