@@ -9,7 +9,8 @@
 //! - [`client`] (feature `client`): a kube client from a kubeconfig or the pod's
 //!   service account;
 //! - [`events`] (feature `client`): events.k8s.io Events, built and written, and
-//!   the one queue that keeps writing them off a daemon's hot path.
+//!   the one queue that keeps writing them off a daemon's hot path;
+//! - [`sync`]: the one way a daemon takes a lock (past a poisoned one).
 
 pub mod binary;
 #[cfg(feature = "client")]
@@ -18,3 +19,4 @@ pub mod client;
 pub mod events;
 #[cfg(feature = "metrics")]
 pub mod metrics;
+pub mod sync;

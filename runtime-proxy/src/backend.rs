@@ -75,10 +75,7 @@ impl Backend {
     }
 
     fn cached(&self) -> Option<SendRequest<Bytes>> {
-        let guard = self
-            .sender
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let guard = tessera_daemon::sync::lock(&self.sender);
         guard
             .as_ref()
             .filter(|connection| !connection.closed.load(Ordering::Acquire))
@@ -122,10 +119,7 @@ impl Backend {
         });
         self.metrics.backend_connects.inc();
         tracing::debug!(socket = %self.path.display(), "connected to runtime");
-        *self
-            .sender
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Connection {
+        *tessera_daemon::sync::lock(&self.sender) = Some(Connection {
             sender: sender.clone(),
             closed,
         });

@@ -346,10 +346,7 @@ impl HookRegistry {
     pub fn reload_if_changed(&self) -> bool {
         let signature = self.signature();
         {
-            let mut seen = self
-                .seen
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut seen = tessera_daemon::sync::lock(&self.seen);
             if *seen == signature && !signature.is_empty() {
                 return false;
             }

@@ -99,12 +99,7 @@ impl GpuTimeHold {
     /// files block) until [`GpuTimeHold::stop`]. The driver is sampled between
     /// two short holds of the lock, so a slow driver never holds up a release.
     pub fn start(&self, metrics: Arc<crate::metrics::Metrics>) -> std::io::Result<()> {
-        let Some(mut gpu) = self
-            .gpu
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take()
-        else {
+        let Some(mut gpu) = tessera_daemon::sync::lock(&self.gpu).take() else {
             return Err(std::io::Error::other(
                 "the GPU-time thread is already running",
             ));

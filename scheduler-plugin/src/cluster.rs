@@ -38,11 +38,7 @@ pub struct ClusterView {
     pub ready: Arc<AtomicBool>,
 }
 
-fn lock(ledger: &Mutex<Ledger>) -> std::sync::MutexGuard<'_, Ledger> {
-    ledger
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
+use tessera_daemon::sync::lock;
 
 /// How one kind of object feeds the ledger.
 trait Feed:
@@ -188,10 +184,7 @@ struct Readiness {
 
 impl Readiness {
     fn set(&self, watch: usize, synced: bool) {
-        let mut all = self
-            .synced
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut all = lock(&self.synced);
         all[watch] = synced;
         let ready = all.iter().all(|s| *s);
         if self.ready.swap(ready, Ordering::SeqCst) != ready {

@@ -163,11 +163,7 @@ impl ScoreMemo {
     }
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
+use tessera_daemon::sync::lock;
 
 /// Why a node whose switch to the runtime proxy is unproven takes no GPU pod.
 pub const SWITCH_UNPROVEN_WHY: &str = "the node's switch to tessera-runtime-proxy is not proven yet (taint tessera.io/runtime-proxy, or kubelet not connected to the proxy: Device CR tessera.io/switch-unproven, tessera-reporter's log says which): no GPU hook runs there to hold a grant; it takes GPU pods once tessera node switch-over (or the node installer) has proven it and kubelet calls through the proxy";
@@ -192,10 +188,7 @@ impl Extender {
         ready: Arc<AtomicBool>,
         leader: Arc<Leader>,
     ) -> Self {
-        ledger
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .set_in_flight_ttl(config.reservation_ttl.as_secs());
+        lock(&ledger).set_in_flight_ttl(config.reservation_ttl.as_secs());
         Self {
             ledger,
             client,
@@ -243,9 +236,7 @@ impl Extender {
     }
 
     fn ledger(&self) -> std::sync::MutexGuard<'_, Ledger> {
-        self.ledger
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        lock(&self.ledger)
     }
 
     /// Whether every reflector has listed and is live (see [`crate::cluster`]).

@@ -274,11 +274,7 @@ impl Default for Leader {
     }
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
+use tessera_daemon::sync::lock;
 
 impl Leader {
     /// A view that leads for good (a single replica without election) or follows,

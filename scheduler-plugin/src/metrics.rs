@@ -372,9 +372,7 @@ impl Collector for StateCollector {
         )?;
         // Copied out under the lock, encoded after: a slow scraper never holds the ledger.
         let (reservations, assumed, mut nodes) = {
-            let ledger = ledger
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let ledger = tessera_daemon::sync::lock(ledger);
             let nodes: Vec<(String, NodeGpuTotals)> = ledger
                 .nodes()
                 .map(|node| (node.name.clone(), NodeGpuTotals::of(node)))

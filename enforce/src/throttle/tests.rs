@@ -1,6 +1,7 @@
 use std::sync::{Arc, Mutex};
 
 use super::*;
+use tessera_daemon::sync::lock;
 
 const ID_A: &str = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
 const ID_B: &str = "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";
@@ -175,10 +176,7 @@ fn grant(id: &str, pod: &str, percent: u64) -> Grant {
 /// One 100 ms round of simulated time.
 fn round(throttle: &mut Throttle, node: &Node) {
     let now = {
-        let mut now = node
-            .now
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut now = lock(&node.now);
         *now += 0.1;
         *now
     };
@@ -229,11 +227,7 @@ fn work_queued_before_a_freeze_is_charged_so_the_share_holds_over_time() {
     node.add(100, ID_A, 1.0);
     // The GPU ran it while thawed and for 0.4 s after each freeze.
     let thawed = run(&mut t, &node, 120.0, &[ID_A])[0];
-    let calls = node
-        .calls
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .clone();
+    let calls = lock(&node.calls).clone();
     let freezes = calls.iter().filter(|(_, f)| *f).count() as f64;
     let used = thawed + freezes * 0.4 / 120.0;
     assert!(
@@ -256,12 +250,7 @@ fn a_container_within_its_share_and_an_ungranted_one_are_never_frozen() {
     node.add(300, "host", 1.0);
     let ran = run(&mut t, &node, 20.0, &[ID_A, ID_B]);
     assert_eq!(ran, vec![1.0, 1.0]);
-    assert!(
-        node.calls
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .is_empty()
-    );
+    assert!(lock(&node.calls).is_empty());
 }
 
 #[test]
@@ -412,9 +401,7 @@ fn processes_reported_busy_for_the_same_period_share_it() {
         sm_percent: 100,
     };
     let push = |samples: Vec<Sample>| {
-        *queue
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = samples;
+        *lock(&queue) = samples;
     };
     push(vec![sample(1, 1.0), sample(2, 1.0)]);
     t.tick(1.0, &mut gpu);
@@ -470,10 +457,6 @@ fn time_sliced_tenants_reported_busy_at_once_each_get_their_share() {
             "tenant {name} used {used:.3} of the GPU at 25 %"
         );
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// A throttle holding container A at 10 %, busy on the GPU until frozen.

@@ -1190,12 +1190,7 @@ fn finish(ended: &mut Vec<(CallRecord, Code)>) {
     }
 }
 
-fn lock(shared: &Mutex<Shared>) -> MutexGuard<'_, Shared> {
-    // A panic elsewhere leaves numbers that are still numbers: carry on with them.
-    shared
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
+use tessera_daemon::sync::lock;
 
 /// Sends a frame from kubelet on now, or queues it behind others waiting for window.
 fn forward(shared: &mut Shared, out: &mut BytesMut, head: FrameHead, frame: BytesMut) {
