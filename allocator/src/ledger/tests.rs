@@ -1,4 +1,3 @@
-
 use k8s_openapi::api::core::v1::{PodSpec, PodStatus};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;

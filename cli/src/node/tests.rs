@@ -1,4 +1,3 @@
-
 use super::*;
 
 fn args(line: &str) -> Vec<String> {
