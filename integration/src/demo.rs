@@ -21,7 +21,7 @@ use tessera_hooks::server::GpuHook;
 use tessera_reporter::gpu::NvmlSource;
 use tessera_reporter::publish::Publisher;
 use tessera_reporter::report::CapacityOptions;
-use tessera_runtime_proxy::gpu::EmbeddedGpuHook;
+use tessera_runtime_proxy::EmbeddedGpuHook;
 use tessera_scheduler::extender::{Extender, ExtenderConfig};
 use tessera_scheduler::protocol::{ExtenderArgs, ExtenderBindingArgs};
 

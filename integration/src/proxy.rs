@@ -4,8 +4,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tessera_runtime_proxy::hook::Hook;
-use tessera_runtime_proxy::metrics::Metrics;
+use tessera_runtime_proxy::Hook;
+use tessera_runtime_proxy::Metrics;
 use tessera_runtime_proxy::relay;
 pub use tessera_runtime_proxy::relay::RelayMode;
 use tessera_runtime_proxy::{Proxy, ProxyOptions, server};
@@ -76,9 +76,8 @@ impl RunningProxy {
         let mut proxy = Proxy::new(&options, hooks, Arc::clone(&metrics));
         if let Some(dir) = enforcement_dir {
             let own = std::fs::read_to_string("/proc/self/comm")?;
-            let kubelet = tessera_runtime_proxy::kubelet_seen::KubeletConnections::new(vec![
-                own.trim_end().to_owned(),
-            ]);
+            let kubelet =
+                tessera_runtime_proxy::KubeletConnections::new(vec![own.trim_end().to_owned()]);
             tokio::spawn(Arc::clone(&kubelet).publish(dir.to_path_buf()));
             proxy = proxy.with_kubelet_connections(kubelet);
         }

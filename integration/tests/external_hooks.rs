@@ -17,7 +17,7 @@ use tessera_integration::hook_server::{FnHook, RunningHookServer, serve};
 use tessera_integration::proxy::{RelayMode, RunningProxy};
 use tessera_integration::raw::{RawClient, frame};
 use tessera_protos::hook::v1::{ContainerHookResponse, DeviceNode, KeyValue};
-use tessera_runtime_proxy::dispatch::HookRegistry;
+use tessera_runtime_proxy::HookRegistry;
 
 struct Setup {
     dir: tempfile::TempDir,
@@ -177,7 +177,7 @@ fn fixed(
 }
 
 fn message(status: &http::HeaderMap) -> String {
-    tessera_runtime_proxy::grpc::status_message(status).unwrap_or_default()
+    tessera_runtime_proxy::status_message(status).unwrap_or_default()
 }
 
 async fn two_hooks_merge_in_file_order(mode: RelayMode) {

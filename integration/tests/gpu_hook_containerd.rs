@@ -13,7 +13,7 @@ use tessera_integration::gpu_node::{FakeGpuNode, NVIDIA_MAJOR};
 use tessera_integration::image::PROBE_IMAGE;
 use tessera_integration::kubelet::{KubeletDriver, PodSpec, spec_env};
 use tessera_integration::proxy::{RelayMode, RunningProxy};
-use tessera_runtime_proxy::gpu::EmbeddedGpuHook;
+use tessera_runtime_proxy::EmbeddedGpuHook;
 
 struct Node {
     containerd: Containerd,

@@ -9,7 +9,7 @@ use tessera_integration::hooks::RecordingHook;
 use tessera_integration::image::PAUSE_IMAGE;
 use tessera_integration::kubelet::{KubeletDriver, PodSpec};
 use tessera_integration::proxy::{RelayMode, RunningProxy};
-use tessera_runtime_proxy::hook::Hook;
+use tessera_runtime_proxy::Hook;
 
 fn env_of(spec: &serde_json::Value) -> Vec<String> {
     spec["process"]["env"]

@@ -328,8 +328,7 @@ async fn malformed_intercepted_messages_get_named_errors_and_never_reach_the_run
             .await
             .expect(name);
         assert_eq!(response.headers["grpc-status"], "13", "{name}");
-        let message =
-            tessera_runtime_proxy::grpc::status_message(&response.headers).unwrap_or_default();
+        let message = tessera_runtime_proxy::status_message(&response.headers).unwrap_or_default();
         assert!(message.contains(expected), "{name}: {message}");
     }
     assert!(
@@ -522,8 +521,7 @@ async fn runtime_down_is_unavailable_then_reconnects(mode: RelayMode) {
         .await
         .expect("answered");
     assert_eq!(response.headers["grpc-status"], "14");
-    let message =
-        tessera_runtime_proxy::grpc::status_message(&response.headers).unwrap_or_default();
+    let message = tessera_runtime_proxy::status_message(&response.headers).unwrap_or_default();
     assert!(message.contains("runtime.sock"), "{message}");
 
     let fake = FakeRuntime::start(&runtime_socket, echo_script()).expect("runtime comes up");

@@ -29,11 +29,11 @@ use std::task::{Context, Poll};
 use bytes::{Buf, BufMut, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use crate::hpack;
+use crate::http2::hpack;
 // The frame layout the frame relay reads and writes too: one definition of it.
-use crate::relay::frame::flag::{END_HEADERS, END_STREAM, PADDED, PRIORITY};
-use crate::relay::frame::kind::{CONTINUATION, HEADERS};
-use crate::relay::frame::{
+use crate::http2::frame::flag::{END_HEADERS, END_STREAM, PADDED, PRIORITY};
+use crate::http2::frame::kind::{CONTINUATION, HEADERS};
+use crate::http2::frame::{
     FrameHead, HEAD_LEN as FRAME_HEAD_LEN, PREFACE, put_head as put_frame_head,
 };
 
@@ -131,6 +131,7 @@ impl AuthorityNormaliser {
     }
 
     /// Whether some header block was re-encoded on this connection.
+    #[cfg(test)]
     pub fn is_rewriting(&self) -> bool {
         self.rewriting
     }

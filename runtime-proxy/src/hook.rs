@@ -142,17 +142,6 @@ pub trait Hook: Send + Sync + std::fmt::Debug {
     async fn post(&self, _ctx: &HookContext, _request: &LifecycleRequest, _outcome: &CallOutcome) {}
 }
 
-/// The default hook: changes nothing.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct NoopHook;
-
-#[async_trait]
-impl Hook for NoopHook {
-    fn name(&self) -> &str {
-        "noop"
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,40 +1,58 @@
 //! `tessera-runtime-proxy`: a CRI proxy between kubelet and the container runtime.
 //!
-//! Every call is forwarded frame by frame; lifecycle calls ([`hook::Method`]) are
-//! decoded, passed through [`hook::Hook`]s, re-spliced at the wire level so fields
-//! unknown to our CRI types survive ([`wire`]), and recorded in the [`store`].
-//! kubelet's connection reaches h2 through [`authority`], so that an `:authority`
-//! h2 would refuse (the socket path older kubelets send) does not fail its calls.
-//! [`relay`] serves kubelet without terminating HTTP/2: frames relayed, lifecycle
-//! calls through the same hook stages.
-
-pub mod authority;
-pub mod backend;
-pub mod body;
-pub mod config;
-pub mod convert;
-pub mod dispatch;
-pub mod enforce;
-pub mod gpu;
-pub mod gpu_time;
-pub mod grpc;
-pub mod guard;
-pub mod hook;
-pub mod hpack;
-pub mod kubelet_seen;
-pub mod metrics;
-pub mod proxy;
+//! Every call is forwarded frame by frame; lifecycle calls ([`Method`]) are
+//! decoded, passed through [`Hook`]s, re-spliced at the wire level so fields
+//! unknown to our CRI types survive ([`merge`]), and recorded in the [`PodStore`].
+//! Two serving paths share the hook stages: [`server`] terminates HTTP/2 with h2
+//! (kubelet's connection goes through [`KubeletStream`] first, so that an
+//! `:authority` h2 would refuse, the socket path older kubelets send, does not fail
+//! its calls); [`relay`] carries kubelet's frames without terminating HTTP/2. Both
+//! read the wire with [`http2`].
+//!
+//! The modules are the proxy's own; what the binary, the tests and the
+//! integration crate use is exported below.
+mod authority;
+mod backend;
+mod body;
+mod config;
+mod convert;
+mod dispatch;
+mod enforce;
+mod gpu;
+mod gpu_time;
+mod grpc;
+mod guard;
+mod hook;
+pub mod http2;
+mod kubelet_seen;
+mod metrics;
+mod proxy;
 pub mod relay;
 pub mod server;
-pub mod store;
-pub mod usage;
-pub mod wire;
+mod store;
+mod usage;
+mod wire;
 
-pub use config::{Cli, Config};
+// What the binary, the tests and the integration crate use; the rest is the
+// proxy's own.
+pub use authority::{KubeletStream, h2_accepts_authority};
+pub use backend::Backend;
+pub use config::{Cli, Config, DEFAULT_LISTEN};
+pub use dispatch::{FailurePolicy, HookRegistry};
+pub use enforce::{EnforceHook, NodeEnforcement, node as node_enforcement};
+pub use gpu::EmbeddedGpuHook;
+pub use gpu_time::StopGuard;
+pub use grpc::{decode_frame, status_message};
+pub use guard::ExternalGpuHookGuard;
 pub use hook::{
     CallOutcome, Hook, HookContext, HookRejection, LifecycleRequest, LifecycleResponse, Method,
 };
+pub use kubelet_seen::KubeletConnections;
+pub use metrics::{Metrics, serve as serve_metrics};
 pub use proxy::{Proxy, ProxyOptions};
+pub use store::PodStore;
+pub use usage::Report as UsageReport;
+pub use wire::merge;
 
 use std::sync::Arc;
 use std::time::Duration;

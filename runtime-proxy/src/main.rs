@@ -3,16 +3,16 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Parser;
 use tessera_hooks::server::GpuHook;
-use tessera_runtime_proxy::backend::Backend;
-use tessera_runtime_proxy::dispatch::HookRegistry;
-use tessera_runtime_proxy::enforce::{self as enforcement, EnforceHook};
-use tessera_runtime_proxy::gpu::EmbeddedGpuHook;
-use tessera_runtime_proxy::guard::ExternalGpuHookGuard;
-use tessera_runtime_proxy::hook::Hook;
-use tessera_runtime_proxy::metrics::Metrics;
+use tessera_runtime_proxy::Backend;
+use tessera_runtime_proxy::EmbeddedGpuHook;
+use tessera_runtime_proxy::ExternalGpuHookGuard;
+use tessera_runtime_proxy::Hook;
+use tessera_runtime_proxy::HookRegistry;
+use tessera_runtime_proxy::Metrics;
+use tessera_runtime_proxy::PodStore;
 use tessera_runtime_proxy::relay::{self, RelayMode};
-use tessera_runtime_proxy::store::PodStore;
 use tessera_runtime_proxy::{Cli, Config, Proxy, ProxyOptions, resync_until_ready, server};
+use tessera_runtime_proxy::{EnforceHook, NodeEnforcement, node_enforcement};
 use tokio::signal::unix::{SignalKind, signal};
 
 fn main() -> std::process::ExitCode {
@@ -60,21 +60,21 @@ async fn run(config: Config) -> anyhow::Result<()> {
     // once the runtime's sandboxes are known.
     let mut mps_gc: Option<tessera_enforce::mps::Mps> = None;
     // Dropped however main ends: GPU time stops and thaws every container.
-    let mut thaw_guard: Option<tessera_runtime_proxy::gpu_time::StopGuard> = None;
+    let mut thaw_guard: Option<tessera_runtime_proxy::StopGuard> = None;
     let mut enforce_hook: Option<Arc<EnforceHook>> = None;
-    let mut usage: Option<tessera_runtime_proxy::usage::Report> = None;
+    let mut usage: Option<tessera_runtime_proxy::UsageReport> = None;
     if let Some(gpu) = &config.gpu_hook {
         let probe = Arc::new(gpu.probe());
         // The hooks' own calls to the runtime (its CDI settings, its sandboxes): one
         // backend, apart from the proxy's forwarding.
         let runtime = Backend::new(&config.runtime_endpoint, Arc::clone(&metrics));
-        let enforcement::NodeEnforcement {
+        let NodeEnforcement {
             enforcement,
             driver,
             mps,
             gpu_time: hold,
             usage: sampler,
-        } = enforcement::node(gpu, Arc::new(runtime.clone()))?;
+        } = node_enforcement(gpu, Arc::new(runtime.clone()))?;
         mps_gc = mps.clone();
         if let Some(hold) = &hold {
             thaw_guard = Some(hold.guard());
@@ -109,7 +109,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
         // What each container holds of each GPU's memory, for the reporter, and
         // the OOM kill that holds it.
         if let Some(sampler) = sampler {
-            let report = tessera_runtime_proxy::usage::Report::new(
+            let report = tessera_runtime_proxy::UsageReport::new(
                 sampler,
                 Arc::clone(&enforce),
                 Arc::clone(&store),
@@ -137,9 +137,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
     }
     hooks.push(registry);
     // tessera-reporter takes the node as switched only while kubelet is connected.
-    let kubelet = tessera_runtime_proxy::kubelet_seen::KubeletConnections::new(
-        config.kubelet_processes.clone(),
-    );
+    let kubelet = tessera_runtime_proxy::KubeletConnections::new(config.kubelet_processes.clone());
     tokio::spawn(Arc::clone(&kubelet).publish(config.enforcement_dir.clone()));
     let kubelet_closed = Arc::clone(&kubelet);
     let proxy = Arc::new(
@@ -152,7 +150,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
     if let Some(addr) = config.metrics_addr {
         // Not fatal: every pod on the node depends on the proxy, and a taken port
         // must not cost them their runtime over metrics.
-        if let Err(error) = tessera_runtime_proxy::metrics::serve(addr, &metrics).await {
+        if let Err(error) = tessera_runtime_proxy::serve_metrics(addr, &metrics).await {
             tracing::error!(%addr, %error, "metrics endpoint not served (--metrics-addr)");
         }
     }

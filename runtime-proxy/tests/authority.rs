@@ -18,9 +18,10 @@ use std::time::Duration;
 use bytes::{BufMut, Bytes, BytesMut};
 use k8s_cri::v1 as cri;
 use prost::Message;
-use tessera_runtime_proxy::authority::KubeletStream;
-use tessera_runtime_proxy::relay::{self, RelayMode};
-use tessera_runtime_proxy::{Proxy, hpack};
+use tessera_runtime_proxy::KubeletStream;
+use tessera_runtime_proxy::Proxy;
+use tessera_runtime_proxy::http2::{frame, hpack};
+use tessera_runtime_proxy::relay::RelayMode;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{UnixListener, UnixStream};
 
@@ -146,11 +147,11 @@ impl Tap {
         let skip = self.preface.min(fresh.len());
         self.preface -= skip;
         self.input.extend_from_slice(&fresh[skip..]);
-        while let Some((head, frame)) = relay::frame::next_frame(&mut self.input) {
+        while let Some((head, frame)) = frame::next_frame(&mut self.input) {
             if head.kind != HEADERS {
                 continue;
             }
-            let Ok(range) = relay::frame::header_fragment(&head, &frame) else {
+            let Ok(range) = frame::header_fragment(&head, &frame) else {
                 continue;
             };
             let mut authority = None;
@@ -233,9 +234,7 @@ impl Setup {
     /// normalises what h2 refuses, the relay hands on what it was given.
     fn expected_authority<'a>(&self, sent: &'a str) -> &'a str {
         match self.mode {
-            RelayMode::H2
-                if !tessera_runtime_proxy::authority::h2_accepts_authority(sent.as_bytes()) =>
-            {
+            RelayMode::H2 if !tessera_runtime_proxy::h2_accepts_authority(sent.as_bytes()) => {
                 "localhost"
             }
             _ => sent,

@@ -190,7 +190,7 @@ fn kubelet_config_drop_in_points_at_the_proxy_socket() {
         .lines()
         .find_map(|l| l.strip_prefix("ListenStream="))
         .expect("ListenStream=");
-    assert_eq!(listen, tessera_runtime_proxy::config::DEFAULT_LISTEN);
+    assert_eq!(listen, tessera_runtime_proxy::DEFAULT_LISTEN);
     let fragment =
         std::fs::read_to_string(root.join("kubelet.conf.d/50-tessera-runtime-proxy.conf"))
             .expect("kubelet config drop-in");
@@ -309,14 +309,11 @@ async fn shipped_hook_registration_loads() {
     let shipped =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../systemd/hooks.d/10-gpu.toml");
     std::fs::copy(&shipped, dir.path().join("10-gpu.toml")).expect("copy");
-    let registry = tessera_runtime_proxy::dispatch::HookRegistry::new(dir.path());
+    let registry = tessera_runtime_proxy::HookRegistry::new(dir.path());
     let hooks = registry.hooks();
     assert_eq!(hooks.len(), 1, "{} does not load", shipped.display());
     assert_eq!(hooks[0].name, "gpu");
-    assert_eq!(
-        hooks[0].policy,
-        tessera_runtime_proxy::dispatch::FailurePolicy::Fail
-    );
+    assert_eq!(hooks[0].policy, tessera_runtime_proxy::FailurePolicy::Fail);
 }
 
 /// `--log-format json`: every line the proxy writes is a JSON object; the metrics

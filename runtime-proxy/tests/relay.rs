@@ -395,7 +395,7 @@ struct RawCall {
 }
 
 async fn raw_version_call(flags: u8, more: impl FnOnce(&mut BytesMut)) -> RawCall {
-    use tessera_runtime_proxy::relay::frame::{PREFACE, flag, kind, put_head};
+    use tessera_runtime_proxy::http2::frame::{PREFACE, flag, kind, put_head};
     use tokio::io::AsyncWriteExt;
 
     let dir = tempfile::Builder::new()
@@ -439,7 +439,7 @@ async fn raw_version_call(flags: u8, more: impl FnOnce(&mut BytesMut)) -> RawCal
 /// The runtime's first frames on a [`raw_version_call`]: empty SETTINGS, then
 /// HEADERS on stream 1 whose block is the one byte `block`.
 fn answer_start(block: u8) -> BytesMut {
-    use tessera_runtime_proxy::relay::frame::{flag, kind, put_head};
+    use tessera_runtime_proxy::http2::frame::{flag, kind, put_head};
 
     let mut answer = BytesMut::new();
     put_head(&mut answer, 0, kind::SETTINGS, 0, 0);
@@ -450,7 +450,7 @@ fn answer_start(block: u8) -> BytesMut {
 
 #[tokio::test]
 async fn a_passthrough_answer_goes_on_as_its_bytes_come_not_frame_by_frame() {
-    use tessera_runtime_proxy::relay::frame::{flag, kind, put_head};
+    use tessera_runtime_proxy::http2::frame::{flag, kind, put_head};
     use tokio::io::AsyncWriteExt;
 
     let RawCall {
@@ -471,7 +471,7 @@ async fn a_passthrough_answer_goes_on_as_its_bytes_come_not_frame_by_frame() {
 
 #[tokio::test]
 async fn a_call_reset_in_the_read_that_opened_it_is_recorded_at_once() {
-    use tessera_runtime_proxy::relay::frame::{put_rst_stream, reason};
+    use tessera_runtime_proxy::http2::frame::{put_rst_stream, reason};
 
     // The relay opens a passthrough call's record after writing what it read;
     // the reset in the same read must still find it.
@@ -487,7 +487,7 @@ async fn a_call_reset_in_the_read_that_opened_it_is_recorded_at_once() {
 
 #[tokio::test]
 async fn an_answer_the_receiver_fails_on_goes_once_with_what_followed_it_then_the_end() {
-    use tessera_runtime_proxy::relay::frame::{flag, put_head};
+    use tessera_runtime_proxy::http2::frame::{flag, put_head};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     let RawCall {

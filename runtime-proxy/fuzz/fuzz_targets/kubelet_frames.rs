@@ -5,8 +5,8 @@
 //! same bytes as one HPACK block must decode or fail cleanly.
 use bytes::BytesMut;
 use libfuzzer_sys::fuzz_target;
-use tessera_runtime_proxy::authority::{AuthorityNormaliser, HEADER_TABLE_SIZE};
-use tessera_runtime_proxy::hpack::Decoder;
+use tessera_runtime_proxy::{AuthorityNormaliser, HEADER_TABLE_SIZE};
+use tessera_runtime_proxy::http2::hpack::Decoder;
 
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 

@@ -4,7 +4,7 @@
 //! the HPACK table they keep.
 use bytes::BytesMut;
 use libfuzzer_sys::fuzz_target;
-use tessera_runtime_proxy::relay::frame;
+use tessera_runtime_proxy::http2::frame;
 use tessera_runtime_proxy::relay::{HeaderBlocks, Step};
 
 fuzz_target!(|data: &[u8]| {

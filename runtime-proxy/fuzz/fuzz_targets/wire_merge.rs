@@ -6,6 +6,6 @@ fuzz_target!(|data: &[u8]| {
     let a = data.len() / 3;
     let (original, rest) = data.split_at(a);
     let (decoded, updated) = rest.split_at(rest.len() / 2);
-    let _ = tessera_runtime_proxy::wire::merge(original, decoded, updated);
-    let _ = tessera_runtime_proxy::wire::merge(data, data, &[]);
+    let _ = tessera_runtime_proxy::merge(original, decoded, updated);
+    let _ = tessera_runtime_proxy::merge(data, data, &[]);
 });

@@ -6,7 +6,7 @@ use proptest::prelude::*;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 
 use super::*;
-use crate::hpack::tests::{Representation, TestEncoder, representation};
+use crate::http2::hpack::tests::{Representation, TestEncoder, representation};
 
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 const SOCKET_PATH: &str = "/var/run/containerd/containerd.sock";
@@ -120,16 +120,17 @@ fn h2_view(bytes: &[u8]) -> Vec<(u32, Vec<(String, String)>)> {
             _ => continue,
         }
         if frame.flags & END_HEADERS != 0 {
-            let fields = crate::hpack::tests::decode_all(&mut decoder, &std::mem::take(&mut block))
-                .expect("h2 decodes what it is given")
-                .into_iter()
-                .map(|(name, value, _)| {
-                    (
-                        String::from_utf8_lossy(&name).into_owned(),
-                        String::from_utf8_lossy(&value).into_owned(),
-                    )
-                })
-                .collect();
+            let fields =
+                crate::http2::hpack::tests::decode_all(&mut decoder, &std::mem::take(&mut block))
+                    .expect("h2 decodes what it is given")
+                    .into_iter()
+                    .map(|(name, value, _)| {
+                        (
+                            String::from_utf8_lossy(&name).into_owned(),
+                            String::from_utf8_lossy(&value).into_owned(),
+                        )
+                    })
+                    .collect();
             blocks.push((frame.stream, fields));
         }
     }

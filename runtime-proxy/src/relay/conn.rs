@@ -39,10 +39,10 @@ use tokio::sync::{oneshot, watch};
 use tonic::Code;
 use tracing::{Instrument, Span};
 
-use super::frame::{self, FrameHead, flag, kind, reason, setting};
 use super::io::{READ_CHUNK, Socket, Wake};
 use crate::hook::Method;
-use crate::hpack;
+use crate::http2::frame::{self, FrameHead, flag, kind, reason, setting};
+use crate::http2::hpack;
 use crate::metrics::MethodSeries;
 use crate::proxy::{CallRecord, Proxy, Refusal, call_outcome, call_span};
 

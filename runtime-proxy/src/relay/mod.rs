@@ -22,7 +22,6 @@ use tokio::sync::watch;
 use crate::proxy::Proxy;
 
 pub mod conn;
-pub mod frame;
 mod io;
 
 pub use conn::{Fields, HeaderBlocks, RelayError, Step};

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tessera_runtime_proxy::Hook;
-use tessera_runtime_proxy::metrics::Metrics;
+use tessera_runtime_proxy::Metrics;
 use tessera_runtime_proxy::relay::{self, RelayMode};
 use tessera_runtime_proxy::{Proxy, ProxyOptions, server};
 

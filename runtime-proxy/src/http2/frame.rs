@@ -7,7 +7,7 @@ use std::ops::Range;
 
 use bytes::{BufMut, Bytes, BytesMut};
 
-use crate::hpack;
+use crate::http2::hpack;
 
 /// The client connection preface (§3.4).
 pub const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
