@@ -12,7 +12,7 @@ use tessera_hooks::gpu::{GpuHookConfig, could_see_gpus, has_gpu_nodes};
 use tonic::Code;
 
 use crate::convert;
-use crate::dispatch::{FailurePolicy, HookRegistry, StageKind};
+use crate::external_hooks::{FailurePolicy, HookRegistry, StageKind};
 use crate::hook::{Hook, HookContext, HookRejection, LifecycleRequest, Method};
 
 /// Refuses GPU containers while the external GPU hook is not registered. A
