@@ -100,6 +100,18 @@ pub struct LegacyEntriesError {
 }
 
 impl Device {
+    /// The Device CR of `node` as an object reference, for Events that relate to it
+    /// (the reporter's, on a Node or a pod, about the node's GPUs).
+    pub fn reference(node: &str) -> k8s_openapi::api::core::v1::ObjectReference {
+        use kube::Resource;
+        k8s_openapi::api::core::v1::ObjectReference {
+            api_version: Some(Self::api_version(&()).into_owned()),
+            kind: Some(Self::kind(&()).into_owned()),
+            name: Some(node.to_owned()),
+            ..Default::default()
+        }
+    }
+
     /// The device-plugin grants the reporter published on this Device CR
     /// (`node.koordinator.sh/devices-checkpoints`): none when the annotation is
     /// absent (a node with no device-plugin pod, or a reporter that predates it).

@@ -10,35 +10,6 @@
 use std::os::fd::AsFd;
 
 use crate::throttle::{HostProcesses, Lookup, Processes};
-use crate::usage::ProcessMemory;
-
-/// One of a container's processes on a GPU, as the driver counts it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Traced {
-    /// The container whose cgroup it runs in.
-    pub container_id: String,
-    /// The process and its memory there.
-    pub process: ProcessMemory,
-    /// When it started (see [`Processes::start_time`]): the pid with it names this
-    /// process, not a later one given the same pid.
-    pub start: Option<u64>,
-}
-
-/// `processes` traced to their containers through `lookup`: processes of no
-/// container (the node's, an MPS server's) and gone ones are left out.
-pub fn trace(processes: &[ProcessMemory], lookup: &dyn Processes) -> Vec<Traced> {
-    processes
-        .iter()
-        .filter_map(|process| match lookup.cgroup(process.pid) {
-            Lookup::Container(cgroup) => Some(Traced {
-                container_id: cgroup.container_id,
-                process: process.clone(),
-                start: lookup.start_time(process.pid),
-            }),
-            Lookup::NotContainer | Lookup::Gone => None,
-        })
-        .collect()
-}
 
 /// Which of one container's `processes` on one GPU (pid, bytes) to kill so that
 /// what is left holds at most `allowance` bytes: the largest first, as few as

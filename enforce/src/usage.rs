@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use crate::throttle::Processes;
+use crate::throttle::{Lookup, Processes};
 
 /// One process's memory on one GPU.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -19,6 +19,34 @@ pub struct ProcessMemory {
     pub pid: u32,
     /// Bytes it holds there (0 where the driver does not say).
     pub used: u64,
+}
+
+/// One of a container's processes on a GPU, as the driver counts it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Traced {
+    /// The container whose cgroup it runs in.
+    pub container_id: String,
+    /// The process and its memory there.
+    pub process: ProcessMemory,
+    /// When it started (see [`Processes::start_time`]): the pid with it names this
+    /// process, not a later one given the same pid.
+    pub start: Option<u64>,
+}
+
+/// `processes` traced to their containers through `lookup`: processes of no
+/// container (the node's, an MPS server's) and gone ones are left out.
+pub fn trace(processes: &[ProcessMemory], lookup: &dyn Processes) -> Vec<Traced> {
+    processes
+        .iter()
+        .filter_map(|process| match lookup.cgroup(process.pid) {
+            Lookup::Container(cgroup) => Some(Traced {
+                container_id: cgroup.container_id,
+                process: process.clone(),
+                start: lookup.start_time(process.pid),
+            }),
+            Lookup::NotContainer | Lookup::Gone => None,
+        })
+        .collect()
 }
 
 /// Why the driver could not be read.
@@ -134,7 +162,7 @@ impl GpuMemory for NvmlGpuMemory {
 }
 
 /// Bytes per (container ID, GPU UUID), from `processes` traced through
-/// `lookup` ([`crate::oom::trace`]). Processes of no container (the node's, an
+/// `lookup` ([`trace`]). Processes of no container (the node's, an
 /// MPS server's) and gone ones are left out; a container with processes whose
 /// memory the driver does not give is still listed (0 bytes), for it is on the
 /// GPU.
@@ -142,11 +170,11 @@ pub fn per_container(
     processes: &[ProcessMemory],
     lookup: &dyn Processes,
 ) -> BTreeMap<(String, String), u64> {
-    sums(&crate::oom::trace(processes, lookup))
+    sums(&trace(processes, lookup))
 }
 
 /// Bytes per (container ID, GPU UUID) of processes already traced.
-pub fn sums(traced: &[crate::oom::Traced]) -> BTreeMap<(String, String), u64> {
+pub fn sums(traced: &[Traced]) -> BTreeMap<(String, String), u64> {
     let mut sums = BTreeMap::new();
     for t in traced {
         let sum: &mut u64 = sums

@@ -19,7 +19,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::jiff::Timestamp;
-use kube::{Client, Resource};
+use kube::Client;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use tessera_api::Device;
@@ -242,19 +242,9 @@ pub fn node_event_spec(
             uid: Some(node.to_owned()),
             ..ObjectReference::default()
         },
-        related: Some(device_reference(node)),
+        related: Some(Device::reference(node)),
         kind: change.kind(),
         note: change.note(recovery_after),
-    }
-}
-
-/// The node's Device CR, which the reporter's Events relate to.
-pub fn device_reference(node: &str) -> ObjectReference {
-    ObjectReference {
-        api_version: Some(Device::api_version(&()).into_owned()),
-        kind: Some(Device::kind(&()).into_owned()),
-        name: Some(node.to_owned()),
-        ..ObjectReference::default()
     }
 }
 

@@ -192,7 +192,7 @@ impl MemoryEvent {
                 uid: Some(about.pod_uid.to_owned()),
                 ..ObjectReference::default()
             },
-            related: Some(crate::events::device_reference(node)),
+            related: Some(tessera_api::Device::reference(node)),
             kind: self.kind(),
             note: self.note(),
         }

@@ -396,6 +396,17 @@ fn named_containers(pod: &PodInfo) -> Vec<String> {
 }
 
 #[async_trait]
+impl crate::usage::MemoryGrants for EnforceHook {
+    async fn granted_memory(
+        &self,
+        pod: &PodInfo,
+        container: &str,
+    ) -> Result<Vec<(String, tessera_api::usage::MemoryGrant)>, HookRejection> {
+        EnforceHook::granted_memory(self, pod, container).await
+    }
+}
+
+#[async_trait]
 impl Hook for EnforceHook {
     fn name(&self) -> &str {
         "enforce"

@@ -51,7 +51,7 @@ pub use kubelet_seen::KubeletConnections;
 pub use metrics::{Metrics, serve as serve_metrics};
 pub use proxy::{Proxy, ProxyOptions};
 pub use store::PodStore;
-pub use usage::Report as UsageReport;
+pub use usage::{MemoryGrants, Report as UsageReport};
 pub use wire::merge;
 
 use std::sync::Arc;

@@ -111,7 +111,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
         if let Some(sampler) = sampler {
             let report = tessera_runtime_proxy::UsageReport::new(
                 sampler,
-                Arc::clone(&enforce),
+                enforce.clone(),
                 Arc::clone(&store),
                 trusted_agents,
                 &gpu.enforcement_dir,

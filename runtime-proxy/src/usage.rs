@@ -16,13 +16,27 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tessera_api::usage::{ContainerGpuMemory, GpuMemoryKill, MemoryGrant, NodeGpuMemory};
-use tessera_enforce::oom::{HostKiller, KillError, Killer, Traced, trace, victims};
+use tessera_enforce::oom::{HostKiller, KillError, Killer, victims};
 use tessera_enforce::throttle::{HostProcesses, Processes};
 use tessera_enforce::usage::{GpuMemory, NvmlGpuMemory, sums};
+use tessera_enforce::usage::{Traced, trace};
 use tessera_hooks::gpu::TrustedGpuAgent;
 
-use crate::enforce::EnforceHook;
-use crate::store::PodStore;
+use crate::hook::HookRejection;
+use crate::store::{PodInfo, PodStore};
+
+/// Where the report learns what a container was granted of each GPU's memory:
+/// the enforcement hook, which reads the pod's allocation against the node's GPUs.
+#[async_trait::async_trait]
+pub trait MemoryGrants: Send + Sync + std::fmt::Debug {
+    /// What `container` of `pod` was granted of each GPU's memory (none for a pod
+    /// the scheduler placed no GPU on).
+    async fn granted_memory(
+        &self,
+        pod: &PodInfo,
+        container: &str,
+    ) -> Result<Vec<(String, MemoryGrant)>, HookRejection>;
+}
 
 /// How often the GPUs are read: also the longest an allocation past a grant
 /// stands before the OOM kill sees it.
@@ -83,7 +97,7 @@ impl Sampler {
 #[derive(Debug)]
 pub struct Report {
     sampler: Arc<Mutex<Sampler>>,
-    hook: Arc<EnforceHook>,
+    hook: Arc<dyn MemoryGrants>,
     store: Arc<PodStore>,
     trusted: Vec<TrustedGpuAgent>,
     file: PathBuf,
@@ -110,7 +124,7 @@ impl Report {
     /// containers marked as such.
     pub fn new(
         sampler: Sampler,
-        hook: Arc<EnforceHook>,
+        hook: Arc<dyn MemoryGrants>,
         store: Arc<PodStore>,
         trusted: Vec<TrustedGpuAgent>,
         dir: &Path,
