@@ -7,7 +7,7 @@
 //! key can come more than once; containerd and the NVIDIA toolkit obey the last
 //! entry, and an image's env applies where the CRI env has none. So the hook decides
 //! on the last entry ([`effective`]), and on every container it rewrites it sets
-//! each device key exactly once ([`crate::edit::apply`] replaces every entry of a
+//! each device key exactly once ([`tessera_hook_protocol::edit::apply`] replaces every entry of a
 //! key): `NVIDIA_VISIBLE_DEVICES`, the toolkit's other device variables
 //! ([`DEVICE_SWITCHES`]) and the volume-mounts device list
 //! ([`DEVICE_LIST_MOUNT_ROOT`]). What a container ends up with:
@@ -72,7 +72,7 @@ use tessera_api::checkpoint::{
 };
 use tessera_api::resources::{DEVICE_ALLOCATED, DEVICE_TYPE_RDMA};
 use tessera_api::{AllocationError, DeviceAllocation, DeviceAllocations};
-use tessera_protos::hook::v1::{
+use tessera_hook_protocol::hook::v1::{
     CdiDevice, ContainerHookRequest, ContainerHookResponse, DeviceNode, Event, KeyValue,
 };
 

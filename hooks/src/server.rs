@@ -1,29 +1,14 @@
-//! Serving a container hook over `tessera.hook.v1`: a domain trait and a thin
-//! wrapper implementing the generated server trait.
+//! The GPU hook as a [`ContainerHook`]: it probes the node and rewrites the
+//! container; `tessera_hook_protocol::server` serves it over `tessera.hook.v1`.
 
 use std::sync::Arc;
 
-use tessera_protos::hook::v1::hook_server;
-use tessera_protos::hook::v1::{
-    ContainerHookRequest, ContainerHookResponse, PodSandboxHookRequest, PodSandboxHookResponse,
-    PostHookResponse,
-};
-use tonic::{Request, Response, Status};
+use tessera_hook_protocol::hook::v1::{ContainerHookRequest, ContainerHookResponse};
+use tonic::Status;
 
 use crate::gpu::{GpuHookConfig, GpuHookError, NodeBook, NodeDevices, PrivilegedPolicy, rewrite};
 use crate::probe::DeviceProbe;
-
-/// A hook that edits containers before they are created.
-pub trait ContainerHook: Send + Sync + 'static {
-    /// The hook's failures, as the gRPC status the proxy receives.
-    type Error: Into<Status>;
-
-    /// Edits for the container at a Pre stage.
-    fn pre_container(
-        &self,
-        request: &ContainerHookRequest,
-    ) -> Result<ContainerHookResponse, Self::Error>;
-}
+use tessera_hook_protocol::server::ContainerHook;
 
 /// The GPU hook: probes the node and rewrites the container.
 #[derive(Debug, Clone)]
@@ -75,7 +60,7 @@ impl GpuHook {
         request: &ContainerHookRequest,
         book: Option<NodeBook>,
     ) -> Result<ContainerHookResponse, GpuHookError> {
-        if request.event != tessera_protos::hook::v1::Event::CreateContainer as i32 {
+        if request.event != tessera_hook_protocol::hook::v1::Event::CreateContainer as i32 {
             return Ok(ContainerHookResponse::default());
         }
         // NVML, /dev and the checkpoint are read only for containers that name GPUs.
@@ -126,66 +111,13 @@ impl From<GpuHookError> for Status {
     }
 }
 
-/// The generated `tessera.hook.v1.Hook` service over a [`ContainerHook`].
-#[derive(Debug)]
-pub struct HookServer<H> {
-    hook: Arc<H>,
-}
-
-impl<H> HookServer<H> {
-    /// Serves `hook`.
-    pub fn new(hook: H) -> Self {
-        Self {
-            hook: Arc::new(hook),
-        }
-    }
-}
-
-#[tonic::async_trait]
-impl<H: ContainerHook> hook_server::Hook for HookServer<H> {
-    async fn pre_pod_sandbox(
-        &self,
-        _request: Request<PodSandboxHookRequest>,
-    ) -> Result<Response<PodSandboxHookResponse>, Status> {
-        Ok(Response::new(PodSandboxHookResponse::default()))
-    }
-
-    async fn post_pod_sandbox(
-        &self,
-        _request: Request<PodSandboxHookRequest>,
-    ) -> Result<Response<PostHookResponse>, Status> {
-        Ok(Response::new(PostHookResponse {}))
-    }
-
-    async fn pre_container(
-        &self,
-        request: Request<ContainerHookRequest>,
-    ) -> Result<Response<ContainerHookResponse>, Status> {
-        let hook = Arc::clone(&self.hook);
-        let request = request.into_inner();
-        // The probe reads /dev and /proc: off the async threads.
-        let edit =
-            tokio::task::spawn_blocking(move || hook.pre_container(&request).map_err(Into::into))
-                .await
-                .map_err(|e| Status::internal(format!("hook task failed: {e}")))??;
-        Ok(Response::new(edit))
-    }
-
-    async fn post_container(
-        &self,
-        _request: Request<ContainerHookRequest>,
-    ) -> Result<Response<PostHookResponse>, Status> {
-        Ok(Response::new(PostHookResponse {}))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::collections::HashMap;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use tessera_api::resources::DEVICE_ALLOCATED;
-    use tessera_protos::hook::v1::{Event, PodMetadata};
+    use tessera_hook_protocol::hook::v1::{Event, PodMetadata};
 
     use super::*;
     use crate::gpu::{GpuDevice, PluginGrants};

@@ -2,9 +2,9 @@
 
 use std::path::Path;
 
-use tessera_hooks::server::{ContainerHook, HookServer};
-use tessera_protos::hook::v1::hook_server::HookServer as GeneratedServer;
-use tessera_protos::hook::v1::{ContainerHookRequest, ContainerHookResponse};
+use tessera_hook_protocol::hook::v1::hook_server::HookServer as GeneratedServer;
+use tessera_hook_protocol::hook::v1::{ContainerHookRequest, ContainerHookResponse};
+use tessera_hook_protocol::server::{ContainerHook, HookServer};
 use tokio::net::UnixListener;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::UnixListenerStream;

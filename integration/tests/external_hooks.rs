@@ -8,6 +8,7 @@ use std::time::Duration;
 use k8s_cri::v1 as cri;
 use prost::Message;
 use tessera_api::resources::DEVICE_ALLOCATED;
+use tessera_hook_protocol::hook::v1::{ContainerHookResponse, DeviceNode, KeyValue};
 use tessera_hooks::gpu::GpuHookConfig;
 use tessera_hooks::probe::HostProbe;
 use tessera_hooks::server::GpuHook;
@@ -16,7 +17,6 @@ use tessera_integration::gpu_node::FakeGpuNode;
 use tessera_integration::hook_server::{FnHook, RunningHookServer, serve};
 use tessera_integration::proxy::{RelayMode, RunningProxy};
 use tessera_integration::raw::{RawClient, frame};
-use tessera_protos::hook::v1::{ContainerHookResponse, DeviceNode, KeyValue};
 use tessera_runtime_proxy::HookRegistry;
 
 struct Setup {
@@ -170,10 +170,10 @@ fn fixed(
     edit: ContainerHookResponse,
 ) -> FnHook<
     impl Fn(
-        &tessera_protos::hook::v1::ContainerHookRequest,
+        &tessera_hook_protocol::hook::v1::ContainerHookRequest,
     ) -> Result<ContainerHookResponse, tonic::Status>,
 > {
-    FnHook(move |_: &tessera_protos::hook::v1::ContainerHookRequest| Ok(edit.clone()))
+    FnHook(move |_: &tessera_hook_protocol::hook::v1::ContainerHookRequest| Ok(edit.clone()))
 }
 
 fn message(status: &http::HeaderMap) -> String {
@@ -213,10 +213,12 @@ async fn two_hooks_merge_in_file_order(mode: RelayMode) {
 
 async fn slow_hook_under_fail_and_ignore(mode: RelayMode) {
     let s = setup(mode).await;
-    let slow = FnHook(|_: &tessera_protos::hook::v1::ContainerHookRequest| {
-        std::thread::sleep(Duration::from_secs(2));
-        Ok(setting(&[("SLOW", "1")], None))
-    });
+    let slow = FnHook(
+        |_: &tessera_hook_protocol::hook::v1::ContainerHookRequest| {
+            std::thread::sleep(Duration::from_secs(2));
+            Ok(setting(&[("SLOW", "1")], None))
+        },
+    );
     let _slow = serve(&s.socket("slow.sock"), slow).expect("slow");
     s.register("10-slow.toml", &s.socket("slow.sock"), "Fail", "200ms");
     let (status, sent) = s.create(&[]).await;
@@ -269,9 +271,11 @@ async fn hook_that_is_down_under_fail_and_ignore(mode: RelayMode) {
 
 async fn refusal_reaches_kubelet_with_the_hooks_code(mode: RelayMode) {
     let s = setup(mode).await;
-    let refusing = FnHook(|_: &tessera_protos::hook::v1::ContainerHookRequest| {
-        Err(tonic::Status::permission_denied("no GPUs on Sundays"))
-    });
+    let refusing = FnHook(
+        |_: &tessera_hook_protocol::hook::v1::ContainerHookRequest| {
+            Err(tonic::Status::permission_denied("no GPUs on Sundays"))
+        },
+    );
     let _r = serve(&s.socket("r.sock"), refusing).expect("serve");
     s.register("10-r.toml", &s.socket("r.sock"), "Fail", "2s");
     let (status, sent) = s.create(&[]).await;

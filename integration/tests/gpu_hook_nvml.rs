@@ -3,12 +3,12 @@
 use std::sync::Arc;
 
 use tessera_api::resources::DEVICE_ALLOCATED;
-use tessera_hooks::edit::apply;
+use tessera_hook_protocol::edit::apply;
+use tessera_hook_protocol::hook::v1::{ContainerHookRequest, Event, PodMetadata};
 use tessera_hooks::gpu::{GpuHookConfig, rewrite};
 use tessera_hooks::probe::{DeviceProbe, HostProbe};
 use tessera_integration::fake_nvml;
 use tessera_integration::gpu_node::FakeGpuNode;
-use tessera_protos::hook::v1::{ContainerHookRequest, Event, PodMetadata};
 
 #[test]
 fn nvml_inventory_maps_uuids_and_memory() {

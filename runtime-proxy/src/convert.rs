@@ -2,8 +2,8 @@
 //! edits back onto the CRI request.
 
 use k8s_cri::v1 as cri;
-use tessera_hooks::edit;
-use tessera_protos::hook::v1 as hook;
+use tessera_hook_protocol::edit;
+use tessera_hook_protocol::hook::v1 as hook;
 
 use crate::hook::{CallOutcome, HookContext, LifecycleRequest, Method};
 use crate::store::PodInfo;

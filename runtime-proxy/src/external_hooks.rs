@@ -22,7 +22,7 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use serde::Deserialize;
-use tessera_protos::hook::v1::hook_client::HookClient;
+use tessera_hook_protocol::hook::v1::hook_client::HookClient;
 use tonic::Code;
 use tonic::transport::{Channel, Endpoint, Uri};
 

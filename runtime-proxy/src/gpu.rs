@@ -5,8 +5,9 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use tessera_api::DeviceAllocations;
 use tessera_api::resources::DEVICE_ALLOCATED;
+use tessera_hook_protocol::server::ContainerHook;
 use tessera_hooks::gpu::{BookEntry, NodeBook};
-use tessera_hooks::server::{ContainerHook, GpuHook};
+use tessera_hooks::server::GpuHook;
 use tonic::Code;
 
 use crate::backend::Backend;
@@ -73,9 +74,11 @@ impl EmbeddedGpuHook {
     /// checked against the store's book.
     async fn probed(
         &self,
-        view: Arc<tessera_protos::hook::v1::ContainerHookRequest>,
-    ) -> Result<Result<tessera_protos::hook::v1::ContainerHookResponse, GpuHookError>, HookRejection>
-    {
+        view: Arc<tessera_hook_protocol::hook::v1::ContainerHookRequest>,
+    ) -> Result<
+        Result<tessera_hook_protocol::hook::v1::ContainerHookResponse, GpuHookError>,
+        HookRejection,
+    > {
         let hook = Arc::clone(&self.hook);
         let book = self.store.as_deref().map(node_book);
         tokio::task::spawn_blocking(move || hook.pre_container_in(&view, book))

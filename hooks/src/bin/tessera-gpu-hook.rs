@@ -6,9 +6,10 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
+use tessera_hook_protocol::hook::v1::hook_server::HookServer as GeneratedServer;
+use tessera_hook_protocol::server::HookServer;
 use tessera_hooks::args::GpuHookArgs;
-use tessera_hooks::server::{GpuHook, HookServer};
-use tessera_protos::hook::v1::hook_server::HookServer as GeneratedServer;
+use tessera_hooks::server::GpuHook;
 use tokio::net::UnixListener;
 use tokio_stream::wrappers::UnixListenerStream;
 

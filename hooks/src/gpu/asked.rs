@@ -13,7 +13,7 @@
 
 use tessera_api::DeviceAllocations;
 use tessera_api::asked::{AskedAs, REQUESTED_AS, parse};
-use tessera_protos::hook::v1::{ContainerHookRequest, ContainerHookResponse};
+use tessera_hook_protocol::hook::v1::{ContainerHookRequest, ContainerHookResponse};
 
 use super::enforce::granted_bytes;
 use super::{NodeDevices, ResolvedGpu, kv, resolve_gpus};

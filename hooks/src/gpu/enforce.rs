@@ -12,7 +12,9 @@ use tessera_api::DeviceAllocations;
 use tessera_api::resources::ENFORCEMENT;
 use tessera_enforce::{Backend, MemoryLimit};
 use tessera_enforce::{cdi, hami, mps};
-use tessera_protos::hook::v1::{CdiDevice, ContainerHookRequest, ContainerHookResponse, Mount};
+use tessera_hook_protocol::hook::v1::{
+    CdiDevice, ContainerHookRequest, ContainerHookResponse, Mount,
+};
 
 use super::{GpuHookError, NodeDevices, ResolvedGpu, kv, resolve_gpus};
 

@@ -2,10 +2,10 @@ use std::collections::HashMap;
 
 use proptest::prelude::*;
 use tessera_api::checkpoint::{CheckpointEntry, DEVICE_LIST_MOUNT_ROOT};
-use tessera_protos::hook::v1::{ContainerMetadata, Mount, PodMetadata};
+use tessera_hook_protocol::hook::v1::{ContainerMetadata, Mount, PodMetadata};
 
 use super::*;
-use crate::edit::apply;
+use tessera_hook_protocol::edit::apply;
 
 const UUID0: &str = "GPU-00000000-0000-0000-0000-000000000000";
 const UUID1: &str = "GPU-11111111-1111-1111-1111-111111111111";

@@ -19,7 +19,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use tessera_protos::hook::v1::PodMetadata;
+use tessera_hook_protocol::hook::v1::PodMetadata;
 
 /// One entry of `--trusted-gpu-agents`: `NAMESPACE` or `NAMESPACE:KEY=VALUE`.
 /// A pod matches when it is in the namespace and, when a label is given, carries

@@ -1,6 +1,6 @@
 //! Applying `tessera.hook.v1` container edits, and merging several hooks' edits.
 
-use tessera_protos::hook::v1::{ContainerHookRequest, ContainerHookResponse, LinuxResources};
+use crate::hook::v1::{ContainerHookRequest, ContainerHookResponse, LinuxResources};
 
 /// Applies `edit` to the container described by `container`: removals first, then
 /// additions, each replacing every entry with the same key (env key, device or mount
@@ -96,7 +96,7 @@ pub fn override_resources(resources: &mut LinuxResources, overrides: &LinuxResou
 
 #[cfg(test)]
 mod tests {
-    use tessera_protos::hook::v1::{DeviceNode, KeyValue};
+    use crate::hook::v1::{DeviceNode, KeyValue};
 
     use super::*;
 

@@ -2,7 +2,12 @@
 //! servers (see `proto/tessera/hook/v1/hook.proto`, documented field by field),
 //! and the CRI v1 types, re-exported from `k8s-cri`.
 //!
-//! The Rust code is generated in `build.rs` from the .proto with protoc.
+//! The Rust code is generated in `build.rs` from the .proto with protoc. Beside
+//! it: applying and merging a hook's container edits ([`edit`]), and serving a
+//! container hook ([`server`]).
+
+pub mod edit;
+pub mod server;
 
 /// CRI v1 types and services.
 pub use k8s_cri::v1 as cri;
