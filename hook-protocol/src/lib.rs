@@ -3,10 +3,14 @@
 //! and the CRI v1 types, re-exported from `k8s-cri`.
 //!
 //! The Rust code is generated in `build.rs` from the .proto with protoc. Beside
-//! it: applying and merging a hook's container edits ([`edit`]), and serving a
+//! it: the CRI lifecycle calls a proxy intercepts and its in-process hook trait
+//! ([`lifecycle`]), the CRI ↔ `tessera.hook.v1` conversions ([`convert`]),
+//! applying and merging a hook's container edits ([`edit`]), and serving a
 //! container hook ([`server`]).
 
+pub mod convert;
 pub mod edit;
+pub mod lifecycle;
 pub mod server;
 
 /// CRI v1 types and services.

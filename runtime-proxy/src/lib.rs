@@ -11,18 +11,19 @@
 //!
 //! The modules are the proxy's own; what the binary, the tests and the
 //! integration crate use is exported below.
+// The hook protocol's CRI side, under the names the proxy's modules use.
+use tessera_hook_protocol::{convert, lifecycle as hook};
+
 mod authority;
 mod backend;
 mod body;
 mod config;
-mod convert;
 mod enforce;
 mod external_hooks;
 mod gpu;
 mod gpu_time;
 mod grpc;
 mod guard;
-mod hook;
 pub mod http2;
 mod kubelet_seen;
 mod metrics;

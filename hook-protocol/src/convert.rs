@@ -1,12 +1,11 @@
 //! CRI ↔ `tessera.hook.v1`: the view of a call a hook gets, and writing a hook's
 //! edits back onto the CRI request.
 
+use crate::edit;
+use crate::hook::v1 as hook;
 use k8s_cri::v1 as cri;
-use tessera_hook_protocol::edit;
-use tessera_hook_protocol::hook::v1 as hook;
 
-use crate::hook::{CallOutcome, HookContext, LifecycleRequest, Method};
-use crate::store::PodInfo;
+use crate::lifecycle::{CallOutcome, HookContext, LifecycleRequest, Method, PodInfo};
 
 /// The `tessera.hook.v1` event of an intercepted method.
 pub fn event(method: Method) -> hook::Event {

@@ -1,5 +1,8 @@
-//! The lifecycle calls the proxy intercepts, and the [`Hook`] that sees them.
+//! The CRI lifecycle calls a runtime proxy intercepts, what it knows of their pod
+//! and container ([`PodInfo`], [`ContainerInfo`]), and the [`Hook`] that sees them
+//! in process.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -7,7 +10,66 @@ use k8s_cri::v1 as cri;
 use prost::Message;
 use tonic::Code;
 
-use crate::store::{ContainerInfo, PodInfo};
+/// What the proxy knows of a pod sandbox.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PodInfo {
+    /// The runtime's sandbox ID.
+    pub sandbox_id: String,
+    /// The Kubernetes pod UID.
+    pub uid: String,
+    /// The pod name.
+    pub name: String,
+    /// The pod namespace.
+    pub namespace: String,
+    /// The pod labels, as kubelet passed them to the runtime.
+    pub labels: HashMap<String, String>,
+    /// The pod annotations, as kubelet passed them to the runtime.
+    pub annotations: HashMap<String, String>,
+}
+
+impl PodInfo {
+    /// Builds the pod from the config kubelet sends with RunPodSandbox and CreateContainer.
+    pub fn from_config(sandbox_id: &str, config: &cri::PodSandboxConfig) -> Self {
+        let metadata = config.metadata.clone().unwrap_or_default();
+        Self {
+            sandbox_id: sandbox_id.to_owned(),
+            uid: metadata.uid,
+            name: metadata.name,
+            namespace: metadata.namespace,
+            labels: config.labels.clone(),
+            annotations: config.annotations.clone(),
+        }
+    }
+
+    /// Builds the pod from a ListPodSandbox entry.
+    pub fn from_sandbox(sandbox: &cri::PodSandbox) -> Self {
+        let metadata = sandbox.metadata.clone().unwrap_or_default();
+        Self {
+            sandbox_id: sandbox.id.clone(),
+            uid: metadata.uid,
+            name: metadata.name,
+            namespace: metadata.namespace,
+            labels: sandbox.labels.clone(),
+            annotations: sandbox.annotations.clone(),
+        }
+    }
+
+    /// `namespace/name`, for messages.
+    pub fn display_name(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+}
+
+/// What the proxy knows of a container.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ContainerInfo {
+    /// The runtime's container ID.
+    pub id: String,
+    /// The container name within its pod.
+    pub name: String,
+    /// The sandbox the container runs in.
+    pub sandbox_id: String,
+}
 
 macro_rules! lifecycle {
     ($($method:ident => $req:ident, $resp:ident;)*) => {
