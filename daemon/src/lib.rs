@@ -6,6 +6,7 @@
 //! - [`binary`]: logging (text or JSON), error chains, the host name, shutdown on
 //!   signals;
 //! - [`metrics`] (feature `metrics`): the Prometheus endpoint;
+//! - [`nvml`] (feature `nvml`): NVML loaded from a `--nvml-library` flag;
 //! - [`client`] (feature `client`): a kube client from a kubeconfig or the pod's
 //!   service account;
 //! - [`events`] (feature `client`): events.k8s.io Events, built and written, and
@@ -19,4 +20,6 @@ pub mod client;
 pub mod events;
 #[cfg(feature = "metrics")]
 pub mod metrics;
+#[cfg(feature = "nvml")]
+pub mod nvml;
 pub mod sync;

@@ -47,10 +47,13 @@ const SUCCESS: nvmlReturn_t = 0;
 
 /// NVML loaded from `library` and initialised, or why not, in words.
 pub(crate) fn load(library: &Path) -> Result<Nvml, String> {
-    Nvml::builder()
-        .lib_path(library.as_os_str())
-        .init()
-        .map_err(|e| format!("loading NVML from {}: {e}", library.display()))
+    tessera_daemon::nvml::open(library).map_err(|e| {
+        format!(
+            "loading NVML from {}: {}",
+            library.display(),
+            e.nvml_error()
+        )
+    })
 }
 
 /// NVML's name of a return code, for messages.

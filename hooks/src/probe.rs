@@ -69,9 +69,10 @@ impl HostProbe {
     /// A probe that asks NVML (loaded from `library`) first. A library that does not
     /// load is logged and the probe falls back to the driver's /proc files.
     pub fn with_nvml(paths: ProbePaths, library: &Path) -> Self {
-        let nvml = match Nvml::builder().lib_path(library.as_os_str()).init() {
+        let nvml = match tessera_daemon::nvml::open(library) {
             Ok(nvml) => Some(Arc::new(nvml)),
             Err(error) => {
+                let error = error.nvml_error();
                 tracing::info!(library = %library.display(), %error, "NVML not available; GPU inventory from /proc/driver/nvidia");
                 None
             }

@@ -2,7 +2,6 @@
 //! so the Device CR logic is tested without a GPU.
 
 use std::collections::BTreeMap;
-use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -10,6 +9,7 @@ use nvml_wrapper::Nvml;
 use nvml_wrapper::enum_wrappers::device::TopologyLevel;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::struct_wrappers::device::PciInfo;
+use tessera_daemon::nvml::NvmlOpenError;
 
 /// One GPU, as the node sees it.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -98,18 +98,13 @@ pub const DEFAULT_NVML_LIBRARY: &str = "libnvidia-ml.so.1";
 impl NvmlSource {
     /// Loads NVML from `library` (a file name searched by the loader, or a path).
     pub fn open(library: &Path) -> Result<Self, DiscoveryError> {
-        let nvml = Nvml::builder()
-            .lib_path(OsStr::new(library.as_os_str()))
-            .init()
-            .map_err(|source| match source {
-                NvmlError::LibloadingError(_) | NvmlError::FailedToLoadSymbol(_) => {
-                    DiscoveryError::Library {
-                        path: library.display().to_string(),
-                        source,
-                    }
-                }
-                other => DiscoveryError::Init(other),
-            })?;
+        let nvml = tessera_daemon::nvml::open(library).map_err(|error| match error {
+            NvmlOpenError::Library { library, source } => DiscoveryError::Library {
+                path: library,
+                source,
+            },
+            NvmlOpenError::Init { source, .. } => DiscoveryError::Init(source),
+        })?;
         Ok(Self {
             nvml: Arc::new(nvml),
         })
