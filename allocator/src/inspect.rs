@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use serde::Serialize;
 use tessera_api::resources::{DEVICE_ALLOCATED, ENFORCEMENT};
-use tessera_api::{Device, DeviceAllocation, DeviceAllocations};
+use tessera_api::{Device, DeviceAllocation, DeviceAllocations, LegacyDeviceEntry};
 
 use crate::ledger::{device_gpus, placement_of, pod_name};
 
@@ -206,7 +206,15 @@ pub fn report(nodes: &[Node], devices: &[Device], pods: &[Pod]) -> Vec<NodeRepor
                     }
                 }
             }
-            let legacy = device.legacy_entries().unwrap_or_default();
+            // Unreadable, as the scheduler sees it: every GPU held by a device-plugin
+            // pod it cannot name.
+            let legacy = device.legacy_entries().unwrap_or_else(|_| {
+                vec![LegacyDeviceEntry {
+                    pod_uid: "(unreadable devices-checkpoints annotation)".into(),
+                    device_ids: rows.iter().map(|r| r.uuid.clone()).collect(),
+                    ..LegacyDeviceEntry::default()
+                }]
+            });
             for entry in legacy {
                 for id in &entry.device_ids {
                     if let Some(row) = rows.iter_mut().find(|r| &r.uuid == id) {

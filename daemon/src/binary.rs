@@ -166,23 +166,47 @@ pub struct DurationError {
 }
 
 /// Parses a Go duration as Kubernetes components take them (kube's parser, the
-/// format of Go's `time.ParseDuration`). Empty and negative durations are refused:
-/// none of ours can be.
+/// format of Go's `time.ParseDuration`; spaces between a number and its unit are
+/// allowed, as the hook registrations always took them). Empty and negative
+/// durations are refused: none of ours can be.
 pub fn parse_duration(text: &str) -> Result<std::time::Duration, DurationError> {
-    let text = text.trim();
-    let fail = |problem: String| DurationError {
-        value: text.to_owned(),
-        problem,
+    // kube's parser panics on a negative part after the first (`1s-1s`) and on a
+    // product past what a Duration holds: both are refused here first, so a bad
+    // flag or registration file is an error that names it, never a panic.
+    const MAX_LEN: usize = 64;
+    const MAX_DIGITS: usize = 12;
+    let value = text.trim();
+    let fail = |problem: &str| DurationError {
+        value: value.to_owned(),
+        problem: problem.to_owned(),
     };
-    if text.is_empty() {
-        return Err(fail("empty".into()));
+    let compact: String = value.chars().filter(|c| !c.is_whitespace()).collect();
+    if compact.is_empty() {
+        return Err(fail("empty"));
     }
-    let parsed: kube::core::Duration = text
+    if compact.starts_with('-') {
+        return Err(fail("negative"));
+    }
+    if compact.len() > MAX_LEN {
+        return Err(fail("too long"));
+    }
+    if let Some(bad) = compact
+        .chars()
+        .find(|c| !(c.is_ascii_digit() || *c == '.' || c.is_alphabetic()))
+    {
+        return Err(fail(&format!("{bad:?} is neither a number nor a unit")));
+    }
+    let longest_number = compact
+        .split(|c: char| c.is_alphabetic())
+        .map(str::len)
+        .max()
+        .unwrap_or(0);
+    if longest_number > MAX_DIGITS {
+        return Err(fail("a number too large"));
+    }
+    let parsed: kube::core::Duration = compact
         .parse()
-        .map_err(|error: kube::core::duration::ParseError| fail(error.to_string()))?;
-    if parsed.is_negative() {
-        return Err(fail("negative".into()));
-    }
+        .map_err(|error: kube::core::duration::ParseError| fail(&error.to_string()))?;
     Ok(parsed.into())
 }
 
@@ -195,6 +219,7 @@ mod tests {
     #[test]
     fn go_durations_parse_and_bad_ones_say_why() {
         use std::time::Duration;
+        let long = "999999999999h".repeat(6);
         for (text, want) in [
             ("15s", Duration::from_secs(15)),
             ("1m30s", Duration::from_secs(90)),
@@ -204,6 +229,8 @@ mod tests {
             ("0", Duration::ZERO),
             ("250us", Duration::from_micros(250)),
             (" 2s ", Duration::from_secs(2)),
+            ("500 ms", Duration::from_millis(500)),
+            ("2 s", Duration::from_secs(2)),
         ] {
             assert_eq!(parse_duration(text), Ok(want), "{text}");
         }
@@ -214,9 +241,14 @@ mod tests {
             ("s", "invalid floating-point number"),
             ("1..5s", "invalid floating-point number"),
             ("-1s", "negative"),
+            // Each of these panicked in kube's parser: refused before it.
+            ("1s-1s", "'-' is neither a number nor a unit"),
+            ("99999999999999999999s", "a number too large"),
+            (long.as_str(), "too long"),
+            ("+1s", "'+' is neither a number nor a unit"),
         ] {
             let error = parse_duration(text).expect_err(text);
-            assert_eq!(error.value, text, "{text}");
+            assert_eq!(error.value, text.trim(), "{text}");
             assert!(error.problem.starts_with(problem), "{text}: {error}");
         }
         assert_eq!(

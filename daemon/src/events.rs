@@ -250,13 +250,15 @@ impl<E: Announcement> EventQueue<E> {
         let Some(queue) = &self.queue else {
             return;
         };
-        if let Err(TrySendError::Full(event) | TrySendError::Closed(event)) =
-            queue.try_send(event.into())
-        {
+        if let Err(error) = queue.try_send(event.into()) {
+            let (event, why) = match error {
+                TrySendError::Full(event) => (event, "the queue to the API server is full"),
+                TrySendError::Closed(event) => (event, "the task writing Events has stopped"),
+            };
             tracing::warn!(
                 subject = event.subject(),
                 reason = event.reason(),
-                "Event dropped: the queue to the API server is full"
+                "Event dropped: {why}"
             );
             if let Some(count) = &self.count {
                 count(event.reason(), "dropped");

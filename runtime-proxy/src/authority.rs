@@ -131,7 +131,6 @@ impl AuthorityNormaliser {
     }
 
     /// Whether some header block was re-encoded on this connection.
-    #[cfg(test)]
     pub fn is_rewriting(&self) -> bool {
         self.rewriting
     }

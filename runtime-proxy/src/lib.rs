@@ -36,7 +36,7 @@ mod wire;
 
 // What the binary, the tests and the integration crate use; the rest is the
 // proxy's own.
-pub use authority::{KubeletStream, h2_accepts_authority};
+pub use authority::{AuthorityNormaliser, HEADER_TABLE_SIZE, KubeletStream, h2_accepts_authority};
 pub use backend::Backend;
 pub use config::{Cli, Config, DEFAULT_LISTEN};
 pub use enforce::{EnforceHook, NodeEnforcement, node as node_enforcement};
