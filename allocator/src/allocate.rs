@@ -17,12 +17,14 @@ mod group;
 mod pod;
 mod preempt;
 mod state;
+mod unfit;
 
 pub use gpu::*;
 pub use group::*;
 pub use pod::*;
 pub use preempt::*;
 pub use state::*;
+pub use unfit::*;
 
 #[cfg(test)]
 mod tests;

@@ -384,7 +384,9 @@ pub fn simulate<P: std::borrow::Borrow<Pod>>(
                 let reason = match &states[at] {
                     None => "no Device CR: the node reports no GPUs".to_owned(),
                     Some((node, _)) => group_elsewhere(home.as_ref(), &request, &nodes[at])
-                        .unwrap_or_else(|| unfit_reason_pod(node, &request, options.gpu_policy)),
+                        .unwrap_or_else(|| {
+                            unfit_reason_pod(node, &request, options.gpu_policy).to_string()
+                        }),
                 };
                 *reasons.entry(reason).or_default() += 1;
             }

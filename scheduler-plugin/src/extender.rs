@@ -437,7 +437,9 @@ impl Extender {
                     // pick it (its own dry run ignores GPU shares and would see room).
                     Some((loaded, None)) => {
                         match never_fits_pod(loaded.state, &request, self.config.gpu_policy) {
+                            // The reason's words go on the wire.
                             Some(reason) => {
+                                let reason = reason.to_string();
                                 result.failed_and_unresolvable_nodes.insert(name, reason);
                             }
                             None => {
@@ -446,7 +448,7 @@ impl Extender {
                                     &request,
                                     self.config.gpu_policy,
                                 );
-                                result.failed_nodes.insert(name, reason);
+                                result.failed_nodes.insert(name, reason.to_string());
                             }
                         }
                     }

@@ -97,27 +97,13 @@ pub(super) fn affinity(a: &GpuState, b: &GpuState) -> u32 {
 /// Why a node cannot take a request: how many of its usable GPUs could hold
 /// what was asked (and what holds the unusable ones), what was asked, and what
 /// the freest usable GPU has free, so that the reader can act on it.
-pub fn unfit_reason(node: &NodeState, request: &GpuRequest) -> String {
+pub fn unfit_reason(node: &NodeState, request: &GpuRequest) -> Unfit {
     if node.gpus.is_empty() {
-        return "no GPUs reported (no Device CR)".into();
+        return Unfit::NoGpus;
     }
     let usable: Vec<&GpuState> = node.gpus.iter().filter(|g| g.usable()).collect();
     let fitting = usable.iter().filter(|g| take(g, request).is_some()).count();
     let count = |pick: fn(&GpuState) -> bool| node.gpus.iter().filter(|g| pick(g)).count();
-    let held: Vec<String> = [
-        (count(|g| g.legacy), "held by device-plugin pods"),
-        (count(|g| !g.healthy && !g.legacy), "unhealthy"),
-    ]
-    .into_iter()
-    .filter(|(n, _)| *n > 0)
-    .map(|(n, what)| format!("{n} {what}"))
-    .collect();
-    let total = if held.is_empty() {
-        format!("{} total", node.gpus.len())
-    } else {
-        format!("{} total: {}", node.gpus.len(), held.join(", "))
-    };
-    let asked = asked(request);
     // The freest: the most free compute and memory together, as a fraction of each.
     let freest = usable
         .iter()
@@ -128,18 +114,17 @@ pub fn unfit_reason(node: &NodeState, request: &GpuRequest) -> String {
             (room, core_free, memory_free, g.memory_total)
         })
         .max_by(|a, b| a.0.total_cmp(&b.0))
-        .map_or_else(String::new, |(_, core, memory, total)| {
-            format!(
-                "; the freest has {core}% compute and {} of {} free",
-                gib_text(memory),
-                gib_text(total)
-            )
-        });
-    format!(
-        "{fitting} of {} usable GPUs ({total}) have room for {asked}, {} needed{freest}",
-        usable.len(),
-        request.count
-    )
+        .map(|(_, core, memory, total)| (core, memory, total));
+    Unfit::NoRoom(Box::new(NoRoom {
+        fitting,
+        usable: usable.len(),
+        total: node.gpus.len(),
+        legacy: count(|g| g.legacy),
+        unhealthy: count(|g| !g.healthy && !g.legacy),
+        asked: asked(request),
+        needed: request.count,
+        freest,
+    }))
 }
 
 /// What one GPU of `request` asks, in words: `50% compute and 50% memory`,
@@ -164,7 +149,7 @@ pub fn allocate(
     node: &NodeState,
     request: &GpuRequest,
     policy: Policy,
-) -> Result<Placement, String> {
+) -> Result<Placement, Unfit> {
     let better = |a: f64, b: f64| match policy {
         Policy::Binpack => a > b,
         Policy::Spread => a < b,

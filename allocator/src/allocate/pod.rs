@@ -68,8 +68,12 @@ pub(super) fn book(booked: &mut BTreeMap<String, GpuShare>, used: BTreeMap<Strin
 }
 
 /// The message of a container that does not fit.
-pub(super) fn container_unfit(container: &ContainerGpuRequest, reason: &str) -> String {
-    format!("{} {}: {reason}", container.role.noun(), container.name)
+pub(super) fn container_unfit(container: &ContainerGpuRequest, reason: Unfit) -> Unfit {
+    Unfit::Container {
+        noun: container.role.noun(),
+        name: container.name.clone(),
+        reason: Box::new(reason),
+    }
 }
 
 /// Biggest first: whole and multi-GPU requests before shares, so shares fill around them.
@@ -91,7 +95,7 @@ pub(super) fn allocate_init(
     booked: &BTreeMap<String, GpuShare>,
     request: &GpuRequest,
     policy: Policy,
-) -> Result<Vec<GpuShare>, String> {
+) -> Result<Vec<GpuShare>, Unfit> {
     let count = request.count as usize;
     let mut candidates: Vec<(f64, f64, &GpuState, Take)> = during
         .gpus
@@ -145,11 +149,11 @@ pub(super) fn allocate_pod_on(
     node: &NodeState,
     request: &PodGpuRequest,
     policy: Policy,
-) -> Result<PodPlacement, String> {
+) -> Result<PodPlacement, Unfit> {
     if let [only] = request.containers.as_slice() {
         // The common case: one container, the whole pod's request.
         let placement =
-            allocate(node, &only.gpu, policy).map_err(|reason| container_unfit(only, &reason))?;
+            allocate(node, &only.gpu, policy).map_err(|reason| container_unfit(only, reason))?;
         return Ok(PodPlacement {
             containers: vec![ContainerPlacement {
                 name: only.name.clone(),
@@ -169,7 +173,7 @@ pub(super) fn allocate_pod_on(
     for index in order {
         let container = &containers[index];
         let placement = allocate(&work, &container.gpu, policy)
-            .map_err(|reason| container_unfit(container, &reason))?;
+            .map_err(|reason| container_unfit(container, reason))?;
         account(&mut work, &placement, true);
         grants[index] = placement.gpus;
     }
@@ -195,7 +199,7 @@ pub(super) fn allocate_pod_on(
                 );
             }
             grants[last] = allocate_init(&during, &sidecars, &booked, &container.gpu, policy)
-                .map_err(|reason| container_unfit(container, &reason))?;
+                .map_err(|reason| container_unfit(container, reason))?;
         }
         book(&mut booked, phase_use(phase, &grants));
     }
@@ -325,66 +329,62 @@ pub(super) fn places_of(node: &NodeState, scope: TopologyScope) -> Vec<Place<'_>
 
 /// Why the pod, which fits on the node as a whole, fits in no single place of its
 /// required scope.
-pub(super) fn scope_unfit(node: &NodeState, request: &PodGpuRequest) -> Option<String> {
+pub(super) fn scope_unfit(node: &NodeState, request: &PodGpuRequest) -> Option<Unfit> {
     let scope = request.selection.scope.as_ref()?;
     let unplaced = places_of(node, scope.scope)
         .iter()
         .filter(|p| matches!(p, Place::Alone(_)))
         .count();
-    let unreported = if unplaced > 0 {
-        format!(
-            " ({unplaced} of its {} GPUs report no {}, so each is one alone)",
-            node.gpus.len(),
-            scope.scope.noun()
-        )
-    } else {
-        String::new()
-    };
-    Some(format!(
-        "{} gpu.requiredTopologyScope {:?} requires all of the pod's GPUs under one {}, and no {} of this node has room for them{unreported}",
-        scope.annotation,
-        scope.scope.name(),
-        scope.scope.noun(),
-        scope.scope.noun()
-    ))
+    Some(Unfit::Scope(Box::new(ScopeUnfit {
+        annotation: scope.annotation.to_string(),
+        scope: scope.scope.name(),
+        noun: scope.scope.noun(),
+        unplaced,
+        total: node.gpus.len(),
+    })))
 }
 
 /// `reason`, saying what the pod's selection and sharing group leave it of the node.
-pub(super) fn with_selection(reason: String, node: &NodeState, request: &PodGpuRequest) -> String {
+pub(super) fn with_selection(reason: Unfit, node: &NodeState, request: &PodGpuRequest) -> Unfit {
     let total = node.gpus.len();
-    let mut reason = reason;
+    let mut notes = Vec::new();
     let ruled_out = node
         .gpus
         .iter()
         .filter(|g| !request.selection.allows(&g.uuid, &g.labels))
         .count();
     if ruled_out > 0 {
-        reason.push_str(&format!(
-            "; {ruled_out} of {total} GPUs ruled out by {}",
-            request.selection.describe()
-        ));
+        notes.push(Narrowing::RuledOut {
+            count: ruled_out,
+            total,
+            selection: request.selection.describe(),
+        });
     }
     let held = node.gpus.iter().filter(|g| !g.groups.is_empty()).count();
     match request.sharing_group.as_deref() {
         Some(group) if node.gpus.iter().any(|g| g.groups.contains_key(group)) => {
-            reason.push_str(&format!(
-                "; sharing group {group:?} holds a GPU here and its pods use that GPU only"
-            ));
+            notes.push(Narrowing::GroupHere {
+                group: group.to_owned(),
+            });
         }
         Some(group) => {
             let idle = node.gpus.iter().filter(|g| g.usable() && !g.closed).count();
-            reason.push_str(&format!(
-                "; sharing group {group:?} is new and takes an idle GPU ({idle} of {total} idle)"
-            ));
+            notes.push(Narrowing::GroupNew {
+                group: group.to_owned(),
+                idle,
+                total,
+            });
         }
-        None if held > 0 => {
-            reason.push_str(&format!(
-                "; {held} of {total} GPUs held by sharing groups, which share them with no other pod"
-            ));
-        }
+        None if held > 0 => notes.push(Narrowing::HeldByGroups { held, total }),
         None => {}
     }
-    reason
+    if notes.is_empty() {
+        return reason;
+    }
+    Unfit::Narrowed {
+        reason: Box::new(reason),
+        notes,
+    }
 }
 
 /// Chooses GPUs for every container of a pod on `node`, or says which container
@@ -394,7 +394,7 @@ pub fn allocate_pod(
     node: &NodeState,
     request: &PodGpuRequest,
     policy: Policy,
-) -> Result<PodPlacement, String> {
+) -> Result<PodPlacement, Unfit> {
     let policy = gpu_policy_of(request, policy);
     let views = views(node, request);
     if let [view] = views.as_slice() {
@@ -424,10 +424,11 @@ pub fn allocate_pod(
         // The reason filtering gives: the scope's, or the whole node's own.
         None => Err(unfit_in_scope(node, request, policy).unwrap_or_else(|| {
             let whole = as_selected(node, request);
-            allocate_pod_on(&whole, request, policy).err().map_or_else(
-                || "no GPU".into(),
-                |reason| with_selection(reason, &whole, request),
-            )
+            allocate_pod_on(&whole, request, policy)
+                .err()
+                .map_or(Unfit::NoGpu, |reason| {
+                    with_selection(reason, &whole, request)
+                })
         })),
     }
 }
@@ -464,7 +465,7 @@ pub(super) fn unfit_in_scope(
     node: &NodeState,
     request: &PodGpuRequest,
     policy: Policy,
-) -> Option<String> {
+) -> Option<Unfit> {
     request.selection.scope.as_ref()?;
     let whole = as_selected(node, request);
     allocate_pod_on(&whole, request, policy)
@@ -551,16 +552,16 @@ pub(super) fn score_one_loaded(
 }
 
 /// Why the pod does not fit on `node`, naming the container that does not.
-pub fn unfit_reason_pod(node: &NodeState, request: &PodGpuRequest, policy: Policy) -> String {
+pub fn unfit_reason_pod(node: &NodeState, request: &PodGpuRequest, policy: Policy) -> Unfit {
     if let Some(reason) = unfit_in_scope(node, request, gpu_policy_of(request, policy)) {
         return reason;
     }
     let node = as_selected(node, request);
     let reason = match request.containers.as_slice() {
-        [only] => container_unfit(only, &unfit_reason(&node, &only.gpu)),
+        [only] => container_unfit(only, unfit_reason(&node, &only.gpu)),
         _ => allocate_pod_on(&node, request, gpu_policy_of(request, policy))
             .err()
-            .unwrap_or_else(|| "fits".into()),
+            .unwrap_or(Unfit::Fits),
     };
     with_selection(reason, &node, request)
 }
@@ -586,7 +587,7 @@ pub(super) fn could_ever_take(gpu: &GpuState, request: &GpuRequest) -> bool {
 /// Why `request` can never fit on `node`, whatever runs there or is evicted: too
 /// few healthy GPUs big enough for one share. `None` when emptying the node would
 /// make room, so preemption may help.
-pub fn never_fits(node: &NodeState, request: &GpuRequest) -> Option<String> {
+pub fn never_fits(node: &NodeState, request: &GpuRequest) -> Option<Unfit> {
     let capable = node
         .gpus
         .iter()
@@ -603,30 +604,30 @@ pub fn never_fits(node: &NodeState, request: &GpuRequest) -> Option<String> {
             .iter()
             .filter(|g| g.healthy)
             .map(|g| g.memory_total)
-            .max()
-            .map(|largest| format!(" (the largest healthy GPU holds {})", gib_text(largest)))
-            .unwrap_or_default(),
-        _ => String::new(),
+            .max(),
+        _ => None,
     };
-    Some(format!(
-        "never fits: {capable} of {healthy} healthy GPUs ({} total) could hold {} even with nothing running{largest}; {} needed",
-        node.gpus.len(),
-        asked(request),
-        request.count
-    ))
+    Some(Unfit::Never(Box::new(Never {
+        capable,
+        healthy,
+        total: node.gpus.len(),
+        asked: asked(request),
+        largest,
+        needed: request.count,
+    })))
 }
 
 /// Why the pod can never fit on `node`, even emptied of every pod (device-plugin
 /// pods included), naming the container; `None` when preemption may help. Only
 /// called for nodes the pod does not fit now. GPUs the pod's selection rules out
 /// never count: no eviction changes a GPU's model or UUID.
-pub fn never_fits_pod(node: &NodeState, request: &PodGpuRequest, policy: Policy) -> Option<String> {
+pub fn never_fits_pod(node: &NodeState, request: &PodGpuRequest, policy: Policy) -> Option<Unfit> {
     if request.selection.scope.is_some() {
         // Some place of the scope that could ever hold the pod: preemption may help.
         let first = views(node, request)
             .iter()
             .map(|view| never_fits_on(view, request, policy))
-            .collect::<Option<Vec<String>>>()?
+            .collect::<Option<Vec<Unfit>>>()?
             .into_iter()
             .next();
         return match (
@@ -634,7 +635,7 @@ pub fn never_fits_pod(node: &NodeState, request: &PodGpuRequest, policy: Policy)
             never_fits_on(&as_selected(node, request), request, policy),
         ) {
             // The node emptied would hold it, only not in one place of the scope.
-            (Some(scope), None) => Some(format!("never fits: {scope}, even with nothing running")),
+            (Some(scope), None) => Some(Unfit::ScopeNever(Box::new(scope))),
             (_, reason) => reason.or(first),
         };
     }
@@ -646,9 +647,9 @@ pub(super) fn never_fits_on(
     node: &NodeState,
     request: &PodGpuRequest,
     policy: Policy,
-) -> Option<String> {
+) -> Option<Unfit> {
     let reason = match request.containers.as_slice() {
-        [only] => never_fits(node, &only.gpu).map(|reason| container_unfit(only, &reason)),
+        [only] => never_fits(node, &only.gpu).map(|reason| container_unfit(only, reason)),
         _ => {
             // Several containers share GPUs: place them all on the node emptied.
             let mut empty = node.clone();
@@ -660,7 +661,7 @@ pub(super) fn never_fits_on(
             }
             allocate_pod_on(&empty, request, gpu_policy_of(request, policy))
                 .err()
-                .map(|reason| format!("never fits, even with nothing running: {reason}"))
+                .map(|reason| Unfit::NeverEmptied(Box::new(reason)))
         }
     }?;
     Some(with_selection(reason, node, request))

@@ -162,7 +162,9 @@ pub fn gpu_victims(
     for &i in &lower {
         with_holder(&mut emptied, &holders[i], false);
     }
-    let picked = allocate_pod(&emptied, request, policy).map_err(|reason| NoVictims { reason })?;
+    let picked = allocate_pod(&emptied, request, policy).map_err(|reason| NoVictims {
+        reason: reason.to_string(),
+    })?;
     let mut sets: Vec<Vec<String>> = vec![picked.booked.gpus.into_iter().map(|s| s.uuid).collect()];
     // With a scope, each place's own set too: the allocator picks one place, and
     // another may cost less to empty.

@@ -46,7 +46,10 @@ fn gpushare_seed_only_n3_fits_8138() {
     let placement = allocate(&n3, &request, Policy::Binpack).expect("fits");
     assert_eq!(placement.gpus[0].uuid, "GPU-0");
     let reason = allocate(&n2, &request, Policy::Binpack).expect_err("unfit");
-    assert!(reason.contains("0 of 2 usable GPUs"), "{reason}");
+    assert!(
+        reason.to_string().contains("0 of 2 usable GPUs"),
+        "{reason}"
+    );
 }
 
 /// Why a pod waits, in words a user can act on: what was asked, what the freest
@@ -386,7 +389,9 @@ fn sums_above_100_fit_on_several_gpus() {
     assert!(!fits_pod(&one, &sixties, Policy::Binpack));
     let reason = unfit_reason_pod(&one, &sixties, Policy::Binpack);
     assert!(
-        reason.starts_with("container b: 0 of 1 usable GPUs"),
+        reason
+            .to_string()
+            .starts_with("container b: 0 of 1 usable GPUs"),
         "{reason}"
     );
     let three = node("n", (0..3).map(|i| gpu(i, 16384, 16384)).collect());
@@ -443,11 +448,16 @@ fn sidecars_run_beside_app_and_later_init_containers() {
     let placement = fits_with(70, 70).expect("30 + 70 twice");
     assert_eq!(shares_of(&placement.booked.gpus), [("GPU-0", 100, 100)]);
     let reason = fits_with(80, 10).expect_err("the warm-up runs beside the sidecar");
-    assert!(reason.starts_with("init container warmup:"), "{reason}");
+    assert!(
+        reason.to_string().starts_with("init container warmup:"),
+        "{reason}"
+    );
     let reason = fits_with(10, 80).expect_err("the app runs beside the sidecar");
     // The app (bigger) is placed first; the sidecar then finds no room.
     assert!(
-        reason.starts_with("init container proxy: 0 of 1 usable GPUs"),
+        reason
+            .to_string()
+            .starts_with("init container proxy: 0 of 1 usable GPUs"),
         "{reason}"
     );
 }
@@ -1057,7 +1067,9 @@ fn a_required_scope_keeps_the_pods_gpus_under_one_switch() {
     );
     let reason = allocate_pod(&n, &request, Policy::Binpack).expect_err("no switch has room");
     assert!(
-        reason.contains("requires all of the pod's GPUs under one PCIe switch"),
+        reason
+            .to_string()
+            .contains("requires all of the pod's GPUs under one PCIe switch"),
         "{reason}"
     );
     assert_eq!(unfit_reason_pod(&n, &request, Policy::Binpack), reason);
@@ -1098,7 +1110,8 @@ fn a_numa_scope_spans_switches_but_not_nodes() {
     let split = two_switches(1);
     let never = never_fits_pod(&split, &four, Policy::Binpack).expect("never fits");
     assert!(
-        never.contains("under one NUMA node") && never.contains("even with nothing running"),
+        never.to_string().contains("under one NUMA node")
+            && never.to_string().contains("even with nothing running"),
         "{never}"
     );
 
@@ -1150,7 +1163,10 @@ fn a_scope_spans_the_pods_containers_and_the_policy_picks_among_switches() {
         ],
     );
     let reason = allocate_pod(&split, &two, Policy::Binpack).expect_err("one free GPU per switch");
-    assert!(reason.contains("under one PCIe switch"), "{reason}");
+    assert!(
+        reason.to_string().contains("under one PCIe switch"),
+        "{reason}"
+    );
 
     let quarter = with_rules(&hint, mib(4096));
     let both = node(
@@ -1212,8 +1228,12 @@ fn a_scope_alone_takes_the_full_path_and_names_unreported_places() {
     let bare = node("bare", vec![gpu(0, 16384, 16384), gpu(1, 16384, 16384)]);
     let reason = unfit_reason_pod(&bare, &two, Policy::Binpack);
     assert!(
-        reason.contains(r#"gpu.requiredTopologyScope "PCIe""#)
-            && reason.contains("2 of its 2 GPUs report no PCIe switch"),
+        reason
+            .to_string()
+            .contains(r#"gpu.requiredTopologyScope "PCIe""#)
+            && reason
+                .to_string()
+                .contains("2 of its 2 GPUs report no PCIe switch"),
         "{reason}"
     );
     assert_eq!(

@@ -262,7 +262,7 @@ impl Extender {
         })?;
         allocate_pod(node, request, self.config.gpu_policy).map_err(|reason| BindError::Unfit {
             node: args.node.clone(),
-            reason,
+            reason: reason.to_string(),
         })
     }
 
