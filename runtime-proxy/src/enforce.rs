@@ -227,26 +227,6 @@ impl EnforceHook {
         .await?
     }
 
-    /// What `container` of `pod` was granted of each GPU's memory (none for a
-    /// pod the scheduler placed no GPU on), for the report of GPU memory use.
-    pub async fn granted_memory(
-        &self,
-        pod: &PodInfo,
-        container: &str,
-    ) -> Result<Vec<(String, tessera_api::usage::MemoryGrant)>, HookRejection> {
-        let Some(annotation) = pod.annotations.get(DEVICE_ALLOCATED).cloned() else {
-            return Ok(Vec::new());
-        };
-        let probe = Arc::clone(&self.probe);
-        let name = pod.display_name();
-        let container = container.to_owned();
-        blocking(move || {
-            tessera_hooks::gpu::granted_memory(&name, &annotation, &container, &probe.probe())
-                .map_err(hook_rejection)
-        })
-        .await?
-    }
-
     /// Makes the MPS namespace of a shared container the GPU hook gave one (its
     /// pipe directory mounted), with the container's limits.
     async fn ensure_namespace(
@@ -397,12 +377,24 @@ fn named_containers(pod: &PodInfo) -> Vec<String> {
 
 #[async_trait]
 impl crate::usage::MemoryGrants for EnforceHook {
+    /// From the pod's allocation annotation against the node's GPUs, read off the
+    /// async threads.
     async fn granted_memory(
         &self,
         pod: &PodInfo,
         container: &str,
     ) -> Result<Vec<(String, tessera_api::usage::MemoryGrant)>, HookRejection> {
-        EnforceHook::granted_memory(self, pod, container).await
+        let Some(annotation) = pod.annotations.get(DEVICE_ALLOCATED).cloned() else {
+            return Ok(Vec::new());
+        };
+        let probe = Arc::clone(&self.probe);
+        let name = pod.display_name();
+        let container = container.to_owned();
+        blocking(move || {
+            tessera_hooks::gpu::granted_memory(&name, &annotation, &container, &probe.probe())
+                .map_err(hook_rejection)
+        })
+        .await?
     }
 }
 
