@@ -181,6 +181,36 @@ pub trait EventSink<E>: Send + Sync + 'static {
 /// own `*_events_total`.
 pub type OutcomeCounter = Arc<dyn Fn(&'static str, &'static str) + Send + Sync>;
 
+/// Labels of a daemon's `*_events_total` (`tessera_scheduler_events_total`,
+/// `tessera_reporter_events_total`).
+#[cfg(feature = "metrics")]
+#[derive(Debug, Clone, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+pub struct EventLabels {
+    /// The Event's reason (`GpuAllocated`, `GpuUnhealthy`, …).
+    pub reason: String,
+    /// `recorded`, `failed` (the API server refused it or did not answer in time) or
+    /// `dropped` (the queue was full).
+    pub outcome: String,
+}
+
+/// Counts Events' outcomes into a daemon's `*_events_total`.
+#[cfg(feature = "metrics")]
+pub fn counted_in(
+    counts: prometheus_client::metrics::family::Family<
+        EventLabels,
+        prometheus_client::metrics::counter::Counter,
+    >,
+) -> OutcomeCounter {
+    Arc::new(move |reason, outcome| {
+        counts
+            .get_or_create(&EventLabels {
+                reason: reason.to_owned(),
+                outcome: outcome.to_owned(),
+            })
+            .inc();
+    })
+}
+
 /// Events waiting to be written; more are dropped (and counted) rather than held.
 pub const QUEUE_CAPACITY: usize = 1024;
 /// How long one Event's write may take before it is given up.

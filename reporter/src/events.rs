@@ -13,22 +13,17 @@
 //! through [`tessera_daemon::events`] (not kube-runtime's `Recorder`: see there why).
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::jiff::Timestamp;
 use kube::Client;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
 use tessera_api::Device;
 use tessera_daemon::events::{
-    Announcement, EventKind, EventQueue, EventSink, EventSpec, EventWriter, OutcomeCounter,
+    Announcement, EventKind, EventQueue, EventSink, EventSpec, EventWriter,
 };
-pub use tessera_daemon::events::{QUEUE_CAPACITY, RECORD_TIMEOUT};
-
-use crate::metrics::EventLabels;
+pub use tessera_daemon::events::{QUEUE_CAPACITY, RECORD_TIMEOUT, counted_in};
 
 /// `reportingController` of every Event the reporter writes.
 pub const REPORTING_CONTROLLER: &str = "tessera.io/reporter";
@@ -193,18 +188,6 @@ impl Announcement for ReporterEvent {
     fn subject(&self) -> String {
         ReporterEvent::subject(self)
     }
-}
-
-/// Counts Events' outcomes into `counts` (`tessera_reporter_events_total`).
-pub fn counted_in(counts: Family<EventLabels, Counter>) -> OutcomeCounter {
-    Arc::new(move |reason, outcome| {
-        counts
-            .get_or_create(&EventLabels {
-                reason: reason.to_owned(),
-                outcome: outcome.to_owned(),
-            })
-            .inc();
-    })
 }
 
 /// Writes `events.k8s.io/v1` Events about one Node, as that node's reporter.

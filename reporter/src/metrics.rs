@@ -66,13 +66,7 @@ pub struct XidLabels {
 }
 
 /// Labels of `tessera_reporter_events_total`.
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct EventLabels {
-    /// The Event's reason: `GpuUnhealthy` or `GpuHealthy`.
-    pub reason: String,
-    /// `recorded` or `failed`.
-    pub outcome: String,
-}
+pub use tessera_daemon::events::EventLabels;
 
 /// Labels of a container's use of a GPU.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]

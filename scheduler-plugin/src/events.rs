@@ -21,12 +21,12 @@ use k8s_openapi::jiff::Timestamp;
 use kube::Client;
 use tessera_api::DeviceAllocations;
 use tessera_daemon::events::{
-    Announcement, EventKind, EventQueue, EventSink, EventSpec, EventWriter, OutcomeCounter,
+    Announcement, EventKind, EventQueue, EventSink, EventSpec, EventWriter,
 };
-pub use tessera_daemon::events::{QUEUE_CAPACITY, RECORD_TIMEOUT};
+pub use tessera_daemon::events::{QUEUE_CAPACITY, RECORD_TIMEOUT, counted_in};
 
 use crate::bind::{BindError, BindFailure};
-use crate::metrics::{BindResult, EventLabels, SchedulerMetrics, Verb};
+use crate::metrics::{BindResult, SchedulerMetrics, Verb};
 use crate::protocol::{ExtenderBindingArgs, ExtenderBindingResult};
 
 /// `reportingController` of every Event the scheduler writes.
@@ -256,19 +256,6 @@ impl Announcement for PodEvent {
     fn subject(&self) -> String {
         format!("pod {}/{}", self.pod().namespace, self.pod().name)
     }
-}
-
-/// Counts Events' outcomes into `metrics` (`tessera_scheduler_events_total`).
-pub fn counted_in(metrics: Arc<SchedulerMetrics>) -> OutcomeCounter {
-    Arc::new(move |reason, outcome| {
-        metrics
-            .events
-            .get_or_create(&EventLabels {
-                reason: reason.to_owned(),
-                outcome: outcome.to_owned(),
-            })
-            .inc();
-    })
 }
 
 /// Whether the pod's owner must see `error` on the pod: the request itself is

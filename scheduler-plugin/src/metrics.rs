@@ -139,14 +139,7 @@ pub struct BindErrorLabels {
 }
 
 /// Labels of `tessera_scheduler_events_total`.
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct EventLabels {
-    /// The Event's reason: `GpuAllocated` or `GpuBindRefused`.
-    pub reason: String,
-    /// `recorded`, `failed` (the API server refused it or did not answer in time)
-    /// or `dropped` (the queue was full: the API server is slower than the binds).
-    pub outcome: String,
-}
+pub use tessera_daemon::events::EventLabels;
 
 /// 100 µs .. ~3.3 s: filter over thousands of nodes is milliseconds; a bind is
 /// two or three API calls, and kube-scheduler gives up at 5 s.

@@ -66,7 +66,7 @@ async fn observed(
         .expect("metrics endpoint");
     let (events, _task) = PodEvents::spawn(
         KubePodEvents::new(events_client, "tessera-scheduler-0"),
-        tessera_scheduler::events::counted_in(Arc::clone(&metrics)),
+        tessera_scheduler::events::counted_in(metrics.events.clone()),
         QUEUE_CAPACITY,
         RECORD_TIMEOUT,
     );

@@ -167,7 +167,7 @@ async fn refusals_the_owner_must_see_become_events_others_only_counts() {
     let sink = Recording::default();
     let seen = Arc::clone(&sink.seen);
     let (events, task) =
-        PodEvents::spawn(sink, counted_in(Arc::clone(&metrics)), 8, RECORD_TIMEOUT);
+        PodEvents::spawn(sink, counted_in(metrics.events.clone()), 8, RECORD_TIMEOUT);
     let observer = BindObserver::new(Arc::clone(&metrics), events);
     observer.finished(&args(), &Err(unfit()));
     observer.refused(&args(), &BindError::NotLeader);
@@ -208,7 +208,7 @@ async fn a_hanging_api_server_never_holds_a_bind_up() {
         ..Recording::default()
     };
     let seen = Arc::clone(&sink.seen);
-    let (events, task) = PodEvents::spawn(sink, counted_in(Arc::clone(&metrics)), 2, timeout);
+    let (events, task) = PodEvents::spawn(sink, counted_in(metrics.events.clone()), 2, timeout);
     let observer = BindObserver::new(Arc::clone(&metrics), events);
     // The first is taken by the task (and hangs there), two wait in the queue, the
     // rest are dropped: none of these calls waits.
@@ -239,7 +239,7 @@ async fn a_refusing_api_server_is_counted_and_the_queue_goes_on() {
         ..Recording::default()
     };
     let (events, task) =
-        PodEvents::spawn(sink, counted_in(Arc::clone(&metrics)), 8, RECORD_TIMEOUT);
+        PodEvents::spawn(sink, counted_in(metrics.events.clone()), 8, RECORD_TIMEOUT);
     let observer = BindObserver::new(Arc::clone(&metrics), events);
     observer.placed(&args(), Some(HALF));
     observer.finished(&args(), &Err(unfit()));

@@ -328,7 +328,7 @@ impl Daemon {
         }
         let (events, _recording) = PodEvents::spawn(
             KubePodEvents::new(client.clone(), lease.identity.clone()),
-            counted_in(Arc::clone(&metrics)),
+            counted_in(metrics.events.clone()),
             QUEUE_CAPACITY,
             RECORD_TIMEOUT,
         );
