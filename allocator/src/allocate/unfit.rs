@@ -253,10 +253,10 @@ impl fmt::Display for Narrowing {
     }
 }
 
-/// Compares the words: tests and callers that hold the text compare with it.
+/// Compares the words: the tests hold the texts users see.
+#[cfg(test)]
 impl PartialEq<&str> for Unfit {
     fn eq(&self, other: &&str) -> bool {
-        // The words are built to compare: never on a hot path.
         let words = self.to_string();
         words.as_str() == *other
     }
