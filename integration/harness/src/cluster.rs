@@ -1622,10 +1622,15 @@ impl Cluster {
             if pred(&pod) {
                 return Ok(pod);
             }
-            if started.elapsed() > timeout {
+            // A pod that has failed or succeeded stays so: waiting on it (an
+            // evicted pod, say) only spends the timeout.
+            let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+            let terminal = matches!(phase, Some("Failed" | "Succeeded"));
+            if terminal || started.elapsed() > timeout {
                 let status = serde_json::to_string(&pod.status).unwrap_or_default();
+                let waited = started.elapsed().as_secs();
                 bail!(
-                    "pod {namespace}/{name}: not {what} after {timeout:?}; status {status}; events: {}",
+                    "pod {namespace}/{name}: not {what} after {waited}s; status {status}; events: {}",
                     self.events_in(namespace, name)
                         .await
                         .unwrap_or_default()
@@ -2151,6 +2156,11 @@ pub fn node_ip() -> anyhow::Result<String> {
 
 /// kubelet serves on the node's InternalIP, where the API server dials it, and
 /// only to a certificate or token it accepts (anonymous is off).
+///
+/// Disk eviction is off ("0%" is kubelet's "no threshold"): the test node shares a
+/// disk with the build, and a machine whose disk ran low (a CI run had under 1 % of
+/// 252 GB free) tainted the node `disk-pressure` and evicted every test pod after
+/// it. A disk that is really full still fails the tests, on the write that fails.
 fn kubelet_config(dir: &Path, node_ip: &str) -> String {
     let dir = dir.display();
     format!(
@@ -2174,7 +2184,7 @@ authentication:
   x509: {{clientCAFile: {dir}/pki/kubelet-client-ca.crt}}
 authorization:
   mode: Webhook
-evictionHard: {{"memory.available": "1Mi", "nodefs.available": "1%", "imagefs.available": "1%", "nodefs.inodesFree": "1%"}}
+evictionHard: {{"memory.available": "1Mi", "nodefs.available": "0%", "nodefs.inodesFree": "0%", "imagefs.available": "0%", "imagefs.inodesFree": "0%"}}
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 syncFrequency: 5s
