@@ -718,6 +718,15 @@ fn best_of(fit: Vec<&str>, scores: Vec<Option<i64>>, keep: usize) -> (Vec<&str>,
     if keep == 0 || fit.len() <= keep {
         return (fit, scores);
     }
+    if keep == 1 {
+        // deploy's setting: one pass, no index to order (ties: the earliest).
+        let best = (0..fit.len())
+            .max_by_key(|&i| (scores.get(i).copied().flatten(), std::cmp::Reverse(i)));
+        return match best.and_then(|i| Some((*fit.get(i)?, scores.get(i).copied().flatten()))) {
+            Some((name, score)) => (vec![name], vec![score]),
+            None => (Vec::new(), Vec::new()),
+        };
+    }
     // Best first, then earliest: the first `keep` of this order, put back in theirs.
     let mut order: Vec<usize> = (0..fit.len()).collect();
     let rank = |&i: &usize| (std::cmp::Reverse(scores.get(i).copied().flatten()), i);

@@ -573,9 +573,7 @@ pub(super) fn could_ever_take(gpu: &GpuState, request: &GpuRequest) -> bool {
     let memory = match request.memory {
         GpuMemory::None => 0,
         GpuMemory::Bytes(bytes) => bytes,
-        GpuMemory::Ratio(ratio) => (u128::from(gpu.memory_total) * u128::from(ratio) / 100)
-            .try_into()
-            .unwrap_or(u64::MAX),
+        GpuMemory::Ratio(ratio) => share_of(gpu.memory_total, ratio),
     };
     gpu.healthy
         && !gpu.excluded

@@ -1242,3 +1242,32 @@ fn a_scope_alone_takes_the_full_path_and_names_unreported_places() {
         "bind says what filtering says"
     );
 }
+
+#[test]
+fn rounding_without_libm_matches_f64_round_at_every_half() {
+    for tenths in 0..=100u32 {
+        for nudge in [-1e-12, 0.0, 1e-12] {
+            let x = f64::from(tenths) / 10.0 + nudge;
+            if x >= 0.0 {
+                assert_eq!(round_small(x), x.round() as i64, "{x}");
+            }
+        }
+    }
+    // Just under a half, which adding 0.5 and truncating gets wrong.
+    let below_half = 0.499_999_999_999_999_94_f64;
+    assert_eq!(round_small(below_half), 0);
+    assert_eq!(round_small(f64::NAN), f64::NAN.round() as i64);
+}
+
+proptest! {
+    #[test]
+    fn rounding_without_libm_is_f64_round(x in 0.0f64..1e6) {
+        prop_assert_eq!(round_small(x), x.round() as i64);
+    }
+
+    #[test]
+    fn a_share_in_64_bits_is_the_128_bit_share_saturated(total in any::<u64>(), ratio in any::<u64>()) {
+        let wide: u64 = (u128::from(total) * u128::from(ratio) / 100).try_into().unwrap_or(u64::MAX);
+        prop_assert_eq!(share_of(total, ratio), wide);
+    }
+}

@@ -697,3 +697,20 @@ fn a_node_whose_switch_is_unproven_takes_no_gpu_pod_until_proven() {
     let result = filter(&extender, gpu_pod(), &["unproven"]);
     assert_eq!(classes(&result).0, vec!["unproven"], "{result:?}");
 }
+
+proptest::proptest! {
+    /// The one-candidate pass picks what ranking every node picks: the best score,
+    /// the earliest among equals, and a node that fits with no score last.
+    #[test]
+    fn the_best_candidate_is_the_ranked_first(scores in proptest::collection::vec(proptest::option::of(0i64..4), 0..40)) {
+        let names: Vec<String> = (0..scores.len()).map(|i| format!("node-{i}")).collect();
+        let fit: Vec<&str> = names.iter().map(String::as_str).collect();
+        let (kept, kept_scores) = best_of(fit.clone(), scores.clone(), 1);
+        let mut ranked: Vec<usize> = (0..scores.len()).collect();
+        ranked.sort_by_key(|&i| (std::cmp::Reverse(scores[i]), i));
+        let want: Vec<&str> = ranked.first().map(|&i| fit[i]).into_iter().collect();
+        let want_scores: Vec<Option<i64>> = ranked.first().map(|&i| scores[i]).into_iter().collect();
+        proptest::prop_assert_eq!(kept, want);
+        proptest::prop_assert_eq!(kept_scores, want_scores);
+    }
+}
