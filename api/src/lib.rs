@@ -12,6 +12,7 @@ pub mod allocation;
 pub mod asked;
 pub mod checkpoint;
 pub mod device;
+pub mod dra;
 pub mod enforcement;
 pub mod kubelet_seen;
 pub mod nvlink;

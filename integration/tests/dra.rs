@@ -1,0 +1,309 @@
+//! Tessera's GPUs through Kubernetes' own allocator (DRA with consumable
+//! capacity, KEP-5075): the DeviceClass and the ResourceSlice that
+//! `tessera_api::dra` builds from a node's Device CR, served by a real
+//! kube-apiserver 1.36 and allocated by a real kube-scheduler 1.36 with its
+//! default feature gates. The node is a Node object with no kubelet (Tessera's
+//! kubelet plugin does not exist yet), so pods bind and never run: what this
+//! proves is the allocation, each claim's consumed share, and the refusal.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail, ensure};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
+use kube::Api;
+use kube::api::PostParams;
+use serde_json::{Value, json};
+use tessera_api::dra;
+use tessera_harness::cluster::{Cluster, ClusterOptions, K8sBinaries};
+
+/// The Node object the slice is published for.
+const NODE: &str = "dra-node";
+const GIB: u64 = 1 << 30;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kube_scheduler_allocates_shares_of_a_published_gpu_and_never_more() {
+    tessera_integration::init_tracing();
+    let Some(binaries) = K8sBinaries::require_or_skip("DRA allocation").expect("binaries") else {
+        return;
+    };
+    let cluster = Cluster::start(binaries, ClusterOptions::default())
+        .await
+        .expect("cluster");
+    if let Err(error) = shares_of_one_gpu(&cluster).await {
+        panic!("{error:#}");
+    }
+}
+
+async fn shares_of_one_gpu(cluster: &Cluster) -> anyhow::Result<()> {
+    let client = cluster.client().await?;
+    let post = PostParams::default();
+    // One GPU of 80 GiB, so every claim below competes for it.
+    let device: tessera_api::Device = serde_json::from_value(json!({
+        "apiVersion": "scheduling.koordinator.sh/v1alpha1", "kind": "Device",
+        "metadata": {"name": NODE},
+        "spec": {"devices": [{"type": "gpu", "id": "GPU-dra-0", "minor": 0, "health": true,
+            "labels": {"node.koordinator.sh/gpu-model": "NVIDIA-H100-80GB-HBM3"},
+            "resources": {"koordinator.sh/gpu-core": "100", "koordinator.sh/gpu-memory-ratio": "100",
+                "koordinator.sh/gpu-memory": (80 * GIB).to_string()}}]}
+    }))?;
+    let node: Node = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": NODE, "labels": {"kubernetes.io/hostname": NODE}},
+        "status": {
+            "capacity": {"cpu": "8", "memory": "64Gi", "pods": "110"},
+            "allocatable": {"cpu": "8", "memory": "64Gi", "pods": "110"},
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                "message": "a Node object with no kubelet", "lastHeartbeatTime": now(), "lastTransitionTime": now()}]
+        }
+    }))?;
+    Api::<Node>::all(client.clone())
+        .create(&post, &node)
+        .await
+        .context("creating the node")?;
+    Api::<DeviceClass>::all(client.clone())
+        .create(&post, &dra::device_class())
+        .await
+        .context("creating the DeviceClass")?;
+    let slice = dra::resource_slice(NODE, &device, 1)?;
+    let stored = Api::<ResourceSlice>::all(client.clone())
+        .create(&post, &slice)
+        .await
+        .context("creating the ResourceSlice")?;
+    // kube-apiserver drops fields of features that are off: the consumable
+    // capacity must have been kept as written.
+    let gpu = stored
+        .spec
+        .devices
+        .as_ref()
+        .and_then(|d| d.first())
+        .context("the stored slice has no device")?;
+    ensure!(
+        gpu.allow_multiple_allocations == Some(true)
+            && gpu
+                .capacity
+                .as_ref()
+                .and_then(|c| c.get(dra::CORES))
+                .is_some_and(|c| c.request_policy.is_some()),
+        "kube-apiserver stored the device without its consumable capacity: {gpu:?}"
+    );
+
+    // A claim that states no share asks the whole GPU (every default is all of it).
+    let whole = claim_and_pod(cluster, "whole", None).await?;
+    ensure!(
+        whole["device"] == json!("gpu-0")
+            && whole["consumedCapacity"]
+                == json!({"cores": "100", "memory": (80 * GIB).to_string()}),
+        "whole: allocated {whole}"
+    );
+    // While it holds the GPU, a quarter fits nowhere: Pending, kube-scheduler's reason.
+    let why = claim_and_pending_pod(cluster, "quarter-a", Some(quarter())).await?;
+    ensure!(
+        why.contains("cannot allocate all claims"),
+        "quarter-a is unschedulable, but not for its claim: {why}"
+    );
+    // The whole GPU given back (its pod and claim deleted), the quarter is allocated.
+    delete_pod_and_claim(cluster, "whole").await?;
+    let first = wait_allocated(cluster, "quarter-a", Duration::from_secs(90)).await?;
+    // Another such share, and memory with no compute share (Tessera's memory-only
+    // request): all three on the one GPU, each with its own share ID.
+    let second = claim_and_pod(cluster, "quarter-b", Some(quarter())).await?;
+    let memory_only = claim_and_pod(
+        cluster,
+        "memory-only",
+        Some(json!({"cores": "0", "memory": "10Gi"})),
+    )
+    .await?;
+    for (name, result, consumed) in [
+        ("quarter-a", &first, quarter()),
+        ("quarter-b", &second, quarter()),
+        (
+            "memory-only",
+            &memory_only,
+            json!({"cores": "0", "memory": "10Gi"}),
+        ),
+    ] {
+        ensure!(
+            result["device"] == json!("gpu-0")
+                && result["pool"] == json!(NODE)
+                && result["consumedCapacity"] == consumed,
+            "{name}: allocated {result}"
+        );
+    }
+    let ids = [&first, &second, &memory_only].map(|r| r["shareID"].as_str().map(str::to_owned));
+    ensure!(
+        ids.iter().all(Option::is_some) && ids[0] != ids[1] && ids[1] != ids[2] && ids[0] != ids[2],
+        "shares of one GPU need their own share IDs: {ids:?}"
+    );
+    // 50 % of the compute and 50 GiB are taken: a second whole GPU fits nowhere.
+    let why = claim_and_pending_pod(cluster, "whole-again", None).await?;
+    ensure!(
+        why.contains("cannot allocate all claims"),
+        "whole-again is unschedulable, but not for its claim: {why}"
+    );
+    println!(
+        "whole: {whole}\nquarter-a: {first}\nquarter-b: {second}\nmemory-only: {memory_only}\nwhole-again: Pending: {why}"
+    );
+    Ok(())
+}
+
+/// Creates claim `name` (asking `capacity`, or nothing: the device's defaults)
+/// and a pod using it; waits until kube-scheduler has allocated the claim and
+/// bound the pod to [`NODE`]; returns the claim's one device result.
+async fn claim_and_pod(
+    cluster: &Cluster,
+    name: &str,
+    capacity: Option<Value>,
+) -> anyhow::Result<Value> {
+    create_claim_and_pod(cluster, name, capacity).await?;
+    wait_allocated(cluster, name, Duration::from_secs(60)).await
+}
+
+/// Waits (`within`) until claim `name` is allocated and its pod bound to
+/// [`NODE`]; returns the claim's one device result.
+async fn wait_allocated(cluster: &Cluster, name: &str, within: Duration) -> anyhow::Result<Value> {
+    let client = cluster.client().await?;
+    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), "default");
+    let pods: Api<Pod> = Api::namespaced(client, "default");
+    let started = Instant::now();
+    loop {
+        let claim = claims.get(name).await?;
+        let pod = pods.get(name).await?;
+        let bound = pod.spec.as_ref().and_then(|s| s.node_name.clone());
+        let results = claim
+            .status
+            .as_ref()
+            .and_then(|s| s.allocation.as_ref())
+            .and_then(|a| a.devices.as_ref())
+            .and_then(|d| d.results.clone());
+        if let (Some(node), Some(results)) = (bound, results) {
+            ensure!(node == NODE, "pod {name} bound to {node}, not {NODE}");
+            let [only] = results.as_slice() else {
+                bail!("claim {name}: {} device results, not one", results.len());
+            };
+            return Ok(serde_json::to_value(only)?);
+        }
+        if started.elapsed() > within {
+            bail!(
+                "claim {name} not allocated, or its pod not bound, after {within:?}: claim status {}, pod status {}",
+                serde_json::to_string(&claim.status)?,
+                serde_json::to_string(&pod.status)?
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// As [`claim_and_pod`] for a claim that fits nowhere: waits until its pod is
+/// unschedulable, checks the claim unallocated, and returns kube-scheduler's reason.
+async fn claim_and_pending_pod(
+    cluster: &Cluster,
+    name: &str,
+    capacity: Option<Value>,
+) -> anyhow::Result<String> {
+    create_claim_and_pod(cluster, name, capacity).await?;
+    let client = cluster.client().await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let claims: Api<ResourceClaim> = Api::namespaced(client, "default");
+    let started = Instant::now();
+    loop {
+        let pod = pods.get(name).await?;
+        let unschedulable = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|c| c.iter().find(|c| c.type_ == "PodScheduled"))
+            .filter(|c| c.status == "False" && c.reason.as_deref() == Some("Unschedulable"))
+            .and_then(|c| c.message.clone());
+        if let Some(why) = unschedulable {
+            let claim = claims.get(name).await?;
+            ensure!(
+                claim
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.allocation.as_ref())
+                    .is_none(),
+                "claim {name} allocated though its pod is unschedulable: {:?}",
+                claim.status
+            );
+            return Ok(why);
+        }
+        ensure!(
+            pod.spec
+                .as_ref()
+                .and_then(|s| s.node_name.as_ref())
+                .is_none(),
+            "pod {name} was bound: its claim fit after all"
+        );
+        if started.elapsed() > Duration::from_secs(60) {
+            bail!(
+                "pod {name} neither bound nor unschedulable after 60 s: {}",
+                serde_json::to_string(&pod.status)?
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+async fn create_claim_and_pod(
+    cluster: &Cluster,
+    name: &str,
+    capacity: Option<Value>,
+) -> anyhow::Result<()> {
+    let client = cluster.client().await?;
+    let mut exactly = json!({"deviceClassName": dra::DEVICE_CLASS});
+    if let Some(requests) = capacity {
+        exactly["capacity"] = json!({"requests": requests});
+    }
+    let claim: ResourceClaim = serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}
+    }))?;
+    Api::<ResourceClaim>::namespaced(client.clone(), "default")
+        .create(&PostParams::default(), &claim)
+        .await
+        .with_context(|| format!("creating claim {name}"))?;
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
+            "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
+                "resources": {"claims": [{"name": "gpu"}]}}]
+        }
+    }))?;
+    Api::<Pod>::namespaced(client, "default")
+        .create(&PostParams::default(), &pod)
+        .await
+        .with_context(|| format!("creating pod {name}"))?;
+    Ok(())
+}
+
+/// 25 % of the GPU's compute and 20 GiB.
+fn quarter() -> Value {
+    json!({"cores": "25", "memory": "20Gi"})
+}
+
+/// Deletes pod `name` at once (no kubelet runs it to confirm a graceful delete)
+/// and claim `name`, whose allocation the claim controller then gives back.
+async fn delete_pod_and_claim(cluster: &Cluster, name: &str) -> anyhow::Result<()> {
+    let client = cluster.client().await?;
+    let now = kube::api::DeleteParams {
+        grace_period_seconds: Some(0),
+        ..Default::default()
+    };
+    Api::<Pod>::namespaced(client.clone(), "default")
+        .delete(name, &now)
+        .await
+        .with_context(|| format!("deleting pod {name}"))?;
+    Api::<ResourceClaim>::namespaced(client, "default")
+        .delete(name, &Default::default())
+        .await
+        .with_context(|| format!("deleting claim {name}"))?;
+    Ok(())
+}
+
+fn now() -> String {
+    k8s_openapi::jiff::Timestamp::now().to_string()
+}
