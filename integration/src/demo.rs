@@ -136,6 +136,7 @@ pub async fn run(out: &mut (dyn Write + Send)) -> anyhow::Result<DemoSummary> {
             capacity: CapacityOptions::default(),
             recovery_after: Duration::from_secs(300),
             enforcement_file: enforcement_dir.join("backends"),
+            dra: false,
         },
         xid_rx,
         std::future::pending::<()>(),

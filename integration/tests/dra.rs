@@ -15,7 +15,7 @@ use kube::Api;
 use kube::api::PostParams;
 use serde_json::{Value, json};
 use tessera_api::dra;
-use tessera_harness::cluster::{Cluster, ClusterOptions, K8sBinaries};
+use tessera_harness::cluster::{Cluster, ClusterOptions, K8sBinaries, probe_pod};
 
 /// The Node object the slice is published for.
 const NODE: &str = "dra-node";
@@ -35,18 +35,156 @@ async fn kube_scheduler_allocates_shares_of_a_published_gpu_and_never_more() {
     }
 }
 
+/// The harness's real node with `tessera-reporter run --dra`: its GPUs (from the
+/// fake NVML library) are in its ResourceSlice and in no book of the extender's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dra_node_offers_its_gpus_to_dra_and_none_to_the_extender() {
+    tessera_integration::init_tracing();
+    let Some(binaries) = K8sBinaries::require_or_skip("DRA node").expect("binaries") else {
+        return;
+    };
+    let options = ClusterOptions {
+        dra: true,
+        ..ClusterOptions::default()
+    };
+    // Started, the cluster has seen the slice list every GPU and the Device CR none.
+    let mut cluster = Cluster::start(binaries, options).await.expect("cluster");
+    if let Err(error) = one_book(&mut cluster).await {
+        panic!("{error:#}");
+    }
+}
+
+async fn one_book(cluster: &mut Cluster) -> anyhow::Result<()> {
+    let client = cluster.client().await?;
+    let node = tessera_harness::cluster::NODE_NAME;
+    let uuids: Vec<String> = cluster
+        .gpu_node
+        .gpus
+        .iter()
+        .map(|g| g.uuid.clone())
+        .collect();
+    let slice = Api::<ResourceSlice>::all(client.clone())
+        .get(&dra::slice_name(node))
+        .await?;
+    let published = uuids_of(&slice);
+    ensure!(
+        published == uuids,
+        "the slice lists {published:?}, the node has {uuids:?}"
+    );
+    ensure!(
+        slice.spec.node_name.as_deref() == Some(node)
+            && slice
+                .metadata
+                .owner_references
+                .iter()
+                .flatten()
+                .any(|o| o.kind == "Node" && o.name == node),
+        "the slice is not the node's: {:?} {:?}",
+        slice.spec.node_name,
+        slice.metadata.owner_references
+    );
+    // The reporter's token (bound to its node) cannot publish another node's GPUs
+    // (admission policy tessera-node-agents-own-slice, from the chart).
+    let token = cluster
+        .node_bound_token("tessera-system", "tessera-reporter", node)
+        .await?;
+    let as_reporter = cluster.client_with_token(&token).await?;
+    let mut other = dra::resource_slice("other-node", &one_gpu_device("other-node")?, 1)?;
+    other.metadata.name = Some(dra::slice_name("other-node"));
+    let refused = Api::<ResourceSlice>::all(as_reporter)
+        .create(&PostParams::default(), &other)
+        .await;
+    match refused {
+        Err(kube::Error::Api(status))
+            if status
+                .message
+                .contains("may write only the ResourceSlice of its own node") => {}
+        other => bail!("the reporter wrote another node's ResourceSlice: {other:?}"),
+    }
+    // No Tessera resource is offered to kube-scheduler's count.
+    let capacity = Api::<Node>::all(client.clone())
+        .get(node)
+        .await?
+        .status
+        .and_then(|s| s.allocatable)
+        .unwrap_or_default();
+    for resource in ["koordinator.sh/gpu-core", "koordinator.sh/gpu-memory-ratio"] {
+        ensure!(
+            capacity.get(resource).map(|q| q.0.as_str()) == Some("0"),
+            "node allocatable {resource} is {:?}, not 0",
+            capacity.get(resource)
+        );
+    }
+    // A fractional pod through the extender fits nowhere; a claim is allocated there.
+    let fractional: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "extender-share", "namespace": "default"},
+        "spec": {"containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
+            "resources": {"limits": {"koordinator.sh/gpu-core": "25", "koordinator.sh/gpu-memory-ratio": "25"}}}]}
+    }))?;
+    Api::<Pod>::namespaced(client.clone(), "default")
+        .create(&PostParams::default(), &fractional)
+        .await?;
+    // The chart installed the DeviceClass (reporter.dra): the same as the code's.
+    let installed = Api::<DeviceClass>::all(client.clone())
+        .get(dra::DEVICE_CLASS)
+        .await?;
+    ensure!(
+        serde_json::to_value(&installed.spec)? == serde_json::to_value(dra::device_class().spec)?,
+        "the chart's DeviceClass differs from tessera_api::dra::device_class: {:?}",
+        installed.spec
+    );
+    let result = claim_and_pod(cluster, "dra-share", Some(quarter())).await?;
+    ensure!(
+        result["pool"] == json!(node) && result["consumedCapacity"] == quarter(),
+        "dra-share: allocated {result}"
+    );
+    let why = wait_unschedulable(cluster, "extender-share").await?;
+    // A device-plugin pod's GPU (kubelet's checkpoint) leaves the slice, as it is
+    // held in the extender's ledger. Which GPU NVIDIA's plugin picks is its choice:
+    // it may be the claim's above (docs/dra.md: no device plugin on a DRA node until
+    // the proxy refuses such a grant).
+    let mut legacy = probe_pod("legacy", &[("main", json!({"nvidia.com/gpu": "1"}))], &[]);
+    legacy["spec"]["schedulerName"] = json!("nobody");
+    cluster.create_pod("admin", &legacy).await?;
+    cluster.bind_as_other_scheduler("legacy").await?;
+    let running = cluster.wait_running("legacy").await?;
+    let specs = cluster.container_specs(&running)?;
+    let held = specs
+        .get("main")
+        .map(|spec| tessera_harness::cluster::env_values(spec, "NVIDIA_VISIBLE_DEVICES"))
+        .unwrap_or_default();
+    ensure!(
+        held.len() == 1,
+        "the device-plugin pod sees {held:?}, not one GPU"
+    );
+    let started = Instant::now();
+    let listed = loop {
+        let listed = uuids_of(
+            &Api::<ResourceSlice>::all(client.clone())
+                .get(&dra::slice_name(node))
+                .await?,
+        );
+        if listed.len() + 1 == uuids.len() && !listed.contains(&held[0]) {
+            break listed;
+        }
+        ensure!(
+            started.elapsed() < Duration::from_secs(30),
+            "30 s after a device-plugin pod took a GPU, the slice still lists {listed:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    println!(
+        "dra-share: {result}\nextender-share: Pending: {why}\ndevice-plugin pod's GPU {held:?}; the slice now lists {listed:?}"
+    );
+    Ok(())
+}
+
 async fn shares_of_one_gpu(cluster: &Cluster) -> anyhow::Result<()> {
     let client = cluster.client().await?;
     let post = PostParams::default();
     // One GPU of 80 GiB, so every claim below competes for it.
-    let device: tessera_api::Device = serde_json::from_value(json!({
-        "apiVersion": "scheduling.koordinator.sh/v1alpha1", "kind": "Device",
-        "metadata": {"name": NODE},
-        "spec": {"devices": [{"type": "gpu", "id": "GPU-dra-0", "minor": 0, "health": true,
-            "labels": {"node.koordinator.sh/gpu-model": "NVIDIA-H100-80GB-HBM3"},
-            "resources": {"koordinator.sh/gpu-core": "100", "koordinator.sh/gpu-memory-ratio": "100",
-                "koordinator.sh/gpu-memory": (80 * GIB).to_string()}}]}
-    }))?;
+    let device = one_gpu_device(NODE)?;
     let node: Node = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Node",
         "metadata": {"name": NODE, "labels": {"kubernetes.io/hostname": NODE}},
@@ -149,7 +287,7 @@ async fn shares_of_one_gpu(cluster: &Cluster) -> anyhow::Result<()> {
 
 /// Creates claim `name` (asking `capacity`, or nothing: the device's defaults)
 /// and a pod using it; waits until kube-scheduler has allocated the claim and
-/// bound the pod to [`NODE`]; returns the claim's one device result.
+/// bound the pod; returns the claim's one device result.
 async fn claim_and_pod(
     cluster: &Cluster,
     name: &str,
@@ -159,8 +297,8 @@ async fn claim_and_pod(
     wait_allocated(cluster, name, Duration::from_secs(60)).await
 }
 
-/// Waits (`within`) until claim `name` is allocated and its pod bound to
-/// [`NODE`]; returns the claim's one device result.
+/// Waits (`within`) until claim `name` is allocated and its pod bound to the
+/// node of the claim's GPU; returns the claim's one device result.
 async fn wait_allocated(cluster: &Cluster, name: &str, within: Duration) -> anyhow::Result<Value> {
     let client = cluster.client().await?;
     let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), "default");
@@ -177,10 +315,15 @@ async fn wait_allocated(cluster: &Cluster, name: &str, within: Duration) -> anyh
             .and_then(|a| a.devices.as_ref())
             .and_then(|d| d.results.clone());
         if let (Some(node), Some(results)) = (bound, results) {
-            ensure!(node == NODE, "pod {name} bound to {node}, not {NODE}");
             let [only] = results.as_slice() else {
                 bail!("claim {name}: {} device results, not one", results.len());
             };
+            // Each node's pool is named after it: the pod is where its GPU is.
+            ensure!(
+                only.pool == node,
+                "pod {name} bound to {node}, its claim's GPU is in pool {}",
+                only.pool
+            );
             return Ok(serde_json::to_value(only)?);
         }
         if started.elapsed() > within {
@@ -202,9 +345,24 @@ async fn claim_and_pending_pod(
     capacity: Option<Value>,
 ) -> anyhow::Result<String> {
     create_claim_and_pod(cluster, name, capacity).await?;
-    let client = cluster.client().await?;
-    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
-    let claims: Api<ResourceClaim> = Api::namespaced(client, "default");
+    let why = wait_unschedulable(cluster, name).await?;
+    let claims: Api<ResourceClaim> = Api::namespaced(cluster.client().await?, "default");
+    let claim = claims.get(name).await?;
+    ensure!(
+        claim
+            .status
+            .as_ref()
+            .and_then(|s| s.allocation.as_ref())
+            .is_none(),
+        "claim {name} allocated though its pod is unschedulable: {:?}",
+        claim.status
+    );
+    Ok(why)
+}
+
+/// Waits until pod `name` is unschedulable, never bound; returns kube-scheduler's reason.
+async fn wait_unschedulable(cluster: &Cluster, name: &str) -> anyhow::Result<String> {
+    let pods: Api<Pod> = Api::namespaced(cluster.client().await?, "default");
     let started = Instant::now();
     loop {
         let pod = pods.get(name).await?;
@@ -216,16 +374,6 @@ async fn claim_and_pending_pod(
             .filter(|c| c.status == "False" && c.reason.as_deref() == Some("Unschedulable"))
             .and_then(|c| c.message.clone());
         if let Some(why) = unschedulable {
-            let claim = claims.get(name).await?;
-            ensure!(
-                claim
-                    .status
-                    .as_ref()
-                    .and_then(|s| s.allocation.as_ref())
-                    .is_none(),
-                "claim {name} allocated though its pod is unschedulable: {:?}",
-                claim.status
-            );
             return Ok(why);
         }
         ensure!(
@@ -233,7 +381,7 @@ async fn claim_and_pending_pod(
                 .as_ref()
                 .and_then(|s| s.node_name.as_ref())
                 .is_none(),
-            "pod {name} was bound: its claim fit after all"
+            "pod {name} was bound: it fit after all"
         );
         if started.elapsed() > Duration::from_secs(60) {
             bail!(
@@ -278,6 +426,29 @@ async fn create_claim_and_pod(
         .await
         .with_context(|| format!("creating pod {name}"))?;
     Ok(())
+}
+
+/// The UUIDs of the GPUs `slice` offers, in its order.
+fn uuids_of(slice: &ResourceSlice) -> Vec<String> {
+    slice
+        .spec
+        .devices
+        .iter()
+        .flatten()
+        .filter_map(|d| d.attributes.as_ref()?.get("uuid")?.string.clone())
+        .collect()
+}
+
+/// The Device CR of `node` with one 80 GiB GPU.
+fn one_gpu_device(node: &str) -> anyhow::Result<tessera_api::Device> {
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "scheduling.koordinator.sh/v1alpha1", "kind": "Device",
+        "metadata": {"name": node},
+        "spec": {"devices": [{"type": "gpu", "id": format!("GPU-{node}-0"), "minor": 0, "health": true,
+            "labels": {"node.koordinator.sh/gpu-model": "NVIDIA-H100-80GB-HBM3"},
+            "resources": {"koordinator.sh/gpu-core": "100", "koordinator.sh/gpu-memory-ratio": "100",
+                "koordinator.sh/gpu-memory": (80 * GIB).to_string()}}]}
+    }))?)
 }
 
 /// 25 % of the GPU's compute and 20 GiB.

@@ -108,6 +108,12 @@ enum Command {
         /// pod's tessera.io/require-enforcement selects. A missing file is `none`.
         #[arg(long, value_name = "PATH", default_value = tessera_reporter::report::DEFAULT_ENFORCEMENT_FILE)]
         enforcement_file: PathBuf,
+        /// Publish the node's GPUs for Kubernetes' own allocator (DRA) as a
+        /// ResourceSlice of driver gpu.tessera.io (docs/dra.md), not to
+        /// tessera-scheduler: the Device CR then lists no GPU and the node offers
+        /// none of Tessera's extended resources, so no GPU is in both books.
+        #[arg(long)]
+        dra: bool,
         /// Serve Prometheus (OpenMetrics) metrics at http://ADDR/metrics, or `off`.
         #[arg(long, value_name = "ADDR|off", default_value_t = MetricsListen::At(DEFAULT_METRICS_ADDR))]
         metrics_addr: MetricsListen,
@@ -201,6 +207,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
             gpushare_memory_unit,
             recovery_after,
             enforcement_file,
+            dra,
             metrics_addr,
         } => {
             let source = NvmlSource::open(&library_path(cli.nvml_library))?;
@@ -225,6 +232,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
                 },
                 recovery_after: Duration::from_secs(recovery_after),
                 enforcement_file,
+                dra,
             };
             let metrics = ReporterMetrics::default();
             if let Some(addr) = metrics_addr.addr() {

@@ -27,6 +27,8 @@ pub enum PublishedObject {
     Device,
     /// The node's capacity and labels.
     Node,
+    /// The node's ResourceSlice (DRA mode).
+    Slice,
 }
 
 /// How one publish ended.
@@ -307,6 +309,7 @@ impl ReporterMetrics {
         let object = match object {
             PublishedObject::Device => "device",
             PublishedObject::Node => "node",
+            PublishedObject::Slice => "resourceslice",
         };
         let outcome = match outcome {
             PublishOutcome::Changed => "changed",

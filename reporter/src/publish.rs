@@ -22,7 +22,15 @@ pub enum PublishError {
         #[source]
         source: kube::Error,
     },
+    /// The node's GPUs cannot be published as a ResourceSlice.
+    #[error(transparent)]
+    Slice(#[from] tessera_api::dra::SliceError),
 }
+
+/// The annotation on the node's ResourceSlice that holds a digest of the devices
+/// the reporter last wrote there: the slice is rewritten (and its pool generation
+/// advanced) only when they change, whatever the API server adds to what it stores.
+pub const SLICE_DIGEST: &str = "tessera.io/devices-digest";
 
 fn api(what: impl Into<String>) -> impl FnOnce(kube::Error) -> PublishError {
     let what = what.into();
@@ -94,18 +102,7 @@ impl Publisher {
                 Ok(true)
             }
             None => {
-                let nodes: Api<Node> = Api::all(self.client.clone());
-                let node = nodes
-                    .get(&self.node)
-                    .await
-                    .map_err(api(format!("reading node {}", self.node)))?;
-                let owner = OwnerReference {
-                    api_version: "v1".into(),
-                    kind: "Node".into(),
-                    name: self.node.clone(),
-                    uid: node.metadata.uid.unwrap_or_default(),
-                    ..OwnerReference::default()
-                };
+                let owner = self.node_owner().await?;
                 let device = Device {
                     metadata: ObjectMeta {
                         name: Some(self.node.clone()),
@@ -122,6 +119,72 @@ impl Publisher {
                 Ok(true)
             }
         }
+    }
+
+    /// Creates or replaces the node's ResourceSlice with the GPUs of `spec`
+    /// ([`tessera_api::dra::resource_slice`]); returns whether it wrote. Each
+    /// rewrite advances the pool's generation, which kube-scheduler reads to know
+    /// the slice is the pool's newest.
+    pub async fn publish_slice(&self, spec: &DeviceSpec) -> Result<bool, PublishError> {
+        use k8s_openapi::api::resource::v1::ResourceSlice;
+        use sha2::Digest;
+        let slices: Api<ResourceSlice> = Api::all(self.client.clone());
+        let name = tessera_api::dra::slice_name(&self.node);
+        let what = format!("ResourceSlice {name}");
+        let device = Device::new(&self.node, spec.clone());
+        let mut slice = tessera_api::dra::resource_slice(&self.node, &device, 1)?;
+        let devices = serde_json::to_vec(&slice.spec.devices).unwrap_or_default();
+        let digest = format!("{:x}", sha2::Sha256::digest(&devices));
+        slice.metadata.annotations =
+            Some(BTreeMap::from([(SLICE_DIGEST.to_owned(), digest.clone())]));
+        match slices
+            .get_opt(&name)
+            .await
+            .map_err(api(format!("reading {what}")))?
+        {
+            Some(existing) => {
+                let written = existing
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(SLICE_DIGEST));
+                if written == Some(&digest) {
+                    return Ok(false);
+                }
+                slice.spec.pool.generation = existing.spec.pool.generation.saturating_add(1);
+                slice.metadata.resource_version = existing.metadata.resource_version;
+                slice.metadata.owner_references = existing.metadata.owner_references;
+                slices
+                    .replace(&name, &PostParams::default(), &slice)
+                    .await
+                    .map_err(api(format!("replacing {what}")))?;
+            }
+            None => {
+                slice.metadata.owner_references = Some(vec![self.node_owner().await?]);
+                slices
+                    .create(&PostParams::default(), &slice)
+                    .await
+                    .map_err(api(format!("creating {what}")))?;
+            }
+        }
+        Ok(true)
+    }
+
+    /// The node as the owner of what the reporter publishes for it, so that
+    /// deleting the Node deletes them.
+    async fn node_owner(&self) -> Result<OwnerReference, PublishError> {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let node = nodes
+            .get(&self.node)
+            .await
+            .map_err(api(format!("reading node {}", self.node)))?;
+        Ok(OwnerReference {
+            api_version: "v1".into(),
+            kind: "Node".into(),
+            name: self.node.clone(),
+            uid: node.metadata.uid.unwrap_or_default(),
+            ..OwnerReference::default()
+        })
     }
 
     /// The node, read once a round: its taints and what it advertises.

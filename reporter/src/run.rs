@@ -38,6 +38,11 @@ pub struct LoopConfig {
     /// The runtime proxy's list of the node's enforcement backends; its GPU
     /// memory report ([`tessera_api::usage::USAGE_FILE`]) is beside it.
     pub enforcement_file: PathBuf,
+    /// The node's GPUs go to Kubernetes' own allocator (DRA, docs/dra.md): they
+    /// are published as a ResourceSlice, and the Device CR and the node's
+    /// capacity offer none of them to tessera-scheduler, so that no GPU is in
+    /// two books.
+    pub dra: bool,
 }
 
 impl LoopConfig {
@@ -327,6 +332,38 @@ async fn publish(
     let backends = read_enforcement(&config.enforcement_file);
     metrics.record_enforcement(&backends);
     with_enforcement(&mut spec, &mut annotations, &backends);
+    // DRA: one book per node. The slice gets the GPUs; the extender none.
+    let slice = if config.dra {
+        // GPUs device-plugin pods hold are not offered (as the extender's ledger
+        // holds them).
+        let held: BTreeSet<&str> = legacy
+            .iter()
+            .flat_map(|entry| entry.device_ids.iter().map(String::as_str))
+            .collect();
+        let mut offered = spec.clone();
+        offered.devices.retain(|d| !held.contains(d.id.as_str()));
+        let outcome = match publisher.publish_slice(&offered).await {
+            Ok(true) => {
+                tracing::info!(
+                    gpus = gpus.gpus.len(),
+                    unhealthy = unhealthy.len(),
+                    "ResourceSlice published"
+                );
+                PublishOutcome::Changed
+            }
+            Ok(false) => PublishOutcome::Unchanged,
+            Err(error) => {
+                tracing::error!(error = %crate::chain(&error), "publishing the ResourceSlice failed");
+                PublishOutcome::Failed
+            }
+        };
+        metrics.record_publish(PublishedObject::Slice, outcome);
+        spec.devices
+            .retain(|d| d.device_type != tessera_api::resources::DEVICE_TYPE_GPU);
+        outcome
+    } else {
+        PublishOutcome::Unchanged
+    };
     let unproven = switch_unproven(&node) || last.kubelet_unseen.is_some();
     with_switch(&mut annotations, unproven);
     annotations.insert(
@@ -365,7 +402,11 @@ async fn publish(
     let node = match publisher
         .publish_node(
             node,
-            &node_capacity(gpus, unhealthy, &config.capacity),
+            &node_capacity(
+                if config.dra { &NO_GPUS } else { gpus },
+                unhealthy,
+                &config.capacity,
+            ),
             &labels,
         )
         .await
@@ -381,8 +422,17 @@ async fn publish(
         }
     };
     metrics.record_publish(PublishedObject::Node, node);
-    device != PublishOutcome::Failed && node != PublishOutcome::Failed
+    [slice, device, node]
+        .iter()
+        .all(|outcome| *outcome != PublishOutcome::Failed)
 }
+
+/// What a node in DRA mode offers tessera-scheduler: no GPU (its capacity of
+/// every Tessera resource is zero).
+static NO_GPUS: crate::gpu::NodeGpus = crate::gpu::NodeGpus {
+    driver_version: String::new(),
+    gpus: Vec::new(),
+};
 
 #[cfg(test)]
 mod tests;

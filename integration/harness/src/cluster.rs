@@ -51,6 +51,9 @@ pub const REPORTER_USER: &str = "system:serviceaccount:tessera-system:tessera-re
 pub const REPORTER_NAMESPACE: &str = "tessera-system";
 /// See [`REPORTER_NAMESPACE`].
 pub const REPORTER_ACCOUNT: &str = "tessera-reporter";
+/// Tessera's DRA driver, as `tessera_api::dra::DRIVER` names it (the harness links
+/// no product crate).
+pub const DRA_DRIVER: &str = "gpu.tessera.io";
 /// An ordinary tenant: may create and change pods in `default`, nothing more.
 pub const TENANT_USER: &str = "tenant";
 /// A second scheduler: may bind pods and patch them, as any scheduler may.
@@ -351,6 +354,9 @@ pub struct ClusterOptions {
     /// Off by default, as on a node: a container with shares of several GPUs is
     /// then placed only where MPS is not.
     pub mps: bool,
+    /// The reporter publishes the node's GPUs for DRA (`tessera-reporter run
+    /// --dra`): a ResourceSlice, and a Device CR with no GPU.
+    pub dra: bool,
 }
 
 impl Default for ClusterOptions {
@@ -363,6 +369,7 @@ impl Default for ClusterOptions {
             nvlinks: None,
             enforcement: false,
             mps: false,
+            dra: false,
         }
     }
 }
@@ -378,6 +385,8 @@ pub struct Cluster {
     pub gpu_node: FakeGpuNode,
     api_route: Option<ApiServiceRoute>,
     enforcement: bool,
+    /// [`ClusterOptions::dra`].
+    dra: bool,
     _lock: nix::fcntl::Flock<std::fs::File>,
 }
 
@@ -441,6 +450,7 @@ impl Cluster {
             gpu_node,
             api_route: None,
             enforcement: options.enforcement,
+            dra: options.dra,
             _lock: lock,
         };
         cluster.write_files()?;
@@ -916,6 +926,9 @@ impl Cluster {
             apply_manifests(&client, "reporter.yaml").await?;
             apply_manifests(&client, "scheduler.yaml").await?;
             apply_manifests(&client, "admission-policy.yaml").await?;
+            if options.dra {
+                apply_dra_manifests(&client, Path::new(&self.path("chart-dra"))).await?;
+            }
         }
         apply_test_rbac(&client).await?;
 
@@ -1153,6 +1166,11 @@ impl Cluster {
                 dir.join("enforce").join("backends").display()
             ),
         ];
+        let args = if self.dra {
+            [args, vec!["--dra".into()]].concat()
+        } else {
+            args
+        };
         self.launch(
             Component::Reporter,
             tessera_binary("tessera-reporter")?,
@@ -1533,15 +1551,33 @@ impl Cluster {
                 .args(["-p", "3", "server", "list"])
                 .env("CUDA_MPS_PIPE_DIRECTORY", self.mps_pipe_dir())),
             Component::Reporter => {
-                let devices = device_api(&self.client().await?);
+                let client = self.client().await?;
+                let devices = device_api(&client);
                 let device = devices.get(NODE_NAME).await?;
                 let count = device.data["spec"]["devices"]
                     .as_array()
                     .map_or(0, Vec::len);
-                if count == self.gpu_node.gpus.len() {
-                    Ok(())
+                // In DRA mode the GPUs are in the node's ResourceSlice, and in the
+                // Device CR none.
+                let (want, slice) = if self.dra {
+                    let slices: Api<k8s_openapi::api::resource::v1::ResourceSlice> =
+                        Api::all(client);
+                    let name = format!("{NODE_NAME}-{DRA_DRIVER}");
+                    let listed = slices
+                        .get_opt(&name)
+                        .await?
+                        .and_then(|s| s.spec.devices)
+                        .map_or(0, |d| d.len());
+                    (0, Some(listed))
                 } else {
-                    bail!("Device {NODE_NAME} lists {count} GPUs")
+                    (self.gpu_node.gpus.len(), None)
+                };
+                match slice {
+                    _ if count != want => bail!("Device {NODE_NAME} lists {count} GPUs"),
+                    Some(listed) if listed != self.gpu_node.gpus.len() => {
+                        bail!("ResourceSlice of {NODE_NAME} lists {listed} GPUs")
+                    }
+                    _ => Ok(()),
                 }
             }
         }
@@ -2331,6 +2367,49 @@ async fn apply(client: &kube::Client, discovery: &Discovery, doc: &Value) -> any
 
 /// RBAC for the test identities: the tenant may manage pods, StatefulSets (and SharePods) in
 /// `default` (as a namespace admin may), the second scheduler may bind and patch pods anywhere.
+/// What the chart adds with `reporter.dra: true` (the DeviceClass, the reporter's
+/// right to write ResourceSlices, admission policy tessera-node-agents-own-slice),
+/// rendered by `scripts/chart.py` into `dir` and applied as an operator's
+/// `helm upgrade --set reporter.dra=true` would; deploy/ is rendered without it.
+async fn apply_dra_manifests(client: &kube::Client, dir: &Path) -> anyhow::Result<()> {
+    let values = repo_root().join("charts/tessera/ci/deploy-values.yaml");
+    let output = Command::new("python3")
+        .current_dir(repo_root())
+        .args([
+            "scripts/chart.py",
+            "render",
+            "--set",
+            "reporter.dra=true",
+            "--values",
+        ])
+        .arg(&values)
+        .arg("--out")
+        .arg(dir)
+        .output()
+        .context("running python3 scripts/chart.py render")?;
+    if !output.status.success() {
+        bail!(
+            "chart.py render --set reporter.dra=true: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let discovery = discover(client).await?;
+    for name in ["dra.yaml", "admission-policy.yaml"] {
+        let text = std::fs::read_to_string(dir.join(name))
+            .with_context(|| format!("the chart rendered no {name}"))?;
+        for doc in serde_yaml::Deserializer::from_str(&text) {
+            let doc = <Value as serde::Deserialize>::deserialize(doc)?;
+            if doc.is_null() {
+                continue;
+            }
+            apply(client, &discovery, &doc)
+                .await
+                .with_context(|| format!("applying {} from the chart's {name}", doc["kind"]))?;
+        }
+    }
+    Ok(())
+}
+
 async fn apply_test_rbac(client: &kube::Client) -> anyhow::Result<()> {
     let discovery = discover(client).await?;
     let docs = [

@@ -133,6 +133,7 @@ async fn start(
         recovery_after: Duration::from_secs(3600),
         // No proxy here: the node holds no share (none).
         enforcement_file: "/nonexistent/tessera-enforcement".into(),
+        dra: false,
     };
     let (xids, stop) = spawn_loop(api, node, config, metrics, GpuEvents::none());
     (addr, xids, stop)
@@ -252,6 +253,7 @@ async fn start_with_events(
         capacity: CapacityOptions::default(),
         recovery_after,
         enforcement_file: "/nonexistent/tessera-enforcement".into(),
+        dra: false,
     };
     let metrics = Arc::new(ReporterMetrics::default());
     let (xids, stop) = spawn_loop(api, "gpu-node-1", config, Arc::clone(&metrics), events);
@@ -320,6 +322,7 @@ async fn the_switch_is_proven_only_while_kubelet_is_connected_to_the_proxy() {
         capacity: CapacityOptions::default(),
         recovery_after: Duration::from_secs(3600),
         enforcement_file: dir.path().join("backends"),
+        dra: false,
     };
     let seen_file = config.kubelet_seen_file();
     let metrics = Arc::new(ReporterMetrics::default());
@@ -586,6 +589,7 @@ async fn gpu_memory_use_is_published_exported_and_told_to_the_pod() {
         capacity: CapacityOptions::default(),
         recovery_after: Duration::from_secs(3600),
         enforcement_file: dir.path().join("backends"),
+        dra: false,
     };
     let (_xids, stop) = spawn_loop(&api, "gpu-node-1", config, Arc::clone(&metrics), events);
     let memory = |sink: &RecordingSink| -> Vec<(String, String)> {
