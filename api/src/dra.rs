@@ -29,11 +29,14 @@ pub const MEMORY: &str = "memory";
 /// The step a memory request is rounded up to: one MiB, as HAMi's `gpumem` counts.
 pub const MEMORY_STEP: u64 = 1 << 20;
 
-/// Why a node's GPUs cannot be published as a ResourceSlice.
+/// Why a node's GPUs, or one of them, cannot be published as a ResourceSlice.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum SliceError {
-    /// A GPU reports no memory: no share of it could be granted or held.
-    #[error("Device {node}: GPU {uuid} reports no memory ({GPU_MEMORY})")]
+    /// A GPU reports less than one MiB of memory (or none): no share of it could
+    /// be granted or held. The GPU is left out; the others are published.
+    #[error(
+        "Device {node}: GPU {uuid} reports no memory ({GPU_MEMORY}): left out of the ResourceSlice"
+    )]
     NoMemory {
         /// The node.
         node: String,
@@ -79,20 +82,29 @@ pub fn slice_name(node: &str) -> String {
 /// states neither gets the whole GPU (every default is all of it); a share states
 /// both, and a memory-only share states `cores: 0` (Tessera's "memory, no compute
 /// share", docs/compat.md). Unhealthy GPUs are left out: a slice lists what can be
-/// allocated now.
+/// allocated now. So is a GPU with no memory, which comes back with the slice, as
+/// why, for the caller to say.
 pub fn resource_slice(
     node: &str,
     device: &Device,
     generation: i64,
-) -> Result<ResourceSlice, SliceError> {
+) -> Result<(ResourceSlice, Vec<SliceError>), SliceError> {
     let mut devices: Vec<DraDevice> = Vec::new();
+    let mut left_out = Vec::new();
     let gpus = device
         .spec
         .devices
         .iter()
         .filter(|d| d.device_type == DEVICE_TYPE_GPU && d.health);
     for (index, gpu) in gpus.enumerate() {
-        let dra = gpu_device(node, index, gpu)?;
+        let dra = match gpu_device(node, index, gpu) {
+            Ok(dra) => dra,
+            Err(error @ SliceError::NoMemory { .. }) => {
+                left_out.push(error);
+                continue;
+            }
+            Err(error) => return Err(error),
+        };
         if devices.iter().any(|d| d.name == dra.name) {
             return Err(SliceError::Duplicate {
                 node: node.to_owned(),
@@ -101,7 +113,7 @@ pub fn resource_slice(
         }
         devices.push(dra);
     }
-    Ok(ResourceSlice {
+    let slice = ResourceSlice {
         metadata: ObjectMeta {
             name: Some(slice_name(node)),
             ..ObjectMeta::default()
@@ -117,7 +129,8 @@ pub fn resource_slice(
             devices: Some(devices),
             ..ResourceSliceSpec::default()
         },
-    })
+    };
+    Ok((slice, left_out))
 }
 
 /// A GPU's device name: `gpu-MINOR` (kubelet and nvidia-smi's number), or
@@ -135,6 +148,9 @@ fn gpu_device(node: &str, index: usize, gpu: &DeviceInfo) -> Result<DraDevice, S
         .get(GPU_MEMORY)
         .and_then(|q| crate::Quantity::parse(&q.0).ok())
         .map(|q| q.value())
+        // Whole MiB: kube-apiserver requires the capacity, less the smallest
+        // request, to be whole steps. Rounded down, never offering more than is.
+        .map(|bytes| bytes / MEMORY_STEP * MEMORY_STEP)
         .filter(|&bytes| bytes > 0)
         .ok_or_else(|| SliceError::NoMemory {
             node: node.to_owned(),
@@ -167,10 +183,12 @@ fn gpu_device(node: &str, index: usize, gpu: &DeviceInfo) -> Result<DraDevice, S
             attributes.insert("pciBusID".to_owned(), text(&topology.bus_id));
         }
     }
-    let step = MEMORY_STEP.min(memory);
     let capacity = BTreeMap::from([
         (CORES.to_owned(), consumable(100, 0, 1)),
-        (MEMORY.to_owned(), consumable(memory, step, step)),
+        (
+            MEMORY.to_owned(),
+            consumable(memory, MEMORY_STEP, MEMORY_STEP),
+        ),
     ]);
     Ok(DraDevice {
         name: device_name(gpu, index),

@@ -88,18 +88,23 @@ async fn one_book(cluster: &mut Cluster) -> anyhow::Result<()> {
     let token = cluster
         .node_bound_token("tessera-system", "tessera-reporter", node)
         .await?;
-    let as_reporter = cluster.client_with_token(&token).await?;
-    let mut other = dra::resource_slice("other-node", &one_gpu_device("other-node")?, 1)?;
-    other.metadata.name = Some(dra::slice_name("other-node"));
-    let refused = Api::<ResourceSlice>::all(as_reporter)
-        .create(&PostParams::default(), &other)
-        .await;
-    match refused {
-        Err(kube::Error::Api(status))
-            if status
-                .message
-                .contains("may write only the ResourceSlice of its own node") => {}
-        other => bail!("the reporter wrote another node's ResourceSlice: {other:?}"),
+    let as_reporter: Api<ResourceSlice> = Api::all(cluster.client_with_token(&token).await?);
+    // Another node's GPUs, and a slice for its own node under another node's name
+    // (which would keep that node's reporter from ever publishing).
+    let (other, _) = dra::resource_slice("other-node", &one_gpu_device("other-node")?, 1)?;
+    let (mut squatted, _) = dra::resource_slice(node, &one_gpu_device(node)?, 1)?;
+    squatted.metadata.name = Some(dra::slice_name("other-node"));
+    for (what, slice) in [
+        ("another node's", other),
+        ("another node's name for its", squatted),
+    ] {
+        match as_reporter.create(&PostParams::default(), &slice).await {
+            Err(kube::Error::Api(status))
+                if status
+                    .message
+                    .contains("may write only the ResourceSlice of its own node") => {}
+            wrote => bail!("the reporter wrote {what} ResourceSlice: {wrote:?}"),
+        }
     }
     // No Tessera resource is offered to kube-scheduler's count.
     let capacity = Api::<Node>::all(client.clone())
@@ -140,6 +145,29 @@ async fn one_book(cluster: &mut Cluster) -> anyhow::Result<()> {
         "dra-share: allocated {result}"
     );
     let why = wait_unschedulable(cluster, "extender-share").await?;
+    ensure!(
+        why.contains("Insufficient koordinator.sh/gpu-core"),
+        "extender-share is unschedulable, but not for the GPU capacity: {why}"
+    );
+    // A Device CR still listing GPUs (a node switched from the extender's book) is
+    // emptied by the reporter, not left to the extender.
+    let devices: Api<tessera_api::Device> = Api::all(client.clone());
+    let stale = json!({"spec": {"devices": one_gpu_device(node)?.spec.devices}});
+    devices
+        .patch(
+            node,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&stale),
+        )
+        .await?;
+    let started = Instant::now();
+    while !devices.get(node).await?.spec.devices.is_empty() {
+        ensure!(
+            started.elapsed() < Duration::from_secs(30),
+            "30 s on, the DRA node's Device CR still lists GPUs for the extender"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
     // A device-plugin pod's GPU (kubelet's checkpoint) leaves the slice, as it is
     // held in the extender's ledger. Which GPU NVIDIA's plugin picks is its choice:
     // it may be the claim's above (docs/dra.md: no device plugin on a DRA node until
@@ -203,7 +231,7 @@ async fn shares_of_one_gpu(cluster: &Cluster) -> anyhow::Result<()> {
         .create(&post, &dra::device_class())
         .await
         .context("creating the DeviceClass")?;
-    let slice = dra::resource_slice(NODE, &device, 1)?;
+    let (slice, _) = dra::resource_slice(NODE, &device, 1)?;
     let stored = Api::<ResourceSlice>::all(client.clone())
         .create(&post, &slice)
         .await

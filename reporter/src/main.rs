@@ -111,7 +111,9 @@ enum Command {
         /// Publish the node's GPUs for Kubernetes' own allocator (DRA) as a
         /// ResourceSlice of driver gpu.tessera.io (docs/dra.md), not to
         /// tessera-scheduler: the Device CR then lists no GPU and the node offers
-        /// none of Tessera's extended resources, so no GPU is in both books.
+        /// none of Tessera's extended resources, so tessera-scheduler and DRA never
+        /// share a GPU. Do not run NVIDIA's device plugin on such a node: its grants
+        /// are not yet checked against claims
         #[arg(long)]
         dra: bool,
         /// Serve Prometheus (OpenMetrics) metrics at http://ADDR/metrics, or `off`.

@@ -94,7 +94,13 @@ impl Publisher {
                 {
                     return Ok(false);
                 }
-                let patch = json!({"metadata": {"annotations": annotations}, "spec": spec});
+                // The devices written out even when empty: `spec` alone serializes
+                // an empty list away, and a merge patch of `{}` would keep the GPUs
+                // (a node switched to DRA would then stay in the extender's book).
+                let patch = json!({
+                    "metadata": {"annotations": annotations},
+                    "spec": {"devices": &spec.devices},
+                });
                 devices
                     .patch(&self.node, &PatchParams::default(), &Patch::Merge(&patch))
                     .await
@@ -132,7 +138,10 @@ impl Publisher {
         let name = tessera_api::dra::slice_name(&self.node);
         let what = format!("ResourceSlice {name}");
         let device = Device::new(&self.node, spec.clone());
-        let mut slice = tessera_api::dra::resource_slice(&self.node, &device, 1)?;
+        let (mut slice, left_out) = tessera_api::dra::resource_slice(&self.node, &device, 1)?;
+        for why in &left_out {
+            tracing::warn!(%why, "GPU not offered for DRA");
+        }
         let devices = serde_json::to_vec(&slice.spec.devices).unwrap_or_default();
         let digest = format!("{:x}", sha2::Sha256::digest(&devices));
         slice.metadata.annotations =
@@ -154,17 +163,19 @@ impl Publisher {
                 slice.spec.pool.generation = existing.spec.pool.generation.saturating_add(1);
                 slice.metadata.resource_version = existing.metadata.resource_version;
                 slice.metadata.owner_references = existing.metadata.owner_references;
-                slices
+                let stored = slices
                     .replace(&name, &PostParams::default(), &slice)
                     .await
                     .map_err(api(format!("replacing {what}")))?;
+                warn_if_not_shared(&stored);
             }
             None => {
                 slice.metadata.owner_references = Some(vec![self.node_owner().await?]);
-                slices
+                let stored = slices
                     .create(&PostParams::default(), &slice)
                     .await
                     .map_err(api(format!("creating {what}")))?;
+                warn_if_not_shared(&stored);
             }
         }
         Ok(true)
@@ -231,5 +242,24 @@ impl Publisher {
             wrote = true;
         }
         Ok(wrote)
+    }
+}
+
+/// Says so when kube-apiserver stored the slice's GPUs without their consumable
+/// capacity: a server with the feature (DRAConsumableCapacity) off drops those
+/// fields, and each GPU is then one whole device to every claim.
+fn warn_if_not_shared(stored: &k8s_openapi::api::resource::v1::ResourceSlice) {
+    let dropped = stored.spec.devices.iter().flatten().any(|d| {
+        d.allow_multiple_allocations != Some(true)
+            || d.capacity
+                .as_ref()
+                .and_then(|c| c.get(tessera_api::dra::CORES))
+                .is_none_or(|c| c.request_policy.is_none())
+    });
+    if dropped {
+        tracing::error!(
+            slice = stored.metadata.name.as_deref().unwrap_or_default(),
+            "kube-apiserver stored the GPUs without their consumable capacity (feature gate DRAConsumableCapacity off?): each GPU is a whole device to DRA, no share is possible"
+        );
     }
 }

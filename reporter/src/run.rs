@@ -332,39 +332,26 @@ async fn publish(
     let backends = read_enforcement(&config.enforcement_file);
     metrics.record_enforcement(&backends);
     with_enforcement(&mut spec, &mut annotations, &backends);
-    // DRA: one book per node. The slice gets the GPUs; the extender none.
-    let slice = if config.dra {
-        // GPUs device-plugin pods hold are not offered (as the extender's ledger
-        // holds them).
+    let unproven = switch_unproven(&node) || last.kubelet_unseen.is_some();
+    // DRA: one book per node. The slice gets the GPUs, the extender none; the
+    // GPUs leave the extender's book (Device CR, capacity) before the slice offers
+    // them, so a failed write leaves them in neither, never in both.
+    let offered = config.dra.then(|| {
+        let mut offered = spec.clone();
+        // Not offered: GPUs device-plugin pods hold (as the extender's ledger holds
+        // them), and every GPU while no GPU hook is proven to run on the node (as
+        // the extender places no GPU pod there then).
         let held: BTreeSet<&str> = legacy
             .iter()
             .flat_map(|entry| entry.device_ids.iter().map(String::as_str))
             .collect();
-        let mut offered = spec.clone();
-        offered.devices.retain(|d| !held.contains(d.id.as_str()));
-        let outcome = match publisher.publish_slice(&offered).await {
-            Ok(true) => {
-                tracing::info!(
-                    gpus = gpus.gpus.len(),
-                    unhealthy = unhealthy.len(),
-                    "ResourceSlice published"
-                );
-                PublishOutcome::Changed
-            }
-            Ok(false) => PublishOutcome::Unchanged,
-            Err(error) => {
-                tracing::error!(error = %crate::chain(&error), "publishing the ResourceSlice failed");
-                PublishOutcome::Failed
-            }
-        };
-        metrics.record_publish(PublishedObject::Slice, outcome);
+        offered
+            .devices
+            .retain(|d| !unproven && !held.contains(d.id.as_str()));
         spec.devices
             .retain(|d| d.device_type != tessera_api::resources::DEVICE_TYPE_GPU);
-        outcome
-    } else {
-        PublishOutcome::Unchanged
-    };
-    let unproven = switch_unproven(&node) || last.kubelet_unseen.is_some();
+        offered
+    });
     with_switch(&mut annotations, unproven);
     annotations.insert(
         tessera_api::usage::DEVICE_ANNOTATION.to_owned(),
@@ -422,6 +409,37 @@ async fn publish(
         }
     };
     metrics.record_publish(PublishedObject::Node, node);
+    let slice = match offered {
+        None => PublishOutcome::Unchanged,
+        Some(_) if device == PublishOutcome::Failed || node == PublishOutcome::Failed => {
+            tracing::warn!(
+                "ResourceSlice not published this round: the GPUs are not out of the extender's book yet"
+            );
+            PublishOutcome::Failed
+        }
+        Some(offered) => match publisher.publish_slice(&offered).await {
+            Ok(true) => {
+                tracing::info!(
+                    offered = offered
+                        .devices
+                        .iter()
+                        .filter(|d| d.device_type == tessera_api::resources::DEVICE_TYPE_GPU
+                            && d.health)
+                        .count(),
+                    "ResourceSlice published"
+                );
+                PublishOutcome::Changed
+            }
+            Ok(false) => PublishOutcome::Unchanged,
+            Err(error) => {
+                tracing::error!(error = %crate::chain(&error), "publishing the ResourceSlice failed");
+                PublishOutcome::Failed
+            }
+        },
+    };
+    if config.dra {
+        metrics.record_publish(PublishedObject::Slice, slice);
+    }
     [slice, device, node]
         .iter()
         .all(|outcome| *outcome != PublishOutcome::Failed)

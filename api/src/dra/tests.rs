@@ -43,7 +43,8 @@ fn each_healthy_gpu_is_a_shared_device_with_cores_and_memory() {
         ..DeviceInfo::default()
     };
     let device = node_device(vec![gpu(0, true, "80Gi"), gpu(1, false, "80Gi"), rdma]);
-    let slice = resource_slice("node-a", &device, 3).expect("slice");
+    let (slice, left_out) = resource_slice("node-a", &device, 3).expect("slice");
+    assert!(left_out.is_empty(), "{left_out:?}");
     let value = serde_json::to_value(&slice).expect("json");
     assert_eq!(value["metadata"]["name"], json!("node-a-gpu.tessera.io"));
     assert_eq!(value["spec"]["driver"], json!(DRIVER));
@@ -80,15 +81,28 @@ fn each_healthy_gpu_is_a_shared_device_with_cores_and_memory() {
 }
 
 #[test]
-fn a_gpu_without_memory_or_a_repeated_minor_is_refused_naming_it() {
-    let none = resource_slice("node-a", &node_device(vec![gpu(0, true, "0")]), 1);
+fn a_gpu_without_memory_is_left_out_naming_it_and_a_repeated_minor_refused() {
+    let (slice, left_out) = resource_slice(
+        "node-a",
+        &node_device(vec![gpu(0, true, "0"), gpu(1, true, "80Gi")]),
+        1,
+    )
+    .expect("slice");
     assert_eq!(
-        none.map(|_| ()),
-        Err(SliceError::NoMemory {
+        left_out,
+        [SliceError::NoMemory {
             node: "node-a".to_owned(),
             uuid: "GPU-0".to_owned()
-        })
+        }]
     );
+    let names: Vec<_> = slice
+        .spec
+        .devices
+        .unwrap_or_default()
+        .into_iter()
+        .map(|d| d.name)
+        .collect();
+    assert_eq!(names, ["gpu-1"]);
     let twice = resource_slice(
         "node-a",
         &node_device(vec![gpu(2, true, "80Gi"), gpu(2, true, "80Gi")]),
@@ -105,7 +119,7 @@ fn a_gpu_without_memory_or_a_repeated_minor_is_refused_naming_it() {
 fn a_gpu_without_a_minor_is_named_by_its_place() {
     let mut unnumbered = gpu(0, true, "16Gi");
     unnumbered.minor = None;
-    let slice = resource_slice(
+    let (slice, _) = resource_slice(
         "node-a",
         &node_device(vec![gpu(0, true, "16Gi"), unnumbered]),
         1,
@@ -129,4 +143,23 @@ fn the_device_class_selects_the_drivers_devices() {
         class["spec"]["selectors"],
         json!([{"cel": {"expression": "device.driver == \"gpu.tessera.io\""}}])
     );
+}
+
+#[test]
+fn memory_not_a_whole_mib_is_offered_rounded_down_to_one() {
+    // 80 GiB and half a MiB, as NVML may report a total: kube-apiserver refuses a
+    // capacity that is not whole steps of the smallest request.
+    let odd = (80u64 << 30) + (1 << 19);
+    let (slice, _) = resource_slice(
+        "node-a",
+        &node_device(vec![gpu(0, true, &odd.to_string())]),
+        1,
+    )
+    .expect("slice");
+    let value = serde_json::to_value(&slice).expect("json");
+    let memory = &value["spec"]["devices"][0]["capacity"]["memory"];
+    let whole = (80u64 << 30).to_string();
+    assert_eq!(memory["value"], json!(whole));
+    assert_eq!(memory["requestPolicy"]["default"], json!(whole));
+    assert_eq!(memory["requestPolicy"]["validRange"]["max"], json!(whole));
 }
