@@ -12,6 +12,10 @@
 //! its managed resources) and binds itself; and as many asking two extended
 //! resources the extender does not manage, counted like the fractional pods' two
 //! but by kube-scheduler alone: the difference to those is the extender's own cost.
+//! And as many through DRA (docs/dra.md): each pod's claim, made from one
+//! ResourceClaimTemplate, asks the same share of a GPU of the fake nodes'
+//! ResourceSlices, and kube-scheduler's own allocator places it. The fake nodes
+//! offer their GPUs in both books (no pod ever runs there); a real node is in one.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -48,10 +52,16 @@ pub enum PodKind {
     Unmanaged,
     /// A GPU share: the extender filters and binds.
     Fractional,
+    /// The same share through DRA: a claim from [`DRA_TEMPLATE`], allocated and
+    /// bound by kube-scheduler alone.
+    Dra,
 }
 
+/// The ResourceClaimTemplate of the DRA rounds' pods.
+const DRA_TEMPLATE: &str = "bench-share";
+
 impl PodKind {
-    const ALL: [Self; 3] = [Self::Plain, Self::Unmanaged, Self::Fractional];
+    const ALL: [Self; 4] = [Self::Plain, Self::Unmanaged, Self::Fractional, Self::Dra];
 
     /// The label value and pod name part of its rounds.
     fn tag(self) -> &'static str {
@@ -59,6 +69,7 @@ impl PodKind {
             Self::Plain => "plain",
             Self::Unmanaged => "unmanaged",
             Self::Fractional => "gpu",
+            Self::Dra => "dra",
         }
     }
 
@@ -67,6 +78,7 @@ impl PodKind {
             Self::Plain => "no GPU (kube-scheduler alone)",
             Self::Unmanaged => "2 unmanaged extended resources",
             Self::Fractional => "fractional GPU (extender, mTLS)",
+            Self::Dra => "fractional GPU (DRA claim)",
         }
     }
 
@@ -78,6 +90,7 @@ impl PodKind {
             Self::Fractional => {
                 json!({"koordinator.sh/gpu-core": share, "koordinator.sh/gpu-memory-ratio": share})
             }
+            Self::Dra => json!({}),
         }
     }
 }
@@ -149,6 +162,7 @@ pub async fn run(
     let outcome = async {
         let adding = Instant::now();
         add_fake_nodes(&client, nodes).await?;
+        add_dra_template(&client).await?;
         wait_for_metric(
             &format!(
                 "tessera_scheduler_node_gpus{{node=\"{}\"}} {GPUS}",
@@ -171,9 +185,9 @@ pub async fn run(
         let profiled = [pids[0], pids[3]];
         // Rounds alternate between the kinds: what loads the machine meanwhile
         // (a 2-core VM's neighbours, a GC) falls on each alike.
-        let mut by_kind: [Vec<Round>; 3] = Default::default();
-        let mut cpu = [(); 3].map(|()| vec![0.0; pids.len()]);
-        let mut calls: [ApiCalls; 3] = Default::default();
+        let mut by_kind: [Vec<Round>; 4] = Default::default();
+        let mut cpu = [(); 4].map(|()| vec![0.0; pids.len()]);
+        let mut calls: [ApiCalls; 4] = Default::default();
         let bind_before = bind_histogram().await?;
         let mut spent = 0.0;
         for round in 0..rounds {
@@ -196,22 +210,22 @@ pub async fn run(
             }
         }
         let placed = (pods * rounds) as f64;
-        let heading = "(no GPU / unmanaged extended / fractional GPU)";
+        let heading = "(no GPU / unmanaged extended / fractional GPU / DRA claim)";
         println!("CPU milliseconds per pod, by process {heading}:");
         for (index, (name, _)) in pids.iter().enumerate() {
-            let [p, u, g] = cpu.each_ref().map(|kind| kind[index] * 1e3 / placed);
-            println!("  {name:<18} {p:>8.2} {u:>8.2} {g:>8.2}");
+            let [p, u, g, d] = cpu.each_ref().map(|kind| kind[index] * 1e3 / placed);
+            println!("  {name:<18} {p:>8.2} {u:>8.2} {g:>8.2} {d:>8.2}");
         }
         println!("API server requests per pod, by verb and resource {heading}:");
         let kinds: std::collections::BTreeSet<&String> =
             calls.iter().flat_map(|c| c.keys()).collect();
         for kind in kinds {
-            let [p, u, g] = calls
+            let [p, u, g, d] = calls
                 .each_ref()
                 .map(|calls| calls.get(kind).copied().unwrap_or(0.0) / placed);
             // Below a request per 20 pods: the control plane's own background.
-            if p.max(u).max(g) >= 0.05 {
-                println!("  {kind:<40} {p:>8.2} {u:>8.2} {g:>8.2}");
+            if p.max(u).max(g).max(d) >= 0.05 {
+                println!("  {kind:<40} {p:>8.2} {u:>8.2} {g:>8.2} {d:>8.2}");
             }
         }
         let bind_after = bind_histogram().await?;
@@ -436,6 +450,12 @@ async fn add_fake_node(
             "metadata": {"name": name, "labels": {BENCH_LABEL: "true"}}, "spec": {"devices": gpus}
         }))?;
         devices.create(&PostParams::default(), &device).await?;
+        // The same GPUs for the DRA rounds, as `tessera-reporter --dra` publishes them.
+        let (mut slice, _) = tessera_api::dra::resource_slice(&name, &device, 1)?;
+        slice.metadata.labels = Some([(BENCH_LABEL.to_owned(), "true".to_owned())].into());
+        Api::<k8s_openapi::api::resource::v1::ResourceSlice>::all(nodes.clone().into_client())
+            .create(&PostParams::default(), &slice)
+            .await?;
     }
     Ok(())
 }
@@ -493,10 +513,20 @@ async fn place(
         .await
         .context("the pod watch ended before listing")?;
     let limits = kind.limits();
+    // A DRA pod's claim, made from the template by kube-controller-manager.
+    let (claims, claim_refs) = if kind == PodKind::Dra {
+        (
+            json!([{"name": "gpu", "resourceClaimTemplateName": DRA_TEMPLATE}]),
+            json!([{"name": "gpu"}]),
+        )
+    } else {
+        (json!([]), json!([]))
+    };
     let started = Instant::now();
     let created: Vec<(String, Instant)> = futures_util::stream::iter(0..count)
         .map(|index| {
             let api = api.clone();
+            let (claims, claim_refs) = (claims.clone(), claim_refs.clone());
             let name = format!("bench-{kind_round}-{index}");
             let pod: anyhow::Result<Pod> = serde_json::from_value(json!({
                 "apiVersion": "v1", "kind": "Pod",
@@ -506,8 +536,9 @@ async fn place(
                     "tolerations": [{"operator": "Exists"}],
                     "terminationGracePeriodSeconds": 0,
                     "automountServiceAccountToken": false,
+                    "resourceClaims": claims,
                     "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
-                        "resources": {"limits": limits}}]
+                        "resources": {"limits": limits, "claims": claim_refs}}]
                 }
             }))
             .map_err(Into::into);
@@ -683,6 +714,33 @@ async fn clean_up(client: &Client, nodes: usize) -> anyhow::Result<()> {
         .delete_collection(&DeleteParams::default(), &fake)
         .await
         .context("deleting the fake nodes' Device CRs")?;
+    Api::<k8s_openapi::api::resource::v1::ResourceSlice>::all(client.clone())
+        .delete_collection(&DeleteParams::default(), &fake)
+        .await
+        .context("deleting the fake nodes' ResourceSlices")?;
+    Ok(())
+}
+
+/// The DeviceClass and the template every DRA round's claim is made from: the
+/// share a fractional pod asks ([`SHARE`] percent of compute and of memory).
+async fn add_dra_template(client: &Client) -> anyhow::Result<()> {
+    use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaimTemplate};
+    Api::<DeviceClass>::all(client.clone())
+        .create(&PostParams::default(), &tessera_api::dra::device_class())
+        .await
+        .context("creating the DeviceClass")?;
+    let memory = (80u64 << 30) / 100 * SHARE as u64;
+    let template: ResourceClaimTemplate = serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+        "metadata": {"name": DRA_TEMPLATE, "namespace": "default"},
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": tessera_api::dra::DEVICE_CLASS,
+            "capacity": {"requests": {"cores": SHARE.to_string(), "memory": memory.to_string()}}}}]}}}
+    }))?;
+    Api::<ResourceClaimTemplate>::namespaced(client.clone(), "default")
+        .create(&PostParams::default(), &template)
+        .await
+        .context("creating the ResourceClaimTemplate")?;
     Ok(())
 }
 
@@ -697,13 +755,13 @@ fn median(mut values: Vec<f64>) -> f64 {
 }
 
 fn print(
-    by_kind: &[Vec<Round>; 3],
+    by_kind: &[Vec<Round>; 4],
     nodes: usize,
     qps: Option<u32>,
     binds: &[(f64, f64)],
     extender: f64,
 ) {
-    let [plain, unmanaged, gpu] = by_kind;
+    let [plain, unmanaged, gpu, dra] = by_kind;
     let pods = plain.first().map_or(0, |r| r.latencies.len());
     println!(
         "tessera-bench cluster: {pods} pods created at once per round (16 creates in flight), {} rounds of each kind, alternating, on {nodes} fake nodes × {GPUS} GPUs; real kube-scheduler 1.36, tessera-scheduler behind mutual TLS",
@@ -729,18 +787,23 @@ fn print(
     let rates = |rounds: &[Round]| median(rounds.iter().map(Round::rate).collect());
     let p99s = |rounds: &[Round]| median(rounds.iter().map(|r| ms(r.quantile(0.99))).collect());
     let p50s = |rounds: &[Round]| median(rounds.iter().map(|r| ms(r.quantile(0.5))).collect());
-    for (base, against) in [(plain, "no GPU"), (unmanaged, "unmanaged extended")] {
+    for (own, what, base, against) in [
+        (gpu, "fractional GPU", plain, "no GPU"),
+        (gpu, "fractional GPU", unmanaged, "unmanaged extended"),
+        (dra, "DRA claim", plain, "no GPU"),
+        (gpu, "fractional GPU (extender)", dra, "DRA claim"),
+    ] {
         let pairs: Vec<String> = base
             .iter()
-            .zip(gpu)
+            .zip(own)
             .map(|(b, g)| format!("{:.2}", g.rate() / b.rate().max(1e-9)))
             .collect();
         println!(
-            "ratio fractional GPU / {against} (medians of the rounds): placed/s {:.2} (each pair: {}), bind p50 {:.2}, bind p99 {:.2}",
-            rates(gpu) / rates(base).max(1e-9),
+            "ratio {what} / {against} (medians of the rounds): placed/s {:.2} (each pair: {}), bind p50 {:.2}, bind p99 {:.2}",
+            rates(own) / rates(base).max(1e-9),
             pairs.join(" "),
-            p50s(gpu) / p50s(base).max(1e-9),
-            p99s(gpu) / p99s(base).max(1e-9),
+            p50s(own) / p50s(base).max(1e-9),
+            p99s(own) / p99s(base).max(1e-9),
         );
     }
     // kube-scheduler schedules one pod at a time: the extender's filter and

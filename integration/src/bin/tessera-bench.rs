@@ -115,17 +115,19 @@ enum Command {
     /// A real cluster (tessera-harness; needs root and the Kubernetes binaries):
     /// `--pods` pods created at once, placed by kube-scheduler through
     /// tessera-scheduler behind mutual TLS onto fake 8-GPU nodes; placements/s and
-    /// create→bind latency, against as many pods asking no GPU (kube-scheduler alone).
+    /// create→bind latency, against as many pods asking no GPU (kube-scheduler alone),
+    /// asking two extended resources no extender manages, and asking the same GPU
+    /// share through a DRA claim (kube-scheduler's own allocator).
     Cluster {
         /// Pods per round.
         #[arg(long, default_value_t = 200)]
         pods: usize,
-        /// Fake 8-GPU nodes (Node objects and Device CRs, no kubelet) [default: as
-        /// few as the pods fit on, plus one]; e.g. 1000 or 5000 for cluster scale.
+        /// Fake 8-GPU nodes (Node objects, Device CRs and ResourceSlices, no
+        /// kubelet) [default: as few as the pods fit on, plus one]; e.g. 1000 or
+        /// 5000 for cluster scale.
         #[arg(long)]
         nodes: Option<usize>,
-        /// Rounds of each kind, alternating plain and fractional; the ratio is of
-        /// their medians.
+        /// Rounds of each kind, the kinds alternating; ratios are of their medians.
         #[arg(long, default_value_t = 3)]
         rounds: usize,
         /// kube-scheduler's API client: QPS (bursts twice it) [default: deploy/'s,
