@@ -128,7 +128,8 @@ impl Publisher {
     }
 
     /// Creates or replaces the node's ResourceSlice with the GPUs of `spec`
-    /// ([`tessera_api::dra::resource_slice`]); returns whether it wrote. Each
+    /// ([`tessera_api::dra::resource_slice`]); returns whether it wrote (and logs
+    /// how many GPUs it offers when it did). Each
     /// rewrite advances the pool's generation, which kube-scheduler reads to know
     /// the slice is the pool's newest.
     pub async fn publish_slice(&self, spec: &DeviceSpec) -> Result<bool, PublishError> {
@@ -178,6 +179,8 @@ impl Publisher {
                 warn_if_not_shared(&stored);
             }
         }
+        let offered = slice.spec.devices.as_ref().map_or(0, Vec::len);
+        tracing::info!(offered, "ResourceSlice published");
         Ok(true)
     }
 

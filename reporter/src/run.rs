@@ -418,18 +418,7 @@ async fn publish(
             PublishOutcome::Failed
         }
         Some(offered) => match publisher.publish_slice(&offered).await {
-            Ok(true) => {
-                tracing::info!(
-                    offered = offered
-                        .devices
-                        .iter()
-                        .filter(|d| d.device_type == tessera_api::resources::DEVICE_TYPE_GPU
-                            && d.health)
-                        .count(),
-                    "ResourceSlice published"
-                );
-                PublishOutcome::Changed
-            }
+            Ok(true) => PublishOutcome::Changed,
             Ok(false) => PublishOutcome::Unchanged,
             Err(error) => {
                 tracing::error!(error = %crate::chain(&error), "publishing the ResourceSlice failed");

@@ -30,6 +30,17 @@ fn gpu(minor: i32, healthy: bool, memory: &str) -> DeviceInfo {
     }
 }
 
+/// The names of `slice`'s devices, in its order.
+fn device_names(slice: ResourceSlice) -> Vec<String> {
+    slice
+        .spec
+        .devices
+        .unwrap_or_default()
+        .into_iter()
+        .map(|d| d.name)
+        .collect()
+}
+
 fn node_device(devices: Vec<DeviceInfo>) -> Device {
     Device::new("node-a", DeviceSpec { devices })
 }
@@ -95,14 +106,7 @@ fn a_gpu_without_memory_is_left_out_naming_it_and_a_repeated_minor_refused() {
             uuid: "GPU-0".to_owned()
         }]
     );
-    let names: Vec<_> = slice
-        .spec
-        .devices
-        .unwrap_or_default()
-        .into_iter()
-        .map(|d| d.name)
-        .collect();
-    assert_eq!(names, ["gpu-1"]);
+    assert_eq!(device_names(slice), ["gpu-1"]);
     let twice = resource_slice(
         "node-a",
         &node_device(vec![gpu(2, true, "80Gi"), gpu(2, true, "80Gi")]),
@@ -125,14 +129,7 @@ fn a_gpu_without_a_minor_is_named_by_its_place() {
         1,
     )
     .expect("slice");
-    let names: Vec<_> = slice
-        .spec
-        .devices
-        .unwrap_or_default()
-        .into_iter()
-        .map(|d| d.name)
-        .collect();
-    assert_eq!(names, ["gpu-0", "gpu-at-1"]);
+    assert_eq!(device_names(slice), ["gpu-0", "gpu-at-1"]);
 }
 
 #[test]

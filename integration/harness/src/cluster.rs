@@ -2401,11 +2401,7 @@ async fn apply_dra_manifests(client: &kube::Client, dir: &Path) -> anyhow::Resul
     for name in ["dra.yaml", "admission-policy.yaml"] {
         let text = std::fs::read_to_string(dir.join(name))
             .with_context(|| format!("the chart rendered no {name}"))?;
-        for doc in serde_yaml::Deserializer::from_str(&text) {
-            let doc = <Value as serde::Deserialize>::deserialize(doc)?;
-            if doc.is_null() {
-                continue;
-            }
+        for doc in deploy::parse(&text)?.into_iter().filter(|d| !d.is_null()) {
             apply(client, &discovery, &doc)
                 .await
                 .with_context(|| format!("applying {} from the chart's {name}", doc["kind"]))?;

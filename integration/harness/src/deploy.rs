@@ -9,8 +9,13 @@ pub fn documents(name: &str) -> Vec<Value> {
         .join("../../deploy")
         .join(name);
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    serde_yaml::Deserializer::from_str(&text)
-        .map(|doc| Value::deserialize(doc).expect("YAML"))
+    parse(&text).expect("YAML")
+}
+
+/// Every YAML document of `text` (an empty one as null), as JSON values.
+pub fn parse(text: &str) -> Result<Vec<Value>, serde_yaml::Error> {
+    serde_yaml::Deserializer::from_str(text)
+        .map(Value::deserialize)
         .collect()
 }
 
