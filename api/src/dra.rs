@@ -18,6 +18,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use crate::device::{Device, DeviceInfo};
 use crate::resources::{DEVICE_TYPE_GPU, GPU_MEMORY, LABEL_GPU_MODEL};
 
+pub mod prepared;
+
 /// The DRA driver name: devices, classes and prepared claims carry it.
 pub const DRIVER: &str = "gpu.tessera.io";
 /// The DeviceClass a claim names for one of Tessera's GPUs, whole or a share.
