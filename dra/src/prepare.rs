@@ -10,8 +10,7 @@ use tessera_api::dra::prepared::{ClaimPod, PreparedClaim, PreparedDevice};
 use tessera_api::dra::{CORES, DRIVER, MEMORY};
 use tessera_api::quantity::Quantity;
 
-/// The CDI kind of a prepared claim's devices: `gpu.tessera.io/claim=<name>`.
-pub const CDI_KIND: &str = "gpu.tessera.io/claim";
+pub use tessera_api::dra::prepared::CDI_KIND;
 
 /// Why a claim cannot be prepared on this node. Each names the claim and what
 /// in it, or in the node's slice, is wrong.

@@ -70,6 +70,7 @@ pub use tessera_api::checkpoint::VISIBLE_DEVICES;
 use tessera_api::checkpoint::{
     CheckpointEntry, DEVICE_LIST_MOUNT_ROOT, DEVICE_SWITCHES, without_replica,
 };
+use tessera_api::dra::prepared;
 use tessera_api::resources::{DEVICE_ALLOCATED, DEVICE_TYPE_RDMA};
 use tessera_api::{AllocationError, DeviceAllocation, DeviceAllocations};
 use tessera_hook_protocol::hook::v1::{
@@ -379,6 +380,10 @@ fn is_nvidia_cdi(name: &str, config: &GpuHookConfig) -> bool {
     vendor == "nvidia.com"
         || vendor.ends_with(".nvidia.com")
         || name.starts_with(&format!("{}=", config.cdi_kind))
+        // A prepared claim of Tessera's DRA driver: its grant reaches the
+        // container through the allocation the proxy made of it, with the
+        // enforcement, not through the plugin's spec.
+        || prepared::is_claim_cdi(name)
 }
 
 /// The CDI vendor of NVIDIA's DRA driver for GPUs (`k8s.` + its driver name
@@ -389,6 +394,39 @@ const DRA_CDI_VENDOR: &str = "k8s.gpu.nvidia.com";
 /// Whether a CDI device name is one NVIDIA's DRA driver prepared for a claim.
 fn is_dra_claim(name: &str) -> bool {
     name.split('/').next() == Some(DRA_CDI_VENDOR)
+}
+
+/// Tessera's own DRA claims: a container of a pod whose claims the proxy could
+/// not honour is refused with its reason, and one that kubelet gave a claim's CDI
+/// device is refused unless the proxy turned the pod's prepared claims into its
+/// allocation (the device is then stripped and the allocation gives the GPU).
+fn tessera_claims(
+    container: &ContainerHookRequest,
+    pod: &str,
+    name: &str,
+    config: &GpuHookConfig,
+) -> Result<(), GpuHookError> {
+    let annotations = container.pod.as_ref().map(|p| &p.annotations);
+    let refusal = |problem: String| GpuHookError::TesseraClaim {
+        pod: pod.to_owned(),
+        container: name.to_owned(),
+        problem,
+    };
+    if let Some(reason) = annotations.and_then(|a| a.get(prepared::REFUSED_ANNOTATION)) {
+        return Err(refusal(reason.clone()));
+    }
+    let prepared_for_pod = annotations.is_some_and(|a| a.contains_key(prepared::CLAIMS_ANNOTATION));
+    if !prepared_for_pod {
+        if let Some(device) =
+            nvidia_cdi_names(container, config).find(|n| prepared::is_claim_cdi(n))
+        {
+            return Err(refusal(format!(
+                "CDI device {device} names a claim of driver {} that is not prepared for this pod on this node (tessera-runtime-proxy --dra-claims); the container would get a GPU no claim of its pod backs",
+                tessera_api::dra::DRIVER
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// ` (container NAME)` when the name is known, for the end of a message.
@@ -476,6 +514,7 @@ pub fn rewrite(
             device: device.to_owned(),
         });
     }
+    tessera_claims(container, &pod, name, config)?;
     let allocations = allocation_of(container)
         .map(|annotation| {
             DeviceAllocations::parse(annotation).map_err(|source| GpuHookError::Annotation {

@@ -102,7 +102,8 @@ impl From<GpuHookError> for Status {
             }
             GpuHookError::Device { .. }
             | GpuHookError::Checkpoint { .. }
-            | GpuHookError::Taken { .. } => Status::failed_precondition(error.to_string()),
+            | GpuHookError::Taken { .. }
+            | GpuHookError::TesseraClaim { .. } => Status::failed_precondition(error.to_string()),
             // The node's policy, not the request's shape, refuses it.
             GpuHookError::Privileged { .. } | GpuHookError::DraClaim { .. } => {
                 Status::permission_denied(error.to_string())

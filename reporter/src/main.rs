@@ -116,6 +116,25 @@ enum Command {
         /// are not yet checked against claims
         #[arg(long)]
         dra: bool,
+        /// With --dra: kubelet's plugin directory; the kubelet plugin serves at
+        /// DIR/gpu.tessera.io/dra.sock and keeps its checkpoint (claims.json)
+        /// there, which tessera-runtime-proxy's --dra-claims reads.
+        #[arg(long, value_name = "DIR", default_value = "/var/lib/kubelet/plugins")]
+        kubelet_plugins_dir: PathBuf,
+        /// With --dra: kubelet's plugin-watcher directory, where the plugin's
+        /// registration socket goes (gpu.tessera.io-reg.sock).
+        #[arg(
+            long,
+            value_name = "DIR",
+            default_value = "/var/lib/kubelet/plugins_registry"
+        )]
+        kubelet_registry_dir: PathBuf,
+        /// With --dra: the runtime's CDI directory, for each prepared claim's spec.
+        #[arg(long, value_name = "DIR", default_value = "/var/run/cdi")]
+        cdi_dir: PathBuf,
+        /// With --dra: where the host's GPU device nodes are, as the CDI specs name them.
+        #[arg(long, value_name = "DIR", default_value = "/dev")]
+        dev_root: PathBuf,
         /// Serve Prometheus (OpenMetrics) metrics at http://ADDR/metrics, or `off`.
         #[arg(long, value_name = "ADDR|off", default_value_t = MetricsListen::At(DEFAULT_METRICS_ADDR))]
         metrics_addr: MetricsListen,
@@ -210,10 +229,48 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
             recovery_after,
             enforcement_file,
             dra,
+            kubelet_plugins_dir,
+            kubelet_registry_dir,
+            cdi_dir,
+            dev_root,
             metrics_addr,
         } => {
             let source = NvmlSource::open(&library_path(cli.nvml_library))?;
             let client = tessera_daemon::client::kube_client(kubeconfig.as_deref()).await?;
+            let kubelet_plugin = if dra {
+                let plugin = tessera_dra::plugin::Plugin::start(
+                    node_name.clone(),
+                    Arc::new(tessera_dra::plugin::KubeReader::new(client.clone())),
+                    tessera_dra::store::Checkpoint::new(
+                        kubelet_plugins_dir
+                            .join(tessera_api::dra::DRIVER)
+                            .join(tessera_api::dra::prepared::FILE_NAME),
+                    ),
+                    tessera_dra::cdi::CdiSpecs {
+                        dir: cdi_dir,
+                        dev_root,
+                    },
+                )
+                .context("starting the kubelet plugin")?;
+                let sockets = tessera_dra::server::Sockets::under(
+                    &kubelet_plugins_dir,
+                    &kubelet_registry_dir,
+                );
+                let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+                let serving = tokio::spawn(async move {
+                    let shutdown = async move {
+                        let _ = stopped.await;
+                    };
+                    if let Err(error) =
+                        tessera_dra::server::serve(Arc::new(plugin), &sockets, shutdown).await
+                    {
+                        tracing::error!(%error, "kubelet plugin stopped");
+                    }
+                });
+                Some((stop, serving))
+            } else {
+                None
+            };
             let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
             let stop = Arc::new(AtomicBool::new(false));
             if let Err(error) =
@@ -267,6 +324,10 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
             )
             .await;
             stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            if let Some((stop, serving)) = kubelet_plugin {
+                let _ = stop.send(());
+                let _ = tokio::time::timeout(Duration::from_secs(5), serving).await;
+            }
             // The loop dropped its handle: Events already queued are written, briefly.
             if tokio::time::timeout(Duration::from_secs(5), recording)
                 .await

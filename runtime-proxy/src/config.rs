@@ -100,6 +100,13 @@ pub struct Cli {
     /// name that process; repeat the flag or separate names with ',' [default: kubelet]
     #[arg(long, value_name = "NAME", value_delimiter = ',')]
     pub kubelet_process: Vec<String>,
+    /// The checkpoint of Tessera's kubelet DRA plugin (tessera-reporter run
+    /// --dra): each pod with claims of driver gpu.tessera.io prepared there gets
+    /// the GPUs and shares they were allocated, held as the extender's grants are;
+    /// a container given such a claim's CDI device without one is refused. A
+    /// missing file: no claims
+    #[arg(long, value_name = "PATH", default_value = crate::dra::DEFAULT_CLAIMS_FILE)]
+    pub dra_claims: PathBuf,
     /// Embedded GPU hook settings (flags only, except trusted_gpu_agents and
     /// privileged, which the file may also set).
     #[command(flatten, next_help_heading = "GPU hook")]
@@ -178,6 +185,8 @@ pub struct Config {
     /// Where the node's files for tessera-reporter go (`--enforcement-dir`),
     /// kubelet's connections among them, GPU hook or not.
     pub enforcement_dir: PathBuf,
+    /// The kubelet DRA plugin's checkpoint (`--dra-claims`).
+    pub dra_claims: PathBuf,
     /// The embedded GPU hook's settings; `None` when it is off.
     pub gpu_hook: Option<GpuHookArgs>,
 }
@@ -285,6 +294,7 @@ impl Config {
         Ok(Self {
             kubelet_processes,
             enforcement_dir: cli.gpu.enforcement_dir.clone(),
+            dra_claims: cli.dra_claims.clone(),
             listen,
             runtime_endpoint,
             image_endpoint,

@@ -18,6 +18,7 @@ mod authority;
 mod backend;
 mod body;
 mod config;
+pub mod dra;
 mod enforce;
 mod external_hooks;
 mod gpu;

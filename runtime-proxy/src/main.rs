@@ -55,7 +55,9 @@ async fn run(config: Config) -> anyhow::Result<()> {
     };
     let mut hooks: Vec<Arc<dyn Hook>> = Vec::new();
     // The proxy's record of the node's pods, which the GPU hook checks grants against.
-    let store = Arc::new(PodStore::default());
+    let store = Arc::new(PodStore::with_claims(
+        tessera_runtime_proxy::dra::DraClaims::new(&config.dra_claims),
+    ));
     // MPS namespaces of pods that went while the proxy was not looking, deleted
     // once the runtime's sandboxes are known.
     let mut mps_gc: Option<tessera_enforce::mps::Mps> = None;

@@ -399,7 +399,7 @@ impl Proxy {
                 pod: req
                     .config
                     .as_ref()
-                    .map(|config| Arc::new(PodInfo::from_config("", config))),
+                    .map(|config| Arc::new(self.store.pod_from_config("", config))),
                 container: None,
             },
             LifecycleRequest::StopPodSandbox(cri::StopPodSandboxRequest { pod_sandbox_id })
@@ -412,9 +412,9 @@ impl Proxy {
             LifecycleRequest::CreateContainer(req) => {
                 // kubelet sends the pod's config with every CreateContainer: it is the freshest view.
                 let pod = match &req.sandbox_config {
-                    Some(config) => {
-                        Some(Arc::new(PodInfo::from_config(&req.pod_sandbox_id, config)))
-                    }
+                    Some(config) => Some(Arc::new(
+                        self.store.pod_from_config(&req.pod_sandbox_id, config),
+                    )),
                     None => self.lookup_pod(&req.pod_sandbox_id).await,
                 };
                 let name = req
@@ -463,7 +463,7 @@ impl Proxy {
         let response: cri::ListPodSandboxResponse =
             self.runtime.unary(LIST_PODS, &request).await.ok()?;
         let sandbox = response.items.into_iter().find(|s| s.id == sandbox_id)?;
-        Some(self.store.insert_pod(PodInfo::from_sandbox(&sandbox)))
+        Some(self.store.insert_pod(self.store.pod_from_sandbox(&sandbox)))
     }
 
     async fn lookup_container(
@@ -504,7 +504,7 @@ impl Proxy {
             (LifecycleRequest::RunPodSandbox(req), LifecycleResponse::RunPodSandbox(resp)) => {
                 if let Some(config) = &req.config {
                     self.store
-                        .insert_pod(PodInfo::from_config(&resp.pod_sandbox_id, config));
+                        .insert_pod(self.store.pod_from_config(&resp.pod_sandbox_id, config));
                 }
             }
             (LifecycleRequest::CreateContainer(req), LifecycleResponse::CreateContainer(resp)) => {

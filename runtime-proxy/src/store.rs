@@ -31,9 +31,38 @@ impl Inner {
 #[derive(Debug, Default)]
 pub struct PodStore {
     inner: RwLock<Inner>,
+    /// Tessera's DRA claims, which give pods their allocation (`None`: the
+    /// proxy's own marks are still dropped).
+    claims: Option<Arc<crate::dra::DraClaims>>,
 }
 
 impl PodStore {
+    /// A store whose pods get their allocation from `claims` too.
+    pub fn with_claims(claims: crate::dra::DraClaims) -> Self {
+        Self {
+            inner: RwLock::default(),
+            claims: Some(Arc::new(claims)),
+        }
+    }
+
+    /// The pod kubelet's sandbox config describes, with its DRA claims' allocation.
+    pub fn pod_from_config(&self, sandbox_id: &str, config: &cri::PodSandboxConfig) -> PodInfo {
+        self.annotated(PodInfo::from_config(sandbox_id, config))
+    }
+
+    /// The pod a runtime listing describes, with its DRA claims' allocation.
+    pub fn pod_from_sandbox(&self, sandbox: &cri::PodSandbox) -> PodInfo {
+        self.annotated(PodInfo::from_sandbox(sandbox))
+    }
+
+    fn annotated(&self, mut pod: PodInfo) -> PodInfo {
+        match &self.claims {
+            Some(claims) => claims.annotate(&mut pod),
+            None => crate::dra::drop_marks(&mut pod),
+        }
+        pod
+    }
+
     fn read(&self) -> std::sync::RwLockReadGuard<'_, Inner> {
         self.inner
             .read()
@@ -120,11 +149,11 @@ impl PodStore {
     /// Adds what the runtime lists. Entries are added, never cleared, so a call
     /// recorded while the listing was in flight is not lost.
     pub fn load(&self, sandboxes: &[cri::PodSandbox], containers: &[cri::Container]) {
+        // Read before the lock: the claims file is not read under it.
+        let pods: Vec<PodInfo> = sandboxes.iter().map(|s| self.pod_from_sandbox(s)).collect();
         let mut inner = self.write();
-        for sandbox in sandboxes {
-            inner
-                .pods
-                .insert(sandbox.id.clone(), Arc::new(PodInfo::from_sandbox(sandbox)));
+        for (sandbox, pod) in sandboxes.iter().zip(pods) {
+            inner.pods.insert(sandbox.id.clone(), Arc::new(pod));
             inner.note_state(sandbox);
         }
         for container in containers {
@@ -139,6 +168,7 @@ impl PodStore {
     /// proxy, e.g. while switched back to the runtime), and each sandbox's state is
     /// taken from the listing. Containers of forgotten pods go with them.
     pub fn reconcile(&self, sandboxes: &[cri::PodSandbox]) {
+        let fresh: Vec<PodInfo> = sandboxes.iter().map(|s| self.pod_from_sandbox(s)).collect();
         let mut inner = self.write();
         let listed: std::collections::HashSet<&str> =
             sandboxes.iter().map(|s| s.id.as_str()).collect();
@@ -148,11 +178,11 @@ impl PodStore {
             .containers
             .retain(|_, container| pods.contains(&container.sandbox_id));
         inner.stopped.clear();
-        for sandbox in sandboxes {
+        for (sandbox, pod) in sandboxes.iter().zip(fresh) {
             inner
                 .pods
                 .entry(sandbox.id.clone())
-                .or_insert_with(|| Arc::new(PodInfo::from_sandbox(sandbox)));
+                .or_insert_with(|| Arc::new(pod));
             inner.note_state(sandbox);
         }
     }

@@ -16,6 +16,24 @@ use crate::allocation::{DeviceAllocation, DeviceAllocations};
 use crate::quantity::Quantity;
 use crate::resources::{DEVICE_TYPE_GPU, GPU_CORE, GPU_MEMORY, GPU_MEMORY_RATIO};
 
+/// The checkpoint's file name, in the plugin's directory
+/// (`/var/lib/kubelet/plugins/gpu.tessera.io/claims.json`).
+pub const FILE_NAME: &str = "claims.json";
+/// The CDI kind of a prepared claim's devices: `gpu.tessera.io/claim=<name>`.
+pub const CDI_KIND: &str = "gpu.tessera.io/claim";
+/// The pod annotation the runtime proxy sets, and only it (a pod's own value is
+/// dropped), on a pod whose prepared claims it turned into the allocation
+/// annotation: the claims, `namespace/name`, comma-separated.
+pub const CLAIMS_ANNOTATION: &str = "tessera.io/dra-claims";
+/// The pod annotation the runtime proxy sets, and only it, when a pod's claims
+/// cannot be honoured: why. The GPU hook refuses its containers with it.
+pub const REFUSED_ANNOTATION: &str = "tessera.io/dra-refused";
+
+/// Whether a CDI device name is one of Tessera's DRA driver's (`gpu.tessera.io/…`).
+pub fn is_claim_cdi(name: &str) -> bool {
+    name.split('/').next() == Some(super::DRIVER)
+}
+
 /// The version of the file's format this code writes and reads.
 pub const VERSION: u32 = 1;
 

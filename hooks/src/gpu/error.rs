@@ -61,6 +61,18 @@ pub enum GpuHookError {
         /// The CDI device NVIDIA's DRA driver prepared for it.
         device: String,
     },
+    /// A claim of Tessera's own DRA driver that the node cannot honour: its CDI
+    /// device names no claim prepared for this pod, or the pod also carries the
+    /// scheduler's allocation annotation (two books for one pod).
+    #[error("pod {pod}: container {container}: {problem}")]
+    TesseraClaim {
+        /// `namespace/name`.
+        pod: String,
+        /// The container being created.
+        container: String,
+        /// What is wrong, naming the device or claims.
+        problem: String,
+    },
     /// A device plugin gave the container GPUs, and the value of the device env
     /// the runtime would use (the last entry) names others: keeping it widens,
     /// and neither the plugin's value nor `void` is what the pod spec says.

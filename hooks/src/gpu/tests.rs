@@ -2258,6 +2258,58 @@ mod integrity {
         assert!(rewrite(&nic, &with_grants(Vec::new()), &GpuHookConfig::default()).is_ok());
     }
 
+    /// Tessera's own DRA claims: the proxy turned the pod's prepared claims into
+    /// its allocation (and marked it); the claim's CDI device is stripped and the
+    /// allocation gives the GPU with its share. Without the mark it is refused.
+    #[test]
+    fn a_tessera_claims_cdi_device_is_honoured_only_through_the_proxys_allocation() {
+        use tessera_api::dra::prepared::{CLAIMS_ANNOTATION, REFUSED_ANNOTATION};
+        let device = "gpu.tessera.io/claim=uid-q-0";
+        let unprepared = cdi_only(&[device], None);
+        match rewrite(&unprepared, &node(), &GpuHookConfig::default()) {
+            Err(error @ GpuHookError::TesseraClaim { .. }) => {
+                let text = error.to_string();
+                assert!(
+                    text.contains(device) && text.contains("not prepared for this pod"),
+                    "{text}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        let quarter = format!(
+            r#"{{"gpu":[{{"minor":1,"id":"{UUID1}","resources":{{"koordinator.sh/gpu-core":25,"koordinator.sh/gpu-memory":4294967296,"koordinator.sh/gpu-memory-ratio":25}},"extension":{{"containers":{{"main":{{"koordinator.sh/gpu-core":25,"koordinator.sh/gpu-memory":4294967296,"koordinator.sh/gpu-memory-ratio":25}}}}}}}}]}}"#
+        );
+        let mut prepared = cdi_only(&[device], None);
+        let pod = prepared.pod.as_mut().expect("a pod");
+        pod.annotations.insert(DEVICE_ALLOCATED.into(), quarter);
+        pod.annotations
+            .insert(CLAIMS_ANNOTATION.into(), "ml/quarter".into());
+        let edit = rewrite(&prepared, &node(), &GpuHookConfig::default()).expect("granted");
+        apply(&mut prepared, &edit);
+        assert!(prepared.cdi_devices.is_empty(), "{:?}", prepared.cdi_devices);
+        assert_eq!(env(&prepared, VISIBLE_DEVICES).as_deref(), Some(UUID1));
+        assert_eq!(paths(&prepared).first().copied(), Some("/dev/nvidia1"));
+        assert_eq!(env(&prepared, SM_LIMIT).as_deref(), Some("25"));
+        assert_eq!(
+            env(&prepared, &format!("{MEMORY_LIMIT_PREFIX}0")).as_deref(),
+            Some("4096m")
+        );
+
+        let mut refused = cdi_only(&[device], None);
+        refused
+            .pod
+            .as_mut()
+            .expect("a pod")
+            .annotations
+            .insert(REFUSED_ANNOTATION.into(), "two books".into());
+        match rewrite(&refused, &node(), &GpuHookConfig::default()) {
+            Err(error @ GpuHookError::TesseraClaim { .. }) => {
+                assert!(error.to_string().ends_with("two books"), "{error}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
     #[test]
     fn cdi_with_an_unreadable_checkpoint_is_refused() {
         let request = cdi_only(&["nvidia.com/gpu=0"], None);
