@@ -7,9 +7,16 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
 use tessera_api::dra::DRIVER;
-use tokio::net::UnixListener;
+use tessera_http2::authority::{KubeletStream, MAX_FRAME_SIZE, MAX_HEADER_LIST_SIZE};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{UnixListener, UnixStream};
+use tokio_stream::StreamExt;
 use tokio_stream::wrappers::UnixListenerStream;
+use tonic::transport::server::Connected;
 use tonic::{Request, Response, Status};
 
 use crate::plugin::{DraService, Plugin};
@@ -75,6 +82,60 @@ impl registration_server::Registration for Registration {
     }
 }
 
+/// A kubelet connection through the `:authority` pass: kubelet's plugin watcher
+/// (1.36 too) sends the socket's path as `:authority`, which h2 refuses, failing
+/// `GetInfo` with PROTOCOL_ERROR.
+#[derive(Debug)]
+struct KubeletIo(KubeletStream<UnixStream>);
+
+impl Connected for KubeletIo {
+    type ConnectInfo = ();
+
+    fn connect_info(&self) -> Self::ConnectInfo {}
+}
+
+impl AsyncRead for KubeletIo {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for KubeletIo {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+}
+
+/// kubelet's connections on `listener`, each through the pass.
+fn kubelet_connections(
+    listener: UnixListener,
+) -> impl tokio_stream::Stream<Item = std::io::Result<KubeletIo>> {
+    UnixListenerStream::new(listener).map(|c| c.map(|s| KubeletIo(KubeletStream::new(s))))
+}
+
+/// A tonic server whose h2 settings are those the pass reads frames by.
+fn builder() -> tonic::transport::Server {
+    tonic::transport::Server::builder()
+        .max_frame_size(Some(MAX_FRAME_SIZE as u32))
+        .http2_max_header_list_size(Some(MAX_HEADER_LIST_SIZE as u32))
+}
+
 /// Binds `path` afresh: a socket left by an earlier run is removed (binding
 /// over it fails), its directory made.
 fn bind(path: &Path) -> std::io::Result<UnixListener> {
@@ -104,14 +165,14 @@ pub async fn serve(
     let wait = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;
     };
-    let dra_server = tonic::transport::Server::builder()
+    let dra_server = builder()
         .add_service(DraService::new(plugin).into_server())
-        .serve_with_incoming_shutdown(UnixListenerStream::new(dra), wait(stopped.clone()));
-    let registration_server = tonic::transport::Server::builder()
+        .serve_with_incoming_shutdown(kubelet_connections(dra), wait(stopped.clone()));
+    let registration_server = builder()
         .add_service(registration_server::RegistrationServer::new(Registration {
             endpoint: sockets.dra.display().to_string(),
         }))
-        .serve_with_incoming_shutdown(UnixListenerStream::new(registration), wait(stopped));
+        .serve_with_incoming_shutdown(kubelet_connections(registration), wait(stopped));
     tracing::info!(
         dra = %sockets.dra.display(),
         registration = %sockets.registration.display(),

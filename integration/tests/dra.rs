@@ -2,9 +2,11 @@
 //! capacity, KEP-5075): the DeviceClass and the ResourceSlice that
 //! `tessera_api::dra` builds from a node's Device CR, served by a real
 //! kube-apiserver 1.36 and allocated by a real kube-scheduler 1.36 with its
-//! default feature gates. The node is a Node object with no kubelet (Tessera's
-//! kubelet plugin does not exist yet), so pods bind and never run: what this
-//! proves is the allocation, each claim's consumed share, and the refusal.
+//! default feature gates. The first test's node is a Node object with no kubelet,
+//! so its pods bind and never run: it proves the allocation, each claim's consumed
+//! share and the refusal. The second runs claims' pods on the harness's real node
+//! through Tessera's kubelet plugin and the runtime proxy, and reads each
+//! container's OCI spec.
 
 use std::time::{Duration, Instant};
 
@@ -15,7 +17,7 @@ use kube::Api;
 use kube::api::PostParams;
 use serde_json::{Value, json};
 use tessera_api::dra;
-use tessera_harness::cluster::{Cluster, ClusterOptions, K8sBinaries, probe_pod};
+use tessera_harness::cluster::{Cluster, ClusterOptions, Component, K8sBinaries, probe_pod};
 
 /// The Node object the slice is published for.
 const NODE: &str = "dra-node";
@@ -50,7 +52,17 @@ async fn a_dra_node_offers_its_gpus_to_dra_and_none_to_the_extender() {
     // Started, the cluster has seen the slice list every GPU and the Device CR none.
     let mut cluster = Cluster::start(binaries, options).await.expect("cluster");
     if let Err(error) = one_book(&mut cluster).await {
-        panic!("{error:#}");
+        let kubelet: Vec<String> = cluster
+            .log(Component::Kubelet)
+            .lines()
+            .filter(|l| l.contains(dra::DRIVER) || l.contains("plugin"))
+            .map(str::to_owned)
+            .collect();
+        panic!(
+            "{error:#}\nreporter log:\n{}\nkubelet on the plugin:\n{}",
+            cluster.log_tail(Component::Reporter, 30),
+            kubelet[kubelet.len().saturating_sub(30)..].join("\n")
+        );
     }
 }
 
@@ -139,39 +151,9 @@ async fn one_book(cluster: &mut Cluster) -> anyhow::Result<()> {
         "the chart's DeviceClass differs from tessera_api::dra::device_class: {:?}",
         installed.spec
     );
-    let result = claim_and_pod(cluster, "dra-share", Some(quarter())).await?;
-    ensure!(
-        result["pool"] == json!(node) && result["consumedCapacity"] == quarter(),
-        "dra-share: allocated {result}"
-    );
-    let why = wait_unschedulable(cluster, "extender-share").await?;
-    ensure!(
-        why.contains("Insufficient koordinator.sh/gpu-core"),
-        "extender-share is unschedulable, but not for the GPU capacity: {why}"
-    );
-    // A Device CR still listing GPUs (a node switched from the extender's book) is
-    // emptied by the reporter, not left to the extender.
-    let devices: Api<tessera_api::Device> = Api::all(client.clone());
-    let stale = json!({"spec": {"devices": one_gpu_device(node)?.spec.devices}});
-    devices
-        .patch(
-            node,
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(&stale),
-        )
-        .await?;
-    let started = Instant::now();
-    while !devices.get(node).await?.spec.devices.is_empty() {
-        ensure!(
-            started.elapsed() < Duration::from_secs(30),
-            "30 s on, the DRA node's Device CR still lists GPUs for the extender"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
     // A device-plugin pod's GPU (kubelet's checkpoint) leaves the slice, as it is
-    // held in the extender's ledger. Which GPU NVIDIA's plugin picks is its choice:
-    // it may be the claim's above (docs/dra.md: no device plugin on a DRA node until
-    // the proxy refuses such a grant).
+    // held in the extender's ledger. First, so that the claims below are placed
+    // around it (which GPU NVIDIA's plugin picks is its choice).
     let mut legacy = probe_pod("legacy", &[("main", json!({"nvidia.com/gpu": "1"}))], &[]);
     legacy["spec"]["schedulerName"] = json!("nobody");
     cluster.create_pod("admin", &legacy).await?;
@@ -202,8 +184,143 @@ async fn one_book(cluster: &mut Cluster) -> anyhow::Result<()> {
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
+    let result = claim_and_pod(cluster, "dra-share", Some(quarter())).await?;
+    ensure!(
+        result["pool"] == json!(node) && result["consumedCapacity"] == quarter(),
+        "dra-share: allocated {result}"
+    );
+    let why = wait_unschedulable(cluster, "extender-share").await?;
+    ensure!(
+        why.contains("Insufficient koordinator.sh/gpu-core"),
+        "extender-share is unschedulable, but not for the GPU capacity: {why}"
+    );
+    // A Device CR still listing GPUs (a node switched from the extender's book) is
+    // emptied by the reporter, not left to the extender.
+    let devices: Api<tessera_api::Device> = Api::all(client.clone());
+    let stale = json!({"spec": {"devices": one_gpu_device(node)?.spec.devices}});
+    devices
+        .patch(
+            node,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&stale),
+        )
+        .await?;
+    let started = Instant::now();
+    while !devices.get(node).await?.spec.devices.is_empty() {
+        ensure!(
+            started.elapsed() < Duration::from_secs(30),
+            "30 s on, the DRA node's Device CR still lists GPUs for the extender"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+
+    // Tessera's kubelet plugin prepares the claim and the proxy holds its share:
+    // the pod runs with exactly its GPU and share in its OCI spec.
+    let gpus: Vec<(String, u32)> = cluster
+        .gpu_node
+        .gpus
+        .iter()
+        .map(|g| (g.uuid.clone(), g.minor))
+        .collect();
+    let gpu_of = |result: &Value| -> anyhow::Result<(String, u64)> {
+        let device = result["device"].as_str().context("a device name")?;
+        let minor: u64 = device
+            .strip_prefix("gpu-")
+            .and_then(|m| m.parse().ok())
+            .with_context(|| format!("device {device} is not gpu-<minor>"))?;
+        let uuid = gpus
+            .iter()
+            .find(|g| u64::from(g.1) == minor)
+            .map(|g| g.0.clone())
+            .with_context(|| format!("no fake GPU of minor {minor}"))?;
+        Ok((uuid, minor))
+    };
+    let (uuid, minor) = gpu_of(&result)?;
+    let first = running_share(cluster, "dra-share", &uuid, minor, Some((25, 20 * 1024))).await?;
+    // A second quarter claim pinned to the same GPU: two pods share it, each held
+    // to its own quarter.
+    let pinned = json!([{"cel": {"expression": format!(
+        "device.attributes[\"{}\"].uuid == \"{uuid}\"", dra::DRIVER
+    )}}]);
+    create_claim_and_pod_with(cluster, "dra-share-2", Some(quarter()), Some(pinned)).await?;
+    let second_result = wait_allocated(cluster, "dra-share-2", Duration::from_secs(60)).await?;
+    ensure!(
+        second_result["device"] == result["device"],
+        "dra-share-2 pinned to {uuid} was allocated {second_result}"
+    );
+    let second = running_share(cluster, "dra-share-2", &uuid, minor, Some((25, 20 * 1024))).await?;
+    // A whole-GPU claim: its own GPU, no limiter.
+    let whole = claim_and_pod(cluster, "dra-whole", None).await?;
+    let (whole_uuid, whole_minor) = gpu_of(&whole)?;
+    ensure!(
+        whole_uuid != uuid && !held.contains(&whole_uuid),
+        "dra-whole shares a GPU: {whole}"
+    );
+    let whole_spec = running_share(cluster, "dra-whole", &whole_uuid, whole_minor, None).await?;
+
+    // The plugin restarted (the reporter) and the proxy restarted lose nothing:
+    // a container kubelet starts again gets the same share, and a pod deleted
+    // after the restart has its claim unprepared (the checkpoint was reloaded).
+    let checkpoint = cluster.dra_claims_file();
+    let before = std::fs::read_to_string(&checkpoint)?;
+    cluster.restart(Component::Reporter).await?;
+    cluster.restart(Component::RuntimeProxy).await?;
+    ensure!(
+        std::fs::read_to_string(&checkpoint)? == before,
+        "the plugin's checkpoint changed across a restart"
+    );
+    let pod = cluster.wait_running("dra-share").await?;
+    let container = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|c| c.first())
+        .and_then(|c| c.container_id.clone())
+        .context("dra-share's container")?;
+    cluster.kill_container(&container)?;
+    let restarted = wait_restarted(cluster, "dra-share").await?;
+    let spec = cluster
+        .container_specs(&restarted)?
+        .remove("main")
+        .context("main's spec")?;
+    check_share(
+        &spec,
+        "dra-share (restarted)",
+        &uuid,
+        minor,
+        Some((25, 20 * 1024)),
+    )?;
+    let claim_uid = Api::<ResourceClaim>::namespaced(client.clone(), "default")
+        .get("dra-share-2")
+        .await?
+        .metadata
+        .uid
+        .context("a claim UID")?;
+    ensure!(
+        std::fs::read_to_string(&checkpoint)?.contains(&claim_uid),
+        "dra-share-2's claim is not in the plugin's checkpoint"
+    );
+    cluster.delete_pod("dra-share-2").await?;
+    let started = Instant::now();
+    while std::fs::read_to_string(&checkpoint)?.contains(&claim_uid) {
+        ensure!(
+            started.elapsed() < Duration::from_secs(60),
+            "60 s after its pod went, claim dra-share-2 is still prepared"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    ensure!(
+        !cluster
+            .cdi_dir()
+            .join(format!("gpu.tessera.io-claim_{claim_uid}.json"))
+            .exists(),
+        "the CDI spec of an unprepared claim is left"
+    );
     println!(
-        "dra-share: {result}\nextender-share: Pending: {why}\ndevice-plugin pod's GPU {held:?}; the slice now lists {listed:?}"
+        "dra-share: {result}\n  spec env {:?}\ndra-share-2: {second_result}\n  spec env {:?}\ndra-whole: {whole}\n  spec env {:?}\nextender-share: Pending: {why}\ndevice-plugin pod's GPU {held:?}; the slice then listed {listed:?}",
+        share_env(&first),
+        share_env(&second),
+        share_env(&whole_spec)
     );
     Ok(())
 }
@@ -426,10 +543,23 @@ async fn create_claim_and_pod(
     name: &str,
     capacity: Option<Value>,
 ) -> anyhow::Result<()> {
+    create_claim_and_pod_with(cluster, name, capacity, None).await
+}
+
+/// [`create_claim_and_pod`] with the request's `selectors`.
+async fn create_claim_and_pod_with(
+    cluster: &Cluster,
+    name: &str,
+    capacity: Option<Value>,
+    selectors: Option<Value>,
+) -> anyhow::Result<()> {
     let client = cluster.client().await?;
     let mut exactly = json!({"deviceClassName": dra::DEVICE_CLASS});
     if let Some(requests) = capacity {
         exactly["capacity"] = json!({"requests": requests});
+    }
+    if let Some(selectors) = selectors {
+        exactly["selectors"] = selectors;
     }
     let claim: ResourceClaim = serde_json::from_value(json!({
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
@@ -445,8 +575,10 @@ async fn create_claim_and_pod(
         "metadata": {"name": name, "namespace": "default"},
         "spec": {
             "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
-            "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
-                "resources": {"claims": [{"name": "gpu"}]}}]
+            "containers": [{"name": "main", "image": "tessera.local/probe:1",
+                "imagePullPolicy": "Never", "resources": {"claims": [{"name": "gpu"}]}}],
+            "terminationGracePeriodSeconds": 0, "automountServiceAccountToken": false,
+            "dnsPolicy": "Default"
         }
     }))?;
     Api::<Pod>::namespaced(client, "default")
@@ -454,6 +586,99 @@ async fn create_claim_and_pod(
         .await
         .with_context(|| format!("creating pod {name}"))?;
     Ok(())
+}
+
+/// Waits until pod `name` runs and checks its container `main`'s OCI spec holds
+/// exactly GPU `uuid` (minor `minor`) and, for a share, its limits (`(cores,
+/// MiB)`); returns the spec.
+async fn running_share(
+    cluster: &mut Cluster,
+    name: &str,
+    uuid: &str,
+    minor: u64,
+    share: Option<(u64, u64)>,
+) -> anyhow::Result<Value> {
+    let pod = cluster.wait_running(name).await?;
+    let spec = cluster
+        .container_specs(&pod)?
+        .remove("main")
+        .with_context(|| format!("{name}: no spec of container main"))?;
+    check_share(&spec, name, uuid, minor, share)?;
+    Ok(spec)
+}
+
+fn check_share(
+    spec: &Value,
+    name: &str,
+    uuid: &str,
+    minor: u64,
+    share: Option<(u64, u64)>,
+) -> anyhow::Result<()> {
+    use tessera_harness::cluster::{env_values, gpu_device_minors, runtime_env};
+    let visible = env_values(spec, "NVIDIA_VISIBLE_DEVICES");
+    ensure!(
+        visible == [uuid.to_owned()],
+        "{name}: NVIDIA_VISIBLE_DEVICES {visible:?}, granted {uuid}"
+    );
+    let minors = gpu_device_minors(spec);
+    ensure!(
+        minors == [minor].into(),
+        "{name}: GPU device nodes {minors:?}, granted minor {minor}"
+    );
+    let limits = (
+        runtime_env(spec, "CUDA_DEVICE_SM_LIMIT"),
+        runtime_env(spec, "CUDA_DEVICE_MEMORY_LIMIT_0"),
+    );
+    let want = share.map_or((None, None), |(cores, mib)| {
+        (Some(cores.to_string()), Some(format!("{mib}m")))
+    });
+    ensure!(
+        limits == want,
+        "{name}: limiter env {limits:?}, granted {want:?}"
+    );
+    Ok(())
+}
+
+/// The share's env in a spec, for the test's output.
+fn share_env(spec: &Value) -> Vec<String> {
+    spec["process"]["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .filter(|e| {
+            e.starts_with("NVIDIA_VISIBLE_DEVICES=")
+                || e.starts_with("CUDA_DEVICE_")
+                || e.starts_with("TESSERA_")
+        })
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Waits until pod `name`'s container has been restarted and runs again.
+async fn wait_restarted(cluster: &mut Cluster, name: &str) -> anyhow::Result<Pod> {
+    let pods: Api<Pod> = Api::namespaced(cluster.client().await?, "default");
+    let started = Instant::now();
+    loop {
+        let pod = pods.get(name).await?;
+        let restarted = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .and_then(|c| c.first())
+            .is_some_and(|c| {
+                c.restart_count > 0 && c.state.as_ref().is_some_and(|s| s.running.is_some())
+            });
+        if restarted {
+            return Ok(pod);
+        }
+        ensure!(
+            started.elapsed() < Duration::from_secs(90),
+            "pod {name} not running again 90 s after its container was killed: {}",
+            serde_json::to_string(&pod.status)?
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }
 
 /// The UUIDs of the GPUs `slice` offers, in its order.

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use http::{HeaderMap, HeaderValue, Response};
-use percent_encoding::{AsciiSet, CONTROLS, percent_decode_str, utf8_percent_encode};
+use percent_encoding::percent_decode_str;
 use tonic::Code;
 
 use crate::body::{ProxyBody, empty_body};
@@ -61,13 +61,8 @@ pub fn encode_frame(message: &[u8]) -> Bytes {
     out.freeze()
 }
 
-/// Characters grpc-message must percent-encode (gRPC spec: outside 0x20..=0x7E, and '%').
-const GRPC_MESSAGE: &AsciiSet = &CONTROLS.add(b'%');
-
 /// `message` as a `grpc-message` value: percent-encoded where gRPC says.
-pub fn encode_message(message: &str) -> String {
-    utf8_percent_encode(message, GRPC_MESSAGE).to_string()
-}
+pub use tessera_http2::encode_grpc_message as encode_message;
 
 /// A trailers-only gRPC response carrying `code` and `message`, as a gRPC server
 /// sends when it fails a call before any message.

@@ -14,7 +14,6 @@
 // The hook protocol's CRI side, under the names the proxy's modules use.
 use tessera_hook_protocol::{convert, lifecycle as hook};
 
-mod authority;
 mod backend;
 mod body;
 mod config;
@@ -25,7 +24,9 @@ mod gpu;
 mod gpu_time;
 mod grpc;
 mod guard;
-pub mod http2;
+/// HTTP/2 at the wire (frames, HPACK, the `:authority` pass), shared with the
+/// kubelet DRA plugin.
+pub use tessera_http2 as http2;
 mod kubelet_seen;
 mod metrics;
 mod proxy;
@@ -37,7 +38,6 @@ mod wire;
 
 // What the binary, the tests and the integration crate use; the rest is the
 // proxy's own.
-pub use authority::{AuthorityNormaliser, HEADER_TABLE_SIZE, KubeletStream, h2_accepts_authority};
 pub use backend::Backend;
 pub use config::{Cli, Config, DEFAULT_LISTEN};
 pub use enforce::{EnforceHook, NodeEnforcement, node as node_enforcement};
@@ -53,6 +53,9 @@ pub use kubelet_seen::KubeletConnections;
 pub use metrics::{Metrics, serve as serve_metrics};
 pub use proxy::{Proxy, ProxyOptions};
 pub use store::PodStore;
+pub use tessera_http2::authority::{
+    AuthorityNormaliser, HEADER_TABLE_SIZE, KubeletStream, h2_accepts_authority,
+};
 pub use usage::{MemoryGrants, Report as UsageReport};
 pub use wire::merge;
 

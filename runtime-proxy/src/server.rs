@@ -16,9 +16,9 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use crate::authority::{self, KubeletStream};
 use crate::body::{Prefetched, RecvBody};
 use crate::proxy::Proxy;
+use tessera_http2::authority::{self, KubeletStream};
 
 /// Where the listening socket came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

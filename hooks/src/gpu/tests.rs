@@ -2286,7 +2286,11 @@ mod integrity {
             .insert(CLAIMS_ANNOTATION.into(), "ml/quarter".into());
         let edit = rewrite(&prepared, &node(), &GpuHookConfig::default()).expect("granted");
         apply(&mut prepared, &edit);
-        assert!(prepared.cdi_devices.is_empty(), "{:?}", prepared.cdi_devices);
+        assert!(
+            prepared.cdi_devices.is_empty(),
+            "{:?}",
+            prepared.cdi_devices
+        );
         assert_eq!(env(&prepared, VISIBLE_DEVICES).as_deref(), Some(UUID1));
         assert_eq!(paths(&prepared).first().copied(), Some("/dev/nvidia1"));
         assert_eq!(env(&prepared, SM_LIMIT).as_deref(), Some("25"));

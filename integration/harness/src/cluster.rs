@@ -695,6 +695,17 @@ impl Cluster {
         self.dir.path().join("enforce").join("backends")
     }
 
+    /// The checkpoint of Tessera's kubelet DRA plugin (under kubelet's root
+    /// directory), which the proxy reads.
+    pub fn dra_claims_file(&self) -> PathBuf {
+        self.dir
+            .path()
+            .join("kubelet")
+            .join("plugins")
+            .join(DRA_DRIVER)
+            .join("claims.json")
+    }
+
     /// The CDI spec directory containerd reads.
     pub fn cdi_dir(&self) -> PathBuf {
         self.dir.path().join("cdi")
@@ -1056,6 +1067,7 @@ impl Cluster {
             format!("--driver-gpus={}", self.gpu_node.driver_gpus.display()),
             format!("--nvml-library={}", library.display()),
             format!("--kubelet-checkpoint={KUBELET_CHECKPOINT}"),
+            format!("--dra-claims={}", self.dra_claims_file().display()),
         ];
         if options.enforcement {
             let hami = image::vgpu_stand_in(&dir.join("hami"))?;
@@ -1167,7 +1179,25 @@ impl Cluster {
             ),
         ];
         let args = if self.dra {
-            [args, vec!["--dra".into()]].concat()
+            let kubelet = self.dir.path().join("kubelet");
+            [
+                args,
+                vec![
+                    "--dra".into(),
+                    // The kubelet plugin, where this cluster's kubelet looks.
+                    format!(
+                        "--kubelet-plugins-dir={}",
+                        kubelet.join("plugins").display()
+                    ),
+                    format!(
+                        "--kubelet-registry-dir={}",
+                        kubelet.join("plugins_registry").display()
+                    ),
+                    format!("--cdi-dir={}", self.cdi_dir().display()),
+                    format!("--dev-root={}", self.gpu_node.device_root.display()),
+                ],
+            ]
+            .concat()
         } else {
             args
         };

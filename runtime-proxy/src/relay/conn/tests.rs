@@ -1,7 +1,7 @@
 use bytes::BytesMut;
 
 use super::*;
-use crate::http2::hpack::tests::{Representation, TestEncoder, decode_all};
+use crate::http2::hpack::testing::{Representation, TestEncoder, decode_all};
 
 const CREATE: &[u8] = b"/runtime.v1.RuntimeService/CreateContainer";
 const VERSION: &[u8] = b"/runtime.v1.RuntimeService/Version";

@@ -29,13 +29,11 @@ use std::task::{Context, Poll};
 use bytes::{Buf, BufMut, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use crate::http2::hpack;
+use crate::hpack;
 // The frame layout the frame relay reads and writes too: one definition of it.
-use crate::http2::frame::flag::{END_HEADERS, END_STREAM, PADDED, PRIORITY};
-use crate::http2::frame::kind::{CONTINUATION, HEADERS};
-use crate::http2::frame::{
-    FrameHead, HEAD_LEN as FRAME_HEAD_LEN, PREFACE, put_head as put_frame_head,
-};
+use crate::frame::flag::{END_HEADERS, END_STREAM, PADDED, PRIORITY};
+use crate::frame::kind::{CONTINUATION, HEADERS};
+use crate::frame::{FrameHead, HEAD_LEN as FRAME_HEAD_LEN, PREFACE, put_head as put_frame_head};
 
 /// SETTINGS_HEADER_TABLE_SIZE the proxy's HTTP/2 server advertises to kubelet
 /// (h2's default): the most kubelet's dynamic table may hold.

@@ -586,5 +586,7 @@ const STATIC_TABLE: [(&[u8], &[u8]); STATIC_LEN] = [
     (b"www-authenticate", b""),
 ];
 
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 #[cfg(test)]
-pub(crate) mod tests;
+mod tests;

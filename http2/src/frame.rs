@@ -7,7 +7,7 @@ use std::ops::Range;
 
 use bytes::{BufMut, Bytes, BytesMut};
 
-use crate::http2::hpack;
+use crate::hpack;
 
 /// The client connection preface (§3.4).
 pub const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -272,7 +272,7 @@ pub fn put_block(dst: &mut BytesMut, first: &FrameHead, block: &[u8]) {
 pub fn put_status_headers(dst: &mut BytesMut, stream: u32, code: i32, message: &str) {
     let mut block = BytesMut::with_capacity(64 + message.len());
     let code = code.to_string();
-    let message = crate::grpc::encode_message(message);
+    let message = crate::encode_grpc_message(message);
     for (name, value) in [
         (&b":status"[..], &b"200"[..]),
         (b"content-type", b"application/grpc"),

@@ -6,7 +6,7 @@ use proptest::prelude::*;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 
 use super::*;
-use crate::http2::hpack::tests::{Representation, TestEncoder, representation};
+use crate::hpack::testing::{Representation, TestEncoder, representation};
 
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 const SOCKET_PATH: &str = "/var/run/containerd/containerd.sock";
@@ -121,7 +121,7 @@ fn h2_view(bytes: &[u8]) -> Vec<(u32, Vec<(String, String)>)> {
         }
         if frame.flags & END_HEADERS != 0 {
             let fields =
-                crate::http2::hpack::tests::decode_all(&mut decoder, &std::mem::take(&mut block))
+                crate::hpack::testing::decode_all(&mut decoder, &std::mem::take(&mut block))
                     .expect("h2 decodes what it is given")
                     .into_iter()
                     .map(|(name, value, _)| {
@@ -469,7 +469,7 @@ fn serve(
     accepted: tokio::sync::mpsc::UnboundedSender<Accepted>,
 ) {
     tokio::spawn(async move {
-        let Ok(mut connection) = crate::server::kubelet_h2()
+        let Ok(mut connection) = served_h2()
             .handshake::<_, Bytes>(KubeletStream::new(io))
             .await
         else {
@@ -513,7 +513,7 @@ async fn an_h2_clients_bytes_reach_h2_unchanged() {
         seen: Arc::clone(&given),
     };
     tokio::spawn(async move {
-        let Ok(mut connection) = crate::server::kubelet_h2().handshake::<_, Bytes>(io).await else {
+        let Ok(mut connection) = served_h2().handshake::<_, Bytes>(io).await else {
             return;
         };
         while let Some(Ok((request, mut respond))) = connection.accept().await {
@@ -680,4 +680,15 @@ proptest! {
             prop_assert_eq!(headers, call.extra.clone());
         }
     }
+}
+
+/// An h2 server with the settings the pass reads kubelet's frames by (h2's
+/// defaults, named), as the runtime proxy and the kubelet plugin build theirs.
+fn served_h2() -> h2::server::Builder {
+    let mut builder = h2::server::Builder::new();
+    builder
+        .header_table_size(HEADER_TABLE_SIZE as u32)
+        .max_frame_size(MAX_FRAME_SIZE as u32)
+        .max_header_list_size(MAX_HEADER_LIST_SIZE as u32);
+    builder
 }

@@ -1,6 +1,7 @@
 use bytes::{BufMut, BytesMut};
 use proptest::prelude::*;
 
+use super::testing::*;
 use super::*;
 
 fn hex(text: &str) -> Vec<u8> {
@@ -10,18 +11,6 @@ fn hex(text: &str) -> Vec<u8> {
         .map(|d| (d as char).to_digit(16).expect("hex digit") as u8)
         .collect();
     digits.chunks(2).map(|p| p[0] << 4 | p[1]).collect()
-}
-
-/// Decoded fields: name, value, indexing.
-pub(crate) type Fields = Vec<(Vec<u8>, Vec<u8>, Indexing)>;
-
-/// Every field of `block`, as sent.
-pub(crate) fn decode_all(decoder: &mut Decoder, block: &[u8]) -> Result<Fields, DecodeError> {
-    let mut fields = Vec::new();
-    decoder.decode(block, |name, value, indexing| {
-        fields.push((name.to_vec(), value.to_vec(), indexing));
-    })?;
-    Ok(fields)
 }
 
 fn decode(decoder: &mut Decoder, block: &[u8]) -> Result<Vec<(String, String)>, DecodeError> {
@@ -234,44 +223,6 @@ fn rfc_c6_responses_with_huffman() {
 
 // === Huffman ===
 
-/// The canonical code, rebuilt from the lengths: (code, length) per symbol.
-fn huffman_codes() -> Vec<(u32, u8)> {
-    let mut order: Vec<usize> = (0..257).collect();
-    order.sort_by_key(|&s| (HUFFMAN_LENGTHS[s], s));
-    let mut codes = vec![(0u32, 0u8); 257];
-    let mut code = 0u32;
-    let mut previous = HUFFMAN_LENGTHS[order[0]];
-    for (i, &symbol) in order.iter().enumerate() {
-        let len = HUFFMAN_LENGTHS[symbol];
-        if i > 0 {
-            code = (code + 1) << (len - previous);
-        }
-        codes[symbol] = (code, len);
-        previous = len;
-    }
-    codes
-}
-
-/// Huffman-codes `text` with EOS padding, as an encoder would.
-pub(crate) fn huffman_encode(text: &[u8]) -> Vec<u8> {
-    let codes = huffman_codes();
-    let mut out = Vec::new();
-    let (mut acc, mut bits) = (0u64, 0u32);
-    for &byte in text {
-        let (code, len) = codes[usize::from(byte)];
-        acc = acc << len | u64::from(code);
-        bits += u32::from(len);
-        while bits >= 8 {
-            bits -= 8;
-            out.push((acc >> bits) as u8);
-        }
-    }
-    if bits > 0 {
-        out.push((acc << (8 - bits)) as u8 | (0xff >> bits));
-    }
-    out
-}
-
 #[test]
 fn huffman_code_matches_rfc_appendix_b() {
     let codes = huffman_codes();
@@ -388,91 +339,6 @@ fn size_updates_evict_and_oversize_entries_empty_the_table() {
 }
 
 // === properties ===
-
-/// How a test encoder writes one field.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Representation {
-    WithIndexing,
-    WithoutIndexing,
-    NeverIndexed,
-}
-
-/// A reference encoder with its own table, independent of the decoder's code:
-/// fields already in its table go as indices, the rest as literals, names and
-/// values Huffman-coded or raw as told.
-pub(crate) struct TestEncoder {
-    pub(crate) table: Vec<(Vec<u8>, Vec<u8>)>,
-    pub(crate) size: usize,
-    pub(crate) max: usize,
-}
-
-impl TestEncoder {
-    pub(crate) fn encode(
-        &mut self,
-        fields: &[(Vec<u8>, Vec<u8>, Representation, bool)],
-        resize: Option<usize>,
-        block: &mut BytesMut,
-    ) {
-        if let Some(max) = resize {
-            encode_int(max, 5, 0x20, block);
-            self.max = max;
-            self.evict(max);
-        }
-        for (name, value, representation, huffman) in fields {
-            let found = STATIC_TABLE
-                .iter()
-                .map(|(n, v)| (n.to_vec(), v.to_vec()))
-                .chain(self.table.iter().cloned())
-                .position(|(n, v)| n == *name && v == *value);
-            if let (Some(index), Representation::WithIndexing) = (found, representation) {
-                encode_int(index + 1, 7, 0x80, block);
-                continue;
-            }
-            let (prefix, flags) = match representation {
-                Representation::WithIndexing => (6, 0x40),
-                Representation::WithoutIndexing => (4, 0x00),
-                Representation::NeverIndexed => (4, 0x10),
-            };
-            encode_int(0, prefix, flags, block);
-            for string in [name, value] {
-                if *huffman {
-                    let coded = huffman_encode(string);
-                    encode_int(coded.len(), 7, 0x80, block);
-                    block.put_slice(&coded);
-                } else {
-                    encode_int(string.len(), 7, 0x00, block);
-                    block.put_slice(string);
-                }
-            }
-            if let Representation::WithIndexing = representation {
-                let size = name.len() + value.len() + 32;
-                if size > self.max {
-                    self.table.clear();
-                    self.size = 0;
-                } else {
-                    self.evict(self.max - size);
-                    self.table.insert(0, (name.clone(), value.clone()));
-                    self.size += size;
-                }
-            }
-        }
-    }
-
-    fn evict(&mut self, limit: usize) {
-        while self.size > limit {
-            let (n, v) = self.table.pop().expect("entries while size > 0");
-            self.size -= n.len() + v.len() + 32;
-        }
-    }
-}
-
-pub(crate) fn representation() -> impl Strategy<Value = Representation> {
-    prop_oneof![
-        Just(Representation::WithIndexing),
-        Just(Representation::WithoutIndexing),
-        Just(Representation::NeverIndexed),
-    ]
-}
 
 fn field() -> impl Strategy<Value = (Vec<u8>, Vec<u8>, Representation, bool)> {
     (
