@@ -45,8 +45,11 @@ async fn a_dra_node_offers_its_gpus_to_dra_and_none_to_the_extender() {
     let Some(binaries) = K8sBinaries::require_or_skip("DRA node").expect("binaries") else {
         return;
     };
+    // Enforced shares on, as on a node with r615's driver: a claim's share is
+    // held by the same backends as the extender's grant.
     let options = ClusterOptions {
         dra: true,
+        enforcement: true,
         ..ClusterOptions::default()
     };
     // Started, the cluster has seen the slice list every GPU and the Device CR none.
@@ -261,10 +264,28 @@ async fn one_book(cluster: &mut Cluster) -> anyhow::Result<()> {
     // The plugin restarted (the reporter) and the proxy restarted lose nothing:
     // a container kubelet starts again gets the same share, and a pod deleted
     // after the restart has its claim unprepared (the checkpoint was reloaded).
+    // The driver holds each quarter's memory on its GPU (the fake NVML logs the
+    // limits tessera-enforce set on each container's cgroup).
+    let quarter_limits = |cluster: &Cluster| -> anyhow::Result<usize> {
+        Ok(cluster
+            .memory_limit_calls()?
+            .iter()
+            .filter(|c| {
+                c["uuid"] == uuid.as_str() && c["hardLimit"] == 20 * GIB && c["result"] == 0
+            })
+            .count())
+    };
+    let held = quarter_limits(cluster)?;
+    ensure!(
+        held == 2,
+        "{held} driver memory limits of 20 GiB on {uuid}, want one for each quarter: {:?}",
+        cluster.memory_limit_calls()?
+    );
     let checkpoint = cluster.dra_claims_file();
     let before = std::fs::read_to_string(&checkpoint)?;
     cluster.restart(Component::Reporter).await?;
     cluster.restart(Component::RuntimeProxy).await?;
+    cluster.restart(Component::Kubelet).await?;
     ensure!(
         std::fs::read_to_string(&checkpoint)? == before,
         "the plugin's checkpoint changed across a restart"
@@ -290,6 +311,11 @@ async fn one_book(cluster: &mut Cluster) -> anyhow::Result<()> {
         minor,
         Some((25, 20 * 1024)),
     )?;
+    ensure!(
+        quarter_limits(cluster)? == 3,
+        "the restarted container's cgroup got no 20 GiB limit: {:?}",
+        cluster.memory_limit_calls()?
+    );
     let claim_uid = Api::<ResourceClaim>::namespaced(client.clone(), "default")
         .get("dra-share-2")
         .await?
@@ -635,6 +661,16 @@ fn check_share(
     ensure!(
         limits == want,
         "{name}: limiter env {limits:?}, granted {want:?}"
+    );
+    // A share is held by the node's backends, named in the spec; a whole GPU
+    // needs none.
+    let enforcement = runtime_env(spec, "TESSERA_ENFORCEMENT");
+    ensure!(
+        share.is_none() == enforcement.is_none()
+            && enforcement
+                .as_deref()
+                .is_none_or(|e| e.contains("driver-memory")),
+        "{name}: TESSERA_ENFORCEMENT {enforcement:?} for share {share:?}"
     );
     Ok(())
 }
