@@ -46,7 +46,21 @@ fn main() {
             "crate::proto::dra::NodeUnprepareResourcesResponse",
         ))
         .build();
+    let health = Service::builder()
+        .name("DRAResourceHealth")
+        .package("v1alpha1")
+        .method(
+            Method::builder()
+                .name("node_watch_resources")
+                .route_name("NodeWatchResources")
+                .input_type("crate::proto::health::NodeWatchResourcesRequest")
+                .output_type("crate::proto::health::NodeWatchResourcesResponse")
+                .codec_path("tonic_prost::ProstCodec")
+                .server_streaming()
+                .build(),
+        )
+        .build();
     Builder::new()
         .build_transport(false)
-        .compile(&[registration, dra]);
+        .compile(&[registration, dra, health]);
 }

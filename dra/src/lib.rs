@@ -12,6 +12,7 @@
 //! the extender's grants.
 
 pub mod cdi;
+pub mod health;
 pub mod plugin;
 pub mod prepare;
 pub mod proto;

@@ -149,3 +149,70 @@ pub mod dra {
     /// The service's server, as tonic names it from `DRAPlugin`.
     pub use services::d_r_a_plugin_server as dra_plugin_server;
 }
+
+/// kubelet's DRA device-health service (`v1alpha1.DRAResourceHealth`, which
+/// kubelet 1.36 calls on every registered DRA plugin): the plugin streams the
+/// health of its devices, which kubelet shows in the pods' status
+/// (`allocatedResourcesStatus`).
+pub mod health {
+    /// kubelet opens the stream.
+    #[derive(Clone, Copy, PartialEq, Eq, ::prost::Message)]
+    pub struct NodeWatchResourcesRequest {}
+
+    /// A device of the driver.
+    #[derive(Clone, PartialEq, Eq, ::prost::Message)]
+    pub struct DeviceIdentifier {
+        /// Its pool.
+        #[prost(string, tag = "1")]
+        pub pool_name: String,
+        /// Its name.
+        #[prost(string, tag = "2")]
+        pub device_name: String,
+    }
+
+    /// A device's health.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ::prost::Enumeration)]
+    #[repr(i32)]
+    pub enum HealthStatus {
+        /// Cannot be told.
+        Unknown = 0,
+        /// Working.
+        Healthy = 1,
+        /// Reported a problem.
+        Unhealthy = 2,
+    }
+
+    /// One device's health at a time.
+    #[derive(Clone, PartialEq, Eq, ::prost::Message)]
+    pub struct DeviceHealth {
+        /// The device.
+        #[prost(message, optional, tag = "1")]
+        pub device: Option<DeviceIdentifier>,
+        /// Its health.
+        #[prost(enumeration = "HealthStatus", tag = "2")]
+        pub health: i32,
+        /// When it was determined, Unix seconds.
+        #[prost(int64, tag = "3")]
+        pub last_updated_time: i64,
+        /// After how long without an update kubelet takes it as unknown.
+        #[prost(int64, tag = "4")]
+        pub health_check_timeout_seconds: i64,
+    }
+
+    /// Every device of the driver on the node.
+    #[derive(Clone, PartialEq, Eq, ::prost::Message)]
+    pub struct NodeWatchResourcesResponse {
+        /// The devices.
+        #[prost(message, repeated, tag = "1")]
+        pub devices: Vec<DeviceHealth>,
+    }
+
+    #[allow(missing_debug_implementations, clippy::all)]
+    mod services {
+        include!(concat!(env!("OUT_DIR"), "/v1alpha1.DRAResourceHealth.rs"));
+    }
+    /// The service's client (kubelet's side; tests play kubelet with it).
+    pub use services::d_r_a_resource_health_client as health_client;
+    /// The service's server, as tonic names it from `DRAResourceHealth`.
+    pub use services::d_r_a_resource_health_server as health_server;
+}

@@ -150,12 +150,13 @@ fn bind(path: &Path) -> std::io::Result<UnixListener> {
         .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))
 }
 
-/// Serves `plugin` on `sockets` until `shutdown` completes. The DRA socket is
+/// Serves `plugin` and GPU `health` on `sockets` until `shutdown` completes. The DRA socket is
 /// bound before the registration socket, so kubelet never finds the plugin
 /// before it can call it; the registration socket is removed on the way out so
 /// that kubelet deregisters the plugin.
 pub async fn serve(
     plugin: Arc<Plugin>,
+    health: crate::health::HealthService,
     sockets: &Sockets,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
@@ -167,6 +168,7 @@ pub async fn serve(
     };
     let dra_server = builder()
         .add_service(DraService::new(plugin).into_server())
+        .add_service(health.into_server())
         .serve_with_incoming_shutdown(kubelet_connections(dra), wait(stopped.clone()));
     let registration_server = builder()
         .add_service(registration_server::RegistrationServer::new(Registration {

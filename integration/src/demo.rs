@@ -137,6 +137,7 @@ pub async fn run(out: &mut (dyn Write + Send)) -> anyhow::Result<DemoSummary> {
             recovery_after: Duration::from_secs(300),
             enforcement_file: enforcement_dir.join("backends"),
             dra: false,
+            dra_health: None,
         },
         xid_rx,
         std::future::pending::<()>(),

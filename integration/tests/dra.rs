@@ -240,6 +240,13 @@ async fn one_book(cluster: &mut Cluster) -> anyhow::Result<()> {
     };
     let (uuid, minor) = gpu_of(&result)?;
     let first = running_share(cluster, "dra-share", &uuid, minor, Some((25, 20 * 1024))).await?;
+    // kubelet shows the claim's GPU health from the plugin's health stream
+    // (NVML's view, through the reporter).
+    let health = wait_health(cluster, "dra-share").await?;
+    ensure!(
+        health == ["Healthy"],
+        "dra-share: its claim's GPU health {health:?}"
+    );
     // A second quarter claim pinned to the same GPU: two pods share it, each held
     // to its own quarter.
     let pinned = json!([{"cel": {"expression": format!(
@@ -689,6 +696,34 @@ fn share_env(spec: &Value) -> Vec<String> {
         })
         .map(str::to_owned)
         .collect()
+}
+
+/// The health kubelet reports for pod `name`'s claimed devices, once it reports any.
+async fn wait_health(cluster: &Cluster, name: &str) -> anyhow::Result<Vec<String>> {
+    let pods: Api<Pod> = Api::namespaced(cluster.client().await?, "default");
+    let started = Instant::now();
+    loop {
+        let pod = pods.get(name).await?;
+        let health: Vec<String> = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .into_iter()
+            .flatten()
+            .flat_map(|c| c.allocated_resources_status.iter().flatten())
+            .flat_map(|r| r.resources.iter().flatten())
+            .filter_map(|r| r.health.clone())
+            .collect();
+        if !health.is_empty() {
+            return Ok(health);
+        }
+        ensure!(
+            started.elapsed() < Duration::from_secs(30),
+            "pod {name}: kubelet reports no health of its claimed devices after 30 s: {}",
+            serde_json::to_string(&pod.status)?
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }
 
 /// Waits until pod `name`'s container has been restarted and runs again.

@@ -98,6 +98,7 @@ async fn discovery_publish_health_and_legacy_pods() {
         // No proxy here: the node holds no share (none).
         enforcement_file: "/nonexistent/tessera-enforcement".into(),
         dra: false,
+        dra_health: None,
     };
     let publisher = Publisher::new(api.client().expect("client"), "gpu-node-1");
     let (stop_loop, stopped) = tokio::sync::oneshot::channel::<()>();

@@ -239,6 +239,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
         } => {
             let source = NvmlSource::open(&library_path(cli.nvml_library))?;
             let client = tessera_daemon::client::kube_client(kubeconfig.as_deref()).await?;
+            let health = dra.then(tessera_dra::health::HealthFeed::default);
             let kubelet_plugin = if dra {
                 let plugin = tessera_dra::plugin::Plugin::start(
                     node_name.clone(),
@@ -258,13 +259,20 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
                     &kubelet_plugins_dir,
                     &kubelet_registry_dir,
                 );
+                // kubelet takes a GPU's health as unknown after three rounds unheard.
+                let service = tessera_dra::health::HealthService::new(
+                    node_name.clone(),
+                    health.clone().unwrap_or_default(),
+                    Duration::from_secs(interval.max(1) * 3),
+                );
                 let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
                 let serving = tokio::spawn(async move {
                     let shutdown = async move {
                         let _ = stopped.await;
                     };
                     if let Err(error) =
-                        tessera_dra::server::serve(Arc::new(plugin), &sockets, shutdown).await
+                        tessera_dra::server::serve(Arc::new(plugin), service, &sockets, shutdown)
+                            .await
                     {
                         tracing::error!(%error, "kubelet plugin stopped");
                     }
@@ -294,6 +302,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
                 recovery_after: Duration::from_secs(recovery_after),
                 enforcement_file,
                 dra,
+                dra_health: health,
             };
             let metrics = ReporterMetrics::default();
             if let Some(addr) = metrics_addr.addr() {

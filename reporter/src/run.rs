@@ -43,6 +43,9 @@ pub struct LoopConfig {
     /// capacity offer none of them to tessera-scheduler, so that no GPU is in
     /// two books.
     pub dra: bool,
+    /// Where each round's GPU health goes to the kubelet plugin's health
+    /// service (with `dra`).
+    pub dra_health: Option<tessera_dra::health::HealthFeed>,
 }
 
 impl LoopConfig {
@@ -333,6 +336,9 @@ async fn publish(
     metrics.record_enforcement(&backends);
     with_enforcement(&mut spec, &mut annotations, &backends);
     let unproven = switch_unproven(&node) || last.kubelet_unseen.is_some();
+    if let Some(feed) = &config.dra_health {
+        feed.publish(gpu_health(&spec));
+    }
     // DRA: one book per node. The slice gets the GPUs, the extender none; the
     // GPUs leave the extender's book (Device CR, capacity) before the slice offers
     // them, so a failed write leaves them in neither, never in both.
@@ -432,6 +438,19 @@ async fn publish(
     [slice, device, node]
         .iter()
         .all(|outcome| *outcome != PublishOutcome::Failed)
+}
+
+/// The health of each GPU of `spec`, by its DRA device name.
+fn gpu_health(spec: &tessera_api::device::DeviceSpec) -> Vec<tessera_dra::health::GpuHealth> {
+    spec.devices
+        .iter()
+        .filter(|d| d.device_type == tessera_api::resources::DEVICE_TYPE_GPU)
+        .enumerate()
+        .map(|(index, gpu)| tessera_dra::health::GpuHealth {
+            device: tessera_api::dra::device_name(gpu, index),
+            healthy: gpu.health,
+        })
+        .collect()
 }
 
 /// What a node in DRA mode offers tessera-scheduler: no GPU (its capacity of

@@ -134,6 +134,7 @@ async fn start(
         // No proxy here: the node holds no share (none).
         enforcement_file: "/nonexistent/tessera-enforcement".into(),
         dra: false,
+        dra_health: None,
     };
     let (xids, stop) = spawn_loop(api, node, config, metrics, GpuEvents::none());
     (addr, xids, stop)
@@ -254,6 +255,7 @@ async fn start_with_events(
         recovery_after,
         enforcement_file: "/nonexistent/tessera-enforcement".into(),
         dra: false,
+        dra_health: None,
     };
     let metrics = Arc::new(ReporterMetrics::default());
     let (xids, stop) = spawn_loop(api, "gpu-node-1", config, Arc::clone(&metrics), events);
@@ -323,6 +325,7 @@ async fn the_switch_is_proven_only_while_kubelet_is_connected_to_the_proxy() {
         recovery_after: Duration::from_secs(3600),
         enforcement_file: dir.path().join("backends"),
         dra: false,
+        dra_health: None,
     };
     let seen_file = config.kubelet_seen_file();
     let metrics = Arc::new(ReporterMetrics::default());
@@ -590,6 +593,7 @@ async fn gpu_memory_use_is_published_exported_and_told_to_the_pod() {
         recovery_after: Duration::from_secs(3600),
         enforcement_file: dir.path().join("backends"),
         dra: false,
+        dra_health: None,
     };
     let (_xids, stop) = spawn_loop(&api, "gpu-node-1", config, Arc::clone(&metrics), events);
     let memory = |sink: &RecordingSink| -> Vec<(String, String)> {
