@@ -25,10 +25,13 @@ pub struct GpuHealth {
     pub healthy: bool,
 }
 
+/// A round: when, and each GPU's health (`None` before the first).
+type Round = Option<(SystemTime, Vec<GpuHealth>)>;
+
 /// Where the reporter posts each round's health; the service reads it.
 #[derive(Debug, Clone)]
 pub struct HealthFeed {
-    sender: Arc<watch::Sender<Option<(SystemTime, Vec<GpuHealth>)>>>,
+    sender: Arc<watch::Sender<Round>>,
 }
 
 impl Default for HealthFeed {
@@ -45,7 +48,7 @@ impl HealthFeed {
         self.sender.send_replace(Some((SystemTime::now(), gpus)));
     }
 
-    fn subscribe(&self) -> watch::Receiver<Option<(SystemTime, Vec<GpuHealth>)>> {
+    fn subscribe(&self) -> watch::Receiver<Round> {
         self.sender.subscribe()
     }
 }
