@@ -271,6 +271,62 @@ async fn one_book(cluster: &mut Cluster) -> anyhow::Result<()> {
     // The plugin restarted (the reporter) and the proxy restarted lose nothing:
     // a container kubelet starts again gets the same share, and a pod deleted
     // after the restart has its claim unprepared (the checkpoint was reloaded).
+    // One book with NVIDIA's device plugin: kubelet admits device-plugin pods
+    // against the plugin's count alone, and the plugin does not know the claims.
+    // Two more such pods: at most one GPU is free of claims, so at least one of
+    // them is handed a GPU a running claim holds, and the proxy refuses it.
+    let claimed = [uuid.clone(), whole_uuid.clone()];
+    let mut refused = Vec::new();
+    for name in ["legacy-2", "legacy-3"] {
+        let mut pod = probe_pod(name, &[("main", json!({"nvidia.com/gpu": "1"}))], &[]);
+        pod["spec"]["schedulerName"] = json!("nobody");
+        cluster.create_pod("admin", &pod).await?;
+        cluster.bind_as_other_scheduler(name).await?;
+    }
+    let started = Instant::now();
+    for name in ["legacy-2", "legacy-3"] {
+        loop {
+            let events = cluster.events_of(name).await?;
+            if let Some(event) = events.iter().find(|e| e.contains("is already held by")) {
+                ensure!(
+                    claimed.iter().any(|u| event.contains(u.as_str())),
+                    "{name} refused, but not for a claimed GPU: {event}"
+                );
+                refused.push(event.clone());
+                break;
+            }
+            let pod = Api::<Pod>::namespaced(client.clone(), "default")
+                .get(name)
+                .await?;
+            if tessera_harness::cluster::is_running(&pod) {
+                let seen = cluster
+                    .container_specs(&pod)?
+                    .get("main")
+                    .map(|spec| {
+                        tessera_harness::cluster::env_values(spec, "NVIDIA_VISIBLE_DEVICES")
+                    })
+                    .unwrap_or_default();
+                ensure!(
+                    seen.iter().all(|g| !claimed.contains(g)),
+                    "device-plugin pod {name} runs with {seen:?}, a GPU a claim holds ({claimed:?})"
+                );
+                break;
+            }
+            ensure!(
+                started.elapsed() < Duration::from_secs(90),
+                "{name}: neither running nor refused after 90 s: {events:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+    ensure!(
+        !refused.is_empty(),
+        "no device-plugin pod was handed a claimed GPU, though at most one GPU was free"
+    );
+    for name in ["legacy-2", "legacy-3"] {
+        cluster.delete_pod(name).await?;
+    }
+
     // The driver holds each quarter's memory on its GPU (the fake NVML logs the
     // limits tessera-enforce set on each container's cgroup).
     let quarter_limits = |cluster: &Cluster| -> anyhow::Result<usize> {
@@ -350,7 +406,7 @@ async fn one_book(cluster: &mut Cluster) -> anyhow::Result<()> {
         "the CDI spec of an unprepared claim is left"
     );
     println!(
-        "dra-share: {result}\n  spec env {:?}\ndra-share-2: {second_result}\n  spec env {:?}\ndra-whole: {whole}\n  spec env {:?}\nextender-share: Pending: {why}\ndevice-plugin pod's GPU {held:?}; the slice then listed {listed:?}",
+        "device-plugin pods refused: {refused:?}\ndra-share: {result}\n  spec env {:?}\ndra-share-2: {second_result}\n  spec env {:?}\ndra-whole: {whole}\n  spec env {:?}\nextender-share: Pending: {why}\ndevice-plugin pod's GPU {held:?}; the slice then listed {listed:?}",
         share_env(&first),
         share_env(&second),
         share_env(&whole_spec)
