@@ -114,8 +114,10 @@ enum Command {
         /// ResourceSlice of driver gpu.tessera.io (docs/dra.md), not to
         /// tessera-scheduler: the Device CR then lists no GPU and the node offers
         /// none of Tessera's extended resources, so tessera-scheduler and DRA never
-        /// share a GPU. Do not run NVIDIA's device plugin on such a node: its grants
-        /// are not yet checked against claims
+        /// share a GPU. Also serves Tessera's kubelet plugin (the flags below),
+        /// whose prepared claims tessera-runtime-proxy holds as grants. Better run no
+        /// NVIDIA device plugin there: the proxy refuses a GPU it hands out that a
+        /// claim holds, so that pod fails to start
         #[arg(long)]
         dra: bool,
         /// With --dra: kubelet's plugin directory; the kubelet plugin serves at
