@@ -6,12 +6,13 @@
 //! Preparing a claim reads it (its allocation on this node: GPUs and the
 //! capacity each result consumed) and the pods it is reserved for (which of
 //! their containers use it), records that in the checkpoint
-//! ([`tessera_api::dra::prepared`]) that the runtime proxy reads, writes the
-//! claim's CDI spec and answers kubelet with the CDI device of each result. The
+//! ([`tessera_api::dra::prepared`]) that the runtime proxy reads, and answers
+//! kubelet with a CDI device for each result: a token the runtime proxy
+//! replaces with the claim's GPU and its enforcement (no CDI spec exists for it,
+//! so without the proxy the container fails instead of running unheld). The
 //! runtime proxy holds each container to exactly its claims' shares, as it holds
 //! the extender's grants.
 
-pub mod cdi;
 pub mod health;
 pub mod plugin;
 pub mod prepare;

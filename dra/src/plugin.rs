@@ -1,5 +1,12 @@
-//! The DRA service kubelet calls: prepares and unprepares claims, one request
-//! at a time per claim, and keeps the checkpoint and the CDI specs in step.
+//! The DRA service kubelet calls: prepares and unprepares claims, one call at a
+//! time per claim, and keeps the checkpoint in step.
+//!
+//! A prepared claim's CDI devices (`gpu.tessera.io/claim=<UID>-<index>`) have no
+//! spec in the runtime's CDI directory on purpose: they are tokens only the
+//! runtime proxy redeems, replacing each with the claim's GPU and its
+//! enforcement. A container that reaches the runtime without the proxy (kubelet
+//! pointed back at containerd) fails on the unresolvable device instead of
+//! getting the GPU with its share unheld.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -12,7 +19,6 @@ use tessera_api::dra::{DRIVER, slice_name};
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
-use crate::cdi::CdiSpecs;
 use crate::prepare::{prepared_claim, reserved_pods, slice_gpus};
 use crate::proto::dra::{
     Claim, Device, NodePrepareResourceResponse, NodePrepareResourcesRequest,
@@ -27,8 +33,8 @@ use crate::store::{Checkpoint, StoreError};
 pub trait ClusterReader: Send + Sync + std::fmt::Debug {
     /// The ResourceClaim `namespace/name`.
     async fn claim(&self, namespace: &str, name: &str) -> Result<ResourceClaim, String>;
-    /// The Pod `namespace/name`.
-    async fn pod(&self, namespace: &str, name: &str) -> Result<Pod, String>;
+    /// The Pod `namespace/name`; `None` when it does not exist.
+    async fn pod(&self, namespace: &str, name: &str) -> Result<Option<Pod>, String>;
     /// The ResourceSlice `name`.
     async fn slice(&self, name: &str) -> Result<ResourceSlice, String>;
 }
@@ -61,9 +67,9 @@ impl ClusterReader for KubeReader {
             .map_err(|e| format!("reading ResourceClaim {namespace}/{name}: {e}"))
     }
 
-    async fn pod(&self, namespace: &str, name: &str) -> Result<Pod, String> {
+    async fn pod(&self, namespace: &str, name: &str) -> Result<Option<Pod>, String> {
         kube::Api::<Pod>::namespaced(self.client.clone(), namespace)
-            .get(name)
+            .get_opt(name)
             .await
             .map_err(|e| format!("reading Pod {namespace}/{name}: {e}"))
     }
@@ -82,29 +88,28 @@ pub struct Plugin {
     node: String,
     reader: Arc<dyn ClusterReader>,
     checkpoint: Checkpoint,
-    cdi: CdiSpecs,
     /// The book in memory; the std lock is held only to read or change it.
     claims: Mutex<PreparedClaims>,
-    /// Serialises writes of the checkpoint and the specs (held across them, off
-    /// the request path of any other component).
+    /// One lock per claim being prepared or unprepared, held across the whole
+    /// call (its API reads included): a prepare that read the claim before an
+    /// unprepare finished must not bring it back.
+    calls: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Serialises writes of the checkpoint (held across them, off the request
+    /// path of any other component).
     writes: tokio::sync::Mutex<()>,
 }
 
 impl Plugin {
     /// A plugin for `node` that starts from what `checkpoint` holds (a restart
-    /// loses nothing); an unreadable checkpoint is an error. Spec files of claims
-    /// the checkpoint does not hold are removed.
+    /// loses nothing); an unreadable checkpoint is an error.
     pub fn start(
         node: String,
         reader: Arc<dyn ClusterReader>,
         checkpoint: Checkpoint,
-        cdi: CdiSpecs,
     ) -> Result<Self, StoreError> {
         let claims = checkpoint.load()?;
-        let swept = cdi.sweep(&|uid| claims.claims.contains_key(uid));
         tracing::info!(
             prepared = claims.claims.len(),
-            swept,
             checkpoint = %checkpoint.path().display(),
             "kubelet plugin state loaded"
         );
@@ -112,10 +117,25 @@ impl Plugin {
             node,
             reader,
             checkpoint,
-            cdi,
             claims: Mutex::new(claims),
+            calls: Mutex::new(HashMap::new()),
             writes: tokio::sync::Mutex::new(()),
         })
+    }
+
+    /// The claim's call lock (made when absent).
+    fn call_lock(&self, uid: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut calls = self.calls.lock().unwrap_or_else(PoisonError::into_inner);
+        Arc::clone(calls.entry(uid.to_owned()).or_default())
+    }
+
+    /// Forgets the claim's call lock when no other call holds or waits for it.
+    fn release_lock(&self, uid: &str, lock: Arc<tokio::sync::Mutex<()>>) {
+        let mut calls = self.calls.lock().unwrap_or_else(PoisonError::into_inner);
+        // Ours and the map's: nobody else has it.
+        if Arc::strong_count(&lock) == 2 {
+            calls.remove(uid);
+        }
     }
 
     /// A copy of the book, for tests and the proxy's view.
@@ -129,15 +149,24 @@ impl Plugin {
 
     /// Prepares one claim: its devices for kubelet, or why not.
     pub async fn prepare(&self, claim: &Claim) -> Result<Vec<Device>, String> {
-        // Prepared already (kubelet retries, restarts): the same answer, and the
-        // pods it is reserved for now (a second pod sharing it) added.
+        let lock = self.call_lock(&claim.uid);
+        let result = {
+            let _call = lock.lock().await;
+            self.prepare_locked(claim).await
+        };
+        self.release_lock(&claim.uid, lock);
+        result
+    }
+
+    async fn prepare_locked(&self, claim: &Claim) -> Result<Vec<Device>, String> {
+        // Prepared already (kubelet's retries, and its calls after its own restart):
+        // read again, so that the pods it is reserved for now are recorded.
         let known = self.book().claims.get(&claim.uid).cloned();
-        let read = self.read(claim).await;
-        let prepared = match (read, known) {
+        let prepared = match (self.read(claim).await, &known) {
             (Ok(prepared), _) => prepared,
             // The API server unreachable, but the claim was prepared: what was
             // prepared stands (kubelet's restart path must not fail on it).
-            (Err(_), Some(known)) => known,
+            (Err(_), Some(known)) => known.clone(),
             (Err(error), None) => return Err(error),
         };
         let _write = self.writes.lock().await;
@@ -146,9 +175,13 @@ impl Plugin {
             book.claims.insert(claim.uid.clone(), prepared.clone());
             book.clone()
         };
-        if let Err(error) = self.persist(&snapshot, Some(&prepared)).await {
-            // Not recorded: not prepared. The book goes back to the file's.
-            self.book().claims.remove(&claim.uid);
+        if let Err(error) = self.persist(snapshot).await {
+            // Not recorded: the book goes back to what the file holds.
+            let mut book = self.book();
+            match known {
+                Some(known) => book.claims.insert(claim.uid.clone(), known),
+                None => book.claims.remove(&claim.uid),
+            };
             return Err(error);
         }
         Ok(devices(&prepared))
@@ -156,6 +189,16 @@ impl Plugin {
 
     /// Unprepares one claim; an unknown claim is unprepared already.
     pub async fn unprepare(&self, claim: &Claim) -> Result<(), String> {
+        let lock = self.call_lock(&claim.uid);
+        let result = {
+            let _call = lock.lock().await;
+            self.unprepare_locked(claim).await
+        };
+        self.release_lock(&claim.uid, lock);
+        result
+    }
+
+    async fn unprepare_locked(&self, claim: &Claim) -> Result<(), String> {
         let _write = self.writes.lock().await;
         let (removed, snapshot) = {
             let mut book = self.book();
@@ -165,15 +208,11 @@ impl Plugin {
         let Some(removed) = removed else {
             return Ok(());
         };
-        if let Err(error) = self.persist(&snapshot, None).await {
+        if let Err(error) = self.persist(snapshot).await {
             self.book().claims.insert(claim.uid.clone(), removed);
             return Err(error);
         }
-        let cdi = self.cdi.clone();
-        let uid = claim.uid.clone();
-        blocking(move || cdi.remove(&uid))
-            .await
-            .map_err(|e| format!("removing the CDI spec of claim {}: {e}", claim.uid))
+        Ok(())
     }
 
     /// Reads the claim, this node's slice and the claim's pods.
@@ -182,9 +221,10 @@ impl Plugin {
         let slice = self.reader.slice(&slice_name(&self.node)).await?;
         let mut pods = Vec::new();
         for (name, uid) in reserved_pods(&found) {
+            // A pod gone (its reservation not yet cleaned up) or of the same name
+            // recreated is not the one reserved.
             let pod = self.reader.pod(&claim.namespace, &name).await?;
-            // A pod of the same name recreated is not the one reserved.
-            if pod.metadata.uid.as_deref() == Some(uid.as_str()) {
+            if let Some(pod) = pod.filter(|p| p.metadata.uid.as_deref() == Some(uid.as_str())) {
                 pods.push(pod);
             }
         }
@@ -192,24 +232,12 @@ impl Plugin {
             .map_err(|e| e.to_string())
     }
 
-    /// Writes the checkpoint (and `written`'s CDI spec first, so a recorded claim
-    /// always has its spec).
-    async fn persist(
-        &self,
-        snapshot: &PreparedClaims,
-        written: Option<&PreparedClaim>,
-    ) -> Result<(), String> {
-        if let Some(claim) = written.cloned() {
-            let cdi = self.cdi.clone();
-            let uid = claim.uid.clone();
-            blocking(move || cdi.write(&claim))
-                .await
-                .map_err(|e| format!("writing the CDI spec of claim {uid}: {e}"))?;
-        }
+    /// Writes the checkpoint.
+    async fn persist(&self, snapshot: PreparedClaims) -> Result<(), String> {
         let checkpoint = self.checkpoint.clone();
-        let snapshot = snapshot.clone();
-        blocking(move || checkpoint.save(&snapshot).map_err(std::io::Error::other))
+        tokio::task::spawn_blocking(move || checkpoint.save(&snapshot))
             .await
+            .map_err(|e| format!("writing the checkpoint: {e}"))?
             .map_err(|e| format!("writing the checkpoint: {e}"))
     }
 }
@@ -226,14 +254,6 @@ fn devices(claim: &PreparedClaim) -> Vec<Device> {
             cdi_device_ids: vec![device.cdi_device.clone()],
         })
         .collect()
-}
-
-async fn blocking(
-    work: impl FnOnce() -> std::io::Result<()> + Send + 'static,
-) -> std::io::Result<()> {
-    tokio::task::spawn_blocking(work)
-        .await
-        .map_err(std::io::Error::other)?
 }
 
 /// The gRPC face of [`Plugin`].

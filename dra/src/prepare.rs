@@ -32,9 +32,10 @@ pub enum PrepareError {
         /// kubelet's.
         asked: String,
     },
-    /// An allocation result names a device this node's slice does not offer.
+    /// An allocation result names a device this node's slice does not offer
+    /// (or lists without the UUID, minor and memory a GPU needs on the node).
     #[error(
-        "ResourceClaim {claim}: result {index} (request {request}) is device {device} of pool {pool}, which this node's ResourceSlice does not list"
+        "ResourceClaim {claim}: result {index} (request {request}) is device {device} of pool {pool}, which this node's ResourceSlice does not list with a uuid, a minor and memory"
     )]
     UnknownDevice {
         /// `namespace/name`.
@@ -47,6 +48,19 @@ pub enum PrepareError {
         pool: String,
         /// Its device.
         device: String,
+    },
+    /// An admin-access result: it consumes nothing of a device other claims may
+    /// share, so no share of it can be held; refused rather than given the GPU.
+    #[error(
+        "ResourceClaim {claim}: result {index} (request {request}) has adminAccess: Tessera does not grant admin access to its GPUs (it would reach a GPU other claims share, with no share of its own to hold)"
+    )]
+    AdminAccess {
+        /// `namespace/name`.
+        claim: String,
+        /// The result's index.
+        index: usize,
+        /// Its request.
+        request: String,
     },
     /// A slice device or a result's consumed capacity cannot be read.
     #[error("ResourceClaim {claim}: {path}: {problem}")]
@@ -143,6 +157,13 @@ pub fn prepared_claim(
     for (index, result) in results.iter().enumerate() {
         if result.driver != DRIVER || result.pool != node {
             continue;
+        }
+        if result.admin_access == Some(true) {
+            return Err(PrepareError::AdminAccess {
+                claim: at.clone(),
+                index,
+                request: result.request.clone(),
+            });
         }
         let gpu = gpus
             .get(&result.device)
@@ -248,6 +269,15 @@ fn claim_pod(pod: &Pod, claim: &str) -> ClaimPod {
         .map(|entry| entry.name.as_str())
         .collect();
     let mut containers: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    // Init containers that are not sidecars (restartPolicy Always) run to their
+    // end, one at a time, before the others start.
+    let run_before: Vec<String> = spec
+        .and_then(|s| s.init_containers.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|c| c.restart_policy.as_deref() != Some("Always"))
+        .map(|c| c.name.clone())
+        .collect();
     let all = spec
         .map(|s| s.init_containers.iter().flatten().chain(&s.containers))
         .into_iter()
@@ -274,10 +304,15 @@ fn claim_pod(pod: &Pod, claim: &str) -> ClaimPod {
         containers.insert(container.name.clone(), requests);
     }
     let metadata = &pod.metadata;
+    let run_before = run_before
+        .into_iter()
+        .filter(|name| containers.contains_key(name))
+        .collect();
     ClaimPod {
         uid: metadata.uid.clone().unwrap_or_default(),
         namespace: metadata.namespace.clone().unwrap_or_default(),
         name: metadata.name.clone().unwrap_or_default(),
         containers,
+        run_before,
     }
 }

@@ -136,6 +136,12 @@ fn builder() -> tonic::transport::Server {
         .http2_max_header_list_size(Some(MAX_HEADER_LIST_SIZE as u32))
 }
 
+/// The inode at `path`, if any.
+fn inode(path: &Path) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path).ok().map(|m| m.ino())
+}
+
 /// Binds `path` afresh: a socket left by an earlier run is removed (binding
 /// over it fails), its directory made.
 fn bind(path: &Path) -> std::io::Result<UnixListener> {
@@ -162,6 +168,7 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let dra = bind(&sockets.dra)?;
     let registration = bind(&sockets.registration)?;
+    let bound = inode(&sockets.registration);
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let wait = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;
@@ -186,7 +193,10 @@ pub async fn serve(
     };
     let (dra_result, registration_result, ()) =
         tokio::join!(dra_server, registration_server, signal);
-    let _ = std::fs::remove_file(&sockets.registration);
+    // Only our own socket: a successor may have bound the path already.
+    if bound.is_some() && inode(&sockets.registration) == bound {
+        let _ = std::fs::remove_file(&sockets.registration);
+    }
     dra_result
         .and(registration_result)
         .map_err(std::io::Error::other)

@@ -72,10 +72,15 @@ impl Checkpoint {
         };
         let dir = self.path.parent().unwrap_or(Path::new("."));
         std::fs::create_dir_all(dir).map_err(io)?;
-        let mut file = tempfile_in(dir).map_err(io)?;
-        file.1.write_all(claims.to_json().as_bytes()).map_err(io)?;
-        file.1.sync_all().map_err(io)?;
-        std::fs::rename(&file.0, &self.path).map_err(io)?;
+        let (temp, mut file) = tempfile_in(dir).map_err(io)?;
+        let written = file
+            .write_all(claims.to_json().as_bytes())
+            .and_then(|()| file.sync_all())
+            .and_then(|()| std::fs::rename(&temp, &self.path));
+        if let Err(error) = written {
+            let _ = std::fs::remove_file(&temp);
+            return Err(io(error));
+        }
         // The rename itself is made durable with the directory.
         std::fs::File::open(dir)
             .and_then(|d| d.sync_all())

@@ -397,9 +397,12 @@ fn is_dra_claim(name: &str) -> bool {
 }
 
 /// Tessera's own DRA claims: a container of a pod whose claims the proxy could
-/// not honour is refused with its reason, and one that kubelet gave a claim's CDI
-/// device is refused unless the proxy turned the pod's prepared claims into its
-/// allocation (the device is then stripped and the allocation gives the GPU).
+/// not honour is refused with its reason, and so is one that kubelet gave a
+/// claim's CDI device the proxy did not find prepared for this pod (the device
+/// names a claim of another pod, or one not in the plugin's checkpoint: a claim
+/// shared with a pod started after it was prepared, which kubelet never asks the
+/// plugin about). The proxy's allocation gives the claims' GPUs; the CDI devices
+/// themselves are stripped.
 fn tessera_claims(
     container: &ContainerHookRequest,
     pod: &str,
@@ -415,16 +418,17 @@ fn tessera_claims(
     if let Some(reason) = annotations.and_then(|a| a.get(prepared::REFUSED_ANNOTATION)) {
         return Err(refusal(reason.clone()));
     }
-    let prepared_for_pod = annotations.is_some_and(|a| a.contains_key(prepared::CLAIMS_ANNOTATION));
-    if !prepared_for_pod {
-        if let Some(device) =
-            nvidia_cdi_names(container, config).find(|n| prepared::is_claim_cdi(n))
-        {
-            return Err(refusal(format!(
-                "CDI device {device} names a claim of driver {} that is not prepared for this pod on this node (tessera-runtime-proxy --dra-claims); the container would get a GPU no claim of its pod backs",
-                tessera_api::dra::DRIVER
-            )));
-        }
+    let prepared_for_pod: BTreeSet<&str> = annotations
+        .and_then(|a| a.get(prepared::DEVICES_ANNOTATION))
+        .map(|devices| items(devices).collect())
+        .unwrap_or_default();
+    let unprepared = nvidia_cdi_names(container, config)
+        .find(|n| prepared::is_claim_cdi(n) && !prepared_for_pod.contains(n));
+    if let Some(device) = unprepared {
+        return Err(refusal(format!(
+            "CDI device {device} names a claim of driver {} that is not prepared for this pod on this node (tessera-runtime-proxy --dra-claims; a claim another pod already used here is prepared for that pod only); the container would get a GPU no claim of its pod backs",
+            tessera_api::dra::DRIVER
+        )));
     }
     Ok(())
 }

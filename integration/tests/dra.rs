@@ -271,6 +271,49 @@ async fn one_book(cluster: &mut Cluster) -> anyhow::Result<()> {
     // The plugin restarted (the reporter) and the proxy restarted lose nothing:
     // a container kubelet starts again gets the same share, and a pod deleted
     // after the restart has its claim unprepared (the checkpoint was reloaded).
+    // A quarter two containers of one pod would use at once: each would be held
+    // to the whole quarter, so the proxy refuses it.
+    let exactly =
+        json!({"deviceClassName": dra::DEVICE_CLASS, "capacity": {"requests": quarter()}});
+    let two: ResourceClaim = serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": "dra-two", "namespace": "default"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}
+    }))?;
+    Api::<ResourceClaim>::namespaced(client.clone(), "default")
+        .create(&PostParams::default(), &two)
+        .await?;
+    let container = |name: &str| {
+        json!({"name": name, "image": "tessera.local/probe:1", "imagePullPolicy": "Never",
+               "resources": {"claims": [{"name": "gpu"}]}})
+    };
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "dra-two", "namespace": "default"},
+        "spec": {
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": "dra-two"}],
+            "containers": [container("a"), container("b")],
+            "terminationGracePeriodSeconds": 0, "automountServiceAccountToken": false,
+            "dnsPolicy": "Default"
+        }
+    }))?;
+    Api::<Pod>::namespaced(client.clone(), "default")
+        .create(&PostParams::default(), &pod)
+        .await?;
+    let events = cluster
+        .wait_events_in(
+            "default",
+            "dra-two",
+            &["2 containers would use it at once"],
+            Duration::from_secs(60),
+        )
+        .await?;
+    let two_refused = events
+        .into_iter()
+        .find(|e| e.contains("would use it at once"))
+        .unwrap_or_default();
+    delete_pod_and_claim(cluster, "dra-two").await?;
+
     // One book with NVIDIA's device plugin: kubelet admits device-plugin pods
     // against the plugin's count alone, and the plugin does not know the claims.
     // Two more such pods: at most one GPU is free of claims, so at least one of
@@ -398,15 +441,8 @@ async fn one_book(cluster: &mut Cluster) -> anyhow::Result<()> {
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    ensure!(
-        !cluster
-            .cdi_dir()
-            .join(format!("gpu.tessera.io-claim_{claim_uid}.json"))
-            .exists(),
-        "the CDI spec of an unprepared claim is left"
-    );
     println!(
-        "device-plugin pods refused: {refused:?}\ndra-share: {result}\n  spec env {:?}\ndra-share-2: {second_result}\n  spec env {:?}\ndra-whole: {whole}\n  spec env {:?}\nextender-share: Pending: {why}\ndevice-plugin pod's GPU {held:?}; the slice then listed {listed:?}",
+        "two containers on one quarter: {two_refused}\ndevice-plugin pods refused: {refused:?}\ndra-share: {result}\n  spec env {:?}\ndra-share-2: {second_result}\n  spec env {:?}\ndra-whole: {whole}\n  spec env {:?}\nextender-share: Pending: {why}\ndevice-plugin pod's GPU {held:?}; the slice then listed {listed:?}",
         share_env(&first),
         share_env(&second),
         share_env(&whole_spec)

@@ -133,12 +133,6 @@ enum Command {
             default_value = "/var/lib/kubelet/plugins_registry"
         )]
         kubelet_registry_dir: PathBuf,
-        /// With --dra: the runtime's CDI directory, for each prepared claim's spec.
-        #[arg(long, value_name = "DIR", default_value = "/var/run/cdi")]
-        cdi_dir: PathBuf,
-        /// With --dra: where the host's GPU device nodes are, as the CDI specs name them.
-        #[arg(long, value_name = "DIR", default_value = "/dev")]
-        dev_root: PathBuf,
         /// Serve Prometheus (OpenMetrics) metrics at http://ADDR/metrics, or `off`.
         #[arg(long, value_name = "ADDR|off", default_value_t = MetricsListen::At(DEFAULT_METRICS_ADDR))]
         metrics_addr: MetricsListen,
@@ -235,13 +229,12 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
             dra,
             kubelet_plugins_dir,
             kubelet_registry_dir,
-            cdi_dir,
-            dev_root,
             metrics_addr,
         } => {
             let source = NvmlSource::open(&library_path(cli.nvml_library))?;
             let client = tessera_daemon::client::kube_client(kubeconfig.as_deref()).await?;
             let health = dra.then(tessera_dra::health::HealthFeed::default);
+            let plugin_failed = Arc::new((std::sync::OnceLock::new(), tokio::sync::Notify::new()));
             let kubelet_plugin = if dra {
                 let plugin = tessera_dra::plugin::Plugin::start(
                     node_name.clone(),
@@ -251,10 +244,6 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
                             .join(tessera_api::dra::DRIVER)
                             .join(tessera_api::dra::prepared::FILE_NAME),
                     ),
-                    tessera_dra::cdi::CdiSpecs {
-                        dir: cdi_dir,
-                        dev_root,
-                    },
                 )
                 .context("starting the kubelet plugin")?;
                 let sockets = tessera_dra::server::Sockets::under(
@@ -265,9 +254,10 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
                 let service = tessera_dra::health::HealthService::new(
                     node_name.clone(),
                     health.clone().unwrap_or_default(),
-                    Duration::from_secs(interval.max(1) * 3),
+                    Duration::from_secs(interval.max(1).saturating_mul(3)),
                 );
                 let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+                let failed = Arc::clone(&plugin_failed);
                 let serving = tokio::spawn(async move {
                     let shutdown = async move {
                         let _ = stopped.await;
@@ -276,7 +266,12 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
                         tessera_dra::server::serve(Arc::new(plugin), service, &sockets, shutdown)
                             .await
                     {
-                        tracing::error!(%error, "kubelet plugin stopped");
+                        // A node whose slice is published but whose plugin is down
+                        // gets claims it cannot prepare: the reporter stops too, and
+                        // its DaemonSet brings both back.
+                        tracing::error!(%error, "kubelet plugin stopped; stopping the reporter");
+                        let _ = failed.0.set(error.to_string());
+                        failed.1.notify_one();
                     }
                 });
                 Some((stop, serving))
@@ -320,9 +315,15 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
                 tessera_reporter::events::RECORD_TIMEOUT,
             );
             tracing::info!(node = %node_name, "reporting");
-            let shutdown = async {
-                if let Err(error) = tessera_daemon::binary::shutdown_signal().await {
-                    tracing::error!(%error, "stopping: no signal handler");
+            let plugin_down = Arc::clone(&plugin_failed);
+            let shutdown = async move {
+                tokio::select! {
+                    signal = tessera_daemon::binary::shutdown_signal() => {
+                        if let Err(error) = signal {
+                            tracing::error!(%error, "stopping: no signal handler");
+                        }
+                    }
+                    () = plugin_down.1.notified() => {}
                 }
                 tracing::info!("shutting down");
             };
@@ -347,6 +348,9 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
                 .is_err()
             {
                 tracing::warn!("stopped before every GPU health Event was recorded");
+            }
+            if let Some(error) = plugin_failed.0.get() {
+                anyhow::bail!("the kubelet plugin stopped: {error}");
             }
         }
     }

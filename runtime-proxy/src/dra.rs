@@ -11,106 +11,95 @@
 //! that also carries the scheduler's annotation is refused (two books).
 
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::SystemTime;
 
-use tessera_api::dra::prepared::{CLAIMS_ANNOTATION, PreparedClaims, REFUSED_ANNOTATION};
+use tessera_api::dra::prepared::{
+    CLAIMS_ANNOTATION, DEVICES_ANNOTATION, PROXY_ANNOTATIONS, PreparedClaims, REFUSED_ANNOTATION,
+};
 use tessera_api::resources::DEVICE_ALLOCATED;
 use tessera_hook_protocol::lifecycle::PodInfo;
 
 /// Where tessera-reporter's kubelet plugin keeps its checkpoint by default.
 pub const DEFAULT_CLAIMS_FILE: &str = "/var/lib/kubelet/plugins/gpu.tessera.io/claims.json";
 
-/// The plugin's checkpoint, re-read when it changes.
+/// The plugin's checkpoint, read afresh for each pod event (a few KiB, read at
+/// the pace of pods starting: no cache whose staleness could outlive an
+/// unprepare).
 #[derive(Debug)]
 pub struct DraClaims {
     path: PathBuf,
-    cache: Mutex<Cached>,
-}
-
-#[derive(Debug, Default)]
-struct Cached {
-    /// The file's inode, modification time and length when read (the plugin
-    /// renames a new file over the old, so each write is a new inode); `None`:
-    /// not read yet.
-    stamp: Option<Option<(u64, SystemTime, u64)>>,
-    claims: Arc<PreparedClaims>,
 }
 
 impl DraClaims {
     /// Reads the checkpoint at `path` (a missing file: no claims).
     pub fn new(path: impl Into<PathBuf>) -> Self {
-        Self {
-            path: path.into(),
-            cache: Mutex::new(Cached::default()),
-        }
+        Self { path: path.into() }
     }
 
     /// The claims now. A file that cannot be read or parsed counts as no claims
     /// (logged): a container kubelet gives a claim's CDI device is then refused
     /// by the GPU hook, never given the GPU unheld.
-    fn claims(&self) -> Arc<PreparedClaims> {
-        // One stat a pod event; the file is re-read only when it changed.
-        let stamp = std::fs::metadata(&self.path).ok().map(|m| {
-            use std::os::unix::fs::MetadataExt;
-            (
-                m.ino(),
-                m.modified().unwrap_or(SystemTime::UNIX_EPOCH),
-                m.len(),
-            )
-        });
-        let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
-        if cache.stamp != Some(stamp) {
-            cache.claims = Arc::new(match stamp {
-                None => PreparedClaims::new(),
-                Some(_) => std::fs::read_to_string(&self.path)
-                    .map_err(|e| e.to_string())
-                    .and_then(|text| PreparedClaims::parse(&text))
-                    .unwrap_or_else(|error| {
-                        tracing::error!(
-                            path = %self.path.display(),
-                            %error,
-                            "DRA claims unreadable: containers given Tessera claims are refused"
-                        );
-                        PreparedClaims::new()
-                    }),
-            });
-            cache.stamp = Some(stamp);
+    pub fn read(&self) -> PreparedClaims {
+        match std::fs::read_to_string(&self.path) {
+            Ok(text) => PreparedClaims::parse(&text).unwrap_or_else(|error| {
+                tracing::error!(
+                    path = %self.path.display(),
+                    %error,
+                    "DRA claims unreadable: containers given Tessera claims are refused"
+                );
+                PreparedClaims::new()
+            }),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => PreparedClaims::new(),
+            Err(error) => {
+                tracing::error!(
+                    path = %self.path.display(),
+                    %error,
+                    "DRA claims unreadable: containers given Tessera claims are refused"
+                );
+                PreparedClaims::new()
+            }
         }
-        Arc::clone(&cache.claims)
     }
+}
 
-    /// Gives `pod` the allocation its prepared claims amount to; see the module docs.
-    pub fn annotate(&self, pod: &mut PodInfo) {
-        drop_marks(pod);
-        if pod.uid.is_empty() {
-            return;
+/// Gives `pod` the allocation its prepared `claims` amount to; see the module docs.
+pub fn annotate(claims: &PreparedClaims, pod: &mut PodInfo) {
+    drop_marks(pod);
+    if pod.uid.is_empty() {
+        return;
+    }
+    let Some(mine) = claims.of_pod(&pod.uid) else {
+        return;
+    };
+    let names = mine.claims.join(",");
+    let refusal = match mine.allocation {
+        _ if pod.annotations.contains_key(DEVICE_ALLOCATED) => Some(format!(
+            "the pod has DRA claims of driver {} ({names}) and tessera-scheduler's {DEVICE_ALLOCATED} annotation: a GPU node is in one book only (docs/dra.md)",
+            tessera_api::dra::DRIVER
+        )),
+        Err(why) => Some(why),
+        Ok(allocation) => {
+            pod.annotations
+                .insert(DEVICE_ALLOCATED.to_owned(), allocation.to_annotation());
+            None
         }
-        let claims = self.claims();
-        let Some(allocation) = claims.allocation_of_pod(&pod.uid) else {
-            return;
-        };
-        let names = claims.claims_of_pod(&pod.uid).join(",");
-        if pod.annotations.contains_key(DEVICE_ALLOCATED) {
-            pod.annotations.insert(
-                REFUSED_ANNOTATION.to_owned(),
-                format!(
-                    "the pod has DRA claims of driver {} ({names}) and tessera-scheduler's {DEVICE_ALLOCATED} annotation: a GPU node is in one book only (docs/dra.md)",
-                    tessera_api::dra::DRIVER
-                ),
-            );
-            return;
+    };
+    match refusal {
+        Some(why) => {
+            pod.annotations.insert(REFUSED_ANNOTATION.to_owned(), why);
         }
-        pod.annotations
-            .insert(DEVICE_ALLOCATED.to_owned(), allocation.to_annotation());
-        pod.annotations.insert(CLAIMS_ANNOTATION.to_owned(), names);
+        None => {
+            pod.annotations.insert(CLAIMS_ANNOTATION.to_owned(), names);
+            pod.annotations
+                .insert(DEVICES_ANNOTATION.to_owned(), mine.cdi_devices.join(","));
+        }
     }
 }
 
 /// Drops the proxy's own annotations from what kubelet sent: only the proxy sets them.
 pub fn drop_marks(pod: &mut PodInfo) {
-    pod.annotations.remove(CLAIMS_ANNOTATION);
-    pod.annotations.remove(REFUSED_ANNOTATION);
+    for key in PROXY_ANNOTATIONS {
+        pod.annotations.remove(*key);
+    }
 }
 
 #[cfg(test)]
@@ -132,6 +121,7 @@ mod tests {
                     namespace: "ns".into(),
                     name: "pod".into(),
                     containers: [("app".to_owned(), Vec::new())].into(),
+                    run_before: Vec::new(),
                 }],
                 devices: vec![PreparedDevice {
                     request: "gpu".into(),
@@ -166,18 +156,27 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("claims.json");
         let claims = DraClaims::new(&path);
+        let annotated = |pod: &mut PodInfo| annotate(&claims.read(), pod);
         // No file yet: nothing, and the pod's own marks go.
         let mut forged = pod(
             "p1",
-            &[(CLAIMS_ANNOTATION, "ns/x"), (REFUSED_ANNOTATION, "x")],
+            &[
+                (CLAIMS_ANNOTATION, "ns/x"),
+                (DEVICES_ANNOTATION, "gpu.tessera.io/claim=other-0"),
+                (REFUSED_ANNOTATION, "x"),
+            ],
         );
-        claims.annotate(&mut forged);
+        annotated(&mut forged);
         assert!(forged.annotations.is_empty());
 
         std::fs::write(&path, checkpoint().to_json()).expect("write");
         let mut with = pod("p1", &[]);
-        claims.annotate(&mut with);
+        annotated(&mut with);
         assert_eq!(with.annotations[CLAIMS_ANNOTATION], "ns/quarter");
+        assert_eq!(
+            with.annotations[DEVICES_ANNOTATION],
+            "gpu.tessera.io/claim=c1-0"
+        );
         let allocation =
             DeviceAllocations::parse(&with.annotations[DEVICE_ALLOCATED]).expect("valid");
         assert_eq!(
@@ -186,11 +185,11 @@ mod tests {
         );
 
         let mut other = pod("p2", &[]);
-        claims.annotate(&mut other);
+        annotated(&mut other);
         assert!(other.annotations.is_empty());
 
         let mut both = pod("p1", &[(DEVICE_ALLOCATED, "{}")]);
-        claims.annotate(&mut both);
+        annotated(&mut both);
         assert!(both.annotations[REFUSED_ANNOTATION].contains("ns/quarter"));
         assert_eq!(both.annotations[DEVICE_ALLOCATED], "{}");
         assert!(!both.annotations.contains_key(CLAIMS_ANNOTATION));
@@ -198,13 +197,13 @@ mod tests {
         // Unprepared: the file changes, the pod has nothing.
         std::fs::write(&path, PreparedClaims::new().to_json()).expect("write");
         let mut after = pod("p1", &[]);
-        claims.annotate(&mut after);
+        annotated(&mut after);
         assert!(after.annotations.is_empty());
 
         // Corrupt: nothing (the GPU hook refuses the claim's CDI device).
         std::fs::write(&path, "{not json").expect("write");
         let mut corrupt = pod("p1", &[]);
-        claims.annotate(&mut corrupt);
+        annotated(&mut corrupt);
         assert!(corrupt.annotations.is_empty());
     }
 }

@@ -47,20 +47,27 @@ impl PodStore {
 
     /// The pod kubelet's sandbox config describes, with its DRA claims' allocation.
     pub fn pod_from_config(&self, sandbox_id: &str, config: &cri::PodSandboxConfig) -> PodInfo {
-        self.annotated(PodInfo::from_config(sandbox_id, config))
+        let claims = self.read_claims();
+        annotated(claims.as_ref(), PodInfo::from_config(sandbox_id, config))
     }
 
     /// The pod a runtime listing describes, with its DRA claims' allocation.
     pub fn pod_from_sandbox(&self, sandbox: &cri::PodSandbox) -> PodInfo {
-        self.annotated(PodInfo::from_sandbox(sandbox))
+        let claims = self.read_claims();
+        annotated(claims.as_ref(), PodInfo::from_sandbox(sandbox))
     }
 
-    fn annotated(&self, mut pod: PodInfo) -> PodInfo {
-        match &self.claims {
-            Some(claims) => claims.annotate(&mut pod),
-            None => crate::dra::drop_marks(&mut pod),
-        }
-        pod
+    /// The pods a runtime listing describes, the claims read once for all.
+    fn pods_from_sandboxes(&self, sandboxes: &[cri::PodSandbox]) -> Vec<PodInfo> {
+        let claims = self.read_claims();
+        sandboxes
+            .iter()
+            .map(|s| annotated(claims.as_ref(), PodInfo::from_sandbox(s)))
+            .collect()
+    }
+
+    fn read_claims(&self) -> Option<tessera_api::dra::prepared::PreparedClaims> {
+        self.claims.as_ref().map(|claims| claims.read())
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, Inner> {
@@ -150,7 +157,7 @@ impl PodStore {
     /// recorded while the listing was in flight is not lost.
     pub fn load(&self, sandboxes: &[cri::PodSandbox], containers: &[cri::Container]) {
         // Read before the lock: the claims file is not read under it.
-        let pods: Vec<PodInfo> = sandboxes.iter().map(|s| self.pod_from_sandbox(s)).collect();
+        let pods = self.pods_from_sandboxes(sandboxes);
         let mut inner = self.write();
         for (sandbox, pod) in sandboxes.iter().zip(pods) {
             inner.pods.insert(sandbox.id.clone(), Arc::new(pod));
@@ -168,7 +175,7 @@ impl PodStore {
     /// proxy, e.g. while switched back to the runtime), and each sandbox's state is
     /// taken from the listing. Containers of forgotten pods go with them.
     pub fn reconcile(&self, sandboxes: &[cri::PodSandbox]) {
-        let fresh: Vec<PodInfo> = sandboxes.iter().map(|s| self.pod_from_sandbox(s)).collect();
+        let fresh = self.pods_from_sandboxes(sandboxes);
         let mut inner = self.write();
         let listed: std::collections::HashSet<&str> =
             sandboxes.iter().map(|s| s.id.as_str()).collect();
@@ -197,6 +204,19 @@ impl PodStore {
     pub fn is_empty(&self) -> bool {
         self.len() == (0, 0)
     }
+}
+
+/// `pod` with the allocation its prepared claims amount to (`None`: the proxy's
+/// own marks dropped only).
+fn annotated(
+    claims: Option<&tessera_api::dra::prepared::PreparedClaims>,
+    mut pod: PodInfo,
+) -> PodInfo {
+    match claims {
+        Some(claims) => crate::dra::annotate(claims, &mut pod),
+        None => crate::dra::drop_marks(&mut pod),
+    }
+    pod
 }
 
 /// The store's view of a ListContainers entry.

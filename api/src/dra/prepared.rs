@@ -25,9 +25,15 @@ pub const CDI_KIND: &str = "gpu.tessera.io/claim";
 /// dropped), on a pod whose prepared claims it turned into the allocation
 /// annotation: the claims, `namespace/name`, comma-separated.
 pub const CLAIMS_ANNOTATION: &str = "tessera.io/dra-claims";
+/// The pod annotation the runtime proxy sets, and only it, with the CDI devices
+/// prepared for the pod's claims, comma-separated: a container may carry those
+/// of Tessera's claim devices and no other.
+pub const DEVICES_ANNOTATION: &str = "tessera.io/dra-devices";
 /// The pod annotation the runtime proxy sets, and only it, when a pod's claims
 /// cannot be honoured: why. The GPU hook refuses its containers with it.
 pub const REFUSED_ANNOTATION: &str = "tessera.io/dra-refused";
+/// Every annotation only the runtime proxy may set.
+pub const PROXY_ANNOTATIONS: &[&str] = &[CLAIMS_ANNOTATION, DEVICES_ANNOTATION, REFUSED_ANNOTATION];
 
 /// Whether a CDI device name is one of Tessera's DRA driver's (`gpu.tessera.io/…`).
 pub fn is_claim_cdi(name: &str) -> bool {
@@ -82,6 +88,44 @@ pub struct ClaimPod {
     /// (`resources.claims[].request`); empty: every request of the claim.
     #[serde(default)]
     pub containers: BTreeMap<String, Vec<String>>,
+    /// Those of `containers` that are init containers run to completion before
+    /// the others start (not sidecars): they never run beside another user.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub run_before: Vec<String>,
+}
+
+impl ClaimPod {
+    /// How many of this pod's containers use `request` at the same time: those
+    /// that run beside each other, or one when only init containers use it.
+    fn concurrent_users(&self, request: &str) -> Vec<&str> {
+        let users: Vec<&str> = self
+            .containers
+            .iter()
+            .filter(|(_, requests)| uses(requests, request))
+            .map(|(name, _)| name.as_str())
+            .collect();
+        let beside: Vec<&str> = users
+            .iter()
+            .copied()
+            .filter(|name| !self.run_before.iter().any(|r| r == name))
+            .collect();
+        if beside.is_empty() {
+            users.into_iter().take(1).collect()
+        } else {
+            beside
+        }
+    }
+}
+
+/// What a pod's prepared claims give it, as the runtime proxy applies it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodClaims {
+    /// The claims, `namespace/name`.
+    pub claims: Vec<String>,
+    /// The CDI devices prepared for them.
+    pub cdi_devices: Vec<String>,
+    /// The allocation they amount to, or why they cannot be honoured.
+    pub allocation: Result<DeviceAllocations, String>,
 }
 
 /// One allocation result of a claim: a share of one GPU.
@@ -147,67 +191,113 @@ impl PreparedClaims {
         serde_json::to_string_pretty(self).unwrap_or_default()
     }
 
-    /// The claims reserved for the pod with `pod_uid`, as `namespace/name`.
-    pub fn claims_of_pod(&self, pod_uid: &str) -> Vec<String> {
-        self.claims
+    /// What the prepared claims reserved for the pod with `pod_uid` give it;
+    /// `None` when there are none.
+    ///
+    /// The allocation is the per-container form of the allocation annotation: one
+    /// entry per GPU, booking for the pod the sum of its claims' results on it
+    /// (each result counted once, however many containers use it), and for each
+    /// container the sum of the results of the requests it uses (capped at one
+    /// GPU). A share of a GPU (a result not the whole GPU) that two containers
+    /// would use at the same time — two of the pod's, or containers of two pods
+    /// the claim is reserved for — is refused: each container is held to what it
+    /// is given, so each would get the whole share, and the share would be given
+    /// twice. A whole GPU may be used by several.
+    pub fn of_pod(&self, pod_uid: &str) -> Option<PodClaims> {
+        let mine: Vec<(&PreparedClaim, &ClaimPod)> = self
+            .claims
             .values()
-            .filter(|c| c.pods.iter().any(|p| p.uid == pod_uid))
-            .map(|c| format!("{}/{}", c.namespace, c.name))
-            .collect()
+            .filter_map(|c| Some((c, c.pods.iter().find(|p| p.uid == pod_uid)?)))
+            .collect();
+        if mine.is_empty() {
+            return None;
+        }
+        let claims = mine
+            .iter()
+            .map(|(c, _)| format!("{}/{}", c.namespace, c.name))
+            .collect();
+        let cdi_devices = mine
+            .iter()
+            .flat_map(|(c, _)| c.devices.iter().map(|d| d.cdi_device.clone()))
+            .collect();
+        let allocation = shared_twice(&mine).map_or_else(|| Ok(allocation(&mine)), Err);
+        Some(PodClaims {
+            claims,
+            cdi_devices,
+            allocation,
+        })
     }
+}
 
-    /// What the pod's prepared claims give its containers, in the per-container
-    /// form of the allocation annotation: one entry per GPU, booking for the pod
-    /// the sum of its claims' results on it (each result counted once, however
-    /// many containers use it), and for each container the sum of the results
-    /// of the requests it uses. `None` when no prepared claim is reserved for
-    /// the pod. Sums are capped at one GPU.
-    pub fn allocation_of_pod(&self, pod_uid: &str) -> Option<DeviceAllocations> {
-        let mut gpus: BTreeMap<String, GpuSum> = BTreeMap::new();
-        let mut any = false;
-        for claim in self.claims.values() {
-            let Some(pod) = claim.pods.iter().find(|p| p.uid == pod_uid) else {
-                continue;
-            };
-            any = true;
-            for device in &claim.devices {
-                let sum = gpus.entry(device.uuid.clone()).or_insert_with(|| GpuSum {
-                    minor: device.minor,
-                    offered: device.memory_offered,
-                    ..GpuSum::default()
-                });
-                sum.pod.add(device);
-                for (container, requests) in &pod.containers {
-                    if uses(requests, &device.request) {
-                        sum.containers
-                            .entry(container.clone())
-                            .or_default()
-                            .add(device);
-                    }
+/// Why one of `claims`' shares would be used by two containers at once, if so.
+fn shared_twice(claims: &[(&PreparedClaim, &ClaimPod)]) -> Option<String> {
+    for (claim, _) in claims {
+        for device in claim.devices.iter().filter(|d| !d.is_whole()) {
+            let users: Vec<String> = claim
+                .pods
+                .iter()
+                .flat_map(|pod| {
+                    pod.concurrent_users(&device.request)
+                        .into_iter()
+                        .map(move |c| format!("{}/{} container {c}", pod.namespace, pod.name))
+                })
+                .collect();
+            if users.len() > 1 {
+                return Some(format!(
+                    "ResourceClaim {}/{}: request {} is a share of GPU {} (cores {}, memory {} bytes), and {} containers would use it at once ({}); a share is held per container, so each would get all of it: give each container a claim of its own (a ResourceClaimTemplate per pod, a request per container)",
+                    claim.namespace,
+                    claim.name,
+                    device.request,
+                    device.uuid,
+                    device.cores,
+                    device.memory,
+                    users.len(),
+                    users.join(", ")
+                ));
+            }
+        }
+    }
+    None
+}
+
+/// The allocation `claims` amount to for their pod; see [`PreparedClaims::of_pod`].
+fn allocation(claims: &[(&PreparedClaim, &ClaimPod)]) -> DeviceAllocations {
+    let mut gpus: BTreeMap<String, GpuSum> = BTreeMap::new();
+    for (claim, pod) in claims {
+        for device in &claim.devices {
+            let sum = gpus.entry(device.uuid.clone()).or_insert_with(|| GpuSum {
+                minor: device.minor,
+                offered: device.memory_offered,
+                ..GpuSum::default()
+            });
+            sum.pod.add(device);
+            for (container, requests) in &pod.containers {
+                if uses(requests, &device.request) {
+                    sum.containers
+                        .entry(container.clone())
+                        .or_default()
+                        .add(device);
                 }
             }
         }
-        if !any {
-            return None;
-        }
-        let entries = gpus
-            .into_iter()
-            .map(|(uuid, sum)| DeviceAllocation {
-                minor: sum.minor,
-                id: uuid,
-                resources: sum.pod.resources(sum.offered),
-                containers: Some(
-                    sum.containers
-                        .iter()
-                        .map(|(name, share)| (name.clone(), share.resources(sum.offered)))
-                        .collect(),
-                ),
-                extension: None,
-            })
-            .collect();
-        Some(DeviceAllocations {
-            devices: BTreeMap::from([(DEVICE_TYPE_GPU.to_owned(), entries)]),
+    }
+    let entries = gpus
+        .into_iter()
+        .map(|(uuid, sum)| DeviceAllocation {
+            minor: sum.minor,
+            id: uuid,
+            resources: sum.pod.resources(sum.offered),
+            containers: Some(
+                sum.containers
+                    .iter()
+                    .map(|(name, share)| (name.clone(), share.resources(sum.offered)))
+                    .collect(),
+            ),
+            extension: None,
         })
+        .collect();
+    DeviceAllocations {
+        devices: BTreeMap::from([(DEVICE_TYPE_GPU.to_owned(), entries)]),
     }
 }
 
@@ -310,7 +400,16 @@ mod tests {
                     )
                 })
                 .collect(),
+            run_before: Vec::new(),
         }
+    }
+
+    /// The allocation of the pod `uid`, which must have one.
+    fn allocation_of(book: &PreparedClaims, uid: &str) -> DeviceAllocations {
+        book.of_pod(uid)
+            .expect("reserved")
+            .allocation
+            .expect("honoured")
     }
 
     fn book(claims: Vec<PreparedClaim>) -> PreparedClaims {
@@ -328,7 +427,7 @@ mod tests {
             vec![pod("p1", &[("app", &[])])],
             vec![device("gpu", "GPU-a", 0, 25, 20 * GIB)],
         )]);
-        let allocation = book.allocation_of_pod("p1").expect("reserved");
+        let allocation = allocation_of(&book, "p1");
         let text = allocation.to_annotation();
         let parsed = DeviceAllocations::parse(&text).expect("a valid annotation");
         assert!(parsed.is_per_container());
@@ -341,8 +440,13 @@ mod tests {
         assert_eq!(gpu.gpu_memory_ratio(), Some(25));
         assert!(gpu.is_fractional());
         assert!(parsed.gpus_of_container("sidecar").is_empty());
-        assert_eq!(book.allocation_of_pod("other"), None);
-        assert_eq!(book.claims_of_pod("p1"), vec!["ns/claim-c1".to_owned()]);
+        assert_eq!(book.of_pod("other"), None);
+        let claims = book.of_pod("p1").expect("reserved");
+        assert_eq!(claims.claims, vec!["ns/claim-c1".to_owned()]);
+        assert_eq!(
+            claims.cdi_devices,
+            vec!["gpu.tessera.io/claim=x-gpu".to_owned()]
+        );
     }
 
     #[test]
@@ -354,7 +458,7 @@ mod tests {
             vec![pod("p1", &[("app", &[])])],
             vec![whole],
         )]);
-        let allocation = book.allocation_of_pod("p1").expect("reserved");
+        let allocation = allocation_of(&book, "p1");
         let gpu = &allocation.gpus_of_container("app")[0].1;
         assert!(!gpu.is_fractional());
         assert_eq!(gpu.gpu_memory(), None);
@@ -363,26 +467,29 @@ mod tests {
 
     #[test]
     fn containers_get_the_requests_they_use_and_the_pod_books_each_result_once() {
+        // An init container and the app container after it use the same share
+        // (never at once); another app container a request of its own.
+        let mut pod = pod(
+            "p1",
+            &[("init", &["one"]), ("a", &["one"]), ("c", &["two/sub"])],
+        );
+        pod.run_before = vec!["init".into()];
         let book = book(vec![claim(
             "c1",
-            vec![pod(
-                "p1",
-                &[("a", &["one"]), ("b", &[]), ("c", &["two/sub"])],
-            )],
+            vec![pod],
             vec![
                 device("one", "GPU-a", 0, 10, GIB),
                 device("two/sub", "GPU-a", 0, 20, 2 * GIB),
                 device("one", "GPU-b", 1, 30, 3 * GIB),
             ],
         )]);
-        let allocation = book.allocation_of_pod("p1").expect("reserved");
+        let allocation = allocation_of(&book, "p1");
         let a = allocation.gpus_of_container("a");
         assert_eq!(a.len(), 2);
         assert_eq!(a[0].1.gpu_core(), Some(10));
         assert_eq!(a[1].1.gpu_core(), Some(30));
-        let b = allocation.gpus_of_container("b");
-        assert_eq!(b[0].1.gpu_core(), Some(30));
-        assert_eq!(b[0].1.gpu_memory(), Some(3 * GIB));
+        assert_eq!(a[1].1.gpu_memory(), Some(3 * GIB));
+        assert_eq!(allocation.gpus_of_container("init").len(), 2);
         let c = allocation.gpus_of_container("c");
         assert_eq!(c.len(), 1);
         assert_eq!(c[0].1.gpu_core(), Some(20));
@@ -393,11 +500,56 @@ mod tests {
     }
 
     #[test]
-    fn two_pods_sharing_a_claim_each_get_its_share_and_other_claims_stay_theirs() {
+    fn a_share_two_containers_would_use_at_once_is_refused_a_whole_gpu_is_not() {
+        let two_containers = book(vec![claim(
+            "c1",
+            vec![pod("p1", &[("a", &[]), ("b", &["gpu"])])],
+            vec![device("gpu", "GPU-a", 0, 25, 20 * GIB)],
+        )]);
+        let refused = two_containers.of_pod("p1").expect("reserved");
+        let why = refused.allocation.expect_err("refused");
+        assert!(
+            why.contains("ResourceClaim ns/claim-c1")
+                && why.contains("2 containers would use it at once")
+                && why.contains("ns/pod-p1 container a")
+                && why.contains("ns/pod-p1 container b"),
+            "{why}"
+        );
+        let two_pods = book(vec![claim(
+            "c1",
+            vec![pod("p1", &[("app", &[])]), pod("p2", &[("app", &[])])],
+            vec![device("gpu", "GPU-a", 0, 25, 20 * GIB)],
+        )]);
+        for uid in ["p1", "p2"] {
+            let why = two_pods
+                .of_pod(uid)
+                .expect("reserved")
+                .allocation
+                .expect_err("refused");
+            assert!(why.contains("ns/pod-p2 container app"), "{why}");
+        }
+        let mut whole = device("gpu", "GPU-a", 0, 100, 80 * GIB);
+        whole.memory_offered = 80 * GIB;
+        let shared_whole = book(vec![claim(
+            "c1",
+            vec![
+                pod("p1", &[("a", &[]), ("b", &[])]),
+                pod("p2", &[("app", &[])]),
+            ],
+            vec![whole],
+        )]);
+        for (uid, container) in [("p1", "a"), ("p1", "b"), ("p2", "app")] {
+            let allocation = allocation_of(&shared_whole, uid);
+            assert!(!allocation.gpus_of_container(container)[0].1.is_fractional());
+        }
+    }
+
+    #[test]
+    fn other_claims_on_the_same_gpu_stay_their_pods() {
         let book = book(vec![
             claim(
                 "c1",
-                vec![pod("p1", &[("app", &[])]), pod("p2", &[("app", &[])])],
+                vec![pod("p1", &[("app", &[])])],
                 vec![device("gpu", "GPU-a", 0, 25, 20 * GIB)],
             ),
             claim(
@@ -406,13 +558,11 @@ mod tests {
                 vec![device("gpu", "GPU-a", 0, 25, 20 * GIB)],
             ),
         ]);
-        for uid in ["p1", "p2"] {
-            let allocation = book.allocation_of_pod(uid).expect("reserved");
+        for uid in ["p1", "p3"] {
+            let allocation = allocation_of(&book, uid);
             assert_eq!(allocation.gpus()[0].gpu_core(), Some(25));
+            assert_eq!(allocation.gpus()[0].gpu_memory(), Some(20 * GIB));
         }
-        let p3 = book.allocation_of_pod("p3").expect("reserved");
-        assert_eq!(p3.gpus()[0].gpu_core(), Some(25));
-        assert_eq!(p3.gpus()[0].gpu_memory(), Some(20 * GIB));
     }
 
     #[test]

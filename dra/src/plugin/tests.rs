@@ -30,11 +30,9 @@ impl ClusterReader for FakeCluster {
             .ok_or_else(|| format!("ResourceClaim {namespace}/{name} not found"))
     }
 
-    async fn pod(&self, namespace: &str, name: &str) -> Result<Pod, String> {
+    async fn pod(&self, namespace: &str, name: &str) -> Result<Option<Pod>, String> {
         let pods = self.pods.lock().expect("lock");
-        pods.get(&format!("{namespace}/{name}"))
-            .cloned()
-            .ok_or_else(|| format!("Pod {namespace}/{name} not found"))
+        Ok(pods.get(&format!("{namespace}/{name}")).cloned())
     }
 
     async fn slice(&self, name: &str) -> Result<ResourceSlice, String> {
@@ -126,19 +124,11 @@ impl Setup {
         }
     }
 
-    fn cdi(&self) -> CdiSpecs {
-        CdiSpecs {
-            dir: self.dir.path().join("cdi"),
-            dev_root: self.dir.path().join("dev"),
-        }
-    }
-
     fn plugin(&self) -> Plugin {
         Plugin::start(
             NODE.into(),
             self.cluster.clone(),
             Checkpoint::new(self.dir.path().join("plugin").join("claims.json")),
-            self.cdi(),
         )
         .expect("started")
     }
@@ -198,26 +188,14 @@ async fn a_quarter_claim_is_prepared_checkpointed_and_specified_in_cdi() {
         BTreeMap::from([("app".to_owned(), Vec::new())])
     );
     // The pod's containers as the proxy will read them.
-    let allocation = book.allocation_of_pod("uid-p").expect("the pod's");
+    let pod_claims = book.of_pod("uid-p").expect("the pod's");
+    assert_eq!(pod_claims.cdi_devices, vec![format!("{CDI_KIND}=uid-q-0")]);
+    let allocation = pod_claims.allocation.expect("honoured");
     assert_eq!(
         allocation.gpus_of_container("app")[0].1.gpu_core(),
         Some(25)
     );
     assert!(allocation.gpus_of_container("sidecar").is_empty());
-
-    let spec: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(setup.cdi().path("uid-q")).expect("a spec"))
-            .expect("JSON");
-    assert_eq!(spec["kind"], CDI_KIND);
-    assert_eq!(spec["devices"][0]["name"], "uid-q-0");
-    let env = &spec["devices"][0]["containerEdits"]["env"];
-    assert_eq!(env[0], "NVIDIA_VISIBLE_DEVICES=GPU-b");
-    assert_eq!(env[1], "CUDA_DEVICE_MEMORY_LIMIT_0=20480m");
-    assert_eq!(env[2], "CUDA_DEVICE_SM_LIMIT=25");
-    assert_eq!(
-        spec["devices"][0]["containerEdits"]["deviceNodes"][0]["path"],
-        "/dev/nvidia1"
-    );
 
     // A restart finds what was prepared, and answers kubelet's retry the same
     // way even while the API server is away.
@@ -241,7 +219,6 @@ async fn a_quarter_claim_is_prepared_checkpointed_and_specified_in_cdi() {
         .await
         .expect("unprepared");
     assert!(restarted.prepared().claims.is_empty());
-    assert!(!setup.cdi().path("uid-q").exists());
     // Unpreparing twice is fine (kubelet retries).
     restarted
         .unprepare(&claim_ref("q", "uid-q"))
@@ -306,12 +283,6 @@ async fn refusals_name_the_claim_and_what_is_wrong() {
         .expect_err("refused");
     assert!(error.contains("not found"), "{error}");
     assert!(plugin.prepared().claims.is_empty());
-    assert!(
-        std::fs::read_dir(setup.cdi().dir)
-            .map(|d| d.count())
-            .unwrap_or(0)
-            == 0
-    );
 }
 
 #[tokio::test]
@@ -350,25 +321,126 @@ async fn results_of_other_drivers_and_pools_are_not_ours_and_a_stale_pod_is_not_
 }
 
 #[tokio::test]
-async fn an_unreadable_checkpoint_stops_the_plugin_and_stray_specs_are_swept() {
+async fn an_unreadable_checkpoint_stops_the_plugin() {
     let setup = Setup::new();
-    let cdi = setup.cdi();
-    std::fs::create_dir_all(&cdi.dir).expect("dir");
-    std::fs::write(cdi.path("stale"), "{}").expect("write");
-    std::fs::write(cdi.dir.join("other-vendor.json"), "{}").expect("write");
-    let plugin = setup.plugin();
-    assert!(!cdi.path("stale").exists());
-    assert!(cdi.dir.join("other-vendor.json").exists());
-    drop(plugin);
     let path = setup.dir.path().join("plugin").join("claims.json");
     std::fs::create_dir_all(path.parent().expect("dir")).expect("dir");
     std::fs::write(&path, "not json").expect("write");
-    let error = Plugin::start(
-        NODE.into(),
-        setup.cluster.clone(),
-        Checkpoint::new(&path),
-        cdi,
-    )
-    .expect_err("refused");
+    let error = Plugin::start(NODE.into(), setup.cluster.clone(), Checkpoint::new(&path))
+        .expect_err("refused");
     assert!(error.to_string().contains("claims.json"), "{error}");
+}
+
+#[tokio::test]
+async fn admin_access_is_refused_a_gone_pod_is_skipped_and_init_containers_run_before() {
+    let setup = Setup::new();
+    setup.add(
+        claim(
+            "admin",
+            "u1",
+            json!([{"request": "gpu", "driver": DRIVER, "pool": NODE, "device": "gpu-0",
+                    "adminAccess": true}]),
+            &[],
+        ),
+        Vec::new(),
+    );
+    setup.add(
+        claim(
+            "q",
+            "u2",
+            quarter("gpu-0"),
+            &[("gone", "uid-gone"), ("p", "uid-p")],
+        ),
+        vec![pod(
+            "p",
+            "uid-p",
+            "q",
+            json!([{"name": "app", "resources": {"claims": [{"name": "share"}]}}]),
+        )],
+    );
+    let mut with_init = pod(
+        "p",
+        "uid-p",
+        "q",
+        json!([{"name": "app", "resources": {"claims": [{"name": "share"}]}}]),
+    );
+    let spec = with_init.spec.as_mut().expect("a spec");
+    spec.init_containers = Some(
+        serde_json::from_value(json!([
+            {"name": "setup", "resources": {"claims": [{"name": "share", "request": "gpu"}]}},
+            {"name": "sidecar", "restartPolicy": "Always", "resources": {"claims": [{"name": "share"}]}}
+        ]))
+        .expect("containers"),
+    );
+    let plugin = setup.plugin();
+    let error = plugin
+        .prepare(&claim_ref("admin", "u1"))
+        .await
+        .expect_err("refused");
+    assert!(error.contains("adminAccess"), "{error}");
+    plugin
+        .prepare(&claim_ref("q", "u2"))
+        .await
+        .expect("prepared");
+    let book = plugin.prepared();
+    let pods = &book.claims["u2"].pods;
+    assert_eq!(pods.len(), 1, "{pods:?}");
+    assert_eq!(pods[0].uid, "uid-p");
+
+    // Init containers: one that runs before (its share free again when the app
+    // starts), and a sidecar that runs beside the app.
+    setup.add(
+        claim("q", "u2", quarter("gpu-0"), &[("p", "uid-p")]),
+        vec![with_init],
+    );
+    plugin
+        .prepare(&claim_ref("q", "u2"))
+        .await
+        .expect("prepared again");
+    let book = plugin.prepared();
+    let pod = &book.claims["u2"].pods[0];
+    assert_eq!(pod.run_before, vec!["setup".to_owned()]);
+    assert_eq!(
+        pod.containers.keys().cloned().collect::<Vec<_>>(),
+        vec!["app".to_owned(), "setup".to_owned(), "sidecar".to_owned()]
+    );
+    assert_eq!(pod.containers["setup"], vec!["gpu".to_owned()]);
+    // The sidecar and the app would use the quarter at once: refused.
+    let why = book
+        .of_pod("uid-p")
+        .expect("the pod's")
+        .allocation
+        .expect_err("refused");
+    assert!(
+        why.contains("container sidecar") && why.contains("container app"),
+        "{why}"
+    );
+}
+
+#[tokio::test]
+async fn a_failed_write_leaves_a_prepared_claim_prepared() {
+    let setup = Setup::new();
+    setup.add(claim("q", "u1", quarter("gpu-0"), &[]), Vec::new());
+    let plugin = setup.plugin();
+    plugin
+        .prepare(&claim_ref("q", "u1"))
+        .await
+        .expect("prepared");
+    let before = plugin.prepared();
+    // The checkpoint's directory made unwritable: a file where it must be.
+    let dir = setup.dir.path().join("plugin");
+    std::fs::remove_dir_all(&dir).expect("remove");
+    std::fs::write(&dir, "in the way").expect("write");
+    let error = plugin
+        .prepare(&claim_ref("q", "u1"))
+        .await
+        .expect_err("not written");
+    assert!(error.contains("writing the checkpoint"), "{error}");
+    assert_eq!(plugin.prepared(), before);
+    let error = plugin
+        .unprepare(&claim_ref("q", "u1"))
+        .await
+        .expect_err("not written");
+    assert!(error.contains("writing the checkpoint"), "{error}");
+    assert_eq!(plugin.prepared(), before);
 }

@@ -2263,7 +2263,9 @@ mod integrity {
     /// allocation gives the GPU with its share. Without the mark it is refused.
     #[test]
     fn a_tessera_claims_cdi_device_is_honoured_only_through_the_proxys_allocation() {
-        use tessera_api::dra::prepared::{CLAIMS_ANNOTATION, REFUSED_ANNOTATION};
+        use tessera_api::dra::prepared::{
+            CLAIMS_ANNOTATION, DEVICES_ANNOTATION, REFUSED_ANNOTATION,
+        };
         let device = "gpu.tessera.io/claim=uid-q-0";
         let unprepared = cdi_only(&[device], None);
         match rewrite(&unprepared, &node(), &GpuHookConfig::default()) {
@@ -2284,6 +2286,19 @@ mod integrity {
         pod.annotations.insert(DEVICE_ALLOCATED.into(), quarter);
         pod.annotations
             .insert(CLAIMS_ANNOTATION.into(), "ml/quarter".into());
+        pod.annotations
+            .insert(DEVICES_ANNOTATION.into(), device.into());
+        // Another pod's claim device beside its own: refused.
+        let mut other = prepared.clone();
+        other.cdi_devices.push(CdiDevice {
+            name: "gpu.tessera.io/claim=uid-other-0".into(),
+        });
+        match rewrite(&other, &node(), &GpuHookConfig::default()) {
+            Err(error @ GpuHookError::TesseraClaim { .. }) => {
+                assert!(error.to_string().contains("uid-other-0"), "{error}");
+            }
+            other => panic!("{other:?}"),
+        }
         let edit = rewrite(&prepared, &node(), &GpuHookConfig::default()).expect("granted");
         apply(&mut prepared, &edit);
         assert!(

@@ -1193,8 +1193,6 @@ impl Cluster {
                         "--kubelet-registry-dir={}",
                         kubelet.join("plugins_registry").display()
                     ),
-                    format!("--cdi-dir={}", self.cdi_dir().display()),
-                    format!("--dev-root={}", self.gpu_node.device_root.display()),
                 ],
             ]
             .concat()
