@@ -441,8 +441,65 @@ async fn one_book(cluster: &mut Cluster) -> anyhow::Result<()> {
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+    // The examples (docs/examples/dra.yaml), applied as a user would, one pod at
+    // a time (the whole GPU first, while one is free): each runs with its share.
+    let text = std::fs::read_to_string(
+        tessera_harness::cluster::repo_root().join("docs/examples/dra.yaml"),
+    )?;
+    let mut examples = Vec::new();
+    for mut doc in tessera_harness::deploy::parse(&text)? {
+        if doc["kind"] == "Pod" {
+            // The harness's image: no registry here.
+            let main = &mut doc["spec"]["containers"][0];
+            main["image"] = json!(tessera_harness::image::PROBE_IMAGE);
+            main["imagePullPolicy"] = json!("Never");
+            main.as_object_mut().map(|m| m.remove("command"));
+            doc["spec"]["dnsPolicy"] = json!("Default");
+            doc["spec"]["terminationGracePeriodSeconds"] = json!(0);
+        }
+        cluster.apply(&doc).await?;
+        if doc["kind"] != "Pod" {
+            continue;
+        }
+        let name = doc["metadata"]["name"]
+            .as_str()
+            .context("a pod name")?
+            .to_owned();
+        let pod = cluster.wait_running(&name).await?;
+        let claim = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.resource_claim_statuses.as_ref())
+            .and_then(|c| c.first())
+            .and_then(|c| c.resource_claim_name.clone())
+            .with_context(|| format!("{name}: no claim made from its template"))?;
+        let claim = Api::<ResourceClaim>::namespaced(client.clone(), "default")
+            .get(&claim)
+            .await?;
+        let result =
+            serde_json::to_value(&claim.status)?["allocation"]["devices"]["results"][0].clone();
+        let (gpu, minor) = gpu_of(&result)?;
+        let share = match name.as_str() {
+            "trains-on-a-whole-gpu" => None,
+            "serves-on-a-quarter" => Some((25, 20 * 1024)),
+            "caches-in-10gi" => Some((0, 10 * 1024)),
+            other => bail!("docs/examples/dra.yaml has a pod {other} this test does not know"),
+        };
+        let spec = running_share(cluster, &name, &gpu, minor, share).await?;
+        examples.push(format!(
+            "{name}: {result}\n  spec env {:?}",
+            share_env(&spec)
+        ));
+    }
+    ensure!(
+        examples.len() == 3,
+        "docs/examples/dra.yaml: {} pods, want 3",
+        examples.len()
+    );
+
     println!(
-        "two containers on one quarter: {two_refused}\ndevice-plugin pods refused: {refused:?}\ndra-share: {result}\n  spec env {:?}\ndra-share-2: {second_result}\n  spec env {:?}\ndra-whole: {whole}\n  spec env {:?}\nextender-share: Pending: {why}\ndevice-plugin pod's GPU {held:?}; the slice then listed {listed:?}",
+        "examples:\n{}\ntwo containers on one quarter: {two_refused}\ndevice-plugin pods refused: {refused:?}\ndra-share: {result}\n  spec env {:?}\ndra-share-2: {second_result}\n  spec env {:?}\ndra-whole: {whole}\n  spec env {:?}\nextender-share: Pending: {why}\ndevice-plugin pod's GPU {held:?}; the slice then listed {listed:?}",
+        examples.join("\n"),
         share_env(&first),
         share_env(&second),
         share_env(&whole_spec)
@@ -754,8 +811,12 @@ fn check_share(
         runtime_env(spec, "CUDA_DEVICE_SM_LIMIT"),
         runtime_env(spec, "CUDA_DEVICE_MEMORY_LIMIT_0"),
     );
+    // Memory alone (cores 0): no compute limit.
     let want = share.map_or((None, None), |(cores, mib)| {
-        (Some(cores.to_string()), Some(format!("{mib}m")))
+        (
+            (cores > 0).then(|| cores.to_string()),
+            Some(format!("{mib}m")),
+        )
     });
     ensure!(
         limits == want,
