@@ -365,6 +365,40 @@ impl Ledger {
         self.nodes.generation
     }
 
+    /// [`Ledger::loaded_node`] with the node's slot: its place in the ledger's
+    /// node table, stable while [`Ledger::layout`] stays.
+    pub fn loaded_node_slot(&self, name: &str) -> Option<(usize, LoadedNode<'_>)> {
+        let slot = self.nodes.slot(name)?;
+        let (_, node) = self.nodes.slots.get(slot)?;
+        Some((
+            slot,
+            LoadedNode {
+                state: &node.state,
+                load: &node.load,
+            },
+        ))
+    }
+
+    /// The node at `slot` ([`Ledger::loaded_node_slot`]).
+    pub fn loaded_at(&self, slot: usize) -> Option<LoadedNode<'_>> {
+        self.nodes.slots.get(slot).map(|(_, node)| LoadedNode {
+            state: &node.state,
+            load: &node.load,
+        })
+    }
+
+    /// Advances whenever nodes come or go (slots move); a node's change shows in
+    /// [`Ledger::changed_at`] instead.
+    pub fn layout(&self) -> u64 {
+        self.nodes.layout
+    }
+
+    /// The [`Ledger::generation`] at which the node at `slot` last changed (its
+    /// GPUs, its use, its switch mark); `u64::MAX` for no such slot.
+    pub fn changed_at(&self, slot: usize) -> u64 {
+        self.nodes.stamp(slot)
+    }
+
     /// Every node with a Device CR.
     pub fn nodes(&self) -> impl Iterator<Item = &NodeState> {
         self.nodes.values().map(|node| &node.state)

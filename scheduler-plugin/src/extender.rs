@@ -44,10 +44,12 @@ use crate::protocol::{
 };
 use tessera_allocator::allocate::{
     DryRun, PodPlacement, Policy, allocate_pod, gpu_victims, group_elsewhere, group_home,
-    group_over_allowance, never_fits_pod, node_victims, score_pod_loaded, selected_nowhere,
-    unfit_reason_pod,
+    group_over_allowance, node_victims, score_pod_loaded, selected_nowhere,
 };
 use tessera_allocator::ledger::{Ledger, annotation_of, pod_name};
+
+mod fits;
+use fits::{Fingerprint, FitMemo, Verdict};
 
 /// Extender settings.
 #[derive(Debug, Clone, Copy)]
@@ -108,6 +110,15 @@ pub struct Extender {
     scores: Arc<Mutex<Option<ScoreMemo>>>,
     /// How many prioritize answers took filter's scores (all or some).
     scores_reused: Arc<AtomicU64>,
+    /// Filter's verdicts kept across calls ([`fits`]), for the last few pod
+    /// shapes, the latest first; with `--candidates 1` only.
+    fits: Arc<Mutex<fits::FitMemos>>,
+    /// Hashes a call's names for [`fits`], seeded per process.
+    name_hasher: foldhash::fast::RandomState,
+    /// Whether [`fits`] answers calls (tests compare it with the full judgement).
+    fit_memo: bool,
+    /// How many filter calls [`fits`] answered.
+    fits_served: Arc<AtomicU64>,
 }
 
 /// The scores filter computed for the nodes it let through, kept for the
@@ -205,7 +216,18 @@ impl Extender {
             observer: BindObserver::default(),
             scores: Arc::default(),
             scores_reused: Arc::default(),
+            fits: Arc::default(),
+            name_hasher: foldhash::fast::RandomState::default(),
+            fit_memo: true,
+            fits_served: Arc::default(),
         }
+    }
+
+    /// Judges every filter call in full, keeping no verdicts across calls: the
+    /// baseline `tessera-bench extender` measures kept verdicts against.
+    pub fn without_kept_verdicts(mut self) -> Self {
+        self.fit_memo = false;
+        self
     }
 
     /// Counts calls and binds into `observer`'s metrics and tells pods through its Events.
@@ -366,7 +388,17 @@ impl Extender {
         // Scored here, where each fitting node is at hand, for the prioritize that follows.
         let mut scores = Vec::with_capacity(names.len());
         let uid = pod.metadata.uid.as_deref();
-        let generation = {
+        // Verdicts kept across calls answer this one when it asks what the last
+        // did over the same names ([`fits`]): deploy's one candidate, no group.
+        let memo_hashes = (self.fit_memo
+            && self.config.candidates == 1
+            && request.sharing_group.is_none()
+            && lock(&self.fits).worth_hashing(&request))
+        .then(|| fits::hashes(&self.name_hasher, names.iter().map(|n| n.0.as_ref())));
+        let mut memo_entries = memo_hashes
+            .as_ref()
+            .map(|h| fits::Entries::with_capacity(h.len()));
+        let generation = 'judged: {
             let mut ledger = self.ledger();
             // A new cycle of this pod: its earlier choice is not one any more, and
             // an earlier attempt's hold does not count against the pod itself.
@@ -374,6 +406,24 @@ impl Extender {
                 ledger.release_tentative(uid);
                 ledger.set_aside(uid)
             });
+            if let Some(hashes) = &memo_hashes {
+                let mut memos = lock(&self.fits);
+                if let Some(memo) = memos.serving(&request, &ledger, Fingerprint::of(hashes)) {
+                    memo.refresh(&ledger, &self.config);
+                    let call: Vec<&'n str> = names.iter().map(|n| n.0.as_ref()).collect();
+                    if let Some(answer) = memo.answer(&call, hashes) {
+                        self.fits_served.fetch_add(1, Ordering::Relaxed);
+                        result.failed_nodes.extend(answer.failed);
+                        result
+                            .failed_and_unresolvable_nodes
+                            .extend(answer.unresolvable);
+                        fit.extend(answer.chosen);
+                        scores.extend(answer.chosen.map(|_| None));
+                        ledger.put_back(aside);
+                        break 'judged ledger.generation();
+                    }
+                }
+            }
             let home = group_home(ledger.nodes(), &request);
             let over = group_over_allowance(
                 ledger.nodes(),
@@ -386,7 +436,7 @@ impl Extender {
             // processor waits for many misses at once, not one after another.
             let found: Vec<_> = names
                 .iter()
-                .map(|name| ledger.loaded_node(name.0.as_ref()))
+                .map(|name| ledger.loaded_node_slot(name.0.as_ref()))
                 .collect();
             for (name, found) in names.iter().zip(found) {
                 let name = name.0.as_ref();
@@ -404,55 +454,37 @@ impl Extender {
                         .insert(name, why.clone());
                     continue;
                 }
-                // No GPU hook runs there yet: whatever the pod tolerates, and however
-                // empty its GPUs, nothing is placed until the switch is proven.
-                if ledger.switch_unproven(name) {
-                    result
-                        .failed_and_unresolvable_nodes
-                        .insert(name, SWITCH_UNPROVEN_WHY.into());
-                    continue;
+                let slot = found.as_ref().map(|(slot, _)| *slot);
+                let verdict = fits::judge(
+                    &ledger,
+                    name,
+                    found.map(|(_, node)| node),
+                    &request,
+                    &self.config,
+                );
+                if let Some(entries) = &mut memo_entries {
+                    entries.push(name, slot, verdict.clone());
                 }
-                // Scored at once: a score is what a node that fits gets, and the
-                // fit test alone would read the node's load a second time.
-                let scored = found.map(|node| {
-                    let score = score_pod_loaded(
-                        node,
-                        &request,
-                        self.config.gpu_policy,
-                        self.config.node_policy,
-                    );
-                    (node, score)
-                });
-                match scored {
-                    None => {
-                        result
-                            .failed_and_unresolvable_nodes
-                            .insert(name, "no Device CR: the node reports no GPUs".into());
-                    }
-                    Some((_, Some(score))) => {
+                match verdict {
+                    Verdict::Fit(score) => {
                         fit.push(name);
                         scores.push(Some(score));
                     }
-                    // Never fits, even emptied: kube-scheduler's preemption must not
-                    // pick it (its own dry run ignores GPU shares and would see room).
-                    Some((loaded, None)) => {
-                        match never_fits_pod(loaded.state, &request, self.config.gpu_policy) {
-                            // The reason's words go on the wire.
-                            Some(reason) => {
-                                let reason = reason.to_string();
-                                result.failed_and_unresolvable_nodes.insert(name, reason);
-                            }
-                            None => {
-                                let reason = unfit_reason_pod(
-                                    loaded.state,
-                                    &request,
-                                    self.config.gpu_policy,
-                                );
-                                result.failed_nodes.insert(name, reason.to_string());
-                            }
-                        }
+                    // The reason's words go on the wire.
+                    Verdict::Failed(why) => {
+                        result.failed_nodes.insert(name, why);
+                    }
+                    Verdict::Unresolvable(why) => {
+                        result.failed_and_unresolvable_nodes.insert(name, why);
                     }
                 }
+            }
+            // The verdicts hold at this generation: the pod's own hold put back
+            // next counts as a change, so the next call judges that node again.
+            let judged_at = ledger.generation();
+            if let (Some(hashes), Some(entries)) = (memo_hashes, memo_entries.take()) {
+                let memo = FitMemo::new(&request, &ledger, judged_at, hashes, entries);
+                lock(&self.fits).keep(memo);
             }
             ledger.put_back(aside);
             ledger.generation()
@@ -774,6 +806,9 @@ mod tentative_tests;
 
 #[cfg(test)]
 mod score_memo_tests;
+
+#[cfg(test)]
+mod fits_tests;
 
 #[cfg(test)]
 mod encode_tests;

@@ -112,6 +112,10 @@ pub(super) struct Nodes {
     /// The nodes, each with its name, at the slots `index` gives.
     pub(super) slots: Vec<(NodeKey, LedgerNode)>,
     pub(super) generation: u64,
+    /// Per slot, the generation at which its node last changed (or was put there).
+    pub(super) stamps: Vec<u64>,
+    /// Advances whenever slots move or come and go (a node added or removed).
+    pub(super) layout: u64,
 }
 
 impl Nodes {
@@ -127,21 +131,31 @@ impl Nodes {
     pub(super) fn get_mut(&mut self, name: &str) -> Option<&mut LedgerNode> {
         self.generation = self.generation.wrapping_add(1);
         let slot = self.slot(name)?;
+        if let Some(stamp) = self.stamps.get_mut(slot) {
+            *stamp = self.generation;
+        }
         self.slots.get_mut(slot).map(|(_, node)| node)
     }
 
     pub(super) fn insert(&mut self, name: &str, node: LedgerNode) {
         self.generation = self.generation.wrapping_add(1);
-        if let Some(slot) = self.slot(name).and_then(|slot| self.slots.get_mut(slot)) {
-            slot.1 = node;
-            return;
+        if let Some(slot) = self.slot(name) {
+            if let (Some(entry), Some(stamp)) =
+                (self.slots.get_mut(slot), self.stamps.get_mut(slot))
+            {
+                entry.1 = node;
+                *stamp = self.generation;
+                return;
+            }
         }
         // More than u32::MAX nodes is not a cluster Kubernetes runs; refused, not wrapped.
         let Ok(slot) = u32::try_from(self.slots.len()) else {
             return;
         };
+        self.layout = self.layout.wrapping_add(1);
         self.index.insert(NodeKey::new(name), slot);
         self.slots.push((NodeKey::new(name), node));
+        self.stamps.push(self.generation);
     }
 
     pub(super) fn remove(&mut self, name: &str) {
@@ -149,11 +163,15 @@ impl Nodes {
         let Some(slot) = self.index.remove(name.as_bytes()) else {
             return;
         };
+        self.layout = self.layout.wrapping_add(1);
         let slot = slot as usize;
         if slot >= self.slots.len() {
             return;
         }
         self.slots.swap_remove(slot);
+        if slot < self.stamps.len() {
+            self.stamps.swap_remove(slot);
+        }
         // The last node moved into the freed slot.
         if let Some((moved, _)) = self.slots.get(slot)
             && let Some(entry) = self.index.get_mut(moved.as_bytes())
@@ -164,11 +182,19 @@ impl Nodes {
 
     pub(super) fn retain(&mut self, mut keep: impl FnMut(&NodeKey, &mut LedgerNode) -> bool) {
         self.generation = self.generation.wrapping_add(1);
+        self.layout = self.layout.wrapping_add(1);
         self.slots.retain_mut(|(name, node)| keep(name, node));
+        // Every node counts as changed: the nodes kept may have been changed too.
+        self.stamps = vec![self.generation; self.slots.len()];
         self.index.clear();
         for (slot, (name, _)) in self.slots.iter().enumerate() {
             self.index.insert(name.clone(), slot as u32);
         }
+    }
+
+    /// The generation at which the node at `slot` last changed.
+    pub(super) fn stamp(&self, slot: usize) -> u64 {
+        self.stamps.get(slot).copied().unwrap_or(u64::MAX)
     }
 
     pub(super) fn values(&self) -> impl Iterator<Item = &LedgerNode> {

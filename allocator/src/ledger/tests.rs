@@ -576,3 +576,35 @@ fn deleted_nodes_leave_every_other_name_on_its_own_node() {
         assert_eq!(ledger.node(name).map(|n| n.name.as_str()), Some(name));
     }
 }
+
+/// Each node's last change is stamped on its slot, and slots moving (a node
+/// added or removed) advance the layout: what a cache of per-node verdicts
+/// across calls needs to know which nodes to judge again.
+#[test]
+fn each_change_stamps_its_node_and_moving_slots_advance_the_layout() {
+    let mut ledger = Ledger::default();
+    ledger.apply_device(&device("n1", 2, &[]));
+    ledger.apply_device(&device("n2", 2, &[]));
+    let slot = |ledger: &Ledger, name: &str| ledger.loaded_node_slot(name).expect("a node").0;
+    let (s1, s2) = (slot(&ledger, "n1"), slot(&ledger, "n2"));
+    let (layout, seen) = (ledger.layout(), ledger.generation());
+    assert!(ledger.changed_at(s1) <= seen && ledger.changed_at(s2) <= seen);
+    ledger.apply_pod(&pod("p1", Some("n1"), Some(HALF_0), "Running"));
+    assert!(ledger.changed_at(s1) > seen, "n1's use changed");
+    assert!(ledger.changed_at(s2) <= seen, "n2 did not change");
+    assert_eq!(ledger.layout(), layout, "no node came or went");
+    let seen = ledger.generation();
+    // A Device update of a node in place: that node's stamp, the same layout.
+    ledger.apply_device(&device("n2", 2, &[]));
+    assert!(ledger.changed_at(s2) > seen && ledger.changed_at(s1) <= seen);
+    assert_eq!(ledger.layout(), layout);
+    // A node added or removed moves slots.
+    ledger.apply_device(&device("n3", 1, &[]));
+    assert_ne!(ledger.layout(), layout);
+    let layout = ledger.layout();
+    ledger.delete_device("n1");
+    assert_ne!(ledger.layout(), layout);
+    let moved = slot(&ledger, "n3");
+    assert!(ledger.loaded_at(moved).is_some());
+    assert_eq!(ledger.changed_at(99), u64::MAX);
+}

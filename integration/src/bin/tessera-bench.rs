@@ -1186,13 +1186,19 @@ async fn extender_bench(
     // Two extenders over the same cluster: deploy's (filter answers the best node
     // alone, so kube-scheduler calls nothing else), and one answering every node
     // that fits (`--candidates 0`), which kube-scheduler then prioritizes.
-    let modes: [(usize, &[&str], &str); 2] = [
+    // The third: deploy's again, with nine pod shapes by turns (more than the
+    // extender keeps verdicts for), so that no call is answered from kept
+    // verdicts: the cost of a call judged in full.
+    // The fourth: the same with no verdicts kept, the same run's baseline.
+    let modes: [(usize, &[&str], &str); 4] = [
         (1, &["filter"], "filter, --candidates 1"),
         (0, &["filter", "prioritize"], "filter+prioritize, 0"),
+        (1, &["filter"], "filter, 1, 9 shapes by turns"),
+        (1, &["filter"], "filter, 1, 9 shapes, none kept"),
     ];
     let mut urls = Vec::new();
     let mut servers = Vec::new();
-    for (candidates, _, _) in modes {
+    for (candidates, _, label) in modes {
         let ledger = tessera_allocator::simulate::ledger_of(&snapshot);
         let ready = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
         let leader = std::sync::Arc::new(tessera_scheduler::leader::Leader::new(false));
@@ -1208,6 +1214,11 @@ async fn extender_bench(
             ready,
             leader,
         );
+        let extender = if label.contains("none kept") {
+            extender.without_kept_verdicts()
+        } else {
+            extender
+        };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         urls.push(format!("http://{}", listener.local_addr()?));
         servers.push(tokio::spawn(serve(listener, extender)));
@@ -1218,6 +1229,13 @@ async fn extender_bench(
         .build_http::<Full<bytes::Bytes>>();
     let pod = serde_json::json!({"apiVersion":"v1","kind":"Pod","metadata":{"name":"bench","namespace":"default","uid":"u"},
         "spec":{"containers":[{"name":"main","image":"x","resources":{"limits":{"koordinator.sh/gpu-core":"50","koordinator.sh/gpu-memory-ratio":"50"}}}]}});
+    // Eight other shapes for the rows by turns, each fitting every node as the
+    // first does (refusals would cost the answer its reasons): nine in all.
+    let others_shapes: Vec<serde_json::Value> = [5, 10, 15, 20, 30, 35, 40, 45]
+        .iter()
+        .map(|percent| serde_json::json!({"apiVersion":"v1","kind":"Pod","metadata":{"name":"other","namespace":"default","uid":"o"},
+            "spec":{"containers":[{"name":"main","image":"x","resources":{"limits":{"koordinator.sh/gpu-core":percent.to_string(),"koordinator.sh/gpu-memory-ratio":percent.to_string()}}}]}}))
+        .collect();
     let rss = std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
@@ -1228,7 +1246,7 @@ async fn extender_bench(
         .unwrap_or(0.0)
         / 1024.0;
     println!(
-        "tessera-bench extender: {nodes} nodes × 8 GPUs, {pods} running shared pods (two ledgers built in {built:.2?}); RSS {rss:.1} MiB"
+        "tessera-bench extender: {nodes} nodes × 8 GPUs, {pods} running shared pods (four ledgers built in {built:.2?}); RSS {rss:.1} MiB"
     );
     // Baseline: a pod that asks for no GPU, over the same names and the same calls:
     // the extender answers every name at once, so it is the wire and JSON cost alone.
@@ -1256,6 +1274,11 @@ async fn extender_bench(
                 serde_json::to_vec(&serde_json::json!({"Pod": pod, "NodeNames": names}))?,
                 serde_json::to_vec(&serde_json::json!({"Pod": plain, "NodeNames": names}))?,
             ];
+            let by_turns = label.contains("9 shapes");
+            let others = others_shapes
+                .iter()
+                .map(|pod| serde_json::to_vec(&serde_json::json!({"Pod": pod, "NodeNames": names})))
+                .collect::<Result<Vec<_>, _>>()?;
             let mut samples = [
                 Vec::with_capacity(iterations),
                 Vec::with_capacity(iterations),
@@ -1265,7 +1288,16 @@ async fn extender_bench(
             let mut cpu = [0.0f64; 2];
             // Alternating call by call, so the machine's noise hits both alike.
             for round in 0..iterations + 20 {
-                for ((body, samples), cpu) in bodies.iter().zip(samples.iter_mut()).zip(&mut cpu) {
+                for (index, ((body, samples), cpu)) in bodies
+                    .iter()
+                    .zip(samples.iter_mut())
+                    .zip(&mut cpu)
+                    .enumerate()
+                {
+                    let body = match others.get(round % (others.len() + 1)) {
+                        Some(other) if by_turns && index == 0 => other,
+                        _ => body,
+                    };
                     let begun = Instant::now();
                     let cpu_before = process_cpu_seconds();
                     for path in paths.iter() {
@@ -1304,6 +1336,10 @@ async fn extender_bench(
             // Issue 24's target: a ratio to the no-GPU floor of the same run, which
             // carries the machine's own cost of HTTP, JSON and the names.
             let ratio = p99 / us(base.quantile(0.99)).max(1e-9);
+            if by_turns {
+                // No target of its own: what a call judged in full costs.
+                continue;
+            }
             verdicts.push(format!(
             "  {label}: p99 <= 1.2x the no-GPU floor with {} NodeNames: {} ({ratio:.2}x: {:.2} ms against {:.2} ms)",
             names.len(),
