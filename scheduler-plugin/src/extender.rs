@@ -223,6 +223,11 @@ impl Extender {
         }
     }
 
+    /// How many filter calls were answered from kept verdicts.
+    pub fn kept_verdict_answers(&self) -> u64 {
+        self.fits_served.load(Ordering::Relaxed)
+    }
+
     /// Judges every filter call in full, keeping no verdicts across calls: the
     /// baseline `tessera-bench extender` measures kept verdicts against.
     pub fn without_kept_verdicts(mut self) -> Self {
@@ -390,14 +395,13 @@ impl Extender {
         let uid = pod.metadata.uid.as_deref();
         // Verdicts kept across calls answer this one when it asks what the last
         // did over the same names ([`fits`]): deploy's one candidate, no group.
-        let memo_hashes = (self.fit_memo
-            && self.config.candidates == 1
-            && request.sharing_group.is_none()
-            && lock(&self.fits).worth_hashing(&request))
-        .then(|| fits::hashes(&self.name_hasher, names.iter().map(|n| n.0.as_ref())));
-        let mut memo_entries = memo_hashes
-            .as_ref()
-            .map(|h| fits::Entries::with_capacity(h.len()));
+        let mut memo_entries =
+            (self.fit_memo && self.config.candidates == 1 && request.sharing_group.is_none())
+                .then(|| lock(&self.fits).worth_hashing(&request, names.len()))
+                .flatten();
+        let memo_hashes = memo_entries
+            .is_some()
+            .then(|| fits::hashes(&self.name_hasher, names.iter().map(|n| n.0.as_ref())));
         let generation = 'judged: {
             let mut ledger = self.ledger();
             // A new cycle of this pod: its earlier choice is not one any more, and
@@ -410,15 +414,17 @@ impl Extender {
                 let mut memos = lock(&self.fits);
                 if let Some(memo) = memos.serving(&request, &ledger, Fingerprint::of(hashes)) {
                     memo.refresh(&ledger, &self.config);
-                    let call: Vec<&'n str> = names.iter().map(|n| n.0.as_ref()).collect();
-                    if let Some(answer) = memo.answer(&call, hashes) {
+                    if let Some(answer) = memo.answer(names, hashes) {
                         self.fits_served.fetch_add(1, Ordering::Relaxed);
                         result.failed_nodes.extend(answer.failed);
                         result
                             .failed_and_unresolvable_nodes
                             .extend(answer.unresolvable);
-                        fit.extend(answer.chosen);
-                        scores.extend(answer.chosen.map(|_| None));
+                        fit.extend(answer.chosen.map(|(name, _)| name));
+                        scores.extend(answer.chosen.map(|(_, score)| Some(score)));
+                        if let Some(unused) = memo_entries.take() {
+                            memos.recycle(unused);
+                        }
                         ledger.put_back(aside);
                         break 'judged ledger.generation();
                     }

@@ -138,6 +138,7 @@ impl Nodes {
     }
 
     pub(super) fn insert(&mut self, name: &str, node: LedgerNode) {
+        debug_assert_eq!(self.slots.len(), self.stamps.len(), "a stamp per slot");
         self.generation = self.generation.wrapping_add(1);
         if let Some(slot) = self.slot(name) {
             if let (Some(entry), Some(stamp)) =

@@ -1198,6 +1198,7 @@ async fn extender_bench(
     ];
     let mut urls = Vec::new();
     let mut servers = Vec::new();
+    let mut handles = Vec::new();
     for (candidates, _, label) in modes {
         let ledger = tessera_allocator::simulate::ledger_of(&snapshot);
         let ready = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
@@ -1221,6 +1222,8 @@ async fn extender_bench(
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         urls.push(format!("http://{}", listener.local_addr()?));
+        // A handle sharing its counters: how many calls kept verdicts answered.
+        handles.push(extender.clone());
         servers.push(tokio::spawn(serve(listener, extender)));
     }
     drop(snapshot);
@@ -1265,8 +1268,9 @@ async fn extender_bench(
         "no-GPU CPU"
     );
     let mut verdicts = Vec::new();
-    for ((_, paths, label), url) in modes.iter().zip(&urls) {
+    for (((_, paths, label), url), handle) in modes.iter().zip(&urls).zip(&handles) {
         for &count in names_per_call {
+            let answered_before = handle.kept_verdict_answers();
             let names: Vec<String> = (0..count.min(nodes))
                 .map(|i| format!("node-{:05}", (i * 7919) % nodes))
                 .collect();
@@ -1333,6 +1337,14 @@ async fn extender_bench(
                 cpu_us[0],
                 cpu_us[1]
             );
+            let answered = handle.kept_verdict_answers() - answered_before;
+            if answered > 0 || label.contains("shapes") {
+                println!(
+                    "{:<28} answered from kept verdicts: {answered} of {} GPU calls",
+                    "",
+                    iterations + 20
+                );
+            }
             // Issue 24's target: a ratio to the no-GPU floor of the same run, which
             // carries the machine's own cost of HTTP, JSON and the names.
             let ratio = p99 / us(base.quantile(0.99)).max(1e-9);

@@ -123,23 +123,44 @@ pub(super) struct FitMemos {
     memos: Vec<FitMemo>,
     /// The shapes of the last calls that had no memo, the latest first.
     seen: std::collections::VecDeque<PodGpuRequest>,
+    /// A memo's buffers, emptied, for the next call recorded: a recording
+    /// neither allocates nor touches fresh pages for thousands of entries.
+    spare: Option<Entries>,
 }
 
 impl FitMemos {
-    /// Whether a call for `request` is worth hashing its names: a memo may answer
-    /// it, or it is the shape's second call lately and is to be recorded. A
-    /// shape seen for the first time is remembered, not recorded.
-    pub(super) fn worth_hashing(&mut self, request: &PodGpuRequest) -> bool {
-        if self.memos.iter().any(|m| m.is_for(request)) {
-            return true;
-        }
-        if let Some(at) = self.seen.iter().position(|r| r == request) {
+    /// Whether a call for `request` over `count` names is worth hashing its
+    /// names: a memo may answer it, or it is the shape's second call lately and
+    /// is to be recorded (a shape seen for the first time is remembered, not
+    /// recorded). If so, the buffer to record its verdicts in.
+    pub(super) fn worth_hashing(
+        &mut self,
+        request: &PodGpuRequest,
+        count: usize,
+    ) -> Option<Entries> {
+        let worth = if self.memos.iter().any(|m| m.is_for(request)) {
+            true
+        } else if let Some(at) = self.seen.iter().position(|r| r == request) {
             self.seen.remove(at);
-            return true;
-        }
-        self.seen.push_front(request.clone());
-        self.seen.truncate(KEPT);
-        false
+            true
+        } else {
+            self.seen.push_front(request.clone());
+            self.seen.truncate(KEPT);
+            false
+        };
+        worth.then(|| match self.spare.take() {
+            Some(mut spare) => {
+                spare.names.clear();
+                spare.entries.clear();
+                spare
+            }
+            None => Entries::with_capacity(count),
+        })
+    }
+
+    /// Takes back a buffer [`FitMemos::worth_hashing`] gave that was not needed.
+    pub(super) fn recycle(&mut self, entries: Entries) {
+        self.spare = Some(entries);
     }
 
     /// The memo that may answer a call for `request` over names of
@@ -158,12 +179,32 @@ impl FitMemos {
         self.memos.first_mut()
     }
 
-    /// Keeps `memo`, in place of its shape's older one; the shape least lately
-    /// used goes when there are too many.
+    /// Keeps `memo`, in place of an older one of its shape over the same names
+    /// (one shape over other names — another Deployment's node selector — keeps
+    /// its own); the memo least lately used goes when there are too many.
     pub(super) fn keep(&mut self, memo: FitMemo) {
-        self.memos.retain(|m| !m.is_for(&memo.request));
+        let replaced = self
+            .memos
+            .iter()
+            .position(|m| m.request == memo.request && m.fingerprint == memo.fingerprint);
+        let gone = match replaced {
+            Some(at) => Some(self.memos.remove(at)),
+            None if self.memos.len() >= KEPT => self.memos.pop(),
+            None => None,
+        };
+        if let Some(gone) = gone {
+            self.spare = Some(Entries {
+                names: gone.names,
+                entries: gone.entries,
+            });
+        }
         self.memos.insert(0, memo);
-        self.memos.truncate(KEPT);
+    }
+
+    /// How many verdict sets are kept.
+    #[cfg(test)]
+    pub(super) fn len(&self) -> usize {
+        self.memos.len()
     }
 }
 
@@ -217,7 +258,8 @@ impl Entries {
 /// nodes with their reasons, names borrowed from the call.
 #[derive(Debug, Default)]
 pub(super) struct MemoAnswer<'n> {
-    pub(super) chosen: Option<&'n str>,
+    /// The node chosen, with its score.
+    pub(super) chosen: Option<(&'n str, i64)>,
     pub(super) failed: Vec<(&'n str, String)>,
     pub(super) unresolvable: Vec<(&'n str, String)>,
 }
@@ -315,7 +357,11 @@ impl FitMemo {
     /// The answer for the call's `names` (hashed to `hashes`), as a full judgement
     /// gives it; `None` when a name is not the memo's after all (the call is then
     /// judged in full).
-    pub(super) fn answer<'n>(&self, names: &[&'n str], hashes: &[u64]) -> Option<MemoAnswer<'n>> {
+    pub(super) fn answer<'n>(
+        &self,
+        names: &'n [crate::protocol::Name<'_>],
+        hashes: &[u64],
+    ) -> Option<MemoAnswer<'n>> {
         let best = self
             .entries
             .iter()
@@ -326,10 +372,11 @@ impl FitMemo {
             .max();
         let mut answer = MemoAnswer::default();
         let mut refused_left = self.refused;
-        for (&name, hash) in names.iter().zip(hashes) {
+        for (name, hash) in names.iter().zip(hashes) {
             if (answer.chosen.is_some() || best.is_none()) && refused_left == 0 {
                 break;
             }
+            let name: &'n str = name.0.as_ref();
             let index = self.find(*hash)?;
             let (end, _, verdict) = self.entries.get(index)?;
             let start = index
@@ -342,7 +389,7 @@ impl FitMemo {
             match verdict {
                 Verdict::Fit(score) => {
                     if answer.chosen.is_none() && Some(*score) == best {
-                        answer.chosen = Some(name);
+                        answer.chosen = Some((name, *score));
                     }
                 }
                 Verdict::Failed(why) => {
