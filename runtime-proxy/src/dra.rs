@@ -2,13 +2,15 @@
 //! plugin (tessera-reporter `run --dra`) records each prepared claim, its GPUs,
 //! consumed shares and the pods and containers that use it, in its checkpoint;
 //! every pod the proxy learns of is given, from that file, the allocation
-//! annotation its claims amount to ([`PreparedClaims::allocation_of_pod`]), so
-//! the GPU hook, the one-book checks and every enforcement backend hold a claim's
-//! share exactly as they hold the extender's grant.
+//! annotation its claims amount to ([`PreparedClaims::of_pod`]), so the GPU
+//! hook, the one-book checks and every enforcement backend hold a claim's share
+//! exactly as they hold the extender's grant.
 //!
-//! The annotations [`CLAIMS_ANNOTATION`] and [`REFUSED_ANNOTATION`] are the
-//! proxy's alone: a pod's own values are dropped. A pod with prepared claims
-//! that also carries the scheduler's annotation is refused (two books).
+//! The annotations [`PROXY_ANNOTATIONS`] ([`CLAIMS_ANNOTATION`],
+//! [`DEVICES_ANNOTATION`], [`REFUSED_ANNOTATION`]) are the proxy's alone: a pod's
+//! own values are dropped. A pod with prepared claims that also carries the
+//! scheduler's annotation is refused (two books), and so is one whose claims'
+//! share two containers would use at once.
 
 use std::path::PathBuf;
 
@@ -39,25 +41,21 @@ impl DraClaims {
     /// (logged): a container kubelet gives a claim's CDI device is then refused
     /// by the GPU hook, never given the GPU unheld.
     pub fn read(&self) -> PreparedClaims {
-        match std::fs::read_to_string(&self.path) {
-            Ok(text) => PreparedClaims::parse(&text).unwrap_or_else(|error| {
-                tracing::error!(
-                    path = %self.path.display(),
-                    %error,
-                    "DRA claims unreadable: containers given Tessera claims are refused"
-                );
-                PreparedClaims::new()
-            }),
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => PreparedClaims::new(),
-            Err(error) => {
-                tracing::error!(
-                    path = %self.path.display(),
-                    %error,
-                    "DRA claims unreadable: containers given Tessera claims are refused"
-                );
-                PreparedClaims::new()
+        let text = match std::fs::read_to_string(&self.path) {
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+                return PreparedClaims::new();
             }
-        }
+            read => read.map_err(|error| error.to_string()),
+        };
+        text.and_then(|text| PreparedClaims::parse(&text))
+            .unwrap_or_else(|error| {
+                tracing::error!(
+                    path = %self.path.display(),
+                    %error,
+                    "DRA claims unreadable: containers given Tessera claims are refused"
+                );
+                PreparedClaims::new()
+            })
     }
 }
 

@@ -501,10 +501,13 @@ impl Proxy {
             return;
         };
         match (request, response) {
-            (LifecycleRequest::RunPodSandbox(req), LifecycleResponse::RunPodSandbox(resp)) => {
-                if let Some(config) = &req.config {
-                    self.store
-                        .insert_pod(self.store.pod_from_config(&resp.pod_sandbox_id, config));
+            (LifecycleRequest::RunPodSandbox(_), LifecycleResponse::RunPodSandbox(resp)) => {
+                // The pod the call's context read from its config (and the DRA
+                // claims file), now with the sandbox ID the runtime gave it.
+                if let Some(pod) = &ctx.pod {
+                    let mut pod = PodInfo::clone(pod);
+                    pod.sandbox_id.clone_from(&resp.pod_sandbox_id);
+                    self.store.insert_pod(pod);
                 }
             }
             (LifecycleRequest::CreateContainer(req), LifecycleResponse::CreateContainer(resp)) => {
