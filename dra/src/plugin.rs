@@ -123,19 +123,23 @@ impl Plugin {
         })
     }
 
-    /// The claim's call lock (made when absent).
-    fn call_lock(&self, uid: &str) -> Arc<tokio::sync::Mutex<()>> {
-        let mut calls = self.calls.lock().unwrap_or_else(PoisonError::into_inner);
-        Arc::clone(calls.entry(uid.to_owned()).or_default())
-    }
-
-    /// Forgets the claim's call lock when no other call holds or waits for it.
-    fn release_lock(&self, uid: &str, lock: Arc<tokio::sync::Mutex<()>>) {
+    /// Runs `call` (a call for the claim `uid`) alone among the claim's calls;
+    /// the claim's lock is forgotten when no other call holds or waits for it.
+    async fn one_at_a_time<T>(&self, uid: &str, call: impl Future<Output = T>) -> T {
+        let lock = {
+            let mut calls = self.calls.lock().unwrap_or_else(PoisonError::into_inner);
+            Arc::clone(calls.entry(uid.to_owned()).or_default())
+        };
+        let result = {
+            let _call = lock.lock().await;
+            call.await
+        };
         let mut calls = self.calls.lock().unwrap_or_else(PoisonError::into_inner);
         // Ours and the map's: nobody else has it.
         if Arc::strong_count(&lock) == 2 {
             calls.remove(uid);
         }
+        result
     }
 
     /// A copy of the book, for tests and the proxy's view.
@@ -149,13 +153,8 @@ impl Plugin {
 
     /// Prepares one claim: its devices for kubelet, or why not.
     pub async fn prepare(&self, claim: &Claim) -> Result<Vec<Device>, String> {
-        let lock = self.call_lock(&claim.uid);
-        let result = {
-            let _call = lock.lock().await;
-            self.prepare_locked(claim).await
-        };
-        self.release_lock(&claim.uid, lock);
-        result
+        self.one_at_a_time(&claim.uid, self.prepare_locked(claim))
+            .await
     }
 
     async fn prepare_locked(&self, claim: &Claim) -> Result<Vec<Device>, String> {
@@ -189,13 +188,8 @@ impl Plugin {
 
     /// Unprepares one claim; an unknown claim is unprepared already.
     pub async fn unprepare(&self, claim: &Claim) -> Result<(), String> {
-        let lock = self.call_lock(&claim.uid);
-        let result = {
-            let _call = lock.lock().await;
-            self.unprepare_locked(claim).await
-        };
-        self.release_lock(&claim.uid, lock);
-        result
+        self.one_at_a_time(&claim.uid, self.unprepare_locked(claim))
+            .await
     }
 
     async fn unprepare_locked(&self, claim: &Claim) -> Result<(), String> {
