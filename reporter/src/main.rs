@@ -233,9 +233,10 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
         } => {
             let source = NvmlSource::open(&library_path(cli.nvml_library))?;
             let client = tessera_daemon::client::kube_client(kubeconfig.as_deref()).await?;
-            let health = dra.then(tessera_dra::health::HealthFeed::default);
             let plugin_failed = Arc::new((std::sync::OnceLock::new(), tokio::sync::Notify::new()));
-            let kubelet_plugin = if dra {
+            let (kubelet_plugin, health) = if dra {
+                // Each round's GPU health, from the loop to kubelet.
+                let health = tessera_dra::health::HealthFeed::default();
                 let plugin = tessera_dra::plugin::Plugin::start(
                     node_name.clone(),
                     Arc::new(tessera_dra::plugin::KubeReader::new(client.clone())),
@@ -253,7 +254,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
                 // kubelet takes a GPU's health as unknown after three rounds unheard.
                 let service = tessera_dra::health::HealthService::new(
                     node_name.clone(),
-                    health.clone().unwrap_or_default(),
+                    health.clone(),
                     Duration::from_secs(interval.max(1).saturating_mul(3)),
                 );
                 let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -274,9 +275,9 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
                         failed.1.notify_one();
                     }
                 });
-                Some((stop, serving))
+                (Some((stop, serving)), Some(health))
             } else {
-                None
+                (None, None)
             };
             let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
             let stop = Arc::new(AtomicBool::new(false));
