@@ -132,10 +132,10 @@ struct ScoreMemo {
     uid: String,
     request: PodGpuRequest,
     generation: u64,
-    /// The names filter let through, one after the other.
-    names: String,
-    /// Per name, in filter's order: where it ends in `names`, and its score.
-    scores: Vec<(usize, Option<i64>)>,
+    /// The names filter let through, in its order.
+    names: fits::JoinedNames,
+    /// Their scores, in the same order.
+    scores: Vec<Option<i64>>,
 }
 
 impl ScoreMemo {
@@ -147,30 +147,24 @@ impl ScoreMemo {
         names: &[&str],
         scores: &[Option<i64>],
     ) -> Self {
-        let mut all = String::with_capacity(names.iter().map(|n| n.len()).sum());
-        let mut ends = Vec::with_capacity(names.len());
-        for (name, score) in names.iter().zip(scores) {
-            all.push_str(name);
-            ends.push((all.len(), *score));
+        let mut joined = fits::JoinedNames::with_capacity(names.len());
+        for name in names {
+            joined.push(name);
         }
         Self {
             uid: uid.to_owned(),
             request: request.clone(),
             generation,
-            names: all,
-            scores: ends,
+            names: joined,
+            scores: scores.to_vec(),
         }
     }
 
     /// The score filter gave `name`, if it was the `index`-th name it let through
     /// (kube-scheduler passes them on in filter's order; any other is scored anew).
     fn score(&self, index: usize, name: &str) -> Option<Option<i64>> {
-        let &(end, score) = self.scores.get(index)?;
-        let start = index
-            .checked_sub(1)
-            .and_then(|before| self.scores.get(before))
-            .map_or(0, |&(end, _)| end);
-        (self.names.get(start..end) == Some(name)).then_some(score)
+        let score = *self.scores.get(index)?;
+        (self.names.get(index) == Some(name)).then_some(score)
     }
 }
 

@@ -148,18 +148,17 @@ impl FitMemos {
             self.seen.truncate(KEPT);
             false
         };
-        worth.then(|| match self.spare.take() {
-            Some(mut spare) => {
-                spare.names.clear();
-                spare.entries.clear();
-                spare
-            }
-            None => Entries::with_capacity(count),
+        worth.then(|| {
+            self.spare
+                .take()
+                .unwrap_or_else(|| Entries::with_capacity(count))
         })
     }
 
-    /// Takes back a buffer [`FitMemos::worth_hashing`] gave that was not needed.
-    pub(super) fn recycle(&mut self, entries: Entries) {
+    /// Takes back a buffer, emptied, for the next recording: one
+    /// [`FitMemos::worth_hashing`] gave that was not needed, or a dropped memo's.
+    pub(super) fn recycle(&mut self, mut entries: Entries) {
+        entries.clear();
         self.spare = Some(entries);
     }
 
@@ -193,10 +192,7 @@ impl FitMemos {
             None => None,
         };
         if let Some(gone) = gone {
-            self.spare = Some(Entries {
-                names: gone.names,
-                entries: gone.entries,
-            });
+            self.recycle(gone.recorded);
         }
         self.memos.insert(0, memo);
     }
@@ -216,11 +212,8 @@ pub(super) struct FitMemo {
     /// The ledger's generation the verdicts hold at.
     generation: u64,
     fingerprint: Fingerprint,
-    /// That call's names, one after the other.
-    names: String,
-    /// Per name of that call: where it ends in `names`, its node's slot (`None`:
-    /// no Device CR), its verdict.
-    entries: Vec<(usize, Option<usize>, Verdict)>,
+    /// That call's names and verdicts, kept up to date.
+    recorded: Entries,
     /// Each name's hash, in the entries' order.
     hashes: Vec<u64>,
     /// An open-addressing table of the hashes: entry index + 1 (0: empty), at
@@ -230,27 +223,82 @@ pub(super) struct FitMemo {
     refused: usize,
 }
 
-/// A full judgement's verdicts, recorded as they are made (one buffer for all
-/// the names: a call judged in full pays no allocation per name for the memo).
+/// Names kept in one buffer, each found by its index: a call's thousands of
+/// names kept without an allocation each (filter's scores for prioritize, and
+/// the verdicts kept across calls).
 #[derive(Debug, Default)]
-pub(super) struct Entries {
-    names: String,
-    entries: Vec<(usize, Option<usize>, Verdict)>,
+pub(super) struct JoinedNames {
+    text: String,
+    /// Where each name ends in `text`.
+    ends: Vec<usize>,
 }
 
-impl Entries {
+impl JoinedNames {
     /// Room for `count` names of about node-name length.
     pub(super) fn with_capacity(count: usize) -> Self {
         Self {
-            names: String::with_capacity(count * 16),
-            entries: Vec::with_capacity(count),
+            text: String::with_capacity(count * 16),
+            ends: Vec::with_capacity(count),
+        }
+    }
+
+    pub(super) fn push(&mut self, name: &str) {
+        self.text.push_str(name);
+        self.ends.push(self.text.len());
+    }
+
+    /// The `index`-th name.
+    pub(super) fn get(&self, index: usize) -> Option<&str> {
+        let end = *self.ends.get(index)?;
+        let start = index
+            .checked_sub(1)
+            .and_then(|before| self.ends.get(before))
+            .map_or(0, |&end| end);
+        self.text.get(start..end)
+    }
+
+    /// The names, in order.
+    pub(super) fn iter(&self) -> impl Iterator<Item = &str> {
+        let mut start = 0;
+        self.ends.iter().map(move |&end| {
+            let name = self.text.get(start..end).unwrap_or_default();
+            start = end;
+            name
+        })
+    }
+
+    fn clear(&mut self) {
+        self.text.clear();
+        self.ends.clear();
+    }
+}
+
+/// A full judgement's verdicts, recorded as they are made, per name: its node's
+/// slot (`None`: no Device CR) and its verdict.
+#[derive(Debug, Default)]
+pub(super) struct Entries {
+    names: JoinedNames,
+    verdicts: Vec<(Option<usize>, Verdict)>,
+}
+
+impl Entries {
+    /// Room for `count` names.
+    pub(super) fn with_capacity(count: usize) -> Self {
+        Self {
+            names: JoinedNames::with_capacity(count),
+            verdicts: Vec::with_capacity(count),
         }
     }
 
     /// Records `name`'s verdict (its node at `slot`).
     pub(super) fn push(&mut self, name: &str, slot: Option<usize>, verdict: Verdict) {
-        self.names.push_str(name);
-        self.entries.push((self.names.len(), slot, verdict));
+        self.names.push(name);
+        self.verdicts.push((slot, verdict));
+    }
+
+    fn clear(&mut self) {
+        self.names.clear();
+        self.verdicts.clear();
     }
 }
 
@@ -274,7 +322,6 @@ impl FitMemo {
         hashes: Vec<u64>,
         recorded: Entries,
     ) -> Self {
-        let Entries { names, entries } = recorded;
         // At most half full: a probe ends within a few places.
         let mut table = vec![0u32; (hashes.len() * 2).next_power_of_two().max(2)];
         let mask = table.len() - 1;
@@ -288,17 +335,17 @@ impl FitMemo {
             }
             table[at] = value;
         }
-        let refused = entries
+        let refused = recorded
+            .verdicts
             .iter()
-            .filter(|(_, _, v)| !matches!(v, Verdict::Fit(_)))
+            .filter(|(_, v)| !matches!(v, Verdict::Fit(_)))
             .count();
         Self {
             request: request.clone(),
             layout: ledger.layout(),
             generation,
             fingerprint: Fingerprint::of(&hashes),
-            names,
-            entries,
+            recorded,
             hashes,
             table,
             refused,
@@ -321,10 +368,8 @@ impl FitMemo {
     /// Judges again the nodes changed since the memo's generation.
     pub(super) fn refresh(&mut self, ledger: &Ledger, config: &ExtenderConfig) {
         let mut refused = 0;
-        let mut start = 0;
-        for (end, slot, verdict) in &mut self.entries {
-            let name = self.names.get(start..*end).unwrap_or_default();
-            start = *end;
+        let Entries { names, verdicts } = &mut self.recorded;
+        for (name, (slot, verdict)) in names.iter().zip(verdicts.iter_mut()) {
             if let Some(slot) = *slot {
                 if ledger.changed_at(slot) > self.generation {
                     *verdict = judge(ledger, name, ledger.loaded_at(slot), &self.request, config);
@@ -363,9 +408,10 @@ impl FitMemo {
         hashes: &[u64],
     ) -> Option<MemoAnswer<'n>> {
         let best = self
-            .entries
+            .recorded
+            .verdicts
             .iter()
-            .filter_map(|(_, _, v)| match v {
+            .filter_map(|(_, v)| match v {
                 Verdict::Fit(score) => Some(*score),
                 _ => None,
             })
@@ -378,12 +424,8 @@ impl FitMemo {
             }
             let name: &'n str = name.0.as_ref();
             let index = self.find(*hash)?;
-            let (end, _, verdict) = self.entries.get(index)?;
-            let start = index
-                .checked_sub(1)
-                .and_then(|before| self.entries.get(before))
-                .map_or(0, |(end, _, _)| *end);
-            if self.names.get(start..*end) != Some(name) {
+            let (_, verdict) = self.recorded.verdicts.get(index)?;
+            if self.recorded.names.get(index) != Some(name) {
                 return None;
             }
             match verdict {
@@ -403,5 +445,26 @@ impl FitMemo {
             }
         }
         (refused_left == 0 && (best.is_none() || answer.chosen.is_some())).then_some(answer)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::JoinedNames;
+
+    #[test]
+    fn joined_names_are_found_by_index_and_in_order() {
+        let mut names = JoinedNames::with_capacity(3);
+        for name in ["node-a", "", "node-bc"] {
+            names.push(name);
+        }
+        assert_eq!(
+            [0, 1, 2, 3].map(|i| names.get(i)),
+            [Some("node-a"), Some(""), Some("node-bc"), None]
+        );
+        assert_eq!(names.iter().collect::<Vec<_>>(), ["node-a", "", "node-bc"]);
+        names.clear();
+        assert_eq!(names.get(0), None);
+        assert_eq!(names.iter().count(), 0);
     }
 }
