@@ -242,7 +242,15 @@ async fn one_book(cluster: &mut Cluster) -> anyhow::Result<()> {
     let first = running_share(cluster, "dra-share", &uuid, minor, Some((25, 20 * 1024))).await?;
     // kubelet shows the claim's GPU health from the plugin's health stream
     // (NVML's view, through the reporter).
-    let health = wait_health(cluster, "dra-share").await?;
+    let pod = cluster
+        .wait_pod(
+            "dra-share",
+            Duration::from_secs(30),
+            "showing its claimed GPU's health",
+            |pod| !claimed_health(pod).is_empty(),
+        )
+        .await?;
+    let health = claimed_health(&pod);
     ensure!(
         health == ["Healthy"],
         "dra-share: its claim's GPU health {health:?}"
@@ -405,7 +413,14 @@ async fn one_book(cluster: &mut Cluster) -> anyhow::Result<()> {
         .and_then(|c| c.container_id.clone())
         .context("dra-share's container")?;
     cluster.kill_container(&container)?;
-    let restarted = wait_restarted(cluster, "dra-share").await?;
+    let restarted = cluster
+        .wait_pod(
+            "dra-share",
+            Duration::from_secs(90),
+            "running again after its container was killed",
+            restarted_and_running,
+        )
+        .await?;
     let spec = cluster
         .container_specs(&restarted)?
         .remove("main")
@@ -851,58 +866,28 @@ fn share_env(spec: &Value) -> Vec<String> {
         .collect()
 }
 
-/// The health kubelet reports for pod `name`'s claimed devices, once it reports any.
-async fn wait_health(cluster: &Cluster, name: &str) -> anyhow::Result<Vec<String>> {
-    let pods: Api<Pod> = Api::namespaced(cluster.client().await?, "default");
-    let started = Instant::now();
-    loop {
-        let pod = pods.get(name).await?;
-        let health: Vec<String> = pod
-            .status
-            .as_ref()
-            .and_then(|s| s.container_statuses.as_ref())
-            .into_iter()
-            .flatten()
-            .flat_map(|c| c.allocated_resources_status.iter().flatten())
-            .flat_map(|r| r.resources.iter().flatten())
-            .filter_map(|r| r.health.clone())
-            .collect();
-        if !health.is_empty() {
-            return Ok(health);
-        }
-        ensure!(
-            started.elapsed() < Duration::from_secs(30),
-            "pod {name}: kubelet reports no health of its claimed devices after 30 s: {}",
-            serde_json::to_string(&pod.status)?
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+/// The health kubelet reports for `pod`'s claimed devices.
+fn claimed_health(pod: &Pod) -> Vec<String> {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .into_iter()
+        .flatten()
+        .flat_map(|c| c.allocated_resources_status.iter().flatten())
+        .flat_map(|r| r.resources.iter().flatten())
+        .filter_map(|r| r.health.clone())
+        .collect()
 }
 
-/// Waits until pod `name`'s container has been restarted and runs again.
-async fn wait_restarted(cluster: &mut Cluster, name: &str) -> anyhow::Result<Pod> {
-    let pods: Api<Pod> = Api::namespaced(cluster.client().await?, "default");
-    let started = Instant::now();
-    loop {
-        let pod = pods.get(name).await?;
-        let restarted = pod
-            .status
-            .as_ref()
-            .and_then(|s| s.container_statuses.as_ref())
-            .and_then(|c| c.first())
-            .is_some_and(|c| {
-                c.restart_count > 0 && c.state.as_ref().is_some_and(|s| s.running.is_some())
-            });
-        if restarted {
-            return Ok(pod);
-        }
-        ensure!(
-            started.elapsed() < Duration::from_secs(90),
-            "pod {name} not running again 90 s after its container was killed: {}",
-            serde_json::to_string(&pod.status)?
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+/// Whether `pod`'s first container was restarted and runs again.
+fn restarted_and_running(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|c| c.first())
+        .is_some_and(|c| {
+            c.restart_count > 0 && c.state.as_ref().is_some_and(|s| s.running.is_some())
+        })
 }
 
 /// The UUIDs of the GPUs `slice` offers, in its order.
